@@ -1,0 +1,67 @@
+"""Training-side RoPE, SwiGLU and RMSNorm that round exactly where a chosen engine does.
+
+``profile`` is a profile name (``"vllm"``) or a :class:`rla.profiles.RoundingProfile`. The
+low-precision dtype is the input's (bf16 or fp16); on fp32 inputs nothing is rounded. All four ops
+are differentiable. On CUDA they run the fused kernels of ``rla.ops.fused`` when Triton is
+available; everywhere else the PyTorch reference of ``rla.ops.reference``, which is the oracle
+the fused kernels are tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rla.ops import reference
+from rla.ops._checks import check_norm, check_rope, check_swiglu
+from rla.profiles import RoundingProfile, resolve
+
+__all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm", "backend"]
+
+
+def backend(*tensors: torch.Tensor):
+    """The implementation module that will run for these tensors (``fused`` or ``reference``)."""
+    if any(t.is_cuda for t in tensors):
+        try:
+            from rla.ops import fused
+        except ImportError:  # the fused path is optional; the reference is always there
+            return reference
+        if fused.available(*tensors):
+            return fused
+    return reference
+
+
+def rope(q, k, cos, sin, profile: str | RoundingProfile, unsqueeze_dim: int = 1):
+    """Rotary position embedding of ``q`` and ``k`` -> ``(q_out, k_out)``.
+
+    Same call as HF's ``apply_rotary_pos_emb``, with fp32 ``cos``/``sin``: the profile decides
+    whether they are rounded to the input dtype (``rope_cos_sin``) and whether the two products
+    are rounded before the sum (``rope_apply``).
+    """
+    p = resolve(profile)
+    check_rope(q, k, cos, sin, p, unsqueeze_dim)
+    return backend(q, k).rope(q, k, cos, sin, p, unsqueeze_dim)
+
+
+def swiglu(gate, up, profile: str | RoundingProfile):
+    """silu(gate) * up, rounded where ``profile.swiglu`` says."""
+    p = resolve(profile)
+    check_swiglu(gate, up)
+    return backend(gate, up).swiglu(gate, up, p)
+
+
+def rms_norm(x, weight, eps: float, profile: str | RoundingProfile):
+    """RMSNorm over the last dim; an fp32 ``weight`` is first rounded to ``x``'s dtype."""
+    p = resolve(profile)
+    check_norm(x, None, weight, eps)
+    return backend(x, weight).rms_norm(x, weight, eps, p)
+
+
+def add_rms_norm(x, residual, weight, eps: float, profile: str | RoundingProfile):
+    """Residual add + RMSNorm -> ``(normed, new_residual)``.
+
+    ``new_residual`` is RN(x + residual) under every profile; the norm reads that rounded sum or
+    the fp32 sum, as ``profile.norm_residual`` says.
+    """
+    p = resolve(profile)
+    check_norm(x, residual, weight, eps)
+    return backend(x, residual, weight).add_rms_norm(x, residual, weight, eps, p)

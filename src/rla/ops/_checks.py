@@ -1,0 +1,107 @@
+"""Input validation shared by every implementation of the ops: errors that name the problem."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rla.profiles import RoundingProfile
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _float(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} has dtype {t.dtype}; rla ops take bfloat16, float16 or float32 tensors"
+        )
+
+
+def _same_dtype(names: str, *ts: torch.Tensor) -> None:
+    if len({t.dtype for t in ts}) != 1:
+        raise TypeError(f"{names} must share one dtype, got {', '.join(str(t.dtype) for t in ts)}")
+
+
+def _same_device(names: str, *ts: torch.Tensor) -> None:
+    if len({t.device for t in ts}) != 1:
+        raise ValueError(f"{names} must be on one device, got {', '.join(str(t.device) for t in ts)}")
+
+
+def check_rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int) -> None:
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        _float(name, t)
+    _same_dtype("q and k", q, k)
+    _same_device("q, k, cos and sin", q, k, cos, sin)
+    d = q.shape[-1]
+    if d % 2:
+        raise ValueError(f"RoPE needs an even head dim, got {d} (q shape {tuple(q.shape)})")
+    if k.shape[-1] != d or cos.shape[-1] != d or sin.shape != cos.shape:
+        raise ValueError(
+            "RoPE shapes disagree: q, k, cos, sin must end in the same head dim and cos/sin must "
+            f"match; got q {tuple(q.shape)}, k {tuple(k.shape)}, cos {tuple(cos.shape)}, "
+            f"sin {tuple(sin.shape)}"
+        )
+    if q.ndim != k.ndim:
+        raise ValueError(f"q and k must have the same rank, got {q.ndim} and {k.ndim}")
+    if cos.dtype != torch.float32:
+        if profile.rope_cos_sin == "fp32":
+            raise TypeError(
+                f"profile {profile.name!r} keeps cos/sin in fp32 (rope_cos_sin='fp32') but cos/sin "
+                f"arrived as {cos.dtype}: they were already rounded, which is the error being "
+                "aligned away. Compute cos/sin in fp32 from an fp32 inv_freq."
+            )
+        if cos.dtype != q.dtype:
+            raise TypeError(
+                f"cos/sin are {cos.dtype} but q is {q.dtype}; pass fp32 cos/sin (preferred) or "
+                "cos/sin already rounded to q's dtype"
+            )
+    try:
+        c = cos.unsqueeze(unsqueeze_dim)
+        torch.broadcast_shapes(q.shape, c.shape)
+        torch.broadcast_shapes(k.shape, c.shape)
+    except (RuntimeError, IndexError) as e:
+        raise ValueError(
+            f"cos/sin {tuple(cos.shape)} unsqueezed at dim {unsqueeze_dim} do not broadcast "
+            f"against q {tuple(q.shape)} and k {tuple(k.shape)}"
+        ) from e
+
+
+def check_swiglu(gate, up) -> None:
+    _float("gate", gate)
+    _float("up", up)
+    _same_dtype("gate and up", gate, up)
+    _same_device("gate and up", gate, up)
+    if gate.shape != up.shape:
+        raise ValueError(
+            f"gate and up must have the same shape, got {tuple(gate.shape)} and {tuple(up.shape)}"
+        )
+
+
+def check_norm(x, residual, weight, eps) -> None:
+    _float("x", x)
+    _float("weight", weight)
+    tensors = [x, weight]
+    if residual is not None:
+        _float("residual", residual)
+        _same_dtype("x and residual", x, residual)
+        if residual.shape != x.shape:
+            raise ValueError(
+                f"x and residual must have the same shape, got {tuple(x.shape)} and "
+                f"{tuple(residual.shape)}"
+            )
+        tensors.append(residual)
+    _same_device("x, residual and weight", *tensors)
+    if x.ndim < 1 or weight.shape != x.shape[-1:]:
+        raise ValueError(
+            f"weight shape {tuple(weight.shape)} must equal the last dim of x {tuple(x.shape)}"
+        )
+    if weight.dtype not in (x.dtype, torch.float32):
+        raise TypeError(
+            f"weight is {weight.dtype} but x is {x.dtype}; the weight must be x's dtype or an fp32 "
+            "master weight (which is rounded to x's dtype, like the engine's copy)"
+        )
+    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a finite non-negative number, got {eps!r}")

@@ -1,0 +1,243 @@
+"""The PyTorch reference of the three regions: ROUNDING.md written as code, one fp32 op at a time.
+
+This file is the single source of truth for the numerics. Every fast path (``fused.py``) and the
+model patch (``rla.align``) are tested against it, bit for bit where the spec says so; the CPU
+path runs it directly.
+
+How a rounding point becomes code: the inputs are upcast to fp32, each fp32 step is one PyTorch
+op on fp32 tensors (no ``addcmul``: a fused multiply-add would skip a rounding the spec writes),
+and ``RN`` is ``.to(lp).float()``, which rounds to nearest-even like every engine's store. On fp32
+inputs ``lp`` is fp32 and ``RN`` is the identity: the same code runs and nothing is rounded.
+
+Backward. The profile only moves roundings; the backward treats each rounding as the identity
+(straight-through), computes every gradient in fp32 and rounds it once to its input's dtype. That
+is at least as accurate as HF eager's backward, which rounds after every op. To keep no more
+memory for backward than HF eager, the functions save only their inputs (and rstd, one fp32 per
+row) and recompute the cheap fp32 intermediates: HF's RMSNorm keeps an fp32 copy of its input plus
+a bf16 copy of the normalised value; its SwiGLU keeps silu(gate).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rla.profiles import RoundingProfile
+
+__all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm"]
+
+
+def _rn(v: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
+    """RN: round an fp32 tensor to ``lp`` and back to fp32 (identity when ``lp`` is fp32)."""
+    return v if lp == torch.float32 else v.to(lp).float()
+
+
+def _rot(x: torch.Tensor) -> torch.Tensor:
+    """HF's ``rotate_half``: cat(-x2, x1) on the halves of the last dim (exact)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rot_t(y: torch.Tensor) -> torch.Tensor:
+    """Transpose of ``_rot``: cat(y2, -y1); the backward of the rotation."""
+    y1, y2 = y.chunk(2, dim=-1)
+    return torch.cat((y2, -y1), dim=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# RoPE
+# --------------------------------------------------------------------------------------------
+
+
+def _rope_tables(cos, sin, lp, round_cos_sin):
+    c, s = cos.float(), sin.float()
+    if round_cos_sin:
+        c, s = _rn(c, lp), _rn(s, lp)
+    return c, s
+
+
+def _rope_fwd(x, c, s, per_op):
+    lp = x.dtype
+    xf = x.float()
+    if per_op:
+        out = _rn(xf * c, lp) + _rn(_rot(xf) * s, lp)
+    else:
+        out = xf * c + _rot(xf) * s
+    return out.to(lp)
+
+
+def _rope_bwd(g, c, s, dtype):
+    gf = g.float()
+    return (gf * c + _rot_t(gf * s)).to(dtype)
+
+
+class _Rope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, round_cos_sin: bool, per_op: bool):
+        c, s = _rope_tables(cos, sin, q.dtype, round_cos_sin)
+        ctx.save_for_backward(cos, sin)
+        ctx.round_cos_sin = round_cos_sin
+        return _rope_fwd(q, c, s, per_op), _rope_fwd(k, c, s, per_op)
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        cos, sin = ctx.saved_tensors
+        lp = gq.dtype if gq is not None else gk.dtype
+        c, s = _rope_tables(cos, sin, lp, ctx.round_cos_sin)
+        dq = _rope_bwd(gq, c, s, gq.dtype) if gq is not None and ctx.needs_input_grad[0] else None
+        dk = _rope_bwd(gk, c, s, gk.dtype) if gk is not None and ctx.needs_input_grad[1] else None
+        return dq, dk, None, None, None, None
+
+
+def rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int = 1):
+    """Rotary embedding of ``q`` and ``k`` under ``profile`` (inputs already validated).
+
+    ``cos``/``sin`` are [..., S, D] as HF's rotary module returns them and are unsqueezed at
+    ``unsqueeze_dim`` to broadcast against q [B, H, S, D] (or [B, S, H, D] with dim 2).
+    """
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return _Rope.apply(
+        q, k, cos, sin, profile.rope_cos_sin == "round", profile.rope_apply == "per_op"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# SwiGLU
+# --------------------------------------------------------------------------------------------
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, per_op: bool):
+        lp = gate.dtype
+        a = F.silu(gate.float())
+        if per_op:
+            a = _rn(a, lp)
+        ctx.save_for_backward(gate, up)
+        return (a * up.float()).to(lp)
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        gf, uf, dyf = gate.float(), up.float(), dy.float()
+        sig = torch.sigmoid(gf)
+        silu = gf * sig
+        dgate = dup = None
+        if ctx.needs_input_grad[0]:
+            dgate = (dyf * uf * (sig * (1.0 + gf * (1.0 - sig)))).to(gate.dtype)
+        if ctx.needs_input_grad[1]:
+            dup = (dyf * silu).to(up.dtype)
+        return dgate, dup, None
+
+
+def swiglu(gate, up, profile: RoundingProfile):
+    """silu(gate) * up under ``profile`` (inputs already validated)."""
+    return _SwiGLU.apply(gate, up, profile.swiglu == "per_op")
+
+
+# --------------------------------------------------------------------------------------------
+# RMSNorm and residual-add + RMSNorm
+# --------------------------------------------------------------------------------------------
+
+
+def _engine_weight(weight: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
+    """The engine's copy of the weight, in fp32: RN(w) when an fp32 master weight meets ``lp``."""
+    if weight.dtype == torch.float32 and lp != torch.float32:
+        return weight.to(lp).float()
+    return weight.float()
+
+
+def _rstd(v: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same ops, same order as HF's Qwen2RMSNorm / LlamaRMSNorm: pow(2).mean(-1) + eps, rsqrt.
+    return torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _norm_fwd(v, rstd, w, lp, per_op):
+    n = v * rstd
+    out = w * _rn(n, lp) if per_op else n * w
+    return out.to(lp)
+
+
+def _norm_bwd(dy, v, rstd, w, need_w, w_dtype):
+    """fp32 gradients of out = (v*rstd)*w w.r.t. v and w (roundings straight-through)."""
+    n = v * rstd
+    dyf = dy.float()
+    dyw = dyf * w
+    dv = rstd * (dyw - n * (dyw * n).mean(-1, keepdim=True))
+    dw = (dyf * n).reshape(-1, n.shape[-1]).sum(0).to(w_dtype) if need_w else None
+    return dv, dw
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps: float, per_op: bool):
+        lp = x.dtype
+        v = x.float()
+        rstd = _rstd(v, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        w = _engine_weight(weight, x.dtype)
+        dv, dw = _norm_bwd(dy, x.float(), rstd, w, ctx.needs_input_grad[1], weight.dtype)
+        dx = dv.to(x.dtype) if ctx.needs_input_grad[0] else None
+        return dx, dw, None, None
+
+
+class _AddRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps: float, per_op: bool, fp32_sum: bool):
+        lp = x.dtype
+        total = x.float() + residual.float()
+        new_residual = total.to(lp)
+        v = total if fp32_sum else new_residual.float()
+        rstd = _rstd(v, eps)
+        # fp32_sum needs x and r to rebuild the fp32 sum; rounded_sum only the rounded sum, which
+        # is the output handed on as the next residual anyway.
+        if fp32_sum:
+            ctx.save_for_backward(x, residual, weight, rstd)
+        else:
+            ctx.save_for_backward(new_residual, weight, rstd)
+        ctx.fp32_sum = fp32_sum
+        ctx.dtypes = (x.dtype, residual.dtype)
+        normed = _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op)
+        return normed, new_residual
+
+    @staticmethod
+    def backward(ctx, dnormed, dresidual):
+        if ctx.fp32_sum:
+            x, residual, weight, rstd = ctx.saved_tensors
+            v = x.float() + residual.float()
+        else:
+            new_residual, weight, rstd = ctx.saved_tensors
+            v = new_residual.float()
+        x_dtype, r_dtype = ctx.dtypes
+        w = _engine_weight(weight, x_dtype)
+        if dnormed is not None:
+            dv, dw = _norm_bwd(dnormed, v, rstd, w, ctx.needs_input_grad[2], weight.dtype)
+        else:
+            dv, dw = torch.zeros_like(v), None
+        if dresidual is not None:
+            dv = dv + dresidual.float()
+        dx = dv.to(x_dtype) if ctx.needs_input_grad[0] else None
+        dr = dv.to(r_dtype) if ctx.needs_input_grad[1] else None
+        return dx, dr, dw, None, None, None
+
+
+def rms_norm(x, weight, eps: float, profile: RoundingProfile):
+    """RMSNorm of ``x`` under ``profile``'s ``norm_weight`` point (inputs already validated)."""
+    return _RMSNorm.apply(x, weight, float(eps), profile.norm_weight == "per_op")
+
+
+def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile):
+    """(norm(x + residual), RN(x + residual)) under ``profile`` (inputs already validated)."""
+    return _AddRMSNorm.apply(
+        x,
+        residual,
+        weight,
+        float(eps),
+        profile.norm_weight == "per_op",
+        profile.norm_residual == "fp32_sum",
+    )
