@@ -130,7 +130,7 @@ def write_record(out: Path, args, info: dict, hist, saved_eval: dict | None) -> 
         f"(max {info['max_len']}) |",
         f"| training | {hist.steps_done} steps x {args.batch_size} problems, lr {args.lr:g} (warm-up, cosine "
         f"to 10%), AdamW, fp32 master weights, {info['precision']} compute, seed {args.seed}"
-        f"{' (stopped early by --time-limit)' if hist.stopped_early else ''} |",
+        f"{f' (stopped by --time-limit after step {hist.steps_done})' if hist.stopped_early else ''} |",
         f"| calibration | {info.get('calibration', 'none (--steps given)')} |",
         f"| wall time | {hist.wall_time_s:.1f} s in sft_train (evaluations included); {info['total_s']:.1f} s in all |",
         f"| final training loss | {hist.final_loss:.4f} (mean over the last {args.log_every} steps, "
@@ -189,13 +189,13 @@ def main(argv=None) -> int:
         print(info["calibration"], flush=True)
     argv_list = sys.argv[1:] if argv is None else list(argv)
     info["command"] = "python scripts/train_tiny_model.py " + shlex.join(argv_list)
-    repro = [a for a in argv_list]
-    if "--time-budget" in repro:
-        i = repro.index("--time-budget")
-        del repro[i : i + 2]
+    repro = list(argv_list)
+    for flag in ("--time-budget", "--time-limit"):  # the step count alone fixes the run
+        if flag in repro:
+            i = repro.index(flag)
+            del repro[i : i + 2]
     if "--steps" not in repro:
         repro += ["--steps", str(steps)]
-    info["reproduce"] = "python scripts/train_tiny_model.py " + shlex.join(repro)
 
     hist = sft_train(
         model, tokenizer, task, steps, args.batch_size, args.lr,
@@ -220,6 +220,8 @@ def main(argv=None) -> int:
         saved_eval = evaluate(reloaded, tokenizer, task, held_out, seed=args.seed)
         print(f"saved bf16 model: {info['file_mb']:.2f} MB; greedy {saved_eval['greedy_acc']:.3f} "
               f"sampled {saved_eval['sample_acc']:.3f} mean_len {saved_eval['mean_len']:.0f}", flush=True)
+    # a run cut by --time-limit is reproduced by the same command up to the step it stopped at
+    info["reproduce"] = "python scripts/train_tiny_model.py " + shlex.join(repro)
     (args.out / "task.json").write_text(json.dumps({"task": task.spec(), "seed": args.seed}, indent=1) + "\n")
     info["total_s"] = time.perf_counter() - t_start
     write_record(args.out, args, info, hist, saved_eval)

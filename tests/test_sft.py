@@ -38,6 +38,20 @@ def test_encode_batch_masks_prompt_and_padding(tok):
     assert ids.shape[1] == len(probs[0].prompt) + len(probs[0].solution) + 2
 
 
+def test_encode_batch_fast_path_equals_tokenizer(tok):
+    from rla.rl.tasks import Problem, SortingTask
+
+    probs = SortingTask(5).sample(0, 3) + [Problem("add:1+é=", "x", "?>x")]  # unknown chars: <unk>
+    fast = encode_batch(tok, probs)
+    tok._rla_char_table = None  # force the tokenizer's own call
+    try:
+        slow = encode_batch(tok, probs)
+    finally:
+        del tok._rla_char_table
+    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+    assert (fast[0] == tok.unk_token_id).sum() == 2
+
+
 def test_sft_lowers_loss(tok):
     torch.manual_seed(0)
     model = micro()

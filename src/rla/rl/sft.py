@@ -30,10 +30,12 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from rla.rl.tasks import Problem, Task
+from rla.rl.tokenizer import char_table
 
 __all__ = ["SFTHistory", "sft_train", "encode_batch", "generate_responses", "evaluate"]
 
@@ -68,18 +70,33 @@ def encode_batch(tokenizer, problems: Sequence[Problem], device=None):
     Returns ``(input_ids, labels)``, both ``[B, T]`` long; labels are -100 on the prompt (and
     ``<bos>``) and on padding, the token ids on the solution and ``<eos>``.
     """
-    prompts = tokenizer([p.prompt for p in problems], add_special_tokens=True)["input_ids"]
-    answers = tokenizer([p.solution for p in problems], add_special_tokens=False)["input_ids"]
+    table = char_table(tokenizer)
+    if table is not None:  # the character tokenizer: a table lookup gives the same ids, fast
+        bos = tokenizer("", add_special_tokens=True)["input_ids"]  # what the tokenizer prepends
+
+        def enc(text):
+            return table[np.frombuffer(text.encode("ascii", errors="replace"), np.uint8)].tolist()
+
+        prompts = [bos + enc(p.prompt) for p in problems]
+        answers = [enc(p.solution) for p in problems]
+    else:
+        prompts = tokenizer([p.prompt for p in problems], add_special_tokens=True)["input_ids"]
+        answers = tokenizer([p.solution for p in problems], add_special_tokens=False)["input_ids"]
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    rows = [(p, a + [eos]) for p, a in zip(prompts, answers)]
-    width = max(len(p) + len(a) for p, a in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    for i, (p, a) in enumerate(rows):
-        ids[i, : len(p) + len(a)] = torch.tensor(p + a)
-        labels[i, len(p) : len(p) + len(a)] = torch.tensor(a)
-    if device is not None:
-        ids, labels = ids.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+    width = max(len(p) + len(a) for p, a in zip(prompts, answers)) + 1
+    ids = np.full((len(problems), width), pad, dtype=np.int64)
+    labels = np.full((len(problems), width), -100, dtype=np.int64)
+    for i, (p, a) in enumerate(zip(prompts, answers)):
+        row = p + a + [eos]
+        ids[i, : len(row)] = row
+        labels[i, len(p) : len(row)] = row[len(p) :]
+    ids, labels = torch.from_numpy(ids), torch.from_numpy(labels)
+    if device is not None and torch.device(device).type == "cuda":
+        # pinned + non_blocking: the copy does not wait for the GPU, so the next batch is built
+        # on the CPU while the current step runs
+        ids, labels = ids.pin_memory().to(device, non_blocking=True), labels.pin_memory().to(device, non_blocking=True)
+    elif device is not None:
+        ids, labels = ids.to(device), labels.to(device)
     return ids, labels
 
 
@@ -261,7 +278,7 @@ def sft_train(
             log(f"step {step}/{steps} loss {row['loss']:.4f} lr {row['lr']:.2e} {elapsed:.1f}s")
             loss_sum.zero_()
             n_sum = 0
-        if eval_every and step % eval_every == 0 and step != steps and held_out:
+        if eval_every and step % eval_every == 0 and steps - step > eval_every // 2 and held_out:
             run_eval(step)
         if out_of_time:
             hist.stopped_early = step < steps

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import string
 
+import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-__all__ = ["SPECIAL_TOKENS", "CHARACTERS", "build_tokenizer", "load_tokenizer", "check_text"]
+__all__ = ["SPECIAL_TOKENS", "CHARACTERS", "build_tokenizer", "load_tokenizer", "check_text", "char_table"]
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 # digits, the operators and separators the tasks write, space, newline, lowercase letters
@@ -65,3 +66,26 @@ def check_text(text: str) -> None:
     bad = sorted(set(text) - set(CHARACTERS))
     if bad:
         raise ValueError(f"characters outside the rla character vocabulary: {bad!r}")
+
+
+def char_table(tokenizer) -> np.ndarray | None:
+    """A byte -> token id table (256 entries, ``<unk>`` for the rest) if ``tokenizer`` gives one
+    token per character of ``CHARACTERS``, else None. Cached on the tokenizer.
+
+    SFT batches are built with it (``table[bytes]``), about 20x faster than the tokenizer's own
+    call, which goes through a regex split per character; the result is the same ids.
+    """
+    cached = getattr(tokenizer, "_rla_char_table", False)
+    if cached is not False:
+        return cached
+    text = "".join(CHARACTERS)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    table = None
+    if len(ids) == len(text) and tokenizer.unk_token_id is not None and tokenizer.unk_token_id not in ids:
+        table = np.full(256, tokenizer.unk_token_id, dtype=np.int64)
+        table[np.frombuffer(text.encode("ascii"), np.uint8)] = ids
+    try:
+        tokenizer._rla_char_table = table
+    except AttributeError:
+        pass
+    return table
