@@ -80,9 +80,19 @@ def check_swiglu(gate, up) -> None:
         )
 
 
-def check_norm(x, residual, weight, eps) -> None:
+def check_norm(x, residual, weight, eps, dtype=None) -> None:
     _float("x", x)
     _float("weight", weight)
+    lp = x.dtype
+    if dtype is not None:
+        if dtype not in FLOAT_DTYPES:
+            raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype!r}")
+        if dtype != x.dtype and x.dtype != torch.float32:
+            raise TypeError(
+                f"x is {x.dtype} but dtype={dtype}: a dtype other than x's means x is the fp32 "
+                "residual sum a norm reads, so x must be float32"
+            )
+        lp = dtype
     tensors = [x, weight]
     if residual is not None:
         _float("residual", residual)
@@ -98,10 +108,10 @@ def check_norm(x, residual, weight, eps) -> None:
         raise ValueError(
             f"weight shape {tuple(weight.shape)} must equal the last dim of x {tuple(x.shape)}"
         )
-    if weight.dtype not in (x.dtype, torch.float32):
+    if weight.dtype not in (lp, torch.float32):
         raise TypeError(
-            f"weight is {weight.dtype} but x is {x.dtype}; the weight must be x's dtype or an fp32 "
-            "master weight (which is rounded to x's dtype, like the engine's copy)"
+            f"weight is {weight.dtype} but the norm computes in {lp}; the weight must be that dtype "
+            "or an fp32 master weight (which is rounded to it, like the engine's copy)"
         )
     if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise ValueError(f"eps must be a finite non-negative number, got {eps!r}")
