@@ -79,7 +79,8 @@ def foreign_wrapper(module: torch.nn.Module) -> str | None:
     if patch is None:
         return None
     for name, value in patch.installed_attrs.items():
-        if module.__dict__.get(name, _MISSING) is not value:
+        # only installed functions; state such as max_seq_len_cached may change while aligned
+        if callable(value) and module.__dict__.get(name, _MISSING) is not value:
             return name
     return None
 
