@@ -1,0 +1,1 @@
+"""rla: rounding-location alignment for LLM reinforcement learning."""
