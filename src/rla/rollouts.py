@@ -81,13 +81,14 @@ class RolloutFormatError(ValueError):
     """A record or rollout file is invalid; the message names the file, line and field."""
 
     def __init__(self, problem: str, *, path: Any = None, line: int | None = None,
-                 field: str | None = None):
+                 field: str | None = None, record: int | None = None):
         self.problem, self.path, self.line, self.field = problem, path, line, field
+        self.record = record
         where = ""
         if path is not None:
             where = f"{os.fspath(path)}:" + (f"{line}:" if line is not None else "") + " "
-        elif line is not None:
-            where = f"line {line}: "
+        if record is not None:
+            where += f"record {record}: "
         what = f"field '{field}': " if field else ""
         super().__init__(f"{where}{what}{problem}")
 
@@ -195,18 +196,18 @@ class RolloutRecord:
 
 def _to_line(rec: RolloutRecord, index: int) -> str:
     if not isinstance(rec, RolloutRecord):
-        raise RolloutFormatError(f"record {index} is a {type(rec).__name__}, not a RolloutRecord")
+        raise RolloutFormatError(f"a {type(rec).__name__}, not a RolloutRecord", record=index)
     try:
         d = _validate(rec.__dict__)  # fields are mutable: re-check before writing
     except RolloutFormatError as err:
-        raise RolloutFormatError(f"record {index}: {err.problem}", field=err.field) from None
+        raise RolloutFormatError(err.problem, field=err.field, record=index) from None
     obj = {"format": FORMAT, **{k: d[k] for k in _REQUIRED}}
     obj.update({k: d[k] for k in _OPTIONAL if d[k] is not None})
     try:
         return json.dumps(obj, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as err:
-        raise RolloutFormatError(f"record {index}: not JSON-serialisable ({err})",
-                                 field="metadata") from None
+        raise RolloutFormatError(f"not JSON-serialisable ({err})", field="metadata",
+                                 record=index) from None
 
 
 def save(path: str | os.PathLike[str], records: Iterable[RolloutRecord]) -> None:
@@ -338,8 +339,8 @@ def to_padded(records: list[RolloutRecord], pad_id: int = 0) -> dict[str, Any]:
     for i, rec in enumerate(records):
         p, r = len(rec.prompt_ids), len(rec.response_ids)
         if len(rec.logprobs) != r:
-            raise RolloutFormatError(f"record {i}: {len(rec.logprobs)} logprobs for {r} tokens",
-                                     field="logprobs")
+            raise RolloutFormatError(f"{len(rec.logprobs)} logprobs for {r} tokens",
+                                     field="logprobs", record=i)
         input_ids[i, P - p : P] = torch.tensor(rec.prompt_ids, dtype=torch.long)
         input_ids[i, P : P + r] = torch.tensor(rec.response_ids, dtype=torch.long)
         attention_mask[i, P - p : P + r] = 1
