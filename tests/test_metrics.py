@@ -223,6 +223,11 @@ def test_seq_chi2_overflow_is_inf_with_finite_log_form():
     assert got["mismatch/seq/log_mean_rho2"] == pytest.approx(float(want), rel=1e-15)
     assert got["mismatch/seq/log_ratio/max"] == 5e6
     assert got["mismatch/is/ess"] == pytest.approx(0.5, rel=1e-12)  # half the weights ~ e^50
+    # just below the float64 limit the value is finite and exact, not cut off early
+    roll = np.array([[-709.781 / 2]])
+    got = mismatch(np.zeros((1, 1)), roll, np.ones((1, 1), dtype=bool))
+    want = mpmath.expm1(2 * mpmath.mpf(float(-roll[0, 0])))
+    assert got["mismatch/seq/chi2"] == pytest.approx(float(want), rel=1e-12)
 
 
 def test_by_position_quarters_hand_built():

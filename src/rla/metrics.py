@@ -213,7 +213,10 @@ def mismatch(
     out["mismatch/seq/log_ratio/max"] = float(np.max(S))
     log_mean_rho2 = _logsumexp(2 * S) - math.log(rows.size)
     out["mismatch/seq/log_mean_rho2"] = log_mean_rho2
-    out["mismatch/seq/chi2"] = math.expm1(log_mean_rho2) if log_mean_rho2 < 709.78 else math.inf
+    try:
+        out["mismatch/seq/chi2"] = math.expm1(log_mean_rho2)
+    except OverflowError:  # only when the value itself exceeds float64 (log > ~709.78)
+        out["mismatch/seq/chi2"] = math.inf
 
     first = np.argmax(m, axis=1)
     span = m.shape[1] - np.argmax(m[:, ::-1], axis=1) - first
