@@ -41,7 +41,7 @@ def model():
 def test_bad_regions(model, regions, error, match):
     with pytest.raises(error, match=match):
         rla.align(model, "vllm", regions=regions)
-    assert rla.align.current(model) is None  # nothing half-applied
+    assert rla.alignment_of(model) is None  # nothing half-applied
 
 
 def test_a_single_region_may_be_a_string(model):

@@ -110,9 +110,9 @@ def test_realigning_never_wraps_twice():
     # the patch remembers the class forward (no instance forward before), not the vllm one
     assert attn.__dict__["_rla_patch"].saved_attrs["forward"] is not attn.forward
     assert not callable(attn.__dict__["_rla_patch"].saved_attrs["forward"])
-    assert rla.align.current(model).profile.name == "sglang"
+    assert rla.alignment_of(model).profile.name == "sglang"
     rla.unalign(model)
-    assert "forward" not in attn.__dict__ and rla.align.current(model) is None
+    assert "forward" not in attn.__dict__ and rla.alignment_of(model) is None
 
 
 def test_aligned_context_restores_the_previous_alignment():
@@ -122,14 +122,62 @@ def test_aligned_context_restores_the_previous_alignment():
     with torch.no_grad():
         with rla.aligned(model, "sglang"):
             assert torch.equal(model(ids).logits, spec_forward(model, ids, SPEC["sglang"]))
-        assert rla.align.current(model).profile.name == "vllm"
+        assert rla.alignment_of(model).profile.name == "vllm"
         assert torch.equal(model(ids).logits, spec_forward(model, ids, SPEC["vllm"]))
     rla.unalign(model)
 
 
 def test_public_api_names():
-    from rla import AlignmentReport, align, aligned, unalign
+    from rla import AlignmentReport, align, aligned, alignment_of, unalign
 
     assert align is rla.align and callable(align)
     assert rla.align.align is not None and rla.align.families.FAMILIES  # also a package
     assert AlignmentReport.__name__ == "AlignmentReport" and callable(unalign) and callable(aligned)
+    assert alignment_of is rla.align.alignment_of
+
+
+def test_output_hidden_states_show_the_fp32_sums():
+    model = tiny_model("qwen3")
+    ids = tokens()
+    with torch.no_grad():
+        plain = model(ids, output_hidden_states=True).hidden_states
+        rla.align(model, "vllm")
+        states = model(ids, output_hidden_states=True).hidden_states
+        rla.align(model, "vllm-eager")  # rounded_sum: the lp residual stream, as HF
+        rounded = model(ids, output_hidden_states=True).hidden_states
+    rla.unalign(model)
+    assert [h.dtype for h in states] == [torch.bfloat16, torch.float32, torch.bfloat16]  # embeds, sum, final
+    assert all(h.dtype == torch.bfloat16 for h in rounded) and len(rounded) == len(plain)
+
+
+def test_an_mlp_returning_router_logits_keeps_its_tuple():
+    """transformers 5.x MoE blocks return a tensor; an mlp that returns (out, router_logits), as
+    older releases did, keeps returning the extra outputs through the aligned layer."""
+    model = tiny_model("qwen2")
+    rla.align(model, "vllm")
+    layer = model.model.layers[0]
+    mlp_forward = layer.mlp.forward
+    x = torch.randn(1, 4, 64).to(torch.bfloat16)
+    pos = torch.arange(4)[None]
+    kwargs = dict(attention_mask=None, position_ids=pos, position_embeddings=model.model.rotary_emb(x, pos))
+    with torch.no_grad():
+        expected = layer(x, **kwargs)
+        layer.mlp.forward = lambda h: (mlp_forward(h), "router logits")
+        out = layer(x, **kwargs)
+    layer.mlp.forward = mlp_forward
+    rla.unalign(model)
+    assert isinstance(out, tuple) and out[1] == "router logits" and torch.equal(out[0], expected)
+
+
+def test_report_renders_with_rich():
+    from rich.console import Console
+
+    model = tiny_model("mixtral", dtype=torch.float32).to(torch.bfloat16)
+    report = rla.align(model, "sglang", regions=("rope", "rmsnorm"))
+    rla.unalign(model)
+    console = Console(record=True, width=200)
+    console.print(report)
+    text = console.export_text()
+    assert "sglang" in text and "not aligned" in text and "bf16 inv_freq" in text
+    assert report.to_dict()["points"]["rope_cos_sin"] == "fp32"
+    assert report.modules("rope") == 1 + model.config.num_hidden_layers and report.modules("swiglu") == 0

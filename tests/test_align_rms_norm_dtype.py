@@ -81,7 +81,7 @@ def test_backward_is_the_fp32_gradient():
 def test_bad_dtype_combinations_are_clear():
     x16 = torch.randn(2, 8).to(BF16)
     w = torch.ones(8, dtype=BF16)
-    with pytest.raises(TypeError, match="must be float32"):
+    with pytest.raises(TypeError, match="or an fp32 residual sum"):
         rla.ops.rms_norm(x16, w, 1e-6, "vllm", dtype=torch.float16)
     with pytest.raises(TypeError, match="dtype must be one of"):
         rla.ops.rms_norm(x16.float(), w, 1e-6, "vllm", dtype=torch.int8)

@@ -128,11 +128,15 @@ def test_torch_compile_matches_eager_bit_for_bit():
     torch._dynamo.reset()
     ids = tokens()
     model = tiny_model("qwen3")
-    rla.align(model, "sglang")
     with torch.no_grad():
+        plain = model(ids).logits
+        rla.align(model, "sglang")
         eager = model(ids).logits
         compiled = torch.compile(model, backend="aot_eager")
         assert torch.equal(compiled(ids).logits, eager)
+        rla.unalign(model)  # dynamo's guards see the instance attributes go: it recompiles
+        assert torch.equal(compiled(ids).logits, plain)
+        rla.align(model, "sglang")
     model.train()
     loss = compiled(ids, labels=ids).loss
     loss.backward()

@@ -4,9 +4,9 @@
 first use.
 """
 
-__all__ = ["align", "unalign", "aligned", "AlignmentReport"]
+__all__ = ["align", "unalign", "aligned", "alignment_of", "AlignmentReport"]
 
-_ALIGN_NAMES = ("align", "unalign", "aligned", "AlignmentReport")
+_ALIGN_NAMES = ("align", "unalign", "aligned", "alignment_of", "AlignmentReport")
 
 
 def __getattr__(name):

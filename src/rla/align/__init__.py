@@ -35,12 +35,12 @@ from __future__ import annotations
 import sys
 import types
 
-from rla.align.core import aligned, current, unalign
+from rla.align.core import aligned, alignment_of, unalign
 from rla.align.core import align as _align
 from rla.align.report import AlignmentReport, Hazard
 from rla.profiles import REGIONS, RoundingProfile
 
-__all__ = ["align", "unalign", "aligned", "current", "AlignmentReport", "Hazard"]
+__all__ = ["align", "unalign", "aligned", "alignment_of", "AlignmentReport", "Hazard"]
 
 
 def align(model, profile: str | RoundingProfile = "vllm", regions=REGIONS) -> AlignmentReport:

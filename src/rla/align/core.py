@@ -22,7 +22,7 @@ from rla.align.rope import align_attention, align_rotary
 from rla.align.swiglu import align_experts, align_mlps, check_activation, check_experts
 from rla.profiles import REGIONS, RoundingProfile, resolve
 
-__all__ = ["align", "unalign", "aligned", "current"]
+__all__ = ["align", "unalign", "aligned", "alignment_of"]
 
 _STATE_ATTR = "_rla_alignment"
 
@@ -128,7 +128,7 @@ def _scan(body: torch.nn.Module, family: Family) -> _Modules:
     return found
 
 
-def current(model) -> AlignmentReport | None:
+def alignment_of(model) -> AlignmentReport | None:
     """The report of ``model``'s current alignment, or None when it is not aligned."""
     _, body = _find(model)
     state = body.__dict__.get(_STATE_ATTR)
@@ -214,7 +214,7 @@ def aligned(model: torch.nn.Module, profile: str | RoundingProfile = "vllm", reg
 
     On exit the model returns to its state before the block: unaligned, or aligned as it was.
     """
-    before = current(model)
+    before = alignment_of(model)
     report = align(model, profile, regions)
     try:
         yield report

@@ -26,7 +26,7 @@ from rla.align.patch import install, with_globals
 from rla.align.report import Hazard
 from rla.profiles import RoundingProfile
 
-__all__ = ["align_rotary", "align_attention", "make_apply_rotary"]
+__all__ = ["align_rotary", "align_attention", "make_apply_rotary", "fp32_inv_freq"]
 
 
 def _aligned_rotary_forward(self, x, position_ids):
@@ -57,6 +57,12 @@ def make_apply_rotary(profile: RoundingProfile):
     return apply_rotary_pos_emb
 
 
+def fp32_inv_freq(rotary: torch.nn.Module) -> torch.Tensor:
+    """The fp32 ``inv_freq`` the rotary module's own init computes from its config (on its device)."""
+    inv_freq, _ = compat.rope_init(rotary)
+    return inv_freq.to(rotary.inv_freq.device)
+
+
 def align_rotary(rotary: torch.nn.Module) -> list[Hazard]:
     """Patch one rotary module; returns the hazards it fixed (a rounded ``inv_freq``)."""
     hazards: list[Hazard] = []
@@ -66,11 +72,10 @@ def align_rotary(rotary: torch.nn.Module) -> list[Hazard]:
                and rotary._buffers[n] is not None and rotary._buffers[n].dtype != torch.float32]
     if rounded:
         inv_freq, scaling = compat.rope_init(rotary)
+        inv_freq = inv_freq.to(rotary.inv_freq.device)
         old = rotary._buffers.get("original_inv_freq")
         if old is None:
             old = rotary._buffers["inv_freq"]
-        device = rotary._buffers["inv_freq"].device
-        inv_freq = inv_freq.to(device)
         buffers["inv_freq"] = inv_freq
         if "original_inv_freq" in rotary._buffers:
             buffers["original_inv_freq"] = inv_freq.clone()
@@ -79,12 +84,12 @@ def align_rotary(rotary: torch.nn.Module) -> list[Hazard]:
             attrs["max_seq_len_cached"] = rotary.original_max_seq_len
         position = int(getattr(rotary, "original_max_seq_len", None) or rotary.config.max_position_embeddings)
         delta = (old.double().cpu() - inv_freq.double().cpu()).abs().max().item()
+        dtype = str(old.dtype).replace("torch.", "")
         hazards.append(
             Hazard(
                 "bf16 inv_freq",
-                f"RoPE inv_freq was {old.dtype} (model.to({str(old.dtype).replace('torch.', '')}) rounds "
-                f"it): max angle error {delta * position:.3g} rad at position {position}; recomputed "
-                "in fp32 from the config while aligned",
+                f"RoPE inv_freq was {dtype} (model.to({dtype})): max angle error {delta * position:.3g} "
+                f"rad at position {position}; recomputed in fp32 from the config",
             )
         )
     if compat.HF_ROTARY_USES_MATMUL and torch.get_float32_matmul_precision() != "highest":

@@ -52,17 +52,13 @@ def swiglu(gate, up, profile: str | RoundingProfile):
 def rms_norm(x, weight, eps: float, profile: str | RoundingProfile, dtype: torch.dtype | None = None):
     """RMSNorm over the last dim; an fp32 ``weight`` is first rounded to the low-precision dtype.
 
-    ``dtype`` is the stack's low-precision dtype; default ``x.dtype``. An fp32 ``x`` with
-    ``dtype=torch.bfloat16`` is an fp32 residual sum that the norm reads (what a fused add+norm
-    kernel keeps in registers under ``norm_residual='fp32_sum'``); the output is rounded to
-    ``dtype``. That is how ``rla.align`` realises ``fp32_sum`` across decoder-layer boundaries.
+    ``dtype`` is the stack's low-precision dtype and defaults to ``x.dtype``. Passing an fp32
+    ``x`` with ``dtype=torch.bfloat16`` reads ``x`` as the fp32 residual sum of a fused add + norm
+    (the ``fp32_sum`` point across a decoder-layer boundary) and returns a bf16 result.
     """
     p = resolve(profile)
     check_norm(x, None, weight, eps, dtype)
-    if dtype is None or dtype == x.dtype:
-        return backend(x, weight).rms_norm(x, weight, eps, p)
-    # Reading an fp32 sum with a lower output dtype has no fused kernel yet: the reference runs.
-    return reference.rms_norm(x, weight, eps, p, dtype=dtype)
+    return backend(x, weight).rms_norm(x, weight, eps, p, dtype)
 
 
 def add_rms_norm(x, residual, weight, eps: float, profile: str | RoundingProfile):

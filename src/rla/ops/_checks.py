@@ -82,17 +82,14 @@ def check_swiglu(gate, up) -> None:
 
 def check_norm(x, residual, weight, eps, dtype=None) -> None:
     _float("x", x)
+    lp = x.dtype if dtype is None else dtype
+    if lp not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype}")
+    if x.dtype not in (lp, torch.float32):
+        raise TypeError(
+            f"x is {x.dtype} but the stack dtype is {lp}: x must be {lp}, or an fp32 residual sum"
+        )
     _float("weight", weight)
-    lp = x.dtype
-    if dtype is not None:
-        if dtype not in FLOAT_DTYPES:
-            raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype!r}")
-        if dtype != x.dtype and x.dtype != torch.float32:
-            raise TypeError(
-                f"x is {x.dtype} but dtype={dtype}: a dtype other than x's means x is the fp32 "
-                "residual sum a norm reads, so x must be float32"
-            )
-        lp = dtype
     tensors = [x, weight]
     if residual is not None:
         _float("residual", residual)
@@ -110,8 +107,8 @@ def check_norm(x, residual, weight, eps, dtype=None) -> None:
         )
     if weight.dtype not in (lp, torch.float32):
         raise TypeError(
-            f"weight is {weight.dtype} but the norm computes in {lp}; the weight must be that dtype "
-            "or an fp32 master weight (which is rounded to it, like the engine's copy)"
+            f"weight is {weight.dtype} but the stack dtype is {lp}; the weight must be {lp} or an fp32 "
+            "master weight (which is rounded to x's dtype, like the engine's copy)"
         )
     if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise ValueError(f"eps must be a finite non-negative number, got {eps!r}")

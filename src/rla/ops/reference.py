@@ -171,17 +171,15 @@ def _norm_bwd(dy, v, rstd, w, need_w, w_dtype):
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps: float, per_op: bool, lp: torch.dtype):
-        # lp is x.dtype, or the stack's dtype when x is an fp32 residual sum the norm reads.
         v = x.float()
         rstd = _rstd(v, eps)
         ctx.save_for_backward(x, weight, rstd)
-        ctx.lp = lp
         return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op)
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
-        w = _engine_weight(weight, ctx.lp)
+        w = _engine_weight(weight, dy.dtype)
         dv, dw = _norm_bwd(dy, x.float(), rstd, w, ctx.needs_input_grad[1], weight.dtype)
         dx = dv.to(x.dtype) if ctx.needs_input_grad[0] else None
         return dx, dw, None, None, None
@@ -230,9 +228,9 @@ class _AddRMSNorm(torch.autograd.Function):
 def rms_norm(x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype | None = None):
     """RMSNorm of ``x`` under ``profile``'s ``norm_weight`` point (inputs already validated).
 
-    ``dtype`` is the stack's low-precision dtype (default ``x.dtype``). An fp32 ``x`` with a lower
-    ``dtype`` is the fp32 residual sum that a fused add+norm reads (``norm_residual='fp32_sum'``
-    spread over two modules): it is normalised as is and the output is rounded to ``dtype``.
+    ``dtype`` is the stack's low-precision dtype (default ``x.dtype``). An fp32 ``x`` with
+    ``dtype=torch.bfloat16`` is an fp32 residual sum that the norm reads (``fp32_sum``): the norm
+    is computed from it and rounded once to bf16.
     """
     lp = x.dtype if dtype is None else dtype
     return _RMSNorm.apply(x, weight, float(eps), profile.norm_weight == "per_op", lp)
