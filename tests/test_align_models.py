@@ -181,3 +181,55 @@ def test_report_renders_with_rich():
     assert "sglang" in text and "not aligned" in text and "bf16 inv_freq" in text
     assert report.to_dict()["points"]["rope_cos_sin"] == "fp32"
     assert report.modules("rope") == 1 + model.config.num_hidden_layers and report.modules("swiglu") == 0
+
+
+def test_import_rla_stays_light():
+    import subprocess
+    import sys as _sys
+    from pathlib import Path
+
+    src = str(Path(rla.__file__).parents[1])
+    code = "import sys, rla; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    subprocess.run([_sys.executable, "-c", code], check=True, env={"PYTHONPATH": src})
+
+
+def test_deepcopy_of_an_aligned_model_is_an_independent_aligned_model():
+    import copy
+
+    model = tiny_model("qwen3")
+    ids = tokens()
+    with torch.no_grad():
+        plain = model(ids).logits
+        rla.align(model, "vllm")
+        aligned_logits = model(ids).logits
+        clone = copy.deepcopy(model)
+        assert torch.equal(clone(ids).logits, aligned_logits)
+        rla.unalign(clone)
+        assert torch.equal(clone(ids).logits, plain)
+        assert torch.equal(model(ids).logits, aligned_logits)
+    rla.unalign(model)
+
+
+def test_accelerate_hooks_stay_around_the_aligned_forward():
+    hooks = pytest.importorskip("accelerate.hooks")
+
+    class Count(hooks.ModelHook):
+        calls = 0
+
+        def pre_forward(self, module, *args, **kwargs):
+            Count.calls += 1
+            return args, kwargs
+
+    model = tiny_model("llama")
+    ids = tokens()
+    layer = model.model.layers[0]
+    hooks.add_hook_to_module(layer, Count())
+    hooked_forward = layer.forward
+    with torch.no_grad():
+        rla.align(model, "vllm")
+        assert layer.forward is hooked_forward
+        assert torch.equal(model(ids).logits, spec_forward(model, ids, SPEC["vllm"]))
+        assert Count.calls == 1
+        rla.unalign(model)
+        assert layer.forward is hooked_forward and layer._old_forward.__func__ is type(layer).forward
+    hooks.remove_hook_from_module(layer)

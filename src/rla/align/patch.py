@@ -5,8 +5,9 @@ Rules (they are why aligning one model never changes another):
 - Only instance attributes change. ``module.forward = MethodType(fn, module)`` shadows the class's
   ``forward`` for that instance; classes and transformers' module globals are never assigned.
 - Each patched module carries one private attribute, ``_rla_patch``, that remembers what its
-  instance ``__dict__`` held before (an accelerate hook, say) and which buffers were replaced.
-  :func:`uninstall` puts exactly that back.
+  instance ``__dict__`` held before and which buffers were replaced; :func:`uninstall` puts
+  exactly that back. A module wrapped by an accelerate hook keeps the hook: its ``_old_forward``
+  (what the hook calls) is replaced instead of ``forward``.
 - A function that reads a module global (the attention forward calls ``apply_rotary_pos_emb``)
   is rebuilt by :func:`with_globals` around a *copy* of the globals, decorators included.
 """
@@ -22,7 +23,25 @@ import torch
 __all__ = ["Patch", "install", "uninstall", "patch_of", "with_globals", "PATCH_ATTR"]
 
 PATCH_ATTR = "_rla_patch"
-_MISSING = object()
+
+
+class _Missing:
+    """Marks "the instance had no such attribute"; survives deepcopy and pickle as itself."""
+
+    def __repr__(self):
+        return "<missing>"
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        return "_MISSING"
+
+
+_MISSING = _Missing()
 
 
 @dataclass
@@ -53,6 +72,10 @@ def install(
     """
     if patch_of(module) is not None:
         raise RuntimeError(f"{type(module).__name__} is already aligned; unalign first")
+    if "forward" in attrs and "_hf_hook" in module.__dict__ and "_old_forward" in module.__dict__:
+        # accelerate's hook (device_map dispatch, offload) wraps ``_old_forward``: replace that,
+        # so the hook keeps moving inputs and weights around the aligned forward.
+        attrs = {("_old_forward" if k == "forward" else k): v for k, v in attrs.items()}
     patch = Patch(role)
     buffers = buffers or {}
     for name in (*attrs, *keep):
