@@ -79,28 +79,30 @@ _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 
 
 def tiny_config(family: str, **overrides):
-    if family == "llama":
-        cfg = transformers.LlamaConfig(**_COMMON)
-    elif family == "mistral":
-        cfg = transformers.MistralConfig(**_COMMON, head_dim=16)
-    elif family == "qwen2":
-        cfg = transformers.Qwen2Config(**_COMMON)
-    elif family == "qwen3":
-        cfg = transformers.Qwen3Config(**_COMMON, head_dim=16)
-    elif family == "qwen2_moe":
+    """A tiny config of ``family``; ``overrides`` go to the config constructor."""
+    kw = dict(_COMMON)
+    if family in ("mistral", "qwen3", "qwen3_moe"):
+        kw["head_dim"] = 16
+    if family in ("qwen2_moe", "qwen3_moe"):
+        kw.update(_MOE)
+    if family == "qwen2_moe":
         # layer 1 is a dense MLP (mlp_only_layers): both kinds in one model
-        cfg = transformers.Qwen2MoeConfig(
-            **_COMMON, **_MOE, shared_expert_intermediate_size=64, decoder_sparse_step=1, mlp_only_layers=[1]
-        )
-    elif family == "qwen3_moe":
-        cfg = transformers.Qwen3MoeConfig(**_COMMON, **_MOE, head_dim=16, norm_topk_prob=True)
-    elif family == "mixtral":
-        cfg = transformers.MixtralConfig(**_COMMON, num_local_experts=4, num_experts_per_tok=2)
-    else:
-        raise KeyError(family)
-    for k, v in overrides.items():
-        setattr(cfg, k, v)
-    return cfg
+        kw.update(shared_expert_intermediate_size=64, decoder_sparse_step=1, mlp_only_layers=[1])
+    if family == "qwen3_moe":
+        kw.update(norm_topk_prob=True)
+    if family == "mixtral":
+        kw.update(num_local_experts=4, num_experts_per_tok=2)
+    kw.update(overrides)
+    classes = {
+        "llama": transformers.LlamaConfig,
+        "mistral": transformers.MistralConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+        "qwen2_moe": transformers.Qwen2MoeConfig,
+        "qwen3_moe": transformers.Qwen3MoeConfig,
+        "mixtral": transformers.MixtralConfig,
+    }
+    return classes[family](**kw)
 
 
 def tiny_model(family: str, seed: int = 0, dtype=BF16, experts="eager", config=None, **overrides):
