@@ -22,8 +22,23 @@ Supported families: Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Mixtral
 
 Alignment is per instance: only instance attributes change, classes and transformers' module
 globals never do, and ``state_dict()`` is untouched. Works under ``model.generate``, gradient
-checkpointing, ``torch.compile``, PEFT, autocast with fp32 master weights and FSDP2 (with
-``MixedPrecisionPolicy(cast_forward_inputs=False)`` under the ``fp32_sum`` profiles).
+checkpointing, ``torch.compile``, PEFT, accelerate hooks, ``copy.deepcopy``, autocast with fp32
+master weights and FSDP2 (with ``MixedPrecisionPolicy(cast_forward_inputs=False)`` under the
+``fp32_sum`` profiles).
+
+Things that behave differently from HF on purpose:
+
+- Under ``fp32_sum`` (vllm, sglang, rla) decoder layers return the fp32 residual sum, so
+  ``output_hidden_states`` shows fp32 tensors between layers (the values the next norm reads).
+- fp32 master weights under bf16 autocast compute what the bf16 engine computes (layer 0 rounds
+  the embeddings, norms multiply by RN(w)), bit for bit the aligned bf16 copy of the weights.
+  HF's own autocast forward keeps an fp32 residual stream instead, so even under ``hf`` an
+  autocast model's aligned and unaligned outputs differ.
+- A rounded ``inv_freq`` is fixed under every profile (engines compute it in fp32), so a model
+  cast with ``model.to(torch.bfloat16)`` changes under ``hf`` too; the report says so.
+- ``model.to(dtype)`` after aligning is an error at the next forward (it re-rounds ``inv_freq``):
+  align again after casting. Pickling the aligned module object (``torch.save(model)``) is not
+  supported; ``state_dict()`` / ``save_pretrained`` are unchanged and round-trip.
 
 Note on the name: ``rla.align`` is both this package and the function users call. Python binds a
 package's name on its parent on first import, which would shadow a function of the same name, so
