@@ -49,11 +49,16 @@ def swiglu(gate, up, profile: str | RoundingProfile):
     return backend(gate, up).swiglu(gate, up, p)
 
 
-def rms_norm(x, weight, eps: float, profile: str | RoundingProfile):
-    """RMSNorm over the last dim; an fp32 ``weight`` is first rounded to ``x``'s dtype."""
+def rms_norm(x, weight, eps: float, profile: str | RoundingProfile, dtype: torch.dtype | None = None):
+    """RMSNorm over the last dim; an fp32 ``weight`` is first rounded to the low-precision dtype.
+
+    ``dtype`` is the stack's low-precision dtype and defaults to ``x.dtype``. Passing an fp32
+    ``x`` with ``dtype=torch.bfloat16`` reads ``x`` as the fp32 residual sum of a fused add + norm
+    (the ``fp32_sum`` point across a decoder-layer boundary) and returns a bf16 result.
+    """
     p = resolve(profile)
-    check_norm(x, None, weight, eps)
-    return backend(x, weight).rms_norm(x, weight, eps, p)
+    check_norm(x, None, weight, eps, dtype)
+    return backend(x, weight).rms_norm(x, weight, eps, p, dtype)
 
 
 def add_rms_norm(x, residual, weight, eps: float, profile: str | RoundingProfile):

@@ -80,8 +80,15 @@ def check_swiglu(gate, up) -> None:
         )
 
 
-def check_norm(x, residual, weight, eps) -> None:
+def check_norm(x, residual, weight, eps, dtype=None) -> None:
     _float("x", x)
+    lp = x.dtype if dtype is None else dtype
+    if lp not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype}")
+    if x.dtype not in (lp, torch.float32):
+        raise TypeError(
+            f"x is {x.dtype} but the stack dtype is {lp}: x must be {lp}, or an fp32 residual sum"
+        )
     _float("weight", weight)
     tensors = [x, weight]
     if residual is not None:
@@ -98,9 +105,9 @@ def check_norm(x, residual, weight, eps) -> None:
         raise ValueError(
             f"weight shape {tuple(weight.shape)} must equal the last dim of x {tuple(x.shape)}"
         )
-    if weight.dtype not in (x.dtype, torch.float32):
+    if weight.dtype not in (lp, torch.float32):
         raise TypeError(
-            f"weight is {weight.dtype} but x is {x.dtype}; the weight must be x's dtype or an fp32 "
+            f"weight is {weight.dtype} but the stack dtype is {lp}; the weight must be {lp} or an fp32 "
             "master weight (which is rounded to x's dtype, like the engine's copy)"
         )
     if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:

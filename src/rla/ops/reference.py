@@ -170,8 +170,7 @@ def _norm_bwd(dy, v, rstd, w, need_w, w_dtype):
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps: float, per_op: bool):
-        lp = x.dtype
+    def forward(ctx, x, weight, eps: float, per_op: bool, lp: torch.dtype):
         v = x.float()
         rstd = _rstd(v, eps)
         ctx.save_for_backward(x, weight, rstd)
@@ -180,10 +179,10 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
-        w = _engine_weight(weight, x.dtype)
+        w = _engine_weight(weight, dy.dtype)
         dv, dw = _norm_bwd(dy, x.float(), rstd, w, ctx.needs_input_grad[1], weight.dtype)
         dx = dv.to(x.dtype) if ctx.needs_input_grad[0] else None
-        return dx, dw, None, None
+        return dx, dw, None, None, None
 
 
 class _AddRMSNorm(torch.autograd.Function):
@@ -226,9 +225,15 @@ class _AddRMSNorm(torch.autograd.Function):
         return dx, dr, dw, None, None, None
 
 
-def rms_norm(x, weight, eps: float, profile: RoundingProfile):
-    """RMSNorm of ``x`` under ``profile``'s ``norm_weight`` point (inputs already validated)."""
-    return _RMSNorm.apply(x, weight, float(eps), profile.norm_weight == "per_op")
+def rms_norm(x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype | None = None):
+    """RMSNorm of ``x`` under ``profile``'s ``norm_weight`` point (inputs already validated).
+
+    ``dtype`` is the stack's low-precision dtype (default ``x.dtype``). An fp32 ``x`` with
+    ``dtype=torch.bfloat16`` is an fp32 residual sum that the norm reads (``fp32_sum``): the norm
+    is computed from it and rounded once to bf16.
+    """
+    lp = x.dtype if dtype is None else dtype
+    return _RMSNorm.apply(x, weight, float(eps), profile.norm_weight == "per_op", lp)
 
 
 def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile):

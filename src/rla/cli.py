@@ -1,0 +1,60 @@
+"""The ``rla`` command line. It parses arguments and calls the library; nothing else.
+
+Each subcommand lives in ``rla.commands.<name>`` with ``add_arguments(parser)`` and
+``run(args) -> int`` and is imported only when it runs, so ``rla --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "profiles": ("rla.commands.profiles", "print the rounding-profile table"),
+    "check-ops": ("rla.commands.check_ops", "run every region under every profile, show where outputs part"),
+}
+
+# Errors a user can cause with bad input: printed as one clear line, no traceback.
+USER_ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, NotImplementedError)
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rla",
+        description="Rounding-location alignment for LLM RL: make the training forward round "
+        "where the inference engine rounds.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    module = importlib.import_module(COMMANDS[args.command][0])
+    try:
+        return int(module.run(args) or 0)
+    except USER_ERRORS as e:
+        if args.debug or os.environ.get("RLA_DEBUG"):
+            raise
+        from rich.console import Console
+
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        Console(stderr=True).print(f"[bold red]rla {args.command}: error:[/] {msg}", highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+import json
+
+from rla.cli import main
+
+
+def test_profiles_table_and_json(capsys):
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "vllm-eager" in out and "fp32_sum" in out
+    assert main(["profiles", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == ["hf", "vllm", "vllm-eager", "sglang", "rla"]
+
+
+def test_check_ops_reports_every_profile_and_region(capsys):
+    assert main(["check-ops", "--tokens", "16", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 5 * 4
+    by = {(r["profile"], r["region"]): r for r in rows}
+    assert all(by[("hf", reg)]["differs_from_hf"] == 0 for reg in ("rope", "swiglu", "rmsnorm", "add_rmsnorm"))
+    assert by[("vllm", "swiglu")]["differs_from_hf"] > 0.1
+    assert by[("vllm", "swiglu")]["max_abs_error"] < by[("hf", "swiglu")]["max_abs_error"]
+    assert main(["check-ops", "--tokens", "16"]) == 0
+    assert "differs from hf" in capsys.readouterr().out
+
+
+def test_bad_input_is_one_line_not_a_traceback(capsys):
+    assert main(["check-ops", "--tokens", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--tokens must be positive" in err and "Traceback" not in err
