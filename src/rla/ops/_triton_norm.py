@@ -31,10 +31,17 @@ from rla.ops._triton_common import LAUNCH_OPTS, rsqrt, sm_count
 MAX_COLS = 65536
 #: Backward programs per multiprocessor (persistent grid); each keeps a d_weight row in registers.
 BWD_PROGRAMS_PER_SM = 2
+#: Warps per program; None picks from the block size (one warp per 512 columns, 1 to 16).
+FWD_WARPS: int | None = None
+BWD_WARPS: int | None = None
 
 
 def _fwd_warps(block: int) -> int:
-    return max(1, min(16, block // 512))
+    return FWD_WARPS or max(1, min(16, block // 512))
+
+
+def _bwd_warps(block: int) -> int:
+    return BWD_WARPS or max(4, min(16, block // 512))
 
 
 @triton.jit
@@ -165,7 +172,7 @@ def backward(dy, dres, a, b, weight, rstd, need_dw: bool):
             dy2.stride(0), dres2.stride(0), a2.stride(0), b2.stride(0), dx2.stride(0),
             HAS_DRES=dres is not None, HAS_B=b is not None,
             ROUND_W=weight.dtype == torch.float32 and a.dtype != torch.float32,
-            NEED_DW=need_dw, BLOCK=block, num_warps=_fwd_warps(block) if block >= 2048 else 4,
+            NEED_DW=need_dw, BLOCK=block, num_warps=_bwd_warps(block),
             **LAUNCH_OPTS,
         )
     dw = None
