@@ -20,9 +20,12 @@ for stage in "$@"; do
   case $stage in
     tests) timeout 240 python3 -m pytest -q -p no:cacheprovider -s tests/test_fused_gpu.py > "$OUT/tests.txt" 2>&1
            echo "pytest rc=$?"; grep -E "passed|failed|Error|assert|FAILED" "$OUT/tests.txt" | tail -40 ;;
-    tune)  timeout 120 python3 benchmarks/tune_fused.py 2>&1 | tee "$OUT/tune.txt" ;;
-    ops)   timeout 200 python3 benchmarks/bench_ops.py --out "$OUT" 2>&1 | tail -60 ;;
-    e2e)   timeout 420 python3 benchmarks/bench_e2e.py --out "$OUT" 2>&1 | tail -40 ;;
-    e2e-1.5b) timeout 200 python3 benchmarks/bench_e2e.py --out "$OUT" --models qwen2.5-1.5b 2>&1 | tail -40 ;;
+    tune)  timeout 150 python3 benchmarks/tune_fused.py --out "$OUT/tuned.json" --only ${TUNE_ONLY:-swiglu rope norm} > "$OUT/tune.txt" 2>&1
+           grep -E "BEST|bandwidth|failed" "$OUT/tune.txt" ;;
+    profile) timeout 90 python3 benchmarks/profile_ops.py > "$OUT/profile.txt" 2>&1; head -14 "$OUT/profile.txt" ;;
+    ops)   CFG=; [ -f "$OUT/tuned.json" ] && CFG="--config $OUT/tuned.json"
+           (cd benchmarks && timeout 200 python3 bench_ops.py $CFG --out "$OUT") 2>&1 | tail -62 ;;
+    e2e)   CFG=; [ -f "$OUT/tuned.json" ] && CFG="--config $OUT/tuned.json"
+           (cd benchmarks && timeout 300 python3 bench_e2e.py $CFG --out "$OUT") 2>&1 | grep -v "^- " | tail -30 ;;
   esac
 done

@@ -107,7 +107,8 @@ def gate_values(shape, dtype, seed):
     edges = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 88.0, 88.8, 89.0, 100.0, -87.0, -88.8, -89.0,
                           -103.0, -104.0, -110.0, 20.0, -20.0, 60000.0, -60000.0], device=DEV)
     flat[: edges.numel()] = edges
-    flat[edges.numel(): 2000] = torch.linspace(-120, 120, 2000 - edges.numel(), device=DEV)
+    m = min(2000, flat.numel())
+    flat[edges.numel(): m] = torch.linspace(-120, 120, m - edges.numel(), device=DEV)
     up = torch.randn(shape, device=DEV, generator=g)
     return gate.to(dtype), up.to(dtype)
 
@@ -172,6 +173,26 @@ def test_norms_forward(name, dtype, master):
         ry, rres = reference.add_rms_norm(x, r, w, 1e-6, prof)
         assert_bitwise(res, rres, f"new residual {tag}")
         assert_close_ulp(y, ry, f"add_rms_norm {tag}")
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_rms_norm_reads_fp32_sum_with_stack_dtype(name):
+    """rms_norm(x32, w, eps, p, dtype=bf16): x is an fp32 residual sum, the output is bf16."""
+    from rla import ops
+    from rla.ops import reference
+
+    prof, lp = profiles.get(name), torch.bfloat16
+    x, r, w = norm_inputs(1024, 1536, lp, torch.float32, 5)
+    s32 = (x.float() + r.float()).requires_grad_(True)
+    y = ops.rms_norm(s32, w, 1e-6, name, dtype=lp)
+    ry = reference.rms_norm(s32, w, 1e-6, prof, dtype=lp)
+    assert y.dtype == lp
+    assert_close_ulp(y, ry, f"rms_norm fp32 sum {name}")
+    dy = torch.randn_like(y)
+    (g,) = torch.autograd.grad(y, s32, dy)
+    (rg,) = torch.autograd.grad(ry, s32, dy)
+    assert g.dtype == torch.float32
+    assert torch.allclose(g, rg, rtol=1e-4, atol=1e-5)
 
 
 # ------------------------------------------------------------------ gradients vs fp64
@@ -305,8 +326,8 @@ def _opcheck_cases():
         ("swiglu", (rq(gate), rq(up), True)),
         ("swiglu", (rq(gate), rq(up), False)),
         ("swiglu_backward", (up, gate, up)),
-        ("rms_norm", (rq(x), rq(w), 1e-6, False)),
-        ("rms_norm", (rq(x), rq(w32), 1e-6, True)),
+        ("rms_norm", (rq(x), rq(w), 1e-6, False, lp)),
+        ("rms_norm", (rq(x.float()), rq(w32), 1e-6, True, lp)),
         ("add_rms_norm", (rq(x), rq(r), rq(w), 1e-6, False, True)),
         ("add_rms_norm", (rq(x), rq(r), rq(w), 1e-6, True, False)),
         ("rms_norm_backward", (x, r, x, r, w, torch.rand(16, device=DEV) + 0.5, True)),

@@ -80,6 +80,7 @@ def environment(device: torch.device | None = None) -> dict[str, Any]:
             env[mod] = getattr(m, "__version__", None) or _dist_version(mod)
         except Exception:
             env[mod] = None
+    env["rla_launch"] = launch_config()
     if torch.cuda.is_available():
         d = device or torch.device("cuda")
         p = torch.cuda.get_device_properties(d)
@@ -87,6 +88,18 @@ def environment(device: torch.device | None = None) -> dict[str, Any]:
         env["gpu_memory_gib"] = round(p.total_memory / 2**30, 1)
         env["sm_count"] = p.multi_processor_count
     return env
+
+
+def launch_config() -> dict:
+    """The fused kernels' launch parameters in effect (module -> name -> value)."""
+    out = {}
+    try:
+        from rla.ops import _triton_norm, _triton_rope, _triton_swiglu
+    except ImportError:
+        return out
+    for mod in (_triton_swiglu, _triton_rope, _triton_norm):
+        out[mod.__name__] = {k: v for k, v in vars(mod).items() if k.isupper() and isinstance(v, (int, str, type(None)))}
+    return out
 
 
 def _dist_version(mod: str) -> str | None:

@@ -18,8 +18,10 @@ import triton.language as tl
 
 from rla.ops._triton_common import LAUNCH_OPTS, div_rn, exp
 
-BLOCK = 2048
-NUM_WARPS = 8
+#: Launch parameters (benchmarks/tune_fused.py, H200, 16384 x 18944 bf16): elements per program
+#: and warps, forward and backward.
+FWD_BLOCK, FWD_WARPS = 2048, 4
+BWD_BLOCK, BWD_WARPS = 2048, 8
 
 
 @triton.jit
@@ -54,8 +56,8 @@ def forward(gate: torch.Tensor, up: torch.Tensor, per_op: bool) -> torch.Tensor:
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     n = gate.numel()
     if n:
-        _swiglu_fwd_kernel[(triton.cdiv(n, BLOCK),)](
-            gate, up, out, n, PER_OP=per_op, BLOCK=BLOCK, num_warps=NUM_WARPS, **LAUNCH_OPTS
+        _swiglu_fwd_kernel[(triton.cdiv(n, FWD_BLOCK),)](
+            gate, up, out, n, PER_OP=per_op, BLOCK=FWD_BLOCK, num_warps=FWD_WARPS, **LAUNCH_OPTS
         )
     return out
 
@@ -66,7 +68,7 @@ def backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor):
     du = torch.empty(up.shape, dtype=up.dtype, device=up.device)
     n = gate.numel()
     if n:
-        _swiglu_bwd_kernel[(triton.cdiv(n, BLOCK),)](
-            dy, gate, up, dg, du, n, BLOCK=BLOCK, num_warps=NUM_WARPS, **LAUNCH_OPTS
+        _swiglu_bwd_kernel[(triton.cdiv(n, BWD_BLOCK),)](
+            dy, gate, up, dg, du, n, BLOCK=BWD_BLOCK, num_warps=BWD_WARPS, **LAUNCH_OPTS
         )
     return dg, du
