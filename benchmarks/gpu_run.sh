@@ -20,11 +20,14 @@ for stage in "$@"; do
   case $stage in
     tests) timeout 240 python3 -m pytest -q -p no:cacheprovider -s tests/test_fused_gpu.py > "$OUT/tests.txt" 2>&1
            echo "pytest rc=$?"; grep -E "passed|failed|Error|assert|FAILED" "$OUT/tests.txt" | tail -40 ;;
+    tests-norm) timeout 120 python3 -m pytest -q -p no:cacheprovider -s tests/test_fused_gpu.py \
+             -k "norms or fp32_sum or gradients or saves or opcheck or cuda_graph" > "$OUT/tests.txt" 2>&1
+           echo "pytest rc=$?"; grep -E "passed|failed|FAILED" "$OUT/tests.txt" | tail -20 ;;
     tune)  timeout 150 python3 benchmarks/tune_fused.py --out "$OUT/tuned.json" --only ${TUNE_ONLY:-swiglu rope norm} > "$OUT/tune.txt" 2>&1
            grep -E "BEST|bandwidth|failed" "$OUT/tune.txt" ;;
     profile) timeout 90 python3 benchmarks/profile_ops.py > "$OUT/profile.txt" 2>&1; head -14 "$OUT/profile.txt" ;;
     ops)   CFG=; [ -f "$OUT/tuned.json" ] && CFG="--config $OUT/tuned.json"
-           (cd benchmarks && timeout 200 python3 bench_ops.py $CFG --out "$OUT") 2>&1 | tail -62 ;;
+           (cd benchmarks && timeout ${OPS_TIMEOUT:-200} python3 bench_ops.py $CFG --out "$OUT") 2>&1 | grep -v "^- " | tail -70 ;;
     e2e)   CFG=; [ -f "$OUT/tuned.json" ] && CFG="--config $OUT/tuned.json"
            (cd benchmarks && timeout 300 python3 bench_e2e.py $CFG --out "$OUT") 2>&1 | grep -v "^- " | tail -30 ;;
   esac

@@ -149,11 +149,11 @@ def norm_inputs(rows, hidden, dtype, weight_dtype, seed):
     return x, r, w
 
 
-def assert_close_ulp(a, b, what, min_equal=0.999):
+def assert_close_ulp(a, b, what, min_equal=0.999, max_ulp=1):
     d = (_bits(a) - _bits(b)).abs()
     equal = (d == 0).float().mean().item()
     print(f"{what}: {equal:.6f} equal, max {d.max().item()} ulp")
-    assert d.max().item() <= 1, f"{what}: {d.max().item()} ulps apart"
+    assert d.max().item() <= max_ulp, f"{what}: {d.max().item()} ulps apart"
     assert equal >= min_equal, f"{what}: only {equal:.5f} equal"
 
 
@@ -165,14 +165,21 @@ def test_norms_forward(name, dtype, master):
     from rla.ops import reference
 
     prof = profiles.get(name)
+    # rstd may differ from PyTorch's by one fp32 ulp (summation order). Under norm_weight="fused"
+    # that moves the single rounding by at most one lp ulp. Under "per_op" it can flip the
+    # intermediate RN(x*rstd) by one lp ulp, which the product with w (|w| up to ~2) turns into
+    # up to two output ulps: seen on 1 element in ~300k on the H200. The "<= 1 ulp" holds
+    # for the fused-weight profiles only; per_op is held to <= 2 and the same >= 99.9 % equality.
+    max_ulp = 2 if prof.norm_weight == "per_op" else 1
     for seed, (rows, hidden) in enumerate([(4096, 3584), (37, 1000)]):
         x, r, w = norm_inputs(rows, hidden, dtype, torch.float32 if master else dtype, seed)
         tag = f"{name} {dtype} master={master} {rows}x{hidden}"
-        assert_close_ulp(ops.rms_norm(x, w, 1e-6, name), reference.rms_norm(x, w, 1e-6, prof), f"rms_norm {tag}")
+        assert_close_ulp(ops.rms_norm(x, w, 1e-6, name), reference.rms_norm(x, w, 1e-6, prof),
+                         f"rms_norm {tag}", max_ulp=max_ulp)
         y, res = ops.add_rms_norm(x, r, w, 1e-6, name)
         ry, rres = reference.add_rms_norm(x, r, w, 1e-6, prof)
         assert_bitwise(res, rres, f"new residual {tag}")
-        assert_close_ulp(y, ry, f"add_rms_norm {tag}")
+        assert_close_ulp(y, ry, f"add_rms_norm {tag}", max_ulp=max_ulp)
 
 
 @pytest.mark.parametrize("name", PROFILES)
@@ -187,7 +194,7 @@ def test_rms_norm_reads_fp32_sum_with_stack_dtype(name):
     y = ops.rms_norm(s32, w, 1e-6, name, dtype=lp)
     ry = reference.rms_norm(s32, w, 1e-6, prof, dtype=lp)
     assert y.dtype == lp
-    assert_close_ulp(y, ry, f"rms_norm fp32 sum {name}")
+    assert_close_ulp(y, ry, f"rms_norm fp32 sum {name}", max_ulp=2 if prof.norm_weight == "per_op" else 1)
     dy = torch.randn_like(y)
     (g,) = torch.autograd.grad(y, s32, dy)
     (rg,) = torch.autograd.grad(ry, s32, dy)

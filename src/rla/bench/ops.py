@@ -23,7 +23,8 @@ cos/sin rows.
 from __future__ import annotations
 
 import gc
-import math
+import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -217,11 +218,30 @@ def _measure(case: Case, impl: str, data: dict, reps: int, device) -> dict:
         inputs = fresh()
         return inputs, fwd(inputs)
 
+    allocs0 = torch.cuda.memory_stats(device).get("num_device_alloc", 0)
     res = {
         "fwd_ms": time_ms(fwd, fresh, reps=reps, device=device),
         "bwd_ms": time_ms(bwd, with_outputs, reps=reps, device=device),
         "fwd_bwd_ms": time_ms(fwd_bwd, fresh, reps=reps, device=device),
     }
+    res["device_allocs_in_timing"] = torch.cuda.memory_stats(device).get("num_device_alloc", 0) - allocs0
+    # host time of one forward call (no sync): when above the kernel time, eager timings measure it
+    inputs = fresh()
+    torch.cuda.synchronize(device)
+    host = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        out = fwd(inputs)
+        host.append((time.perf_counter() - t0) * 1e6)
+        del out
+        torch.cuda.synchronize(device)
+    res["host_fwd_us"] = statistics.median(host)
+    # GPU time alone: the same work captured in a CUDA graph and replayed (no host in the loop)
+    for key, body in (("graph_fwd_ms", lambda: fwd(inputs)), ("graph_fwd_bwd_ms", lambda: fwd_bwd(inputs))):
+        try:
+            res[key] = _graph_ms(body, reps, device)
+        except Exception as e:
+            res[key + "_error"] = f"{type(e).__name__}: {e}"[:200]
     inputs = fresh()
     torch.cuda.synchronize(device)
     gc.collect()
@@ -233,6 +253,21 @@ def _measure(case: Case, impl: str, data: dict, reps: int, device) -> dict:
     res["fwd_gbs"] = case.bytes_fwd / (res["fwd_ms"] * 1e-3) / 1e9
     res["bwd_gbs"] = case.bytes_bwd / (res["bwd_ms"] * 1e-3) / 1e9
     return res
+
+
+def _graph_ms(body, reps, device) -> float:
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            body()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    ms = time_ms(lambda _: graph.replay(), reps=reps, device=device)
+    del graph
+    return ms
 
 
 def default_cases(tokens: int = 16384) -> list[Callable[[], Case]]:
@@ -267,9 +302,13 @@ def run(out_dir="benchmarks/results", tokens: int = 16384, reps: int = 20, only=
             row["impls"][impl] = r
             print(f"{case.name:13s} {impl:11s} " + (
                 f"fwd {r['fwd_ms']:.3f}  bwd {r['bwd_ms']:.3f}  fwd+bwd {r['fwd_bwd_ms']:.3f} ms  "
+                f"graph {r.get('graph_fwd_ms', float('nan')):.3f}/{r.get('graph_fwd_bwd_ms', float('nan')):.3f}  "
+                f"host {r['host_fwd_us']:.0f} us  allocs {r['device_allocs_in_timing']}  "
                 f"peak {r['peak_mib']:.0f} MiB  fwd {r['fwd_gbs']:.0f} GB/s"
                 if "error" not in r else r["error"]), flush=True)
         results.append(row)
+        partial = {"env": env, "copy_gbs": copy_gbs, "tokens": tokens, "reps": reps, "results": results}
+        write_results(out_dir, (stem or "ops") + "_partial", partial, markdown(partial))
         del data, case
         gc.collect()
         torch.cuda.empty_cache()
@@ -295,6 +334,13 @@ def _targets(row: dict) -> list[str]:
         out.append(f"fwd+bwd / HF eager = {x:.2f} (target <= 0.5: {'met' if x <= 0.5 else 'MISSED'})")
     x = rla["fwd_ms"] / row["floor_fwd_ms"]
     out.append(f"fwd / floor = {x:.2f} (target <= 1.15: {'met' if x <= 1.15 else 'MISSED'})")
+    g, lg, hg = rla.get("graph_fwd_bwd_ms"), liger.get("graph_fwd_bwd_ms"), hf.get("graph_fwd_bwd_ms")
+    if g and lg:
+        out.append(f"GPU-only fwd+bwd / Liger = {g / lg:.2f}")
+    if g and hg:
+        out.append(f"GPU-only fwd+bwd / HF eager = {g / hg:.2f}")
+    if rla.get("graph_fwd_ms"):
+        out.append(f"GPU-only fwd / floor = {rla['graph_fwd_ms'] / row['floor_fwd_ms']:.2f}")
     return out
 
 
@@ -304,23 +350,26 @@ def markdown(payload: dict) -> str:
         env_markdown(payload["env"]),
         f"Copy bandwidth measured in this run: **{payload['copy_gbs']:.0f} GB/s** (read + write). "
         "Times are medians of CUDA-event timings with the L2 flushed before each repetition; "
-        "peak is memory above the inputs during one forward+backward.\n",
+        "peak is memory above the inputs during one forward+backward. GPU-only columns time the "
+        "same work captured in one CUDA graph and replayed (no host in the loop); host us is the "
+        "Python + launch time of one forward call.\n",
     ]
     for row in payload["results"]:
         lines.append(f"\n## {row['op']} ({row['shape']})\n")
         lines.append(
             f"Bandwidth floor: forward {row['floor_fwd_ms']:.3f} ms, backward {row['floor_bwd_ms']:.3f} ms.\n"
         )
-        lines.append("| impl | fwd ms | bwd ms | fwd+bwd ms | peak MiB | fwd GB/s | bwd GB/s | fwd / floor |")
-        lines.append("|---|---|---|---|---|---|---|---|")
+        lines.append("| impl | fwd ms | bwd ms | fwd+bwd ms | GPU-only fwd ms | GPU-only fwd+bwd ms | host us / fwd call | peak MiB | fwd GB/s | bwd GB/s | fwd / floor | GPU-only fwd / floor |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for impl, r in row["impls"].items():
             if "error" in r:
-                lines.append(f"| {impl} | error: {r['error'][:80]} | | | | | | |")
+                lines.append(f"| {impl} | error: {r['error'][:80]} | | | | | | | | | | |")
                 continue
+            gf, gfb = r.get("graph_fwd_ms", float("nan")), r.get("graph_fwd_bwd_ms", float("nan"))
             lines.append(
-                f"| {impl} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | {r['fwd_bwd_ms']:.3f} | "
-                f"{r['peak_mib']:.0f} | {r['fwd_gbs']:.0f} | {r['bwd_gbs']:.0f} | "
-                f"{r['fwd_ms'] / row['floor_fwd_ms']:.2f} |"
+                f"| {impl} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | {r['fwd_bwd_ms']:.3f} | {gf:.3f} | {gfb:.3f} | "
+                f"{r['host_fwd_us']:.0f} | {r['peak_mib']:.0f} | {r['fwd_gbs']:.0f} | {r['bwd_gbs']:.0f} | "
+                f"{r['fwd_ms'] / row['floor_fwd_ms']:.2f} | {gf / row['floor_fwd_ms']:.2f} |"
             )
         lines.append("")
         lines.extend(f"- {t}" for t in _targets(row))
