@@ -13,7 +13,7 @@ Numerics (ROUNDING.md, ``norm.weight`` and ``norm.residual``):
   rstd = rsqrt(sum(v*v) * RN(1/N) + eps)   PyTorch's ``mean`` multiplies the sum by the fp32
                                   factor 1/N; the summation order is Triton's tree, not PyTorch's,
                                   so rstd may differ from the reference by an ulp (the issue allows
-                                  one lp ulp on the output)
+                                  one lp ulp on the output; two under per_op, see fused.py)
   w    = RN(weight) when the weight is fp32 and x is not (the engine's copy), else weight
   out  = RN(w * RN(v*rstd))     (per_op)  or  RN((v*rstd) * w)  (fused)
 Backward, with n = v*rstd and every rounding straight-through:
