@@ -52,10 +52,10 @@ import types
 
 from rla.align.core import aligned, alignment_of, unalign
 from rla.align.core import align as _align
-from rla.align.report import AlignmentReport, Hazard
+from rla.align.report import AlignmentReport, FixedHazard
 from rla.profiles import REGIONS, RoundingProfile
 
-__all__ = ["align", "unalign", "aligned", "alignment_of", "AlignmentReport", "Hazard"]
+__all__ = ["align", "unalign", "aligned", "alignment_of", "AlignmentReport", "FixedHazard"]
 
 
 def align(model, profile: str | RoundingProfile = "vllm", regions=REGIONS) -> AlignmentReport:

@@ -6,11 +6,11 @@ from dataclasses import asdict, dataclass, field
 
 from rla.profiles import REGIONS, RoundingProfile
 
-__all__ = ["AlignmentReport", "Hazard"]
+__all__ = ["AlignmentReport", "FixedHazard"]
 
 
 @dataclass(frozen=True)
-class Hazard:
+class FixedHazard:
     """A precision hazard outside the five rounding points that aligning fixed (ROUNDING.md)."""
 
     name: str
@@ -38,7 +38,7 @@ class AlignmentReport:
     family: str
     model_class: str
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    hazards: list[Hazard] = field(default_factory=list)
+    hazards: list[FixedHazard] = field(default_factory=list)
     transformers_version: str = ""
 
     def modules(self, region: str) -> int:

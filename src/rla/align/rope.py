@@ -23,7 +23,7 @@ from rla import ops
 from rla.align import compat
 from rla.align.families import Family, class_named
 from rla.align.patch import install, with_globals
-from rla.align.report import Hazard
+from rla.align.report import FixedHazard
 from rla.profiles import RoundingProfile
 
 __all__ = ["align_rotary", "align_attention", "make_apply_rotary", "fp32_inv_freq"]
@@ -63,9 +63,9 @@ def fp32_inv_freq(rotary: torch.nn.Module) -> torch.Tensor:
     return inv_freq.to(rotary.inv_freq.device)
 
 
-def align_rotary(rotary: torch.nn.Module) -> list[Hazard]:
+def align_rotary(rotary: torch.nn.Module) -> list[FixedHazard]:
     """Patch one rotary module; returns the hazards it fixed (a rounded ``inv_freq``)."""
-    hazards: list[Hazard] = []
+    hazards: list[FixedHazard] = []
     buffers: dict[str, torch.Tensor] = {}
     attrs: dict[str, object] = {"forward": types.MethodType(ROTARY_FORWARD, rotary)}
     rounded = [n for n in ("inv_freq", "original_inv_freq") if n in rotary._buffers
@@ -86,7 +86,7 @@ def align_rotary(rotary: torch.nn.Module) -> list[Hazard]:
         delta = (old.double().cpu() - inv_freq.double().cpu()).abs().max().item()
         dtype = str(old.dtype).replace("torch.", "")
         hazards.append(
-            Hazard(
+            FixedHazard(
                 "bf16 inv_freq",
                 f"RoPE inv_freq was {dtype} (model.to({dtype})): max angle error {delta * position:.3g} "
                 f"rad at position {position}; recomputed in fp32 from the config",
@@ -94,7 +94,7 @@ def align_rotary(rotary: torch.nn.Module) -> list[Hazard]:
         )
     if compat.HF_ROTARY_USES_MATMUL and torch.get_float32_matmul_precision() != "highest":
         hazards.append(
-            Hazard(
+            FixedHazard(
                 "TF32 RoPE angles",
                 f"float32 matmul precision is {torch.get_float32_matmul_precision()!r} and this "
                 f"transformers computes angles as inv_freq @ position_ids; the aligned rotary "
