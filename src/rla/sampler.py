@@ -1,0 +1,256 @@
+"""A rollout stack that rounds like a chosen engine: the stand-in for vLLM or SGLang in experiments.
+
+What it reproduces: the engine's rounding locations in RoPE, SwiGLU and residual-add + RMSNorm
+(its own copy of the weights in the engine dtype, aligned to the engine's profile with
+:func:`rla.align`), the engine's logprob convention (fp32 logits / temperature, top-k / top-p,
+log_softmax of what is left; see :mod:`rla.sampling`), and its decode structure (one prefill,
+then one token per step against a KV cache, so the rollout forward differs from the training
+forward the way a decode kernel differs from a prefill one).
+
+What it does not reproduce: the engine's own GEMM and attention kernels (cuBLAS/FlashAttention
+vs. PyTorch's), continuous batching, paged KV cache, CUDA-graph capture sizes, speculative
+decoding. Those add mismatch that no rounding profile can remove; ``rla diagnose`` reports it as
+the share that alignment leaves unexplained.
+
+The sampler never touches the training model: :meth:`Sampler.load_weights` copies its weights
+in, as a trainer syncs weights to vLLM after each step.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+
+from rla.profiles import RoundingProfile, resolve
+from rla.sampling import check_sampling_params, process_logits
+
+__all__ = ["SamplingParams", "Sampler"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings, named as in vLLM's ``SamplingParams``."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 disables top-k (vLLM's convention; 0 is accepted too)."""
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    """Extra stop tokens; the model's eos_token_id always stops. The stop token is kept in the
+    response, with its logprob, as engines return it."""
+    seed: int | None = None
+    """Seed of the sampling generator; the same seed, prompts and weights give the same rollouts."""
+
+    def __post_init__(self):
+        check_sampling_params(self.temperature, self.top_p, self.top_k)
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+def _cache_kwarg(model) -> str:
+    """transformers renamed ``past_key_values`` to ``cache``; pass whichever the model takes."""
+    params = inspect.signature(inspect.unwrap(type(model).forward)).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+@dataclass
+class _Batch:
+    ids: torch.Tensor
+    mask: torch.Tensor
+    prompt_lens: list[int] = field(default_factory=list)
+
+
+class Sampler:
+    """Batched KV-cache sampling from an HF causal LM whose regions follow an engine profile.
+
+    >>> sampler = Sampler(model, profile="vllm")          # own bf16 copy, aligned to vLLM
+    >>> records = sampler.generate(prompt_ids, SamplingParams(temperature=1.0, seed=0))
+    >>> sampler.load_weights(model)                        # after an optimizer step
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        profile: str | RoundingProfile = "vllm",
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        device: str | torch.device | None = None,
+        cache: str = "dynamic",
+        compile: bool = False,
+    ):
+        """``cache="static"`` preallocates the KV cache for prompt + max_new_tokens, so every decode
+        step has the same shapes; ``compile=True`` (static cache only) runs those steps through
+        ``torch.compile(mode="reduce-overhead")``, i.e. CUDA graphs on GPU. Whether that pays is
+        measured in ``benchmarks/results/`` (it does not on CPU)."""
+        import rla
+
+        if cache not in ("dynamic", "static"):
+            raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
+        if compile and cache != "static":
+            raise ValueError("compile=True needs cache='static' (static shapes per decode step)")
+        self.cache = cache
+
+        self.profile = resolve(profile)
+        self.dtype = dtype
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        engine = _fresh_copy(model, dtype)
+        engine.to(device=self.device)
+        self.model = engine
+        self.load_weights(model)
+        self.alignment = rla.align(engine, profile=self.profile)
+        self.model.eval()
+        self._cache_kw = _cache_kwarg(engine)
+        self._decode = torch.compile(engine, mode="reduce-overhead", dynamic=False) if compile else engine
+        eos = engine.config.eos_token_id
+        self.eos_ids = tuple(eos if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos]))
+        self.pad_id = engine.config.pad_token_id if engine.config.pad_token_id is not None else 0
+
+    @torch.no_grad()
+    def load_weights(self, model: torch.nn.Module) -> None:
+        """Copy ``model``'s weights into the engine copy, rounded to the engine dtype.
+
+        Takes a plain HF model (merge LoRA adapters first) or its ``state_dict()``; names and
+        shapes must match the engine copy exactly, else the error lists what differs.
+        """
+        src = model.state_dict() if isinstance(model, torch.nn.Module) else dict(model)
+        dst = self.model.state_dict()
+        missing, extra = set(dst) - set(src), set(src) - set(dst)
+        if missing or extra:
+            raise ValueError(
+                f"load_weights: parameter names differ (missing {sorted(missing)[:5]}, unexpected "
+                f"{sorted(extra)[:5]}); pass the same architecture, with LoRA merged"
+            )
+        for name, t in dst.items():
+            s = src[name]
+            if s.shape != t.shape:
+                raise ValueError(f"load_weights: {name} has shape {tuple(s.shape)}, engine has {tuple(t.shape)}")
+            t.copy_(s.detach().to(device=t.device, dtype=t.dtype))
+
+    def _left_pad(self, prompts: list[list[int]]) -> _Batch:
+        longest = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), longest), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            if p:
+                ids[i, longest - len(p):] = torch.tensor(p, dtype=torch.long)
+                mask[i, longest - len(p):] = 1
+        return _Batch(ids.to(self.device), mask.to(self.device), [len(p) for p in prompts])
+
+    def _check_prompts(self, prompts) -> list[list[int]]:
+        vocab = self.model.config.vocab_size
+        out = []
+        for i, p in enumerate(prompts):
+            p = [int(t) for t in (p.tolist() if isinstance(p, torch.Tensor) else p)]
+            if not p:
+                raise ValueError(f"prompt {i} is empty; a rollout needs at least one prompt token")
+            bad = [t for t in p if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt {i} has token ids outside the vocab [0, {vocab}): {bad[:5]}")
+            out.append(p)
+        if not out:
+            raise ValueError("no prompts given")
+        return out
+
+    @torch.no_grad()
+    def generate(self, prompts, params: SamplingParams = SamplingParams(), *, metadata=None):
+        """Sample one response per prompt -> list of :class:`rla.rollouts.RolloutRecord`.
+
+        ``prompts`` are token-id lists (variable lengths are left-padded). Each record holds the
+        response ids and, per response token, the processed logprob of the sampled token.
+        """
+        from rla.rollouts import RolloutRecord
+
+        prompts = self._check_prompts(prompts)
+        batch = self._left_pad(prompts)
+        n = len(prompts)
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(params.seed if params.seed is not None else torch.seed())
+        stops = torch.tensor(sorted(set(self.eos_ids) | set(params.stop_token_ids)), device=self.device)
+        prompt_len = batch.ids.shape[1]
+        total = prompt_len + params.max_new_tokens
+        cache = _new_cache(self.model, total if self.cache == "static" else None)
+        # static: one full-length mask whose future columns are ignored by the causal mask, so the
+        # decode inputs keep their shapes; dynamic: the mask grows by one column per step.
+        full_mask = torch.ones((n, total), dtype=batch.mask.dtype, device=self.device)
+        full_mask[:, :prompt_len] = batch.mask
+        mask = full_mask if self.cache == "static" else batch.mask
+        positions = (batch.mask.cumsum(-1) - 1).clamp(min=0)
+        cache_position = torch.arange(prompt_len, device=self.device)
+        tokens = batch.ids
+        done = torch.zeros(n, dtype=torch.bool, device=self.device)
+        out_ids, out_lp = [], []
+        for step in range(params.max_new_tokens):
+            forward = self.model if step == 0 else self._decode
+            extra = {"cache_position": cache_position} if self.cache == "static" else {}
+            logits = forward(
+                input_ids=tokens,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **extra,
+                **{self._cache_kw: cache},
+            ).logits[:, -1].clone()
+            logp = process_logits(logits, params.temperature, params.top_k, params.top_p)
+            nxt = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
+            lp = logp.gather(-1, nxt[:, None]).squeeze(-1)
+            nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
+            out_ids.append(nxt)
+            out_lp.append(torch.where(done, torch.zeros_like(lp), lp))
+            finished_now = ~done & torch.isin(nxt, stops)
+            done = done | finished_now
+            if bool(done.all()):
+                break
+            tokens = nxt[:, None]
+            positions = positions[:, -1:] + 1
+            cache_position = cache_position[-1:] + 1
+            if self.cache == "dynamic":
+                mask = full_mask[:, : prompt_len + step + 1]
+        ids = torch.stack(out_ids, 1).cpu()
+        lps = torch.stack(out_lp, 1).double().cpu()
+        records = []
+        stop_set = set(stops.tolist())
+        for i in range(n):
+            resp, lp = [], []
+            for t in range(ids.shape[1]):
+                tok = int(ids[i, t])
+                resp.append(tok)
+                lp.append(float(lps[i, t]))
+                if tok in stop_set:
+                    break
+            records.append(
+                RolloutRecord(
+                    prompt_ids=prompts[i],
+                    response_ids=resp,
+                    logprobs=lp,
+                    temperature=float(params.temperature),
+                    top_p=float(params.top_p),
+                    top_k=int(params.top_k),
+                    engine=self.profile.name,
+                    metadata=dict(metadata or {}),
+                )
+            )
+        return records
+
+
+def _fresh_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A new, unaligned instance of the same architecture with parameters in the engine dtype.
+
+    Built from the config (weights are loaded afterwards), never by casting a model: ``.to(bf16)``
+    would also round RoPE's ``inv_freq`` buffer, which engines keep in fp32.
+    """
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(copy.deepcopy(model.config), dtype=dtype)
+
+
+def _new_cache(model, max_len: int | None):
+    from transformers import DynamicCache, StaticCache
+
+    if max_len is None:
+        return DynamicCache(config=model.config)
+    return StaticCache(config=model.config, max_cache_len=max_len)
