@@ -208,8 +208,9 @@ def sft_train(
     (bf16 on CUDA, fp32 elsewhere). ``warmup_steps`` defaults to 5% of ``steps``. Evaluates
     ``eval_size`` held-out problems every ``eval_every`` steps (None: at the end only; 0: never).
     ``time_limit_s`` stops early (``history.stopped_early``) after that many seconds of training.
-    Deterministic data and initialisation-independent: the problems come from
-    ``random.Random(seed)``, the held-out set from ``random.Random(seed + 1)``.
+    Reproducible: the problems come from ``random.Random(seed)``, the held-out set from
+    ``random.Random(seed + 1)``, sampling in evaluation from ``torch.manual_seed(seed)``; the
+    initial weights are the caller's (``rla.models.build_model(config, seed=...)``).
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
