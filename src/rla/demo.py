@@ -23,7 +23,7 @@ __all__ = ["DemoConfig", "run_demo"]
 class DemoConfig:
     out: str = "rla-report"
     """Report folder (created)."""
-    n: int = 64
+    n: int = 128
     """Rollouts to sample."""
     max_new_tokens: int | None = None
     """Response cap; default: the task's longest correct response."""

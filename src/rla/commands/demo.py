@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def add_arguments(parser) -> None:
     parser.add_argument("--out", default="rla-report", help="report folder (default rla-report/)")
-    parser.add_argument("-n", type=int, default=64, help="rollouts to sample (default 64)")
+    parser.add_argument("-n", type=int, default=128, help="rollouts to sample (default 128)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="response cap (default: task's)")
     parser.add_argument("--difficulty", type=int, default=None, help="task difficulty (longer responses)")
     parser.add_argument("--profile", default="vllm", help="rollout engine profile (default vllm)")

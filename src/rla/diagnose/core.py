@@ -30,7 +30,7 @@ ATTRIBUTED = ("mismatch/k3", "mismatch/abs/mean")
 def subset_label(s) -> str:
     s = tuple(s)
     if not s:
-        return "none (HF eager)"
+        return "none"
     if len(s) == len(REGIONS) and set(s) == set(REGIONS):
         return "all"
     return "+".join(s)

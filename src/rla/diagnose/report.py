@@ -12,14 +12,15 @@ from rla.diagnose.core import Diagnosis
 
 __all__ = ["rich_tables", "to_markdown", "write_report", "explain"]
 
+# (header, metric, format): d = log pi - log mu per token; "seq std" is the std of its per-sequence sum
 COLUMNS = [
-    ("k3", "mismatch/k3", "{:.3e}"),
-    ("mean |d|", "mismatch/abs/mean", "{:.3e}"),
-    ("p99 |d|", "mismatch/abs/p99", "{:.3e}"),
-    ("max |d|", "mismatch/abs/max", "{:.3f}"),
-    ("clip leak 0.2", "mismatch/clip_leak/0.2", "{:.2%}"),
-    ("seq log-ratio std", "mismatch/seq/log_ratio/std", "{:.3e}"),
-    ("bit-equal", "mismatch/bitwise/equal", "{:.1%}"),
+    ("k3", "mismatch/k3", "{:.2e}"),
+    ("mean|d|", "mismatch/abs/mean", "{:.2e}"),
+    ("p99|d|", "mismatch/abs/p99", "{:.2e}"),
+    ("max|d|", "mismatch/abs/max", "{:.3f}"),
+    ("clip.2", "mismatch/clip_leak/0.2", "{:.2%}"),
+    ("seq std", "mismatch/seq/log_ratio/std", "{:.2e}"),
+    ("d==0", "mismatch/bitwise/equal", "{:.0%}"),
 ]
 
 
@@ -119,8 +120,9 @@ def _plots(d: Diagnosis, out: Path) -> list[Path]:
 
     paths = []
     fig, ax = plt.subplots(figsize=(7, 4))
+    first, last = next(iter(d.per_position)), list(d.per_position)[-1]
     for label, curve in d.per_position.items():
-        if curve:
+        if curve and (label in (first, last) or "+" not in label):  # none, each region alone, all
             x, y = zip(*curve)
             ax.plot(x, y, marker=".", label=label)
     ax.set(xlabel="response position", ylabel="mean |log pi - log mu|", title="Mismatch along the response")
