@@ -88,6 +88,10 @@ def main():
         except Exception as e:  # an arm that fails is a result too
             rows.append({"arm": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
         print(rows[-1], flush=True)
+        _write(args, rows)
+
+
+def _write(args, rows):
     import transformers
     import triton
 
@@ -99,7 +103,7 @@ def main():
         "command": "python benchmarks/bench_sampler.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
         "rows": rows,
     }
-    with open(f"{args.out}/sampler.json", "w") as f:
+    with open(f"{args.out}/sampler.json", "w") as f:  # rewritten after every arm: a timeout keeps what ran
         json.dump(result, f, indent=2)
 
 
