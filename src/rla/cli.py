@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("rla.commands.demo", "sample from the bundled tiny model under vllm and diagnose the mismatch (the main job)"),
     "diagnose": ("rla.commands.diagnose", "attribute a model's train/rollout mismatch to regions, detect the engine profile"),
     "doctor": ("rla.commands.doctor", "static precision hazards of a model, each with its fix"),
+    "bench": ("rla.commands.bench", "benchmark the fused ops and an aligned training step (CUDA)"),
     "profiles": ("rla.commands.profiles", "print the rounding-profile table"),
     "check-ops": ("rla.commands.check_ops", "run every region under every profile, show where outputs part"),
 }
