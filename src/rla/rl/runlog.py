@@ -1,0 +1,150 @@
+"""Per-step JSONL logs (flushed and fsync'ed every step), optional TensorBoard, run summaries.
+
+``log.jsonl`` holds one JSON object per RL step: ``step`` (0-based), the METRICS.md mismatch
+metrics of the training forward *before the step's first update* against the rollout logprobs
+(``mismatch/...``), reward, entropy, grad norm, clip fraction, response length, learning rate,
+the collapse signal (``collapse/...``), and wall-clock / memory figures under ``time/`` and
+``memory/``. Everything outside ``time/`` and ``memory/`` is a deterministic function of the
+config: a resumed run writes the same lines as an uninterrupted one (``DETERMINISTIC``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RunLog", "read_log", "deterministic_part", "summarize", "NONDETERMINISTIC_PREFIXES"]
+
+#: Keys under these prefixes differ between two runs of one config (clocks, memory).
+NONDETERMINISTIC_PREFIXES = ("time/", "memory/")
+
+
+def deterministic_part(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if not k.startswith(NONDETERMINISTIC_PREFIXES)}
+
+
+def _clean(v):
+    """JSON has no NaN/inf: write them as strings a reader turns back into floats."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return repr(v)
+    return v
+
+
+def _unclean(v):
+    if isinstance(v, str) and v in ("nan", "inf", "-inf"):
+        return float(v)
+    return v
+
+
+def read_log(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a ``log.jsonl``; a torn last line (a kill mid-write) is dropped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}:{i + 1}: not valid JSON") from None
+        out.append({k: _unclean(v) for k, v in rec.items()})
+    return out
+
+
+class RunLog:
+    """Appends step records to ``log.jsonl`` (and TensorBoard), durable after every step."""
+
+    def __init__(self, out_dir: str | Path, *, start_step: int = 0, tensorboard: bool = False):
+        self.path = Path(out_dir) / "log.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = [r for r in read_log(self.path) if r["step"] < start_step]
+        self.history = kept
+        # rewrite atomically without the lines of steps that will run again
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        with open(tmp, "w") as f:
+            for r in kept:
+                f.write(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self._f = open(self.path, "a")
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise ValueError(f"tensorboard=true needs the tensorboard package ({e}); pip install tensorboard") from None
+            self._tb = SummaryWriter(str(Path(out_dir) / "tb"), purge_step=start_step)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self.history.append(record)
+        if self._tb is not None:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
+                    self._tb.add_scalar(k, v, record["step"])
+            self._tb.flush()
+
+    def close(self) -> None:
+        self._f.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _mean(xs):
+    xs = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(records: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:
+    """One run's summary from its log: step-0 mismatch, mismatch over training, rewards, collapse.
+
+    ``final_reward``: mean reward over the last ``window`` steps; ``best_reward``: the best mean
+    over ``window`` consecutive steps. ``step0``: the first step's mismatch metrics (the
+    training forward before any update against the rollouts of the initial weights).
+    """
+    if not records:
+        return {"steps": 0}
+    first = records[0]
+    rewards = [r.get("reward/mean", float("nan")) for r in records]
+    smooth = [_mean(rewards[max(0, i - window + 1) : i + 1]) for i in range(len(rewards))]
+    events = [
+        {"step": r["step"], "kinds": r.get("collapse/kinds", [])} for r in records if r.get("collapse/fired")
+    ]
+    series = lambda key: [r.get(key) for r in records]  # noqa: E731
+    return {
+        "steps": len(records),
+        "last_step": records[-1]["step"],
+        "step0": {
+            "k3": first.get("mismatch/k3"),
+            "abs_mean": first.get("mismatch/abs/mean"),
+            "clip_leak_0.2": first.get("mismatch/clip_leak/0.2"),
+            "bitwise_equal": first.get("mismatch/bitwise/equal"),
+        },
+        "mismatch_mean": {
+            "k3": _mean(series("mismatch/k3")),
+            "abs_mean": _mean(series("mismatch/abs/mean")),
+            "clip_leak_0.2": _mean(series("mismatch/clip_leak/0.2")),
+        },
+        "mismatch_last": {
+            "k3": records[-1].get("mismatch/k3"),
+            "abs_mean": records[-1].get("mismatch/abs/mean"),
+        },
+        "reward_first": smooth[min(window, len(smooth)) - 1],
+        "final_reward": _mean(rewards[-window:]),
+        "best_reward": max((s for s in smooth if s is not None), default=None),
+        "collapse_events": events,
+        "first_collapse_step": events[0]["step"] if events else None,
+        "wall_time_s": records[-1].get("time/elapsed_s"),
+        "peak_memory_mb": max((r.get("memory/peak_mb") or 0 for r in records), default=None),
+    }
