@@ -12,6 +12,9 @@ import os
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("rla.commands.demo", "sample from the bundled tiny model under vllm and diagnose the mismatch (the main job)"),
+    "diagnose": ("rla.commands.diagnose", "attribute a model's train/rollout mismatch to regions, detect the engine profile"),
+    "doctor": ("rla.commands.doctor", "static precision hazards of a model, each with its fix"),
     "profiles": ("rla.commands.profiles", "print the rounding-profile table"),
     "check-ops": ("rla.commands.check_ops", "run every region under every profile, show where outputs part"),
     "train": ("rla.commands.train", "GRPO / REINFORCE with an engine-profile rollout stack (rla.rl)"),
@@ -19,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 # Errors a user can cause with bad input: printed as one clear line, no traceback.
-USER_ERRORS = (ValueError, TypeError, KeyError, FileNotFoundError, NotImplementedError)
+USER_ERRORS = (ValueError, TypeError, KeyError, OSError, NotImplementedError)
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

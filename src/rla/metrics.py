@@ -1,0 +1,428 @@
+"""Train/inference mismatch metrics, exactly as ``design/METRICS.md`` defines them.
+
+For every response token, ``delta = log pi - log mu``: pi is the training forward's probability of
+the sampled token, mu the inference engine's. The metrics summarise ``delta`` per token, per
+sequence and per bucket; ``names_as`` renames them to verl's or TRL's dashboard keys, and
+``collapse_signal`` watches per-step series for the pattern that precedes an RL collapse.
+
+Numerics. Inputs are usually bf16/fp32 logprobs, but the statistics are computed in fp64: every
+upcast is exact, and the quantities of interest are small differences (k3 is ~1e-5..1e-3, the
+smallest nonzero deltas ~1e-7) averaged over up to millions of tokens. Anything exponentiated is
+kept in log space until the end:
+
+* ``k3 = mean(rho - 1 - delta)`` is a difference of nearly equal numbers for small delta (it is
+  ~delta^2/2). ``exp(d) - 1 - d`` as written loses every digit below |d| ~ 1e-8, so it is computed
+  as ``expm1(d) - d``, and for |d| < 1e-3 as its Taylor series (truncation < 1e-18 relative).
+* ``prob_abs`` uses ``|mu * expm1(delta)|`` rather than ``|pi - mu|``: exact zero for delta == 0,
+  full relative precision for tiny delta.
+* Sequence sums ``S_i`` use ``math.fsum`` (correctly rounded): ``exp(2 S_i)`` turns an absolute
+  error in ``S_i`` into a relative error in ``seq/chi2``.
+* ``seq/chi2 = mean_i exp(2 S_i) - 1`` is computed as ``expm1(logsumexp(2 S) - log n)``, so nothing
+  overflows on the way; the final value is ``inf`` only when it exceeds the float64 range (log of
+  the mean > ~709.78), which a 100k-token sequence with |delta| = 50 genuinely does. The finite
+  ``mismatch/seq/log_mean_rho2 = log(1 + seq/chi2)`` is reported alongside for that case.
+* ``is/ess`` is scale invariant and computed fully in log space:
+  ``log ESS = 2 logsumexp(delta) - log N - logsumexp(2 delta)``.
+
+Missing keys instead of NaN. A statistic with nothing to average (an empty by_position or by_prob
+bucket, Pearson with constant probabilities, drift with fewer than two distinct lengths) is left
+out of the returned dict rather than reported as NaN; the caller sees the missing key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "MetricsInputError",
+    "mismatch",
+    "mismatch_from_records",
+    "names_as",
+    "collapse_signal",
+    "CollapseEvent",
+    "PERCENTILE_METHOD",
+    "POSITIVE_LOGPROB_TOL",
+]
+
+#: Interpolation used for ``mismatch/abs/p*`` (``numpy.percentile(method=...)``).
+PERCENTILE_METHOD = "linear"
+#: Masked logprobs above this are rejected (engines print -0.0 or tiny positive rounding).
+POSITIVE_LOGPROB_TOL = 1e-6
+_PERCENTILES = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0), ("p999", 99.9))
+_CLIP_EPS = (("0.2", 0.2), ("0.1", 0.1))
+#: mu buckets: [0, 1e-3), [1e-3, 0.1), [0.1, 0.9], (0.9, 1].
+_PROB_BUCKETS = ("lt1e-3", "1e-3..0.1", "0.1..0.9", "gt0.9")
+
+
+class MetricsInputError(ValueError):
+    """The logprobs, mask or series handed to a metric are unusable; the message says why."""
+
+
+# ----------------------------------------------------------------------------- input handling
+
+
+def _as_float64(x: Any, name: str) -> np.ndarray:
+    """A float tensor/array as fp64 NumPy (exact upcast); non-float dtypes are an error."""
+    if hasattr(x, "detach"):  # torch.Tensor, without importing torch here
+        if not x.is_floating_point():
+            raise MetricsInputError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+        return x.detach().cpu().double().numpy()
+    arr = np.asarray(x)
+    if arr.dtype.kind != "f":
+        raise MetricsInputError(f"{name} must be a floating-point array, got dtype {arr.dtype}")
+    return arr.astype(np.float64)
+
+
+def _as_mask(x: Any) -> np.ndarray:
+    arr = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+    if arr.dtype == bool:
+        return arr
+    if arr.dtype.kind not in "iuf" or not np.isin(arr, (0, 1)).all():
+        raise MetricsInputError("mask must be bool or hold only 0 and 1")
+    return arr.astype(bool)
+
+
+def _check_logprobs(values: np.ndarray, mask: np.ndarray, name: str) -> None:
+    bad = mask & ~np.isfinite(values)
+    if bad.any():
+        i, j = np.argwhere(bad)[0]
+        raise MetricsInputError(
+            f"{name} has {int(bad.sum())} non-finite value(s) (NaN/inf) on masked positions, "
+            f"first at [{i}, {j}] = {values[i, j]}"
+        )
+    pos = mask & (values > POSITIVE_LOGPROB_TOL)
+    if pos.any():
+        i, j = np.argwhere(pos)[0]
+        raise MetricsInputError(
+            f"{name} has {int(pos.sum())} positive logprob(s) (> {POSITIVE_LOGPROB_TOL}) on masked "
+            f"positions, first at [{i}, {j}] = {values[i, j]!r}; a log-probability is <= 0"
+        )
+
+
+def _logsumexp(x: np.ndarray) -> float:
+    m = float(np.max(x))
+    return m + math.log(float(np.sum(np.exp(x - m))))
+
+
+def _k3_terms(d: np.ndarray) -> np.ndarray:
+    """rho - 1 - delta per token, without cancellation (see module docstring)."""
+    with np.errstate(over="ignore"):
+        out = np.expm1(d) - d
+    small = np.abs(d) < 1e-3
+    s = d[small]
+    out[small] = s * s * (1 / 2 + s * (1 / 6 + s * (1 / 24 + s * (1 / 120 + s / 720))))
+    return out
+
+
+# ----------------------------------------------------------------------------- the metrics
+
+
+def mismatch(
+    train_logprobs: Any,
+    rollout_logprobs: Any,
+    mask: Any,
+    *,
+    response_lengths: Any = None,
+) -> dict[str, float]:
+    """All METRICS.md metrics for one batch, as ``{"mismatch/...": float}``.
+
+    Args:
+        train_logprobs: ``[B, T]`` log pi of the sampled tokens (torch or NumPy, any float dtype).
+        rollout_logprobs: ``[B, T]`` log mu from the inference engine, same layout.
+        mask: ``[B, T]`` bool or 0/1; 1 marks response tokens. Unmasked positions are padding and
+            may hold anything, NaN included; they are never read.
+        response_lengths: optional ``[B]`` integer response lengths ``L_i``. By default ``L_i`` is
+            the span of row i's masked tokens (first to last masked column; the count of masked
+            tokens for the usual contiguous mask). Pass it when the mask has holes (e.g. tool
+            output excluded in multi-turn) and positions should be measured against the full
+            response; it must be at least that span.
+
+    Token metrics average over all masked tokens. Sequence metrics (``seq/*``) use rows with at
+    least one masked token; rows that are entirely masked out are excluded from them (and
+    ``mismatch/n_seqs`` counts only the rows used). ``by_position/q{k}``: a masked token's position
+    is its column offset from the row's first masked column, its bucket ``floor(4 * pos / L_i)``.
+    ``by_prob``: buckets of mu = exp(rollout logprob), ``[0, 1e-3)``, ``[1e-3, 0.1)``,
+    ``[0.1, 0.9]``, ``(0.9, 1]``. Percentiles use NumPy's ``linear`` interpolation. ``seq/std`` is
+    the population std (ddof=0). ``drift_per_1k`` is the least-squares slope of ``S_i`` on ``L_i``
+    times 1000. Keys for empty buckets or undefined statistics are omitted, never NaN. Extra keys
+    beyond the spec: ``mismatch/n_tokens``, ``mismatch/n_seqs``, ``mismatch/seq/log_mean_rho2``.
+
+    Raises:
+        MetricsInputError: shapes differ or are not 2-D, non-float logprobs, a mask that is not
+            0/1 or selects no token, NaN/inf or positive (> 1e-6) logprobs on masked positions.
+    """
+    train = _as_float64(train_logprobs, "train_logprobs")
+    roll = _as_float64(rollout_logprobs, "rollout_logprobs")
+    m = _as_mask(mask)
+    if train.ndim != 2 or train.shape != roll.shape or train.shape != m.shape:
+        raise MetricsInputError(
+            "expected train_logprobs, rollout_logprobs and mask of one [B, T] shape, got "
+            f"{train.shape}, {roll.shape} and {m.shape}"
+        )
+    if not m.any():
+        raise MetricsInputError("mask selects no token: there is nothing to measure")
+    _check_logprobs(train, m, "train_logprobs")
+    _check_logprobs(roll, m, "rollout_logprobs")
+
+    delta_full = np.where(m, train, 0.0) - np.where(m, roll, 0.0)  # padding -> exactly 0
+    d, lp_mu = delta_full[m], roll[m]
+    n = d.size
+    ad = np.abs(d)
+    out: dict[str, float] = {"mismatch/n_tokens": float(n)}
+
+    # ---- token metrics
+    out["mismatch/k1"] = float(np.mean(d))
+    out["mismatch/abs/mean"] = float(np.mean(ad))
+    out["mismatch/abs/max"] = float(np.max(ad))
+    qs = np.percentile(ad, [q for _, q in _PERCENTILES], method=PERCENTILE_METHOD)
+    for (key, _), v in zip(_PERCENTILES, qs):
+        out[f"mismatch/abs/{key}"] = float(v)
+    out["mismatch/k2"] = float(np.mean(d * d) / 2)
+    out["mismatch/k3"] = float(np.mean(_k3_terms(d)))
+    mu = np.exp(lp_mu)
+    with np.errstate(over="ignore"):
+        prob_abs = np.abs(mu * np.expm1(d))
+        out["mismatch/chi2_token"] = float(np.mean(np.expm1(2 * d)))
+        rho = np.exp(d)
+    out["mismatch/prob_abs/mean"] = float(np.mean(prob_abs))
+    out["mismatch/prob_abs/max"] = float(np.max(prob_abs))
+    pi = np.exp(train[m])
+    a, b = pi - pi.mean(), mu - mu.mean()
+    denom = math.sqrt(float(np.sum(a * a)) * float(np.sum(b * b)))
+    if denom > 0:
+        out["mismatch/prob_pearson"] = min(1.0, max(-1.0, float(np.sum(a * b)) / denom))
+    log_ess = 2 * _logsumexp(d) - math.log(n) - _logsumexp(2 * d)
+    out["mismatch/is/ess"] = min(1.0, math.exp(log_ess))
+    for key, eps in _CLIP_EPS:
+        out[f"mismatch/clip_leak/{key}"] = float(np.mean((rho < 1 - eps) | (rho > 1 + eps)))
+    out["mismatch/bitwise/equal"] = float(np.mean(d == 0))
+    out["mismatch/bitwise/diff_gt_1e-6"] = float(np.mean(ad > 1e-6))
+
+    # ---- sequence metrics, over rows with at least one masked token
+    rows = np.flatnonzero(m.any(axis=1))
+    S = np.array([math.fsum(delta_full[i][m[i]]) for i in rows])
+    out["mismatch/n_seqs"] = float(rows.size)
+    out["mismatch/seq/log_ratio/mean"] = float(np.mean(S))
+    out["mismatch/seq/log_ratio/std"] = float(np.std(S))
+    out["mismatch/seq/log_ratio/min"] = float(np.min(S))
+    out["mismatch/seq/log_ratio/max"] = float(np.max(S))
+    log_mean_rho2 = _logsumexp(2 * S) - math.log(rows.size)
+    out["mismatch/seq/log_mean_rho2"] = log_mean_rho2
+    try:
+        out["mismatch/seq/chi2"] = math.expm1(log_mean_rho2)
+    except OverflowError:  # only when the value itself exceeds float64 (log > ~709.78)
+        out["mismatch/seq/chi2"] = math.inf
+
+    first = np.argmax(m, axis=1)
+    span = m.shape[1] - np.argmax(m[:, ::-1], axis=1) - first
+    lengths = span if response_lengths is None else _lengths(response_lengths, span, rows)
+    L = lengths[rows].astype(np.float64)
+    if rows.size >= 2 and np.ptp(L) > 0:
+        x, y = L - L.mean(), S - S.mean()
+        out["mismatch/seq/drift_per_1k"] = float(np.sum(x * y) / np.sum(x * x) * 1000)
+
+    # ---- buckets
+    pos = np.arange(m.shape[1])[None, :] - first[:, None]
+    bucket = ((4 * pos) // np.maximum(lengths, 1)[:, None])[m]
+    for q in range(4):
+        sel = bucket == q
+        if sel.any():
+            out[f"mismatch/by_position/q{q + 1}"] = float(np.mean(ad[sel]))
+    edges = [mu < 1e-3, (mu >= 1e-3) & (mu < 0.1), (mu >= 0.1) & (mu <= 0.9), mu > 0.9]
+    for key, sel in zip(_PROB_BUCKETS, edges):
+        if sel.any():
+            out[f"mismatch/by_prob/{key}"] = float(np.mean(ad[sel]))
+    return out
+
+
+def _lengths(response_lengths: Any, span: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    arr = (
+        response_lengths.detach().cpu().numpy()
+        if hasattr(response_lengths, "detach")
+        else np.asarray(response_lengths)
+    )
+    if arr.shape != span.shape or arr.dtype.kind not in "iu":
+        raise MetricsInputError(
+            f"response_lengths must be integers of shape {span.shape}, got {arr.dtype} {arr.shape}"
+        )
+    short = [int(i) for i in rows if arr[i] < span[i]]
+    if short:
+        i = short[0]
+        raise MetricsInputError(
+            f"response_lengths[{i}] = {int(arr[i])} is shorter than the {int(span[i])} columns "
+            f"its masked tokens span ({len(short)} row(s) affected)"
+        )
+    return arr.astype(np.int64)
+
+
+def mismatch_from_records(
+    records: Sequence[Any], train_logprobs: Sequence[Any]
+) -> dict[str, float]:
+    """``mismatch`` for ``rla.rollouts.RolloutRecord`` objects and their training-side logprobs.
+
+    ``train_logprobs[i]`` is a 1-D float array/tensor of length ``len(records[i].response_ids)``.
+    Both sides are right-padded into ``[B, R_max]`` fp64 arrays; the response lengths are passed on.
+    """
+    if len(records) != len(train_logprobs):
+        raise MetricsInputError(
+            f"{len(records)} records but {len(train_logprobs)} train_logprobs rows"
+        )
+    if not records:
+        raise MetricsInputError("no records: there is nothing to measure")
+    lengths = np.array([len(r.response_ids) for r in records], dtype=np.int64)
+    R = int(lengths.max())
+    train = np.zeros((len(records), R))
+    roll = np.zeros((len(records), R))
+    mask = np.zeros((len(records), R), dtype=bool)
+    for i, (rec, row) in enumerate(zip(records, train_logprobs)):
+        t = _as_float64(row, f"train_logprobs[{i}]")
+        if t.ndim != 1 or t.size != lengths[i] or len(rec.logprobs) != lengths[i]:
+            raise MetricsInputError(
+                f"record {i}: {lengths[i]} response tokens, {len(rec.logprobs)} rollout logprobs, "
+                f"train_logprobs of shape {t.shape}; all three must agree"
+            )
+        train[i, : lengths[i]] = t
+        roll[i, : lengths[i]] = rec.logprobs
+        mask[i, : lengths[i]] = True
+    return mismatch(train, roll, mask, response_lengths=lengths)
+
+
+# ----------------------------------------------------------------------------- dashboard names
+
+_RENAMES: dict[str, dict[str, tuple[str, float]]] = {
+    "verl": {
+        "mismatch/k1": ("rollout_corr/kl", -1.0),  # verl logs mean(log mu - log pi)
+        "mismatch/k3": ("rollout_corr/k3_kl", 1.0),
+        "mismatch/chi2_token": ("rollout_corr/chi2_token", 1.0),
+        "mismatch/seq/chi2": ("rollout_corr/chi2_seq", 1.0),
+        "mismatch/prob_abs/mean": ("training/rollout_probs_diff_mean", 1.0),
+        "mismatch/prob_abs/max": ("training/rollout_probs_diff_max", 1.0),
+        "mismatch/prob_pearson": ("training/rollout_actor_probs_pearson_corr", 1.0),
+        "mismatch/is/ess": ("rollout_corr/rollout_is_eff_sample_size", 1.0),
+    },
+    "trl": {
+        "mismatch/abs/mean": ("sampling/sampling_logp_difference/mean", 1.0),
+        "mismatch/abs/max": ("sampling/sampling_logp_difference/max", 1.0),
+    },
+}
+
+
+def names_as(metrics: dict[str, float], style: str) -> dict[str, float]:
+    """Rename ``mismatch/...`` keys to verl's (``style="verl"``) or TRL's (``"trl"``) keys.
+
+    Values follow the target's sign convention (verl's ``rollout_corr/kl`` is ``-k1``); the
+    formulas are METRICS.md's, so a framework whose own estimator differs (e.g. verl's ESS on
+    truncated or sequence-level weights) can still log different numbers. Metrics without a
+    counterpart, and keys outside ``mismatch/``, keep their names.
+    """
+    if style not in _RENAMES:
+        raise ValueError(f"unknown style {style!r}; known styles: {', '.join(sorted(_RENAMES))}")
+    table = _RENAMES[style]
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        new, sign = table.get(key, (key, 1.0))
+        out[new] = sign * value
+    return out
+
+
+# ----------------------------------------------------------------------------- collapse signal
+
+
+@dataclass(frozen=True)
+class CollapseEvent:
+    """One step at which the collapse signal fired.
+
+    ``kinds`` holds machine-readable tags: ``"k3_spike"``, ``"grad_spike"``, ``"reward_falling"``,
+    ``"nonfinite_k3"``, ``"nonfinite_grad_norm"``; ``message`` says the same with the numbers.
+    """
+
+    step: int
+    kinds: tuple[str, ...]
+    message: str
+
+
+def collapse_signal(
+    k3: Sequence[float],
+    grad_norm: Sequence[float] | None,
+    reward: Sequence[float],
+    *,
+    k3_factor: float = 10.0,
+    grad_factor: float = 10.0,
+    window: int = 5,
+    reward_drop: float = 0.05,
+) -> list[CollapseEvent]:
+    """Steps where METRICS.md's collapse signal fires, in order; ``[]`` when it never does.
+
+    With ``t`` the step index (position in the series):
+
+    * k3 spike: ``k3[t] > k3_factor * k3[0]`` for ``t >= 1`` (a step-0 k3 of exactly 0, as on a
+      bitwise-aligned stack, makes any positive k3 a spike).
+    * grad spike: ``grad_norm[t] > grad_factor * median(grad_norm[0:t])`` for ``t >= 1``, the
+      running median over the finite earlier values (skipped when ``grad_norm`` is None).
+    * reward falling: ``rbar[t] < max(rbar[window-1 .. t]) - reward_drop``, where ``rbar[t]`` is
+      the mean reward over the ``window`` steps ending at t. ``reward_drop`` is in reward units
+      (the default suits rewards in [0, 1]); steps before ``window - 1`` are never "falling".
+
+    An event is a spike together with falling reward. A non-finite k3 or grad norm is reported as
+    an event on its own (training is already broken; there is nothing to wait for).
+
+    Raises:
+        MetricsInputError: series of different lengths, a non-finite ``k3[0]`` (no baseline), a
+            non-finite reward, or ``window < 1``.
+    """
+    k3a = np.asarray(k3, dtype=np.float64)
+    rw = np.asarray(reward, dtype=np.float64)
+    gn = None if grad_norm is None else np.asarray(grad_norm, dtype=np.float64)
+    lengths = {k3a.size, rw.size} | ({gn.size} if gn is not None else set())
+    if len(lengths) != 1 or k3a.ndim != 1 or rw.ndim != 1 or (gn is not None and gn.ndim != 1):
+        raise MetricsInputError("k3, grad_norm and reward must be 1-D series of one length")
+    if window < 1:
+        raise MetricsInputError(f"window must be >= 1, got {window}")
+    if k3a.size == 0:
+        return []
+    if not math.isfinite(k3a[0]):
+        raise MetricsInputError(f"k3[0] = {k3a[0]} is the baseline and must be finite")
+    if not np.isfinite(rw).all():
+        raise MetricsInputError(f"reward is not finite at step {int(np.argmin(np.isfinite(rw)))}")
+
+    events: list[CollapseEvent] = []
+    best = -math.inf
+    for t in range(k3a.size):
+        falling, rbar = False, math.nan
+        if t >= window - 1:
+            rbar = float(np.mean(rw[t - window + 1 : t + 1]))
+            best = max(best, rbar)
+            falling = rbar < best - reward_drop
+        broken: list[tuple[str, str]] = []
+        spikes: list[tuple[str, str]] = []
+        if not math.isfinite(k3a[t]):
+            broken.append(("nonfinite_k3", f"k3 = {k3a[t]}"))
+        elif t >= 1 and k3a[t] > k3_factor * k3a[0]:
+            spikes.append(("k3_spike", f"k3 {k3a[t]:.3g} > {k3_factor:g} x step-0 {k3a[0]:.3g}"))
+        if gn is not None:
+            prev = gn[:t][np.isfinite(gn[:t])]
+            if not math.isfinite(gn[t]):
+                broken.append(("nonfinite_grad_norm", f"grad_norm = {gn[t]}"))
+            elif prev.size and gn[t] > grad_factor * float(np.median(prev)):
+                med = float(np.median(prev))
+                why = f"grad_norm {gn[t]:.3g} > {grad_factor:g} x running median {med:.3g}"
+                spikes.append(("grad_spike", why))
+        fired = list(broken)
+        if spikes and falling:
+            fired += spikes
+            why = f"reward {rbar:.3g} (mean of {window}) < best {best:.3g} - {reward_drop:g}"
+            fired.append(("reward_falling", why))
+        if fired:
+            events.append(
+                CollapseEvent(
+                    step=t,
+                    kinds=tuple(k for k, _ in fired),
+                    message="; ".join(w for _, w in fired),
+                )
+            )
+    return events

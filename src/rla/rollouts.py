@@ -1,0 +1,359 @@
+"""Rollout records: a versioned JSONL format for sampled responses and their engine logprobs.
+
+Mismatch is measured between two numbers for the same token: the inference engine's logprob
+(recorded here at sampling time) and the training stack's (recomputed later from ``to_padded``).
+This module is the hand-off between the two, so it is strict: a record either carries everything
+needed to recompute the same distribution, or ``load`` refuses it with the file, line and field.
+
+Format ``rla.rollout/1``: one JSON object per line, UTF-8, ``\\n``-terminated::
+
+    {"format":"rla.rollout/1","prompt_ids":[151644,872,198],"response_ids":[40,1079,151645],
+     "logprobs":[-0.0123,-1.5,-0.0001],"temperature":1.0,"top_p":1.0,"top_k":-1,"engine":"vllm",
+     "reward":1.0,"metadata":{"task":"gsm8k/17"}}
+
+(one line in the file; wrapped here). Fields:
+
+* ``prompt_ids`` (list[int], at least one token: the first response token's logit is read at the
+  last prompt position) and ``response_ids`` (list[int], non-empty); ids are ``>= 0`` and, when
+  ``load`` gets ``vocab_size``, ``< vocab_size``.
+* ``logprobs`` (list[float], one per response token): the engine's log-probability of the sampled
+  token **after** temperature and top-k/top-p processing, i.e. under the distribution it sampled
+  from. Finite and ``<= 1e-6``: engines print ``-0.0`` or tiny positive rounding for near-certain
+  tokens, so values up to ``1e-6`` are accepted and kept exactly as written.
+* ``temperature`` (float > 0; greedy decoding is not a sampling policy), ``top_p`` (in (0, 1]),
+  ``top_k`` (int; ``-1`` means disabled, ``0`` is accepted as vLLM's other spelling of disabled
+  and stored as ``-1``).
+* ``engine`` (non-empty str: ``"vllm"``, ``"sglang"`` or an ``rla`` profile name).
+* optional ``reward`` (finite float) and ``metadata`` (JSON object); left out when None.
+
+Unknown keys are an error (put extras in ``metadata``), as is an unknown ``format``: a later
+version will get a new tag rather than a silently different meaning. Non-standard JSON constants
+(``NaN``, ``Infinity``) are rejected. Trailing blank lines are fine; a blank line between records
+is an error (it usually means files were spliced). Floats round-trip exactly: JSON is written
+with Python's shortest ``repr``.
+
+Producing records from vLLM
+    Create the engine with ``LLM(model, logprobs_mode="processed_logprobs")`` (the default
+    ``raw_logprobs`` is the log-softmax of the unscaled logits, which is the sampling distribution
+    only at temperature 1 without top-k/top-p). Sample with ``SamplingParams(temperature=T,
+    top_p=p, top_k=k, logprobs=0)``: ``logprobs=0`` returns just the sampled token's logprob. For
+    each ``RequestOutput`` ``out`` and each completion ``c`` in ``out.outputs``:
+    ``prompt_ids = out.prompt_token_ids``, ``response_ids = c.token_ids``, ``logprobs =
+    [c.logprobs[j][tok].logprob for j, tok in enumerate(c.token_ids)]`` (one dict per position,
+    keyed by token id), and ``temperature/top_p/top_k`` as passed, ``engine="vllm"``.
+
+Producing records from SGLang
+    Send ``return_logprob=True`` with the request (a request argument beside
+    ``sampling_params``, not inside it). ``out["meta_info"]["output_token_logprobs"]`` is a list
+    of ``(logprob, token_id, text_or_None)`` tuples, one per generated token: ``response_ids`` are
+    the token ids, ``logprobs`` the first elements. Temperature: by default SGLang returns the
+    logprob after temperature scaling; with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` it returns the
+    untempered one, which is only right for ``temperature=1``. Check whether your version
+    renormalises after top-k/top-p; if not, record ``top_p=1.0, top_k=-1`` runs for mismatch
+    measurements (or say so in ``metadata``). ``engine="sglang"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import stat
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = [
+    "FORMAT", "RolloutRecord", "RolloutFormatError", "save", "load", "iter_load", "to_padded",
+]
+
+#: Format tag written on every line; ``load`` reads only this version.
+FORMAT = "rla.rollout/1"
+#: Positive logprobs up to this are engine rounding, not errors.
+POSITIVE_LOGPROB_TOL = 1e-6
+_REQUIRED = ("prompt_ids", "response_ids", "logprobs", "temperature", "top_p", "top_k", "engine")
+_OPTIONAL = ("reward", "metadata")
+
+
+class RolloutFormatError(ValueError):
+    """A record or rollout file is invalid; the message names the file, line and field."""
+
+    def __init__(self, problem: str, *, path: Any = None, line: int | None = None,
+                 field: str | None = None, record: int | None = None):
+        self.problem, self.path, self.line, self.field = problem, path, line, field
+        self.record = record
+        where = ""
+        if path is not None:
+            where = f"{os.fspath(path)}:" + (f"{line}:" if line is not None else "") + " "
+        if record is not None:
+            where += f"record {record}: "
+        what = f"field '{field}': " if field else ""
+        super().__init__(f"{where}{what}{problem}")
+
+    def at(self, path: Any, line: int) -> RolloutFormatError:
+        return RolloutFormatError(self.problem, path=path, line=line, field=self.field)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _ids(name: str, v: Any, vocab_size: int | None) -> list[int]:
+    if not isinstance(v, (list, tuple)):
+        raise RolloutFormatError(f"expected a list of ints, got {type(v).__name__}", field=name)
+    if not v:
+        raise RolloutFormatError("must not be empty", field=name)
+    for j, t in enumerate(v):
+        if not _is_int(t) or t < 0:
+            raise RolloutFormatError(f"element {j} is {t!r}, not a non-negative int", field=name)
+        if vocab_size is not None and t >= vocab_size:
+            raise RolloutFormatError(f"element {j} is {t} >= vocab_size {vocab_size}", field=name)
+    return list(v)
+
+
+def _number(name: str, v: Any) -> float:
+    if not _is_number(v) or not math.isfinite(v):
+        raise RolloutFormatError(f"expected a finite number, got {v!r}", field=name)
+    return float(v)
+
+
+def _validate(d: dict[str, Any], vocab_size: int | None = None) -> dict[str, Any]:
+    """Check one record's fields; return them normalised (floats as float, top_k 0 -> -1)."""
+    out: dict[str, Any] = {}
+    out["prompt_ids"] = _ids("prompt_ids", d["prompt_ids"], vocab_size)
+    out["response_ids"] = _ids("response_ids", d["response_ids"], vocab_size)
+    lps = d["logprobs"]
+    if not isinstance(lps, (list, tuple)):
+        raise RolloutFormatError(f"expected a list of floats, got {type(lps).__name__}",
+                                 field="logprobs")
+    if len(lps) != len(out["response_ids"]):
+        raise RolloutFormatError(
+            f"{len(lps)} logprobs for {len(out['response_ids'])} response tokens", field="logprobs"
+        )
+    for j, lp in enumerate(lps):
+        if not _is_number(lp) or not math.isfinite(lp):
+            raise RolloutFormatError(f"element {j} is {lp!r}, not a finite number",
+                                     field="logprobs")
+        if lp > POSITIVE_LOGPROB_TOL:
+            raise RolloutFormatError(
+                f"element {j} is {lp!r} > {POSITIVE_LOGPROB_TOL}; a log-probability is <= 0",
+                field="logprobs",
+            )
+    out["logprobs"] = [float(lp) for lp in lps]
+    out["temperature"] = _number("temperature", d["temperature"])
+    if out["temperature"] <= 0:
+        raise RolloutFormatError(f"must be > 0, got {d['temperature']!r}", field="temperature")
+    out["top_p"] = _number("top_p", d["top_p"])
+    if not 0 < out["top_p"] <= 1:
+        raise RolloutFormatError(f"must be in (0, 1], got {d['top_p']!r}", field="top_p")
+    top_k = d["top_k"]
+    if not _is_int(top_k) or top_k < -1:
+        raise RolloutFormatError(f"must be an int >= 1, or -1/0 (disabled), got {top_k!r}",
+                                 field="top_k")
+    out["top_k"] = -1 if top_k == 0 else top_k
+    if not isinstance(d["engine"], str) or not d["engine"]:
+        raise RolloutFormatError(f"expected a non-empty string, got {d['engine']!r}",
+                                 field="engine")
+    out["engine"] = d["engine"]
+    reward = d.get("reward")
+    out["reward"] = None if reward is None else _number("reward", reward)
+    meta = d.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise RolloutFormatError(f"expected an object, got {type(meta).__name__}", field="metadata")
+    out["metadata"] = meta
+    return out
+
+
+@dataclass
+class RolloutRecord:
+    """One sampled response with the engine's per-token logprobs; validated on construction.
+
+    See the module docstring for the meaning of each field. Construction normalises the values
+    (ints in ``logprobs`` become floats, ``top_k=0`` becomes ``-1``) and raises
+    ``RolloutFormatError`` naming the field on any invalid value.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    temperature: float
+    top_p: float
+    top_k: int
+    engine: str
+    reward: float | None = None
+    metadata: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in _validate(self.__dict__).items():
+            setattr(self, name, value)
+
+
+def _to_line(rec: RolloutRecord, index: int) -> str:
+    if not isinstance(rec, RolloutRecord):
+        raise RolloutFormatError(f"a {type(rec).__name__}, not a RolloutRecord", record=index)
+    try:
+        d = _validate(rec.__dict__)  # fields are mutable: re-check before writing
+    except RolloutFormatError as err:
+        raise RolloutFormatError(err.problem, field=err.field, record=index) from None
+    obj = {"format": FORMAT, **{k: d[k] for k in _REQUIRED}}
+    obj.update({k: d[k] for k in _OPTIONAL if d[k] is not None})
+    try:
+        return json.dumps(obj, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as err:
+        raise RolloutFormatError(f"not JSON-serialisable ({err})", field="metadata",
+                                 record=index) from None
+
+
+def save(path: str | os.PathLike[str], records: Iterable[RolloutRecord]) -> None:
+    """Write records atomically: a crash leaves the old file (or none), never a half file.
+
+    Lines go to a temporary file in the destination folder (so the rename stays on one file
+    system), which is flushed and fsync'ed, then ``os.replace``'d over ``path``; the folder is
+    fsync'ed after the rename so the new name survives a power cut. On any error the temporary
+    file is removed. An existing file keeps its permission bits; a new one gets 0o644.
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o644
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        count = 0
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            for count, rec in enumerate(records, start=1):
+                f.write(_to_line(rec, count - 1) + "\n")
+            if count == 0:
+                raise RolloutFormatError("no records to save (an empty rollout file is invalid)")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # not every platform can open a folder
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def _parse(raw: bytes, path: Any, lineno: int, last: bool, vocab_size: int | None) -> RolloutRecord:
+    truncated = " (the last line has no newline: the file looks truncated)" if last else ""
+    try:
+        obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise RolloutFormatError(f"not valid JSON: {err}{truncated}",
+                                 path=path, line=lineno) from None
+    if not isinstance(obj, dict):
+        raise RolloutFormatError(f"expected a JSON object, got {type(obj).__name__}",
+                                 path=path, line=lineno)
+    if "format" not in obj:
+        raise RolloutFormatError(f"missing; every line carries \"format\": \"{FORMAT}\"",
+                                 path=path, line=lineno, field="format")
+    if obj["format"] != FORMAT:
+        raise RolloutFormatError(f"unsupported format {obj['format']!r}; this rla reads {FORMAT!r}",
+                                 path=path, line=lineno, field="format")
+    unknown = sorted(set(obj) - {"format", *_REQUIRED, *_OPTIONAL})
+    if unknown:
+        raise RolloutFormatError(f"unknown field(s) {unknown}; put extras in 'metadata'",
+                                 path=path, line=lineno, field=unknown[0])
+    for name in _REQUIRED:
+        if name not in obj:
+            raise RolloutFormatError("missing", path=path, line=lineno, field=name)
+    try:
+        d = _validate(obj, vocab_size)
+        return RolloutRecord(**d)
+    except RolloutFormatError as err:
+        raise err.at(path, lineno) from None
+
+
+def iter_load(
+    path: str | os.PathLike[str], vocab_size: int | None = None
+) -> Iterator[RolloutRecord]:
+    """Stream records from ``path``, validating each line; raises at the first invalid line.
+
+    Reads in binary and decodes each line, so invalid UTF-8 is reported with its line number too.
+    """
+    if vocab_size is not None and (not _is_int(vocab_size) or vocab_size <= 0):
+        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+    first_blank: int | None = None
+    count = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            body = raw.rstrip(b"\r\n")
+            if not body.strip():
+                first_blank = first_blank or lineno
+                continue
+            if first_blank is not None:
+                raise RolloutFormatError("blank line between records", path=path, line=first_blank)
+            count += 1
+            yield _parse(body, path, lineno, not raw.endswith(b"\n"), vocab_size)
+    if count == 0:
+        raise RolloutFormatError("no records (empty file)", path=path)
+
+
+def load(path: str | os.PathLike[str], vocab_size: int | None = None) -> list[RolloutRecord]:
+    """All records of ``path`` (see ``iter_load``); an empty file is an error."""
+    return list(iter_load(path, vocab_size))
+
+
+def to_padded(records: list[RolloutRecord], pad_id: int = 0) -> dict[str, Any]:
+    """Batch records for a training-side forward; responses are aligned at one column.
+
+    Layout: prompts are **left**-padded to ``P = max prompt length`` and responses **right**-padded
+    to ``R = max response length``, so response token j of every row sits at column ``P + j`` and
+    its logit is read at column ``P + j - 1``. ``position_ids`` are explicit (0 at each row's first
+    real token), so left padding does not shift RoPE phases.
+
+    Returns torch tensors ``input_ids`` [B, P+R] (long, ``pad_id`` in padding), ``attention_mask``
+    [B, P+R] (long 0/1), ``position_ids`` [B, P+R] (long), ``response_mask`` [B, R] (bool),
+    ``rollout_logprobs`` [B, R] (float64, the recorded values exactly, 0 in padding),
+    ``temperature``/``top_p`` [B] (float64), ``top_k`` [B] (long, -1 = disabled), and the plain
+    int ``response_start`` = P.
+    """
+    import torch  # keeps load/save usable without importing torch
+
+    if not records:
+        raise ValueError("to_padded needs at least one record")
+    if not _is_int(pad_id) or pad_id < 0:
+        raise ValueError(f"pad_id must be a non-negative int, got {pad_id!r}")
+    B = len(records)
+    P = max(len(r.prompt_ids) for r in records)
+    R = max(len(r.response_ids) for r in records)
+    input_ids = torch.full((B, P + R), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, P + R), dtype=torch.long)
+    response_mask = torch.zeros((B, R), dtype=torch.bool)
+    rollout_logprobs = torch.zeros((B, R), dtype=torch.float64)
+    for i, rec in enumerate(records):
+        p, r = len(rec.prompt_ids), len(rec.response_ids)
+        if len(rec.logprobs) != r:
+            raise RolloutFormatError(f"{len(rec.logprobs)} logprobs for {r} tokens",
+                                     field="logprobs", record=i)
+        input_ids[i, P - p : P] = torch.tensor(rec.prompt_ids, dtype=torch.long)
+        input_ids[i, P : P + r] = torch.tensor(rec.response_ids, dtype=torch.long)
+        attention_mask[i, P - p : P + r] = 1
+        response_mask[i, :r] = True
+        rollout_logprobs[i, :r] = torch.tensor(rec.logprobs, dtype=torch.float64)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0),
+        "response_mask": response_mask,
+        "rollout_logprobs": rollout_logprobs,
+        "temperature": torch.tensor([r.temperature for r in records], dtype=torch.float64),
+        "top_p": torch.tensor([r.top_p for r in records], dtype=torch.float64),
+        "top_k": torch.tensor([r.top_k for r in records], dtype=torch.long),
+        "response_start": P,
+    }
