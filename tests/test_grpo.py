@@ -185,3 +185,79 @@ def test_config_yaml_and_overrides(tmp_path):
 def _write(path, text):
     path.write_text(text)
     return path
+
+
+# ------------------------------------------------------------------------------- run log and collapse
+
+
+def _history(k3, reward, grad):
+    return [{"step": i, "mismatch/k3": a, "reward/mean": r, "train/grad_norm": g}
+            for i, (a, r, g) in enumerate(zip(k3, reward, grad))]
+
+
+def test_collapse_signal_is_reported_on_the_step_it_fires():
+    from rla.rl.trainer import collapse_fields
+
+    cfg = TrainConfig()
+    steady = _history([1e-4] * 8, [0.5] * 8, [1.0] * 8)
+    assert collapse_fields(steady, cfg) == {"collapse/fired": False, "collapse/kinds": []}
+    # k3 grows 20x while the 5-step mean reward falls from 0.8: METRICS.md's collapse signal
+    k3 = [1e-4] * 6 + [2e-3] * 4
+    reward = [0.8] * 6 + [0.5, 0.2, 0.1, 0.0]
+    hist = _history(k3, reward, [1.0] * 10)
+    fields = [collapse_fields(hist[: t + 1], cfg) for t in range(10)]
+    fired = [t for t, f in enumerate(fields) if f["collapse/fired"]]
+    assert fired and fired[0] >= 6
+    assert "k3_spike" in fields[fired[0]]["collapse/kinds"] and "reward_falling" in fields[fired[0]]["collapse/kinds"]
+    assert "step-0" in fields[fired[0]]["collapse/message"]
+    # an fp16 step with every update skipped (grad norm NaN) is not a collapse by itself
+    skipped = _history([1e-5] * 6, [0.5] * 6, [1.0, float("nan"), 1.0, 1.0, 1.0, 1.0])
+    assert not any(collapse_fields(skipped[: t + 1], cfg)["collapse/fired"] for t in range(6))
+
+
+def test_run_log_rewrites_steps_after_the_resume_point_and_summarises(tmp_path):
+    from rla.rl.runlog import RunLog, read_log, summarize
+
+    log = RunLog(tmp_path)
+    for rec in _history([1e-3, 2e-3, 3e-3], [0.1, 0.2, 0.3], [1.0, float("nan"), 2.0]):
+        log.write({**rec, "collapse/fired": rec["step"] == 2, "time/step_s": 1.0})
+    log.close()
+    with open(tmp_path / "log.jsonl", "a") as f:
+        f.write('{"step": 3, "reward/me')  # torn by a kill
+    assert [r["step"] for r in read_log(tmp_path / "log.jsonl")] == [0, 1, 2]
+    assert math.isnan(read_log(tmp_path / "log.jsonl")[1]["train/grad_norm"])
+    log = RunLog(tmp_path, start_step=2)  # resuming from the checkpoint after step 2
+    assert [r["step"] for r in read_log(tmp_path / "log.jsonl")] == [0, 1]
+    log.close()
+    s = summarize(read_log(tmp_path / "log.jsonl") + [{"step": 2, "reward/mean": 0.0, "mismatch/k3": 1.0,
+                                                         "collapse/fired": True, "collapse/kinds": ["k3_spike"]}], window=2)
+    assert s["step0"]["k3"] == 1e-3 and s["final_reward"] == 0.1 and s["best_reward"] == pytest.approx(0.15)
+    assert s["collapse_events"] == [{"step": 2, "kinds": ["k3_spike"]}] and s["first_collapse_step"] == 2
+
+
+def test_tensorboard_is_optional(tmp_path):
+    from rla.rl.runlog import RunLog
+
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        with pytest.raises(ValueError, match="pip install tensorboard"):
+            RunLog(tmp_path, tensorboard=True)
+    else:
+        log = RunLog(tmp_path, tensorboard=True)
+        log.write({"step": 0, "reward/mean": 0.5})
+        log.close()
+        assert any((tmp_path / "tb").iterdir())
+
+
+def test_plot_draws_every_arm(tmp_path):
+    from rla.rl.plots import plot_arms
+
+    logs = {arm: [_history([s * 1e-4 * (1 + i) for i in range(6)], [0.1 * i for i in range(6)], [1.0] * 6)
+                  for s in (1, 2, 3)] for arm in ("bf16", "aligned")}
+    logs["aligned"][0][2]["collapse/fired"] = True
+    for runs in logs["aligned"]:  # a bitwise-aligned arm: exact zeros on the log axis
+        for r in runs:
+            r["mismatch/k3"] = 0.0
+    path = plot_arms(logs, tmp_path / "p.png", title="test")
+    assert path.stat().st_size > 10_000

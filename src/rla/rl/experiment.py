@@ -136,9 +136,10 @@ def load_grid(path: str | Path) -> Grid:
 # ----------------------------------------------------------------------------------------- running
 
 
-def _is_finished(run_dir: Path) -> bool:
+def _is_finished(run_dir: Path, steps: int) -> bool:
+    """True when the run's summary says it reached ``steps`` (a grid may raise steps later)."""
     try:
-        return bool(json.loads((run_dir / "summary.json").read_text()).get("finished"))
+        return int(json.loads((run_dir / "summary.json").read_text()).get("step", 0)) >= steps
     except (OSError, ValueError):
         return False
 
@@ -253,7 +254,7 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
     todo = []
     for i, s in enumerate(specs):
         run_dir = Path(s.config.out_dir)
-        if _is_finished(run_dir):
+        if _is_finished(run_dir, s.config.steps):
             continue
         if not Path(s.config.init).exists() and s.config.init not in ("bundled", "random"):
             say(f"[yellow]{s.name}: its warm start {s.config.init} is missing (failed or out of time); skipped[/]")
@@ -336,7 +337,7 @@ def summarize_grid(out: str | Path, grid: Grid | None = None) -> dict:
         records = read_log(run_dir / "log.jsonl")
         summ = summarize(records, s.config.collapse_window)
         runs.append({"name": s.name, "model": s.model, "arm": s.arm, "seed": s.seed,
-                     "finished": _is_finished(run_dir), "planned_steps": s.config.steps, **summ})
+                     "finished": _is_finished(run_dir, s.config.steps), "planned_steps": s.config.steps, **summ})
         by_model.setdefault(s.model, {}).setdefault(s.arm, []).append(records)
     arms = []
     for model in grid.models:

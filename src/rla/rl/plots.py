@@ -8,6 +8,7 @@ exact zeros (a bitwise-aligned arm) cannot be drawn on a log axis and are noted 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,8 @@ def plot_arms(arms: dict[str, list[list[dict[str, Any]]]], path: str | Path, tit
                 if zeros > 0:
                     label += f", {zeros:.0%} exact zeros"
                 stack = np.where(stack > 0, stack, np.nan)
-            with np.errstate(all="ignore"):
+            with warnings.catch_warnings():  # all-NaN columns (exact zeros on a log axis) stay NaN
+                warnings.simplefilter("ignore", RuntimeWarning)
                 mean = np.nanmean(stack, axis=0)
                 lo, hi = np.nanmin(stack, axis=0), np.nanmax(stack, axis=0)
             ax.plot(steps, mean, color=color, label=label, lw=1.6)

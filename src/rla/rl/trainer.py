@@ -46,7 +46,7 @@ from rla.rl.grpo import aggregation_weights, group_advantages, importance_weight
 from rla.rl.precision import Policy
 from rla.rl.runlog import RunLog, summarize
 
-__all__ = ["Trainer", "train", "build_task", "warm_start", "derive_seed", "resolve_device"]
+__all__ = ["Trainer", "train", "build_task", "warm_start", "derive_seed", "resolve_device", "collapse_fields"]
 
 
 def derive_seed(*parts: int) -> int:
@@ -66,6 +66,8 @@ def resolve_device(name: str, dist: Dist | None = None) -> torch.device:
             raise ValueError(f"device={name!r} but CUDA is not available; use device=cpu")
         if dist is not None and dist.fsdp:
             device = torch.device("cuda", dist.local_rank)
+        elif device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     return device
 
@@ -268,6 +270,8 @@ class Trainer:
 
             sd = get_optimizer_state_dict(self.policy.forward, self.optimizer,
                                           options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if not sd:  # full state dicts with cpu_offload live on rank 0 only
+                return {}, []
             state = {k[len("lm."):]: v for k, v in sd["state"].items()}
             return state, sd["param_groups"]
         sd = self.optimizer.state_dict()
@@ -470,7 +474,7 @@ class Trainer:
 
     def _record(self, k: int, ro: Rollouts, upd: dict, times: dict) -> dict[str, Any] | None:
         """Gather this step's numbers to rank 0 and build its log line (None on other ranks)."""
-        from rla.metrics import collapse_signal, mismatch
+        from rla.metrics import mismatch
 
         acc = torch.tensor([upd["acc"][key] for key in ("clipped", "tokens", "ratio_sum", "is_sum", "nonfinite")],
                            dtype=torch.float64, device=self.device)
@@ -521,21 +525,7 @@ class Trainer:
         if keep:
             train_lp, roll_lp, mask, lens = _padded([before[i] for i in keep], [mu[i] for i in keep])
             rec.update(mismatch(train_lp, roll_lp, mask, response_lengths=lens))
-        # collapse signal over the whole history (METRICS.md), reported on the step it fires
-        hist = self.runlog.history + [rec]
-        k3 = [h.get("mismatch/k3", float("nan")) for h in hist]
-        gn = _fill_forward([h.get("train/grad_norm", float("nan")) for h in hist])
-        rw = [h["reward/mean"] for h in hist]
-        fired = []
-        if math.isfinite(k3[0]):
-            cfg = self.cfg
-            fired = [e for e in collapse_signal(k3, gn, rw, k3_factor=cfg.collapse_k3_factor,
-                                                grad_factor=cfg.collapse_grad_factor, window=cfg.collapse_window,
-                                                reward_drop=cfg.collapse_reward_drop) if e.step == len(hist) - 1]
-        rec["collapse/fired"] = bool(fired)
-        rec["collapse/kinds"] = sorted({kind for e in fired for kind in e.kinds})
-        if fired:
-            rec["collapse/message"] = "; ".join(e.message for e in fired)
+        rec.update(collapse_fields(self.runlog.history + [rec], self.cfg))
         rec.update(times)
         return rec
 
@@ -613,6 +603,29 @@ class Trainer:
             self.runlog.close()
         if self.dist.active:
             torch.distributed.destroy_process_group()
+
+
+def collapse_fields(history: list[dict[str, Any]], cfg: TrainConfig) -> dict[str, Any]:
+    """METRICS.md's collapse signal for the last record of ``history`` (the current step).
+
+    ``rla.metrics.collapse_signal`` over the run's k3, grad-norm and reward series; the signal is
+    reported on the step it fires. Grad norms of steps whose updates were all skipped (fp16
+    overflow) repeat the last value rather than counting as a non-finite grad norm.
+    """
+    from rla.metrics import collapse_signal
+
+    k3 = [h.get("mismatch/k3", float("nan")) for h in history]
+    fired = []
+    if k3 and math.isfinite(k3[0]):
+        gn = _fill_forward([h.get("train/grad_norm", float("nan")) for h in history])
+        rw = [h["reward/mean"] for h in history]
+        events = collapse_signal(k3, gn, rw, k3_factor=cfg.collapse_k3_factor, grad_factor=cfg.collapse_grad_factor,
+                                 window=cfg.collapse_window, reward_drop=cfg.collapse_reward_drop)
+        fired = [e for e in events if e.step == len(history) - 1]
+    out: dict[str, Any] = {"collapse/fired": bool(fired), "collapse/kinds": sorted({k for e in fired for k in e.kinds})}
+    if fired:
+        out["collapse/message"] = "; ".join(e.message for e in fired)
+    return out
 
 
 def _padded(train: list[np.ndarray], rollout: list[np.ndarray]):
