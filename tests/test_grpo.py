@@ -85,6 +85,10 @@ def test_aggregation_weights():
     assert torch.allclose(sm, 1 / (lengths.double() * 3))
     # every sequence's tokens sum to 1/3 under seq-mean: each sequence weighs the same
     assert torch.allclose(sm * lengths, torch.full((3,), 1 / 3, dtype=torch.float64))
+    # a micro-batch of a larger mini-batch (or one rank's share) weighs by the global totals
+    part = aggregation_weights(lengths[:2], "token-mean", n_tokens=10, n_seqs=3)
+    assert torch.allclose(part, tm[:2])
+    assert torch.allclose(aggregation_weights(lengths[:2], "seq-mean-token-mean", 10, 3), sm[:2])
 
 
 def test_importance_weights_tis_and_mis_follow_verl_and_trl():

@@ -68,19 +68,23 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
     return adv.reshape(-1)
 
 
-def aggregation_weights(lengths: torch.Tensor, mode: str) -> torch.Tensor:
+def aggregation_weights(lengths: torch.Tensor, mode: str, n_tokens: float | None = None,
+                        n_seqs: float | None = None) -> torch.Tensor:
     """Per-sequence weight of each of its tokens so that ``sum_t w_t loss_t`` is the aggregate.
 
-    ``lengths``: response lengths of every sequence in the mini-batch (all ranks). ``token-mean``:
-    ``1 / sum(lengths)``; ``seq-mean-token-mean``: ``1 / (L_i * n_seqs)``. Returned per sequence.
+    ``lengths``: response lengths of the sequences at hand; ``n_tokens`` / ``n_seqs``: totals
+    over the whole mini-batch (all micro-batches, all ranks), by default those of ``lengths``.
+    ``token-mean``: ``1 / n_tokens``; ``seq-mean-token-mean``: ``1 / (L_i * n_seqs)``.
     """
     lengths = torch.as_tensor(lengths, dtype=torch.float64)
     if (lengths < 1).any():
         raise ValueError("every sequence needs at least one response token")
+    n_tokens = float(lengths.sum()) if n_tokens is None else float(n_tokens)
+    n_seqs = float(lengths.numel()) if n_seqs is None else float(n_seqs)
     if mode == "token-mean":
-        return torch.full_like(lengths, 1.0 / float(lengths.sum()))
+        return torch.full_like(lengths, 1.0 / n_tokens)
     if mode == "seq-mean-token-mean":
-        return 1.0 / (lengths * lengths.numel())
+        return 1.0 / (lengths * n_seqs)
     raise ValueError(f"unknown loss aggregation {mode!r}")
 
 

@@ -109,15 +109,17 @@ def _mean(xs):
 def summarize(records: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:
     """One run's summary from its log: step-0 mismatch, mismatch over training, rewards, collapse.
 
-    ``final_reward``: mean reward over the last ``window`` steps; ``best_reward``: the best mean
-    over ``window`` consecutive steps. ``step0``: the first step's mismatch metrics (the
+    ``reward_first`` / ``final_reward``: mean reward over the first / last ``window`` steps;
+    ``best_reward``: the best mean over ``window`` consecutive steps. ``step0``: the first step's mismatch metrics (the
     training forward before any update against the rollouts of the initial weights).
     """
     if not records:
         return {"steps": 0}
     first = records[0]
     rewards = [r.get("reward/mean", float("nan")) for r in records]
-    smooth = [_mean(rewards[max(0, i - window + 1) : i + 1]) for i in range(len(rewards))]
+    # means over full windows only (a run shorter than the window: over what there is)
+    w = min(window, len(rewards))
+    smooth = [_mean(rewards[i - w + 1 : i + 1]) for i in range(w - 1, len(rewards))]
     events = [
         {"step": r["step"], "kinds": r.get("collapse/kinds", [])} for r in records if r.get("collapse/fired")
     ]
@@ -140,7 +142,7 @@ def summarize(records: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:
             "k3": records[-1].get("mismatch/k3"),
             "abs_mean": records[-1].get("mismatch/abs/mean"),
         },
-        "reward_first": smooth[min(window, len(smooth)) - 1],
+        "reward_first": smooth[0],
         "final_reward": _mean(rewards[-window:]),
         "best_reward": max((s for s in smooth if s is not None), default=None),
         "collapse_events": events,

@@ -436,10 +436,8 @@ class Trainer:
                         loss_t, clipped, ratio = per_token_loss(
                             lp_safe, old, adv, algorithm=cfg.algorithm, clip_low=cfg.clip_eps,
                             clip_high=cfg.clip_high, weights=w_is)
-                        if cfg.loss_agg == "token-mean":
-                            agg = torch.full_like(loss_t, 1.0 / tokens_all)
-                        else:
-                            agg = (1.0 / (lengths[seqs].double() * seqs_all)).float().to(self.device)[pos]
+                        agg = aggregation_weights(lengths[seqs], cfg.loss_agg, tokens_all, seqs_all)
+                        agg = agg.to(device=self.device, dtype=loss_t.dtype)[pos]
                         loss = (loss_t * agg * finite).sum()
                         fin = finite.float()
                         acc["clipped"] += float((clipped.float() * fin).sum())
