@@ -1,0 +1,35 @@
+"""Per-op benchmark (GPU). Same as ``rla bench ops``; see ``rla.bench.ops``.
+
+``--config tuned.json`` (from ``tune_fused.py``) sets kernel launch parameters before the run; the
+values used are recorded in the results.
+"""
+
+import importlib
+import json
+import sys
+
+from rla.commands.bench import add_arguments, run
+
+
+def apply_config(path):
+    with open(path) as f:
+        cfg = json.load(f)
+    for module, attrs in cfg.items():
+        mod = importlib.import_module(module)
+        for k, v in attrs.items():
+            setattr(mod, k, v)
+    print("launch config:", json.dumps(cfg))
+    return cfg
+
+
+if __name__ == "__main__":
+    import argparse
+
+    argv = sys.argv[1:]
+    if "--config" in argv:
+        i = argv.index("--config")
+        apply_config(argv[i + 1])
+        del argv[i : i + 2]
+    p = argparse.ArgumentParser(description=__doc__)
+    add_arguments(p)
+    sys.exit(run(p.parse_args(["ops", *argv])))

@@ -1,0 +1,126 @@
+"""Timing, environment stamp and result files shared by the benchmarks.
+
+Timing follows the usual rules for memory-bound kernels: CUDA events around the timed region
+only, the L2 cache (60 MB on an H200) flushed before every repetition by writing a 256 MB
+buffer, warm-up runs first (Triton and Inductor compile there), median of the repetitions.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import shlex
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+_FLUSH: dict[torch.device, torch.Tensor] = {}
+
+
+def flush_l2(device: torch.device) -> None:
+    buf = _FLUSH.get(device)
+    if buf is None:
+        buf = _FLUSH[device] = torch.empty(256 * 2**20, dtype=torch.int8, device=device)
+    buf.zero_()
+
+
+def time_ms(
+    fn: Callable[[Any], Any],
+    setup: Callable[[], Any] = lambda: None,
+    *,
+    warmup: int = 3,
+    reps: int = 20,
+    device: torch.device | None = None,
+) -> float:
+    """Median milliseconds of ``fn(setup())``; ``setup`` (untimed) prepares each repetition."""
+    device = device or torch.device("cuda")
+    for _ in range(warmup):
+        fn(setup())
+    torch.cuda.synchronize(device)
+    times = []
+    for _ in range(reps):
+        state = setup()
+        flush_l2(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(state)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+        del state
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbs(device: torch.device, nbytes: int = 2 * 2**30, reps: int = 20) -> float:
+    """Device-to-device copy rate in GB/s, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda _: dst.copy_(src), reps=reps, device=device)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def environment(device: torch.device | None = None) -> dict[str, Any]:
+    """GPU, versions, date and command line: the stamp every results file carries."""
+    env: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    for mod in ("triton", "transformers", "liger_kernel"):
+        try:
+            m = __import__(mod)
+            env[mod] = getattr(m, "__version__", None) or _dist_version(mod)
+        except Exception:
+            env[mod] = None
+    env["rla_launch"] = launch_config()
+    if torch.cuda.is_available():
+        d = device or torch.device("cuda")
+        p = torch.cuda.get_device_properties(d)
+        env["gpu"] = p.name
+        env["gpu_memory_gib"] = round(p.total_memory / 2**30, 1)
+        env["sm_count"] = p.multi_processor_count
+    return env
+
+
+def launch_config() -> dict:
+    """The fused kernels' launch parameters in effect (module -> name -> value)."""
+    out = {}
+    try:
+        from rla.ops import _triton_norm, _triton_rope, _triton_swiglu
+    except ImportError:
+        return out
+    for mod in (_triton_swiglu, _triton_rope, _triton_norm):
+        out[mod.__name__] = {k: v for k, v in vars(mod).items() if k.isupper() and isinstance(v, (int, str, type(None)))}
+    return out
+
+
+def _dist_version(mod: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(mod.replace("_", "-"))
+    except PackageNotFoundError:
+        return None
+
+
+def write_results(out_dir: str | Path, stem: str, payload: dict, markdown: str) -> tuple[Path, Path]:
+    """Write ``<stem>.json`` and ``<stem>.md`` under ``out_dir``; returns both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    jp, mp = out / f"{stem}.json", out / f"{stem}.md"
+    jp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    mp.write_text(markdown)
+    return jp, mp
+
+
+def env_markdown(env: dict) -> str:
+    keys = ("gpu", "date", "torch", "cuda", "triton", "transformers", "liger_kernel", "command")
+    return "\n".join(f"- {k}: `{env.get(k)}`" for k in keys) + "\n"

@@ -1,0 +1,287 @@
+"""End-to-end benchmark: one training step (forward + loss + backward) of a Qwen2.5-shaped model.
+
+Random init from a config (no download), sdpa attention, next-token loss on random tokens.
+Variants, each timed in the same process:
+  hf-bf16       HF transformers eager in bf16 (the baseline)
+  rla-vllm      bf16, the three regions aligned to the ``vllm`` profile through ``rla``
+  rla-sglang    same, ``sglang`` profile (fp32 cos/sin)
+  naive-upcast  bf16, the three regions computed by eager fp32 upcasts (vllm numbers, unfused)
+  fp16, fp32    the whole model in that dtype, no patch (fp32 at a batch that fits)
+
+How the regions are aligned: with ``rla.align(model, profile)`` when the package has it.
+Otherwise (and always for naive-upcast) by ``_patch_qwen2`` below, a benchmark-only patch of
+the HF Qwen2 modules: rotary embedding returns fp32 cos/sin, ``apply_rotary_pos_emb`` -> rope,
+the MLP -> swiglu, and each decoder layer fuses its two residual adds with the following norm
+(the post-attention norm, and the next layer's input norm / the final norm, handed over through
+a one-slot stash keyed by the residual tensor). It is undone after the variant.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import types
+from typing import Callable
+
+import torch
+
+from rla.bench.common import env_markdown, environment, write_results
+
+MODELS = {
+    "qwen2.5-1.5b": dict(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+        num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": dict(
+        hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False,
+    ),
+}
+
+#: (batch, seq) per model and variant; fp32 (and, for 7B, everything) at what fits in 141 GB.
+BATCH = {
+    "qwen2.5-1.5b": {"default": (4, 4096), "fp32": (2, 4096)},
+    "qwen2.5-7b": {"default": (1, 4096), "fp32": (1, 2048)},
+}
+
+VARIANTS = ("hf-bf16", "rla-vllm", "rla-sglang", "naive-upcast", "fp16", "fp32")
+
+
+def build_model(name: str, dtype: torch.dtype, device="cuda"):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(
+        **MODELS[name], max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6}, use_cache=False,
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
+        except TypeError:
+            model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", torch_dtype=dtype)
+    model.train()
+    return model
+
+
+# ---- region implementations the fallback patch plugs in ------------------------------------
+
+
+class _RlaRegions:
+    def __init__(self, profile: str):
+        from rla import ops
+
+        self.ops, self.profile = ops, profile
+
+    def rope(self, q, k, cos, sin):
+        return self.ops.rope(q, k, cos, sin, self.profile)
+
+    def swiglu(self, g, u):
+        return self.ops.swiglu(g, u, self.profile)
+
+    def rms_norm(self, x, w, eps):
+        return self.ops.rms_norm(x, w, eps, self.profile)
+
+    def add_rms_norm(self, x, r, w, eps):
+        return self.ops.add_rms_norm(x, r, w, eps, self.profile)
+
+
+class _NaiveRegions:
+    """The vllm profile's numbers by plain eager fp32 upcasts (every intermediate in memory)."""
+
+    def rope(self, q, k, cos, sin):
+        from rla.bench.ops import naive_rope
+
+        return naive_rope(q, k, cos, sin)
+
+    def swiglu(self, g, u):
+        from rla.bench.ops import naive_swiglu
+
+        return naive_swiglu(g, u)
+
+    def rms_norm(self, x, w, eps):
+        v = x.float()
+        return (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+    def add_rms_norm(self, x, r, w, eps):
+        from rla.bench.ops import naive_add_rms_norm
+
+        return naive_add_rms_norm(x, r, w, eps)
+
+
+def _patch_qwen2(model, regions) -> Callable[[], None]:
+    """Benchmark-only patch of a Qwen2ForCausalLM onto ``regions``; returns the undo function."""
+    import transformers.models.qwen2.modeling_qwen2 as mq
+
+    inner = model.model
+    layers = list(inner.layers)
+    stash: dict = {}
+    patched: list = []
+    orig_apply = mq.apply_rotary_pos_emb
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        return regions.rope(q, k, cos, sin)
+
+    mq.apply_rotary_pos_emb = apply_rotary_pos_emb
+
+    rot = inner.rotary_emb
+    rot_forward = rot.forward
+    rot.forward = lambda x, position_ids: rot_forward(x[..., :0].float(), position_ids)  # fp32 cos/sin
+    patched.append(rot)
+
+    def norm_of(hidden, norm):
+        hit = stash.pop("pending", None)
+        if hit is not None and hit[0] is hidden:
+            return hit[1]
+        return regions.rms_norm(hidden, norm.weight, norm.variance_epsilon)
+
+    for i, layer in enumerate(layers):
+        mlp = layer.mlp
+        mlp.forward = types.MethodType(
+            lambda self, x: self.down_proj(regions.swiglu(self.gate_proj(x), self.up_proj(x))), mlp
+        )
+        nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else inner.norm
+
+        def layer_forward(self, hidden_states, *args, _next=nxt, **kwargs):
+            normed = norm_of(hidden_states, self.input_layernorm)
+            attn, _ = self.self_attn(normed, *args, **kwargs)
+            ln = self.post_attention_layernorm
+            normed, residual = regions.add_rms_norm(attn, hidden_states, ln.weight, ln.variance_epsilon)
+            out = self.mlp(normed)
+            normed_next, residual = regions.add_rms_norm(out, residual, _next.weight, _next.variance_epsilon)
+            stash["pending"] = (residual, normed_next)
+            return residual
+
+        layer.forward = types.MethodType(layer_forward, layer)
+        patched += [mlp, layer]
+
+    inner.norm.forward = types.MethodType(lambda self, h: norm_of(h, self), inner.norm)
+    patched.append(inner.norm)
+
+    def undo():
+        mq.apply_rotary_pos_emb = orig_apply
+        for m in patched:
+            m.__dict__.pop("forward", None)
+        stash.clear()
+
+    return undo
+
+
+def _align(model, variant: str) -> tuple[Callable[[], None], str]:
+    """Apply a variant's region implementation; -> (undo, how)."""
+    if variant == "naive-upcast":
+        return _patch_qwen2(model, _NaiveRegions()), "benchmark patch (naive fp32 upcasts)"
+    profile = variant.split("-", 1)[1]
+    try:
+        import rla
+
+        align = getattr(rla, "align", None)
+        align = getattr(align, "align", align)
+        unalign = getattr(rla, "unalign", None)
+        if callable(align) and callable(unalign):
+            align(model, profile)
+            return (lambda: unalign(model)), f"rla.align(model, {profile!r})"
+    except ImportError:
+        pass
+    return _patch_qwen2(model, _RlaRegions(profile)), f"benchmark patch onto rla.ops ({profile})"
+
+
+def _time_steps(model, batch: int, seq: int, warmup: int, reps: int) -> dict:
+    device = next(model.parameters()).device
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq), device=device)
+
+    def step():
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return loss
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.reset_peak_memory_stats()
+    times, losses = [], []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        loss = step()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+        losses.append(loss.item())
+    ms = statistics.median(times)
+    return {
+        "batch": batch, "seq": seq, "step_ms": ms, "tok_s": batch * seq / (ms * 1e-3),
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "loss": losses[-1],
+    }
+
+
+def run(out_dir="benchmarks/results", models=("qwen2.5-1.5b", "qwen2.5-7b"), variants=VARIANTS,
+        warmup: int = 2, reps: int = 5, stem=None) -> dict:
+    env = environment()
+    results = []
+    for name in models:
+        by_dtype = {"fp16": torch.float16, "fp32": torch.float32}
+        groups = [(torch.bfloat16, [v for v in variants if v not in by_dtype])]
+        groups += [(by_dtype[v], [v]) for v in variants if v in by_dtype]
+        for dtype, group in groups:
+            if not group:
+                continue
+            model = build_model(name, dtype)
+            for variant in group:
+                batch, seq = BATCH[name].get(variant, BATCH[name]["default"])
+                undo, how = (lambda: None), "none"
+                try:
+                    if variant.startswith("rla-") or variant == "naive-upcast":
+                        undo, how = _align(model, variant)
+                    r = _time_steps(model, batch, seq, warmup, reps)
+                except torch.cuda.OutOfMemoryError as e:
+                    r = {"batch": batch, "seq": seq, "error": f"OOM: {str(e)[:160]}"}
+                except Exception as e:
+                    r = {"batch": batch, "seq": seq, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+                finally:
+                    undo()
+                    model.zero_grad(set_to_none=True)
+                    gc.collect()
+                    torch.cuda.empty_cache()
+                r.update(model=name, variant=variant, aligned_by=how)
+                results.append(r)
+                print(f"{name:13s} {variant:13s} " + (
+                    f"B{batch}xS{seq}  {r['tok_s']:9.0f} tok/s  step {r['step_ms']:.1f} ms  "
+                    f"peak {r['peak_gib']:.1f} GiB  loss {r['loss']:.3f}  [{how}]"
+                    if "error" not in r else r["error"]), flush=True)
+            del model
+            gc.collect()
+            torch.cuda.empty_cache()
+    payload = {"env": env, "warmup": warmup, "reps": reps, "results": results}
+    md = markdown(payload)
+    print(md, flush=True)
+    write_results(out_dir, stem or f"e2e_{env.get('gpu', 'gpu').replace(' ', '_')}_{env['date'][:10]}", payload, md)
+    return payload
+
+
+def markdown(payload: dict) -> str:
+    lines = [f"# rla end-to-end training step ({payload['env'].get('gpu')})\n", env_markdown(payload["env"]),
+             "Random-init Qwen2.5-shaped models, sdpa, forward + loss + backward (no optimizer), "
+             f"median of {payload['reps']} steps after {payload['warmup']} warm-up; peak = max allocated.\n",
+             "| model | variant | batch x seq | tok/s | vs hf-bf16 | peak GiB | vs hf-bf16 | aligned by |",
+             "|---|---|---|---|---|---|---|---|"]
+    base = {r["model"]: r for r in payload["results"] if r["variant"] == "hf-bf16" and "error" not in r}
+    for r in payload["results"]:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['variant']} | {r['batch']}x{r['seq']} | {r['error'][:60]} | | | | |")
+            continue
+        b = base.get(r["model"])
+        lines.append(
+            f"| {r['model']} | {r['variant']} | {r['batch']}x{r['seq']} | {r['tok_s']:.0f} | "
+            f"{r['tok_s'] / b['tok_s']:.3f} | {r['peak_gib']:.1f} | "
+            f"{(r['peak_gib'] / b['peak_gib']) if (b and (r['batch'], r['seq']) == (b['batch'], b['seq'])) else float('nan'):.3f} | "
+            f"{r['aligned_by']} |" if b else
+            f"| {r['model']} | {r['variant']} | {r['batch']}x{r['seq']} | {r['tok_s']:.0f} | | {r['peak_gib']:.1f} | | {r['aligned_by']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()

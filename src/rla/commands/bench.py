@@ -1,0 +1,55 @@
+"""``rla bench``: time the aligned ops and an aligned training step on this GPU.
+
+  rla bench ops   per-op: HF eager, naive upcast, torch.compile, Liger, rla (fwd, bwd, peak, GB/s)
+  rla bench e2e   training step of Qwen2.5-1.5B/7B shapes: HF bf16, rla (vllm, sglang), naive,
+                  fp16, fp32
+  rla bench all   both
+
+Results (JSON + Markdown, stamped with GPU, versions, date and command) go to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+HELP = "benchmark the fused ops and an aligned training step (CUDA)"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``bench`` on an argparse subparsers object (for CLIs other than ``rla.cli``)."""
+    p = subparsers.add_parser("bench", help=HELP, description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("what", nargs="?", choices=("ops", "e2e", "all"), default="ops")
+    p.add_argument("--out", default="benchmarks/results", help="folder for the result files")
+    p.add_argument("--tokens", type=int, default=16384, help="tokens per op benchmark (ops)")
+    p.add_argument("--reps", type=int, default=20, help="timed repetitions per measurement (ops)")
+    p.add_argument("--only", nargs="*", choices=("swiglu", "add_rms_norm", "rope"), help="ops subset")
+    p.add_argument("--models", nargs="*", default=["qwen2.5-1.5b", "qwen2.5-7b"],
+                   choices=("qwen2.5-1.5b", "qwen2.5-7b"), help="e2e model shapes")
+    p.add_argument("--variants", nargs="*", default=None,
+                   help="e2e variants (default: hf-bf16 rla-vllm rla-sglang naive-upcast fp16 fp32)")
+    p.add_argument("--steps", type=int, default=5, help="timed training steps per variant (e2e)")
+
+
+def run(args) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("rla bench needs a CUDA GPU; none is visible here.")
+        return 2
+    if args.what in ("ops", "all"):
+        from rla.bench import ops
+
+        ops.run(out_dir=args.out, tokens=args.tokens, reps=args.reps, only=args.only)
+    if args.what in ("e2e", "all"):
+        from rla.bench import e2e
+
+        e2e.run(out_dir=args.out, models=tuple(args.models),
+                variants=tuple(args.variants) if args.variants else e2e.VARIANTS, reps=args.steps)
+    return 0

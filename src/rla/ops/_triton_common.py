@@ -1,0 +1,74 @@
+"""Shared pieces of the Triton kernels: exact fp32 math and launch helpers.
+
+The spec (ROUNDING.md) writes every fp32 step as one IEEE operation. Three Triton defaults would
+break that, so every kernel here is compiled and called through this module:
+
+- contraction: LLVM/ptxas fuse ``a*b + c`` into one FMA (a single rounding instead of two) unless
+  the kernel is compiled with ``enable_fp_fusion=False`` -- ``LAUNCH_OPTS`` below; every launch
+  passes it;
+- division: Triton's fp32 ``/`` is ``div.full.f32`` (about 2 ulp); PyTorch's CUDA kernels use the
+  IEEE division (``div.rn``): ``div_rn``;
+- exp: ``tl.exp`` is ``ex2.approx`` on a scaled argument; PyTorch's CUDA ``F.silu`` and
+  ``torch.sigmoid`` call ``expf`` from CUDA's math library, which is libdevice's ``__nv_expf``:
+  ``exp``. ``rsqrt`` is libdevice's ``__nv_rsqrtf``, the function ``torch.rsqrt`` calls.
+
+Under ``TRITON_INTERPRET=1`` (logic checks on a CPU) libdevice does not exist; the same names then
+map to ``tl`` ops, which are exact in numpy but not bit-identical to CUDA. Bitwise claims are
+only checked on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+#: Passed to every launch: no FMA contraction, so fp32 products and sums round one at a time.
+LAUNCH_OPTS: dict = {} if INTERPRET else {"enable_fp_fusion": False}
+
+if INTERPRET:
+
+    @triton.jit
+    def exp(x):
+        return tl.exp(x)
+
+    @triton.jit
+    def div_rn(a, b):
+        return a / b
+
+    @triton.jit
+    def rsqrt(x):
+        return 1.0 / tl.sqrt(x)
+
+else:
+    from triton.language.extra import libdevice
+
+    @triton.jit
+    def exp(x):
+        return libdevice.exp(x)
+
+    @triton.jit
+    def div_rn(a, b):
+        return libdevice.div_rn(a, b)
+
+    @triton.jit
+    def rsqrt(x):
+        return libdevice.rsqrt(x)
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def sm_count(device) -> int:
+    """Multiprocessor count of ``device`` (cached; 4 under the CPU interpreter)."""
+    import torch
+
+    if device.type != "cuda":
+        return 4
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]

@@ -1,0 +1,199 @@
+"""RMSNorm and residual-add + RMSNorm in Triton, forward and backward.
+
+Forward: one program per row (the hidden size fits one block: up to 64K columns). It reads x (and
+the residual r), writes the normalised row (and RN(x + r)) and one fp32 rstd per row for the
+backward. Backward: a persistent grid of a few programs per multiprocessor; each walks a slice of
+the rows, writes d_x (for add+norm, d_x = d_r, the same tensor is handed to both inputs) and keeps
+its share of d_weight in registers, summed over programs afterwards in fp32.
+
+Numerics (ROUNDING.md, ``norm.weight`` and ``norm.residual``):
+  v    = x                      (rms_norm)
+       = RN(x + r) or x + r      (add_rms_norm, rounded_sum or fp32_sum; the residual handed on
+                                  is RN(x + r) in both)
+  rstd = rsqrt(sum(v*v) * RN(1/N) + eps)   PyTorch's ``mean`` multiplies the sum by the fp32
+                                  factor 1/N; the summation order is Triton's tree, not PyTorch's,
+                                  so rstd may differ from the reference by an ulp (the issue allows
+                                  one lp ulp on the output; two under per_op, see fused.py)
+  w    = RN(weight) when the weight is fp32 and x is not (the engine's copy), else weight
+  out  = RN(w * RN(v*rstd))     (per_op)  or  RN((v*rstd) * w)  (fused)
+Backward, with n = v*rstd and every rounding straight-through:
+  d_v = rstd * (dy*w - n * mean(dy*w*n)) [+ d_residual],  d_w = sum over rows of dy*n.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rla.ops._triton_common import LAUNCH_OPTS, rsqrt, sm_count
+
+MAX_COLS = 65536
+#: Launch parameters, from benchmarks/tune_fused.py on an H200 at 16384 x 3584 bf16 (2026-11-29):
+#: forward 0.116 ms (1.06x the copy-bandwidth floor), backward 0.178 ms (1.30x).
+FWD_ROWS = 2  # rows per forward program
+FWD_WARPS: int | None = 4  # None: one warp per 512 columns, 4 to 32
+BWD_ROWS = 1  # rows per backward loop step
+BWD_WARPS: int | None = 8
+BWD_PROGRAMS_PER_SM = 4  # persistent backward grid; each keeps a d_weight row in registers
+BWD_STAGES = 2  # software pipelining of the row loop (loads of row i+1 in flight during row i)
+EVICT = ""  # no eviction hint: measured faster than evict_first on the H200
+
+
+def _fwd_warps(block: int) -> int:
+    return FWD_WARPS or max(4, min(32, block // 512))
+
+
+def _bwd_warps(block: int) -> int:
+    return BWD_WARPS or max(4, min(16, block // 256))
+
+
+@triton.jit
+def _norm_fwd_kernel(
+    x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, rstd_ptr,
+    M, N, inv_n, eps, sx, sr, sy, sres,
+    HAS_RES: tl.constexpr, FP32_SUM: tl.constexpr, PER_OP: tl.constexpr, ROUND_W: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr,
+):
+    lp: tl.constexpr = y_ptr.dtype.element_ty
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    rm = rows < M
+    cm = cols < N
+    mask = rm[:, None] & cm[None, :]
+    r2, c2 = rows[:, None], cols[None, :]
+    v = tl.load(x_ptr + r2 * sx + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
+    if HAS_RES:
+        r = tl.load(r_ptr + r2 * sr + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
+        total = v + r
+        new_res = total.to(lp)
+        tl.store(res_ptr + r2 * sres + c2, new_res, mask=mask)
+        if FP32_SUM:
+            v = total
+        else:
+            v = new_res.to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    if ROUND_W:
+        w = w.to(lp).to(tl.float32)
+    rstd = rsqrt(tl.sum(v * v, axis=1) * inv_n + eps)
+    tl.store(rstd_ptr + rows, rstd, mask=rm)
+    n = v * rstd[:, None]
+    if PER_OP:
+        y = w[None, :] * n.to(lp).to(tl.float32)
+    else:
+        y = n * w[None, :]
+    tl.store(y_ptr + r2 * sy + c2, y.to(lp), mask=mask)
+
+
+@triton.jit
+def _norm_bwd_kernel(
+    dy_ptr, dres_ptr, a_ptr, b_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
+    M, N, inv_n, rows_per_program, sdy, sdres, sa, sb, sdx,
+    HAS_DRES: tl.constexpr, HAS_B: tl.constexpr, ROUND_W: tl.constexpr, NEED_DW: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr, STAGES: tl.constexpr,
+):
+    lp: tl.constexpr = dy_ptr.dtype.element_ty  # the stack dtype (x may be an fp32 sum)
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    cm = cols < N
+    c2 = cols[None, :]
+    w = tl.load(w_ptr + cols, mask=cm, other=0.0).to(tl.float32)
+    if ROUND_W:
+        w = w.to(lp).to(tl.float32)
+    w = w[None, :]
+    dw = tl.zeros([BLOCK], dtype=tl.float32)
+    first = pid.to(tl.int64) * rows_per_program
+    for i in tl.range(0, rows_per_program, ROWS, num_stages=STAGES):
+        rows = first + i + tl.arange(0, ROWS)
+        rm = rows < M
+        mask = rm[:, None] & cm[None, :]
+        r2 = rows[:, None]
+        dy = tl.load(dy_ptr + r2 * sdy + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
+        v = tl.load(a_ptr + r2 * sa + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
+        if HAS_B:
+            v = v + tl.load(b_ptr + r2 * sb + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=rm, other=0.0)[:, None]
+        n = v * rstd
+        dyw = dy * w
+        c = tl.sum(dyw * n, axis=1) * inv_n
+        dv = rstd * (dyw - n * c[:, None])
+        if HAS_DRES:
+            dv = dv + tl.load(dres_ptr + r2 * sdres + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
+        tl.store(dx_ptr + r2 * sdx + c2, dv.to(dx_ptr.dtype.element_ty), mask=mask)
+        if NEED_DW:
+            dw += tl.sum(dy * n, axis=0)
+    if NEED_DW:
+        tl.store(dw_ptr + pid * N + cols, dw, mask=cm)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """[..., N] -> [M, N] with unit column stride (a view when possible)."""
+    t = t.reshape(-1, t.shape[-1])
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _check_cols(n: int) -> int:
+    if n > MAX_COLS:
+        raise ValueError(f"fused RMSNorm handles rows of at most {MAX_COLS} elements, got {n}")
+    return triton.next_power_of_2(max(n, 1))
+
+
+def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, lp=None):
+    """-> (y, new_residual or None, rstd [M] fp32). ``residual`` None means plain RMSNorm; ``lp``
+    (default x's dtype) is the output dtype, so an fp32 x can be read as an fp32 residual sum."""
+    lp = lp or x.dtype
+    N = x.shape[-1]
+    block = _check_cols(N)
+    x2 = _rows(x)
+    M = x2.shape[0]
+    y = torch.empty(x.shape, dtype=lp, device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    has_res = residual is not None
+    if has_res:
+        r2 = _rows(residual)
+        new_res = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    else:
+        r2, new_res = x2, y
+    if M:
+        y2, res2 = y.view(-1, N), new_res.view(-1, N)
+        rows = min(FWD_ROWS, triton.next_power_of_2(M))
+        _norm_fwd_kernel[(triton.cdiv(M, rows),)](
+            x2, r2, weight, y2, res2, rstd, M, N, 1.0 / N, eps,
+            x2.stride(0), r2.stride(0), y2.stride(0), res2.stride(0),
+            HAS_RES=has_res, FP32_SUM=fp32_sum, PER_OP=per_op,
+            ROUND_W=weight.dtype == torch.float32 and lp != torch.float32,
+            ROWS=rows, BLOCK=block, EV=EVICT, num_warps=_fwd_warps(block * rows), **LAUNCH_OPTS,
+        )
+    return y, (new_res if has_res else None), rstd
+
+
+def backward(dy, dres, a, b, weight, rstd, need_dw: bool):
+    """d_v (in a's dtype) and d_weight (weight's dtype, or None) for v = a (+ b); the stack
+    dtype is dy's."""
+    N = a.shape[-1]
+    block = _check_cols(N)
+    dy2, a2 = _rows(dy), _rows(a)
+    b2 = _rows(b) if b is not None else a2
+    dres2 = _rows(dres) if dres is not None else dy2
+    M = a2.shape[0]
+    dx = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    dx2 = dx.view(-1, N)
+    rows = min(BWD_ROWS, triton.next_power_of_2(max(M, 1)))
+    programs = max(1, min(triton.cdiv(M, rows), sm_count(a.device) * BWD_PROGRAMS_PER_SM))
+    rows_per_program = triton.cdiv(triton.cdiv(M, programs), rows) * rows
+    programs = max(1, triton.cdiv(M, rows_per_program))
+    dw_partial = torch.empty((programs, N), dtype=torch.float32, device=a.device) if need_dw else dx2
+    if M:
+        _norm_bwd_kernel[(programs,)](
+            dy2, dres2, a2, b2, weight, rstd, dx2, dw_partial,
+            M, N, 1.0 / N, rows_per_program,
+            dy2.stride(0), dres2.stride(0), a2.stride(0), b2.stride(0), dx2.stride(0),
+            HAS_DRES=dres is not None, HAS_B=b is not None,
+            ROUND_W=weight.dtype == torch.float32 and dy.dtype != torch.float32,
+            NEED_DW=need_dw, ROWS=rows, BLOCK=block, EV=EVICT, STAGES=BWD_STAGES,
+            num_warps=_bwd_warps(block * rows), **LAUNCH_OPTS,
+        )
+    dw = None
+    if need_dw:
+        dw = (dw_partial.sum(0) if M else torch.zeros(N, device=a.device)).to(weight.dtype)
+    return dx, dw

@@ -1,0 +1,382 @@
+"""The fused GPU path of the three regions: Triton kernels behind ``torch.library`` custom ops.
+
+Same functions and the same numbers as ``rla.ops.reference`` (bit for bit for RoPE and SwiGLU; for
+the norms the row sum is reduced in another order, so rstd may differ by one fp32 ulp: on the H200
+>= 99.998 % of outputs are equal, the rest one lp ulp apart, two under ``norm_weight="per_op"``
+where the rounded intermediate is then scaled by the weight), at
+the memory-bandwidth floor: each region reads its inputs once and writes its outputs once, in one
+kernel, forward and backward. ``rla.ops`` sends CUDA tensors here when :func:`available` says so;
+the reference stays the CPU path and the oracle the GPU tests compare against.
+
+Why Triton and not an Inductor-compiled reference: Inductor reaches the bandwidth floor too, but it
+contracts ``a*b + c`` into FMAs and uses its own ``exp`` (so its outputs are not the spec's
+one-op-at-a-time numbers), it recompiles per shape family, and it cannot run inside a model that
+is not itself compiled. The kernels here are compiled with contraction off and call libdevice's
+``expf``/``div.rn``/``rsqrtf``, the functions PyTorch's own CUDA kernels use (``_triton_common``).
+
+Two doors to the same launchers. Under ``torch.compile`` each op is a ``torch.library.custom_op``
+with ``register_fake`` (shapes for FakeTensor tracing) and ``register_autograd`` (backward =
+another custom op), checked with ``torch.library.opcheck``: the compiled graph holds them as opaque
+nodes with symbolic shapes (no recompile when the sequence length changes, after the first
+dynamic recompile). In eager mode the same launchers run through a plain
+``torch.autograd.Function``: the custom-op dispatcher costs tens of microseconds of host time
+per call, which is longer than the RoPE kernel itself (measured on the H200). CUDA graphs
+capture either. Saved for backward: the inputs (the rounded sum instead of x and r for the
+``rounded_sum`` add+norm) and one fp32 rstd per norm row; everything else is recomputed.
+
+``triton`` is imported only when a kernel first runs, so importing this module on a machine
+without Triton or CUDA costs nothing. ``RLA_FUSED=0`` in the environment turns the path off.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from rla.ops import reference
+from rla.profiles import RoundingProfile
+
+__all__ = ["available", "rope", "swiglu", "rms_norm", "add_rms_norm"]
+
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+_ENABLED = os.environ.get("RLA_FUSED", "1") != "0"
+
+
+def available(*tensors: Tensor) -> bool:
+    """True when the fused kernels can run on these tensors: all on CUDA and Triton installed."""
+    return _ENABLED and _HAS_TRITON and bool(tensors) and all(t.is_cuda for t in tensors)
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+# --------------------------------------------------------------------------------------------
+# RoPE
+# --------------------------------------------------------------------------------------------
+
+
+def _rope_fwd(q, k, cos, sin, round_cos_sin, per_op):
+    from rla.ops import _triton_rope
+
+    return _triton_rope.launch(q, k, cos, sin, round_cos_sin, per_op, backward=False)
+
+
+@torch.library.custom_op("rla::rope", mutates_args=())
+def _rope_op(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, round_cos_sin: bool, per_op: bool
+) -> tuple[Tensor, Tensor]:
+    return _rope_fwd(q, k, cos, sin, round_cos_sin, per_op)
+
+
+@_rope_op.register_fake
+def _(q, k, cos, sin, round_cos_sin, per_op):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+@torch.library.custom_op("rla::rope_backward", mutates_args=())
+def _rope_bwd_op(
+    gq: Tensor, gk: Tensor, cos: Tensor, sin: Tensor, round_cos_sin: bool
+) -> tuple[Tensor, Tensor]:
+    from rla.ops import _triton_rope
+
+    return _triton_rope.launch(gq, gk, cos, sin, round_cos_sin, per_op=False, backward=True)
+
+
+@_rope_bwd_op.register_fake
+def _(gq, gk, cos, sin, round_cos_sin):
+    return torch.empty_like(gq), torch.empty_like(gk)
+
+
+def _rope_setup(ctx, inputs, output):
+    _, _, cos, sin, round_cos_sin, _ = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.round_cos_sin = round_cos_sin
+
+
+def _rope_backward(ctx, gq, gk):
+    cos, sin = ctx.saved_tensors
+    dq, dk = _rope_bwd_op(gq, gk, cos, sin, ctx.round_cos_sin)
+    return dq, dk, None, None, None, None
+
+
+_rope_op.register_autograd(_rope_backward, setup_context=_rope_setup)
+
+
+class _RopeFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, round_cos_sin: bool, per_op: bool):
+        ctx.save_for_backward(cos, sin)
+        ctx.round_cos_sin = round_cos_sin
+        return _rope_fwd(q, k, cos, sin, round_cos_sin, per_op)
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        from rla.ops import _triton_rope
+
+        cos, sin = ctx.saved_tensors
+        dq, dk = _triton_rope.launch(gq, gk, cos, sin, ctx.round_cos_sin, per_op=False, backward=True)
+        return dq, dk, None, None, None, None
+
+
+def _rope_head_axis(q: Tensor, k: Tensor, cos: Tensor, unsqueeze_dim: int) -> Optional[int]:
+    """Head axis of 4-D q/k (1 for [B, H, S, D], 2 for [B, S, H, D]) when the kernel's layout
+    applies: cos/sin [B or 1, S or 1, D] unsqueezed at that axis; else None (reference path)."""
+    if q.ndim != 4 or cos.ndim != 3:
+        return None
+    axis = unsqueeze_dim if unsqueeze_dim >= 0 else unsqueeze_dim + 4
+    if axis not in (1, 2):
+        return None
+    seq_axis = 3 - axis
+    B, S = q.shape[0], q.shape[seq_axis]
+    if k.shape[0] != B or k.shape[seq_axis] != S:
+        return None
+    if cos.shape[0] not in (1, B) or cos.shape[1] not in (1, S):
+        return None
+    return axis
+
+
+def rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int = 1):
+    """Fused RoPE of q and k (one launch); see ``rla.ops.rope``. Layouts the kernel does not
+    cover (not 4-D, cos/sin broadcasting over heads in another way) run the reference."""
+    axis = _rope_head_axis(q, k, cos, unsqueeze_dim)
+    if axis is None:
+        return reference.rope(q, k, cos, sin, profile, unsqueeze_dim)
+    if axis == 2:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    B, _, S, D = q.shape
+    cos, sin = cos.expand(B, S, D), sin.expand(B, S, D)
+    flags = (profile.rope_cos_sin == "round", profile.rope_apply == "per_op")
+    oq, ok = (_rope_op if _compiling() else _RopeFn.apply)(q, k, cos, sin, *flags)
+    if axis == 2:
+        oq, ok = oq.transpose(1, 2), ok.transpose(1, 2)
+    return oq, ok
+
+
+# --------------------------------------------------------------------------------------------
+# SwiGLU
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("rla::swiglu", mutates_args=())
+def _swiglu_op(gate: Tensor, up: Tensor, per_op: bool) -> Tensor:
+    from rla.ops import _triton_swiglu
+
+    return _triton_swiglu.forward(gate, up, per_op)
+
+
+@_swiglu_op.register_fake
+def _(gate, up, per_op):
+    return gate.new_empty(gate.shape)
+
+
+@torch.library.custom_op("rla::swiglu_backward", mutates_args=())
+def _swiglu_bwd_op(dy: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
+    from rla.ops import _triton_swiglu
+
+    return _triton_swiglu.backward(dy, gate, up)
+
+
+@_swiglu_bwd_op.register_fake
+def _(dy, gate, up):
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    gate, up, _ = inputs
+    ctx.save_for_backward(gate, up)
+
+
+def _swiglu_backward(ctx, dy):
+    gate, up = ctx.saved_tensors
+    dgate, dup = _swiglu_bwd_op(dy, gate, up)
+    return dgate, dup, None
+
+
+_swiglu_op.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
+
+
+class _SwiGLUFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, per_op: bool):
+        from rla.ops import _triton_swiglu
+
+        ctx.save_for_backward(gate, up)
+        return _triton_swiglu.forward(gate, up, per_op)
+
+    @staticmethod
+    def backward(ctx, dy):
+        from rla.ops import _triton_swiglu
+
+        gate, up = ctx.saved_tensors
+        dgate, dup = _triton_swiglu.backward(dy, gate, up)
+        return dgate, dup, None
+
+
+def swiglu(gate, up, profile: RoundingProfile):
+    """Fused silu(gate) * up; see ``rla.ops.swiglu``."""
+    return (_swiglu_op if _compiling() else _SwiGLUFn.apply)(gate, up, profile.swiglu == "per_op")
+
+
+# --------------------------------------------------------------------------------------------
+# RMSNorm and residual-add + RMSNorm
+# --------------------------------------------------------------------------------------------
+
+
+def _norm_fwd(x, residual, weight, eps, per_op, fp32_sum, lp=None):
+    from rla.ops import _triton_norm
+
+    return _triton_norm.forward(x, residual, weight.contiguous(), eps, per_op, fp32_sum, lp)
+
+
+def _norm_bwd(dy, dresidual, a, b, weight, rstd, need_dw):
+    from rla.ops import _triton_norm
+
+    return _triton_norm.backward(dy, dresidual, a, b, weight.contiguous(), rstd, need_dw)
+
+
+@torch.library.custom_op("rla::rms_norm", mutates_args=())
+def _rms_norm_op(
+    x: Tensor, weight: Tensor, eps: float, per_op: bool, lp: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    y, _, rstd = _norm_fwd(x, None, weight, eps, per_op, False, lp)
+    return y, rstd
+
+
+@_rms_norm_op.register_fake
+def _(x, weight, eps, per_op, lp):
+    return x.new_empty(x.shape, dtype=lp), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("rla::add_rms_norm", mutates_args=())
+def _add_rms_norm_op(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, per_op: bool, fp32_sum: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _norm_fwd(x, residual, weight, eps, per_op, fp32_sum)
+
+
+@_add_rms_norm_op.register_fake
+def _(x, residual, weight, eps, per_op, fp32_sum):
+    return (
+        x.new_empty(x.shape),
+        x.new_empty(x.shape),
+        x.new_empty(x.shape[:-1], dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("rla::rms_norm_backward", mutates_args=())
+def _norm_bwd_op(
+    dy: Tensor,
+    dresidual: Optional[Tensor],
+    a: Tensor,
+    b: Optional[Tensor],
+    weight: Tensor,
+    rstd: Tensor,
+    need_dw: bool,
+) -> tuple[Tensor, Tensor]:
+    """(d_v, d_weight) for v = a (+ b); d_weight is empty when ``need_dw`` is False."""
+    dx, dw = _norm_bwd(dy, dresidual, a, b, weight, rstd, need_dw)
+    return dx, (dw if dw is not None else weight.new_empty(0))
+
+
+@_norm_bwd_op.register_fake
+def _(dy, dresidual, a, b, weight, rstd, need_dw):
+    return a.new_empty(a.shape), weight.new_empty(weight.shape if need_dw else (0,))
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, _, _, _ = inputs
+    ctx.save_for_backward(x, weight, output[1])
+
+
+def _rms_norm_backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    need_dw = ctx.needs_input_grad[1]
+    dx, dw = _norm_bwd_op(dy, None, x, None, weight, rstd, need_dw)
+    return dx, (dw if need_dw else None), None, None, None
+
+
+_rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
+
+
+def _add_rms_norm_save(ctx, x, residual, weight, new_residual, rstd, fp32_sum):
+    ctx.fp32_sum = fp32_sum
+    if fp32_sum:  # the fp32 sum is rebuilt from x and r
+        ctx.save_for_backward(x, residual, weight, rstd)
+    else:  # the norm read RN(x + r), which is an output kept alive as the next residual anyway
+        ctx.save_for_backward(new_residual, weight, rstd)
+
+
+def _add_rms_norm_saved(ctx):
+    if ctx.fp32_sum:
+        return ctx.saved_tensors
+    (a, weight, rstd), b = ctx.saved_tensors, None
+    return a, b, weight, rstd
+
+
+def _add_rms_norm_setup(ctx, inputs, output):
+    x, residual, weight, _, _, fp32_sum = inputs
+    _add_rms_norm_save(ctx, x, residual, weight, output[1], output[2], fp32_sum)
+
+
+def _add_rms_norm_backward(ctx, dnormed, dresidual, _drstd):
+    a, b, weight, rstd = _add_rms_norm_saved(ctx)
+    need_dw = ctx.needs_input_grad[2]
+    dv, dw = _norm_bwd_op(dnormed, dresidual, a, b, weight, rstd, need_dw)
+    # d_x = d_r: one tensor handed to both inputs, as autograd's own add does.
+    return dv, dv, (dw if need_dw else None), None, None, None
+
+
+_add_rms_norm_op.register_autograd(_add_rms_norm_backward, setup_context=_add_rms_norm_setup)
+
+
+class _RMSNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps: float, per_op: bool, lp: torch.dtype):
+        y, _, rstd = _norm_fwd(x, None, weight, eps, per_op, False, lp)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        need_dw = ctx.needs_input_grad[1]
+        dx, dw = _norm_bwd(dy, None, x, None, weight, rstd, need_dw)
+        return dx, dw, None, None, None
+
+
+class _AddRMSNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps: float, per_op: bool, fp32_sum: bool):
+        y, new_residual, rstd = _norm_fwd(x, residual, weight, eps, per_op, fp32_sum)
+        _add_rms_norm_save(ctx, x, residual, weight, new_residual, rstd, fp32_sum)
+        return y, new_residual
+
+    @staticmethod
+    def backward(ctx, dnormed, dresidual):
+        a, b, weight, rstd = _add_rms_norm_saved(ctx)
+        need_dw = ctx.needs_input_grad[2]
+        dv, dw = _norm_bwd(dnormed, dresidual, a, b, weight, rstd, need_dw)
+        return dv, dv, dw, None, None, None
+
+
+def rms_norm(x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype | None = None):
+    """Fused RMSNorm; see ``rla.ops.rms_norm`` (``dtype``: the stack dtype, default x's)."""
+    lp = x.dtype if dtype is None else dtype
+    per_op = profile.norm_weight == "per_op"
+    if _compiling():
+        return _rms_norm_op(x, weight, float(eps), per_op, lp)[0]
+    return _RMSNormFn.apply(x, weight, float(eps), per_op, lp)
+
+
+def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile):
+    """Fused residual add + RMSNorm -> (normed, new_residual); see ``rla.ops.add_rms_norm``."""
+    flags = (float(eps), profile.norm_weight == "per_op", profile.norm_residual == "fp32_sum")
+    if _compiling():
+        normed, new_residual, _ = _add_rms_norm_op(x, residual, weight, *flags)
+        return normed, new_residual
+    return _AddRMSNormFn.apply(x, residual, weight, *flags)
