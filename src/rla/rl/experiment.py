@@ -152,8 +152,11 @@ def _steps_done(run_dir: Path) -> int:
         return 0
 
 
-def _env(gpu: str | None) -> dict[str, str]:
+def _env(gpu: str | None, threads: int | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    if threads is not None and "OMP_NUM_THREADS" not in env:
+        # N runs on one host: each gets its share of the cores instead of all of them
+        env["OMP_NUM_THREADS"] = str(threads)
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if gpu is not None:
@@ -167,6 +170,7 @@ class _Job:
     cmd: list[str]
     log: Path
     gpu: str | None = None
+    threads: int | None = None
     proc: subprocess.Popen | None = None
     rc: int | None = None
 
@@ -175,6 +179,9 @@ def _run_jobs(jobs: list[_Job], parallel: int, deadline: float | None, say, prog
               grace_s: float = 120.0) -> dict[str, int | None]:
     """Run ``jobs`` ``parallel`` at a time; at ``deadline`` SIGTERM what runs and wait for it."""
     pending, running, done = list(jobs), [], {}
+    threads = max(1, (os.cpu_count() or 1) // max(1, min(parallel, len(jobs))))
+    for job in jobs:
+        job.threads = threads
     terminated = False
     try:
         while pending or running:
@@ -193,7 +200,7 @@ def _run_jobs(jobs: list[_Job], parallel: int, deadline: float | None, say, prog
                 job = pending.pop(0)
                 job.log.parent.mkdir(parents=True, exist_ok=True)
                 with open(job.log, "ab") as out:
-                    job.proc = subprocess.Popen(job.cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(job.gpu),
+                    job.proc = subprocess.Popen(job.cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(job.gpu, job.threads),
                                                 start_new_session=True)
                 running.append(job)
             for job in list(running):
@@ -249,6 +256,13 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
                              out / "init" / f"{model}.out", gpu=gpus[i % len(gpus)] if gpus else None))
         say(f"warm start (SFT) of {len(jobs)} model(s): {', '.join(warm)}")
         _run_jobs(jobs, parallel, deadline, say)
+        for model, (_, folder) in warm.items():
+            try:
+                ev = json.loads((folder / "sft.json").read_text())["history"]["evals"][-1]
+                say(f"warm start {model}: greedy accuracy {ev['greedy_acc']:.2f}, sampled (T=1) "
+                    f"{ev['sample_acc']:.2f} -- RL needs rewards: aim for 0.2-0.7 sampled")
+            except (OSError, ValueError, KeyError, IndexError):
+                pass
 
     # 2. the runs
     todo = []
