@@ -200,7 +200,7 @@ def _history(k3, reward, grad):
 
 
 def test_collapse_signal_is_reported_on_the_step_it_fires():
-    from rla.rl.trainer import collapse_fields
+    from rla.rl.runlog import collapse_fields
 
     cfg = TrainConfig()
     steady = _history([1e-4] * 8, [0.5] * 8, [1.0] * 8)

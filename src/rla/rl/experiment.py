@@ -444,7 +444,8 @@ def _main(argv: list[str]) -> int:
         print("usage: python -m rla.rl.experiment warm-start CONFIG FOLDER", file=sys.stderr)
         return 2
     from rla.rl.config import load_config
-    from rla.rl.trainer import resolve_device, warm_start
+    from rla.rl.trainer import resolve_device
+    from rla.rl.warm_start import warm_start
 
     cfg = load_config(argv[1])
     warm_start(cfg, argv[2], resolve_device(cfg.device))

@@ -16,7 +16,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunLog", "read_log", "deterministic_part", "summarize", "NONDETERMINISTIC_PREFIXES"]
+import numpy as np
+
+__all__ = ["RunLog", "read_log", "deterministic_part", "summarize", "collapse_fields", "padded", "Progress",
+           "NONDETERMINISTIC_PREFIXES"]
 
 #: Keys under these prefixes differ between two runs of one config (clocks, memory).
 NONDETERMINISTIC_PREFIXES = ("time/", "memory/")
@@ -150,3 +153,72 @@ def summarize(records: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:
         "wall_time_s": records[-1].get("time/elapsed_s"),
         "peak_memory_mb": max((r.get("memory/peak_mb") or 0 for r in records), default=None),
     }
+
+
+def collapse_fields(history: list[dict[str, Any]], cfg) -> dict[str, Any]:
+    """METRICS.md's collapse signal for the last record of ``history`` (the current step).
+
+    ``rla.metrics.collapse_signal`` over the run's k3, grad-norm and reward series; the signal is
+    reported on the step it fires. Grad norms of steps whose updates were all skipped (fp16
+    overflow) repeat the last value rather than counting as a non-finite grad norm.
+    """
+    from rla.metrics import collapse_signal
+
+    k3 = [h.get("mismatch/k3", float("nan")) for h in history]
+    fired = []
+    if k3 and math.isfinite(k3[0]):
+        gn = _fill_forward([h.get("train/grad_norm", float("nan")) for h in history])
+        rw = [h["reward/mean"] for h in history]
+        events = collapse_signal(k3, gn, rw, k3_factor=cfg.collapse_k3_factor, grad_factor=cfg.collapse_grad_factor,
+                                 window=cfg.collapse_window, reward_drop=cfg.collapse_reward_drop)
+        fired = [e for e in events if e.step == len(history) - 1]
+    out: dict[str, Any] = {"collapse/fired": bool(fired), "collapse/kinds": sorted({k for e in fired for k in e.kinds})}
+    if fired:
+        out["collapse/message"] = "; ".join(e.message for e in fired)
+    return out
+
+
+def padded(train: list[np.ndarray], rollout: list[np.ndarray]):
+    """Right-padded [B, R] arrays, mask and lengths for ``rla.metrics.mismatch``."""
+    lengths = np.array([len(t) for t in train])
+    B, R = len(train), int(lengths.max())
+    a, b, m = np.zeros((B, R)), np.zeros((B, R)), np.zeros((B, R), dtype=bool)
+    for i, (t, r) in enumerate(zip(train, rollout)):
+        a[i, : len(t)], b[i, : len(r)], m[i, : len(t)] = t, r, True
+    return a, b, m, lengths
+
+
+def _fill_forward(xs: list[float]) -> list[float]:
+    """Grad norms of steps whose updates were all skipped (fp16 overflow) take the last value."""
+    out, last = [], None
+    for x in xs:
+        if x is None or not math.isfinite(x):
+            x = last if last is not None else 0.0
+        out.append(x)
+        last = x
+    return out
+
+
+class Progress:
+    """A rich progress bar over steps with the latest reward and k3 (a no-op when disabled)."""
+
+    def __init__(self, enabled: bool, start: int, end: int):
+        self.bar = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("[bold]train[/]"), BarColumn(), MofNCompleteColumn(),
+                                TimeRemainingColumn(), TextColumn("{task.fields[info]}"), transient=False)
+            self.task = self.bar.add_task("train", total=end, completed=start, info="")
+            self.bar.start()
+
+    def update(self, step: int, rec: dict) -> None:
+        if self.bar is not None:
+            info = f"reward {rec['reward/mean']:.3f}  k3 {rec.get('mismatch/k3', float('nan')):.2e}"
+            if rec.get("collapse/fired"):
+                info += "  [red]collapse signal[/]"
+            self.bar.update(self.task, completed=step, info=info)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -26,7 +26,6 @@ and software stack; ``time/`` and ``memory/`` fields excepted).
 
 from __future__ import annotations
 
-import importlib
 import math
 import random
 import signal
@@ -44,9 +43,10 @@ from rla.rl.distributed import Dist, init_distributed
 from rla.rl.forward import make_micro_batch
 from rla.rl.grpo import aggregation_weights, group_advantages, importance_weights, per_token_loss
 from rla.rl.precision import Policy
-from rla.rl.runlog import RunLog, summarize
+from rla.rl.runlog import Progress, RunLog, collapse_fields, padded, summarize
+from rla.rl.warm_start import build_task, initial_model
 
-__all__ = ["Trainer", "train", "build_task", "warm_start", "derive_seed", "resolve_device", "collapse_fields"]
+__all__ = ["Trainer", "train", "derive_seed", "resolve_device"]
 
 
 def derive_seed(*parts: int) -> int:
@@ -72,90 +72,6 @@ def resolve_device(name: str, dist: Dist | None = None) -> torch.device:
     return device
 
 
-def build_task(cfg: TrainConfig):
-    """The task of ``cfg``: a name in ``rla.rl.tasks.TASKS`` or ``"package.module:factory"``.
-
-    A factory is called with ``difficulty=`` and ``task_args`` and must return an object with the
-    ``rla.rl.tasks.Task`` interface (``sample``, ``reward``, ``max_length``).
-    """
-    if ":" in cfg.task:
-        module, attr = cfg.task.split(":", 1)
-        try:
-            factory = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"task={cfg.task!r}: cannot import it ({e})") from None
-        return factory(difficulty=cfg.difficulty, **cfg.task_args)
-    from rla.rl.tasks import get_task
-
-    return get_task(cfg.task, difficulty=cfg.difficulty, **cfg.task_args)
-
-
-# ------------------------------------------------------------------------------------ init
-
-
-def _atomic_save_pretrained(model, folder: Path, extra: dict[str, str]) -> None:
-    import os
-    import shutil
-
-    tmp = folder.with_name(f".tmp_{folder.name}_{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(str(tmp), safe_serialization=True)
-    for name, text in extra.items():
-        (tmp / name).write_text(text)
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.rename(tmp, folder)
-
-
-def warm_start(cfg: TrainConfig, folder: str | Path, device: torch.device | str = "cpu", log=print) -> Path:
-    """Random init + SFT warm start for ``cfg`` saved as an HF model folder (reused if present).
-
-    The experiment runner calls this once per model so that every arm and seed starts from the
-    same weights (``init=<folder>``).
-    """
-    import json
-
-    from rla import models
-    from rla.rl.sft import sft_train
-    from rla.rl.tokenizer import build_tokenizer
-
-    folder = Path(folder)
-    if (folder / "model.safetensors").is_file():
-        return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    task = build_task(cfg)
-    model = models.build_model(models.tiny_config(cfg.arch, cfg.size), dtype=torch.float32, seed=cfg.init_seed)
-    tokenizer = build_tokenizer()
-    hist = sft_train(model, tokenizer, task, steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
-                     seed=cfg.init_seed, device=device, log=log)
-    model.to("cpu")
-    meta = {"arch": cfg.arch, "size": cfg.size, "task": cfg.task, "difficulty": cfg.difficulty,
-            "task_args": cfg.task_args, "init_seed": cfg.init_seed, "sft_steps": cfg.sft_steps,
-            "sft_lr": cfg.sft_lr, "sft_batch_size": cfg.sft_batch_size, "history": hist.to_dict()}
-    _atomic_save_pretrained(model, folder, {"sft.json": json.dumps(meta, indent=1, default=str)})
-    return folder
-
-
-def _initial_model(cfg: TrainConfig, dist: Dist, device: torch.device, log) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    from rla import models
-
-    if cfg.init == "bundled":
-        model, _ = models.load_bundled(dtype=torch.float32)
-        return model.train()
-    if cfg.init == "random":
-        return models.build_model(models.tiny_config(cfg.arch, cfg.size), dtype=torch.float32, seed=cfg.init_seed)
-    path = Path(cfg.init)
-    if cfg.init == "sft":
-        path = Path(cfg.out_dir) / "init"
-        if dist.main:
-            warm_start(cfg, path, device, log)
-        dist.barrier()
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
-
-
 # ------------------------------------------------------------------------------------ trainer
 
 
@@ -169,10 +85,6 @@ class Rollouts:
     rewards: torch.Tensor
     advantages: torch.Tensor
     truncated: list[bool]
-
-
-class StopRun(Exception):
-    pass
 
 
 class Trainer:
@@ -205,7 +117,7 @@ class Trainer:
         random.seed(derive_seed(cfg.seed, self.dist.rank, _GLOBAL))
         np.random.seed(derive_seed(cfg.seed, self.dist.rank, _GLOBAL) % 2**32)
 
-        master = _initial_model(cfg, self.dist, self.device, self.say).float().to(self.device)
+        master = initial_model(cfg, self.dist, self.device, self.say).float().to(self.device)
         self.sampler = Sampler(master, profile=cfg.rollout_profile, dtype=cfg.rollout_torch_dtype(), device=self.device)
         self.policy = Policy(
             master, precision=cfg.train_precision, rollout_profile=cfg.rollout_profile,
@@ -521,7 +433,7 @@ class Trainer:
         # step-0 mismatch of this step: the forward before the first update vs the rollout logprobs
         keep = [i for i, b in enumerate(before) if np.isfinite(b).all()]
         if keep:
-            train_lp, roll_lp, mask, lens = _padded([before[i] for i in keep], [mu[i] for i in keep])
+            train_lp, roll_lp, mask, lens = padded([before[i] for i in keep], [mu[i] for i in keep])
             rec.update(mismatch(train_lp, roll_lp, mask, response_lengths=lens))
         rec.update(collapse_fields(self.runlog.history + [rec], self.cfg))
         rec.update(times)
@@ -573,7 +485,7 @@ class Trainer:
                 previous[sig] = signal.signal(sig, request_stop)
         except ValueError:  # not the main thread
             previous = {}
-        progress = _Progress(cfg.progress and self.dist.main, self.step, end)
+        progress = Progress(cfg.progress and self.dist.main, self.step, end)
         try:
             while self.step < end:
                 rec = self.run_step()
@@ -603,77 +515,10 @@ class Trainer:
             torch.distributed.destroy_process_group()
 
 
-def collapse_fields(history: list[dict[str, Any]], cfg: TrainConfig) -> dict[str, Any]:
-    """METRICS.md's collapse signal for the last record of ``history`` (the current step).
-
-    ``rla.metrics.collapse_signal`` over the run's k3, grad-norm and reward series; the signal is
-    reported on the step it fires. Grad norms of steps whose updates were all skipped (fp16
-    overflow) repeat the last value rather than counting as a non-finite grad norm.
-    """
-    from rla.metrics import collapse_signal
-
-    k3 = [h.get("mismatch/k3", float("nan")) for h in history]
-    fired = []
-    if k3 and math.isfinite(k3[0]):
-        gn = _fill_forward([h.get("train/grad_norm", float("nan")) for h in history])
-        rw = [h["reward/mean"] for h in history]
-        events = collapse_signal(k3, gn, rw, k3_factor=cfg.collapse_k3_factor, grad_factor=cfg.collapse_grad_factor,
-                                 window=cfg.collapse_window, reward_drop=cfg.collapse_reward_drop)
-        fired = [e for e in events if e.step == len(history) - 1]
-    out: dict[str, Any] = {"collapse/fired": bool(fired), "collapse/kinds": sorted({k for e in fired for k in e.kinds})}
-    if fired:
-        out["collapse/message"] = "; ".join(e.message for e in fired)
-    return out
-
-
-def _padded(train: list[np.ndarray], rollout: list[np.ndarray]):
-    """Right-padded [B, R] arrays, mask and lengths for ``rla.metrics.mismatch``."""
-    lengths = np.array([len(t) for t in train])
-    B, R = len(train), int(lengths.max())
-    a, b, m = np.zeros((B, R)), np.zeros((B, R)), np.zeros((B, R), dtype=bool)
-    for i, (t, r) in enumerate(zip(train, rollout)):
-        a[i, : len(t)], b[i, : len(r)], m[i, : len(t)] = t, r, True
-    return a, b, m, lengths
-
-
-def _fill_forward(xs: list[float]) -> list[float]:
-    """Grad norms of steps whose updates were all skipped (fp16 overflow) take the last value."""
-    out, last = [], None
-    for x in xs:
-        if x is None or not math.isfinite(x):
-            x = last if last is not None else 0.0
-        out.append(x)
-        last = x
-    return out
-
-
 def _json(obj) -> str:
     import json
 
     return json.dumps(obj, indent=1, default=float, allow_nan=True)
-
-
-class _Progress:
-    def __init__(self, enabled: bool, start: int, end: int):
-        self.bar = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.bar = Progress(TextColumn("[bold]train[/]"), BarColumn(), MofNCompleteColumn(),
-                                TimeRemainingColumn(), TextColumn("{task.fields[info]}"), transient=False)
-            self.task = self.bar.add_task("train", total=end, completed=start, info="")
-            self.bar.start()
-
-    def update(self, step: int, rec: dict) -> None:
-        if self.bar is not None:
-            info = f"reward {rec['reward/mean']:.3f}  k3 {rec.get('mismatch/k3', float('nan')):.2e}"
-            if rec.get("collapse/fired"):
-                info += "  [red]collapse signal[/]"
-            self.bar.update(self.task, completed=step, info=info)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 def train(config: TrainConfig, *, resume: bool = False, until_step: int | None = None, log=print) -> dict[str, Any]:
