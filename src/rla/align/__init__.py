@@ -1,0 +1,78 @@
+"""``rla.align(model, profile="vllm")``: make an HF model's training forward round like an engine.
+
+One line per model instance::
+
+    report = rla.align(model, profile="vllm")       # regions=("rope", "swiglu", "rmsnorm")
+    print(report)                                    # what was aligned, hazards fixed
+    rla.unalign(model)                               # back to HF's own code, bit for bit
+    with rla.aligned(model, "sglang"): ...           # aligned inside the block only
+
+What changes, per region (everything else in the model runs HF's own code):
+
+- ``rope``: the rotary module returns fp32 cos/sin from an fp32 ``inv_freq`` (recomputed from the
+  config if ``model.to(bf16)`` rounded it); attention applies them with ``rla.ops.rope``.
+- ``swiglu``: dense MLPs, shared experts and MoE experts compute silu(gate) * up with
+  ``rla.ops.swiglu``.
+- ``rmsnorm``: every RMSNorm (input, post-attention, final, Qwen3's q/k norms) runs
+  ``rla.ops.rms_norm``; under ``norm_residual='fp32_sum'`` decoder layers hand the fp32 residual
+  sum to the next norm, as fused add+norm kernels do (see ``rla.align.rmsnorm``).
+
+Supported families: Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Mixtral
+(``rla.align.families``); transformers 5.17 and 5.24 (``rla.align.compat``).
+
+Alignment is per instance: only instance attributes change, classes and transformers' module
+globals never do, and ``state_dict()`` is untouched. Works under ``model.generate``, gradient
+checkpointing, ``torch.compile``, PEFT, accelerate hooks, ``copy.deepcopy``, autocast with fp32
+master weights and FSDP2 (with ``MixedPrecisionPolicy(cast_forward_inputs=False)`` under the
+``fp32_sum`` profiles).
+
+Things that behave differently from HF on purpose:
+
+- Under ``fp32_sum`` (vllm, sglang, rla) decoder layers return the fp32 residual sum, so
+  ``output_hidden_states`` shows fp32 tensors between layers (the values the next norm reads).
+- fp32 master weights under bf16 autocast compute what the bf16 engine computes (layer 0 rounds
+  the embeddings, norms multiply by RN(w)), bit for bit the aligned bf16 copy of the weights.
+  HF's own autocast forward keeps an fp32 residual stream instead, so even under ``hf`` an
+  autocast model's aligned and unaligned outputs differ.
+- A rounded ``inv_freq`` is fixed under every profile (engines compute it in fp32), so a model
+  cast with ``model.to(torch.bfloat16)`` changes under ``hf`` too; the report says so.
+- ``model.to(dtype)`` after aligning is an error at the next forward (it re-rounds ``inv_freq``):
+  align again after casting. Pickling the aligned module object (``torch.save(model)``) is not
+  supported; ``state_dict()`` / ``save_pretrained`` are unchanged and round-trip.
+
+Note on the name: ``rla.align`` is both this package and the function users call. Python binds a
+package's name on its parent on first import, which would shadow a function of the same name, so
+this module object is itself callable: ``rla.align(model, ...)`` is ``rla.align.align(model, ...)``.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from rla.align.core import aligned, alignment_of, unalign
+from rla.align.core import align as _align
+from rla.align.report import AlignmentReport, FixedHazard
+from rla.profiles import REGIONS, RoundingProfile
+
+__all__ = ["align", "unalign", "aligned", "alignment_of", "AlignmentReport", "FixedHazard"]
+
+
+def align(model, profile: str | RoundingProfile = "vllm", regions=REGIONS) -> AlignmentReport:
+    """Align ``model`` (an HF transformers model, PEFT- or compile-wrapped) to ``profile``.
+
+    ``profile``: a name from ``rla.profiles.names()`` or a ``RoundingProfile``. ``regions``: any
+    non-empty subset of ``("rope", "swiglu", "rmsnorm")``; the others keep HF's code. Aligning an
+    aligned model replaces its alignment. Returns an :class:`AlignmentReport`.
+    """
+    return _align(model, profile, regions)
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, model, profile: str | RoundingProfile = "vllm", regions=REGIONS) -> AlignmentReport:
+        return align(model, profile, regions)
+
+    __call__.__doc__ = align.__doc__
+
+
+sys.modules[__name__].__class__ = _CallableModule

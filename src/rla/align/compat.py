@@ -1,0 +1,119 @@
+"""Everything ``rla.align`` knows about differences between transformers releases, in one place.
+
+Supported: transformers 5.17 (the GPU machine) and 5.24. What differs between them and matters
+here:
+
+- Gradient checkpointing. 5.17's ``GradientCheckpointingLayer`` checkpoints in ``__call__``, so a
+  per-instance ``forward`` is checkpointed for free. 5.24 wraps each subclass's ``forward`` at class
+  creation (``__init_subclass__``), so an instance ``forward`` bypasses it: :func:`with_layer_checkpointing`
+  puts the same wrapper around the aligned forward.
+- The rotary embedding. 5.17 computes the angles as ``inv_freq @ position_ids`` (a matmul that
+  TF32 can touch); 5.24 multiplies elementwise. The aligned rotary always multiplies elementwise;
+  :data:`HF_ROTARY_USES_MATMUL` only decides whether the report lists the TF32 hazard as fixed.
+- The KV-cache keyword (``past_key_values`` in 5.17, ``cache`` in 5.24) and the experts' routing
+  mask (``one_hot(num_experts)`` vs ``num_experts + 1`` for expert-parallel sentinels) need no
+  switch: the aligned decoder layer passes keywords through untouched, and the aligned experts
+  loop uses the 5.24 mask, which is also right for 5.17's routing.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import partial
+
+import torch
+import transformers
+from packaging.version import Version
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
+
+__all__ = [
+    "TRANSFORMERS_VERSION",
+    "HF_ROTARY_USES_MATMUL",
+    "with_layer_checkpointing",
+    "rope_init",
+    "dynamic_rope_update",
+    "check_apply_rotary_signature",
+    "experts_function",
+    "GATE_CALLING_EXPERTS",
+]
+
+TRANSFORMERS_VERSION = Version(transformers.__version__)
+
+#: 5.17 computes RoPE angles with a matmul (``inv_freq @ position_ids``); 5.24 elementwise.
+HF_ROTARY_USES_MATMUL = TRANSFORMERS_VERSION < Version("5.24")
+
+# 5.17: ``GradientCheckpointingLayer.__call__`` checkpoints; 5.24: ``__init_subclass__`` wraps forward.
+_CHECKPOINTS_IN_CALL = "__call__" in GradientCheckpointingLayer.__dict__
+
+#: Experts implementations of ``transformers.integrations.moe`` that compute the activation product
+#: through ``self._apply_gate`` (which ``rla.align`` overrides per instance). Others (``sonicmoe``)
+#: fuse it into a kernel that cannot be aligned.
+GATE_CALLING_EXPERTS = ("batched_mm", "grouped_mm", "deepgemm")
+
+_CACHE_KWARGS = ("cache", "past_key_values", "layer_past")
+
+
+def with_layer_checkpointing(inner):
+    """Wrap an aligned decoder-layer ``forward`` so that gradient checkpointing still applies.
+
+    On 5.24 this repeats ``GradientCheckpointingLayer``'s own ``forward_with_checkpointing`` (cache
+    keywords dropped, ``use_cache`` off, ``self._gradient_checkpointing_func`` around the call); on
+    5.17 ``__call__`` already does it and ``inner`` is returned as is (wrapping twice would
+    checkpoint twice).
+    """
+    if _CHECKPOINTS_IN_CALL:
+        return inner
+
+    def forward(self, *args, **kwargs):
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            if kwargs.get("use_cache"):
+                kwargs["use_cache"] = False
+            if not self._can_checkpoint_with_cache:
+                for name in _CACHE_KWARGS:
+                    if kwargs.get(name) is not None:
+                        kwargs[name] = None
+            return self._gradient_checkpointing_func(partial(inner, self, **kwargs), *args)
+        return inner(self, *args, **kwargs)
+
+    forward.__wrapped__ = inner
+    forward.__doc__ = inner.__doc__
+    return forward
+
+
+def rope_init(rotary: torch.nn.Module) -> tuple[torch.Tensor, float]:
+    """fp32 ``(inv_freq, attention_scaling)`` from the config, with the module's own init function.
+
+    Same choice as the rotary module's ``__init__``: ``compute_default_rope_parameters`` for the
+    default type, ``ROPE_INIT_FUNCTIONS[rope_type]`` (llama3, linear, dynamic, ...) otherwise.
+    Both releases accept ``fn(config)`` (5.17's ``device`` argument defaults to None).
+    """
+    rope_type = rotary.rope_type
+    fn = rotary.compute_default_rope_parameters if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
+    inv_freq, scaling = fn(rotary.config)
+    return inv_freq.to(torch.float32), scaling
+
+
+def check_apply_rotary_signature(fn) -> None:
+    """The aligned ``apply_rotary_pos_emb`` assumes HF's 5.x signature; fail loudly if it moved."""
+    params = list(inspect.signature(fn).parameters)
+    if params != ["q", "k", "cos", "sin", "unsqueeze_dim"]:
+        raise RuntimeError(
+            f"transformers {TRANSFORMERS_VERSION}: apply_rotary_pos_emb{tuple(params)} no longer has "
+            "the signature (q, k, cos, sin, unsqueeze_dim) that rla.align replaces; update "
+            "rla/align/compat.py"
+        )
+
+
+def experts_function(implementation: str):
+    """The registered experts forward for ``implementation``, if it calls ``self._apply_gate``."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    if implementation not in GATE_CALLING_EXPERTS or implementation not in ALL_EXPERTS_FUNCTIONS:
+        raise NotImplementedError(
+            f"experts_implementation={implementation!r} computes the SwiGLU product inside its own "
+            "kernel, where rla.align cannot change the rounding. Use 'eager' or one of "
+            f"{GATE_CALLING_EXPERTS} (model.set_experts_implementation('eager')), or align "
+            "without the 'swiglu' region."
+        )
+    return ALL_EXPERTS_FUNCTIONS[implementation]

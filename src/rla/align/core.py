@@ -1,0 +1,224 @@
+"""``align`` / ``unalign`` / ``aligned``: find the family's modules, check, patch, report.
+
+The alignment of a model lives on its decoder body (``<Prefix>Model``): ``_rla_alignment`` holds
+the profile, regions and report, and every patched module holds its own ``_rla_patch``
+(``rla.align.patch``). ``unalign`` walks the body and undoes each patch; aligning an aligned model
+unaligns it first, so nothing is ever wrapped twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from rla.align import compat
+from rla.align.families import FAMILIES, Family, class_named, get_family
+from rla.align.patch import foreign_wrapper, patch_of, uninstall
+from rla.align.report import AlignmentReport
+from rla.align.rmsnorm import align_layers, align_norms
+from rla.align.rope import align_attention, align_rotary
+from rla.align.swiglu import align_experts, align_mlps, check_activation, check_experts
+from rla.profiles import REGIONS, RoundingProfile, resolve
+
+__all__ = ["align", "unalign", "aligned", "alignment_of"]
+
+_STATE_ATTR = "_rla_alignment"
+
+
+@dataclass
+class _Modules:
+    """The modules of one decoder body that the three regions patch, by role."""
+
+    rotary: torch.nn.Module
+    layers: list[torch.nn.Module]
+    layer_class: type
+    attentions: list[torch.nn.Module] = field(default_factory=list)
+    norms: list[torch.nn.Module] = field(default_factory=list)
+    qk_norms: list[torch.nn.Module] = field(default_factory=list)
+    mlps: list[torch.nn.Module] = field(default_factory=list)
+    shared_experts: list[torch.nn.Module] = field(default_factory=list)
+    experts: list[torch.nn.Module] = field(default_factory=list)
+
+
+def _check_regions(regions) -> tuple[str, ...]:
+    if isinstance(regions, str):
+        regions = (regions,)
+    try:
+        regions = tuple(regions)
+    except TypeError:
+        raise TypeError(f"regions must be a tuple of region names from {REGIONS}, got {regions!r}") from None
+    unknown = [r for r in regions if r not in REGIONS]
+    if unknown:
+        raise ValueError(f"unknown region(s) {unknown}; regions are {REGIONS} (any non-empty subset)")
+    if not regions:
+        raise ValueError(f"regions is empty; pick a non-empty subset of {REGIONS} (or call rla.unalign)")
+    return tuple(r for r in REGIONS if r in regions)
+
+
+def _find(model) -> tuple[Family, torch.nn.Module]:
+    """The model's family and its decoder body, through PEFT / torch.compile / FSDP2 wrappers."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"rla.align needs a transformers model (torch.nn.Module), got {type(model).__name__}")
+    config = None
+    for m in model.modules():
+        config = m.__dict__.get("config")
+        if config is not None and hasattr(config, "model_type"):
+            break
+    else:
+        raise NotImplementedError(
+            f"rla.align: {type(model).__name__} has no transformers config; it supports HF "
+            f"transformers models of the families {', '.join(FAMILIES)}"
+        )
+    family = get_family(config.model_type, type(model).__name__)
+    for m in model.modules():
+        if class_named(m, family.prefix + "Model") is not None and isinstance(
+            getattr(m, "layers", None), torch.nn.ModuleList
+        ):
+            return family, m
+    raise NotImplementedError(
+        f"rla.align: found a {family.model_type} config but no {family.prefix}Model with `layers` "
+        f"inside {type(model).__name__}"
+    )
+
+
+def _expect(module, family: Family, role: str, where: str) -> torch.nn.Module:
+    if module is None or class_named(module, family.cls(role)) is None:
+        raise NotImplementedError(
+            f"rla.align: expected a {family.cls(role)} at {where}, found {type(module).__name__}. "
+            f"transformers {compat.TRANSFORMERS_VERSION} may lay out {family.model_type} differently "
+            "from what rla/align/families.py describes."
+        )
+    return module
+
+
+def _scan(body: torch.nn.Module, family: Family) -> _Modules:
+    rotary = _expect(getattr(body, "rotary_emb", None), family, "rotary", "model.rotary_emb")
+    layers = list(body.layers)
+    if not layers:
+        raise NotImplementedError("rla.align: the model has no decoder layers")
+    found = _Modules(rotary, layers, class_named(layers[0], family.cls("layer")) or type(layers[0]))
+    found.norms.append(_expect(getattr(body, "norm", None), family, "norm", "model.norm"))
+    for i, layer in enumerate(layers):
+        where = f"model.layers[{i}]"
+        _expect(layer, family, "layer", where)
+        attn = _expect(getattr(layer, "self_attn", None), family, "attention", f"{where}.self_attn")
+        found.attentions.append(attn)
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            found.norms.append(_expect(getattr(layer, name, None), family, "norm", f"{where}.{name}"))
+        if family.qk_norm:
+            for name in ("q_norm", "k_norm"):
+                found.qk_norms.append(
+                    _expect(getattr(attn, name, None), family, "norm", f"{where}.self_attn.{name}")
+                )
+        mlp = getattr(layer, "mlp", None)
+        if mlp is not None and class_named(mlp, family.cls("mlp")) is not None:
+            found.mlps.append(mlp)
+        elif family.moe and mlp is not None and class_named(mlp, family.cls("moe")) is not None:
+            found.experts.append(_expect(getattr(mlp, "experts", None), family, "experts", f"{where}.mlp.experts"))
+            if family.shared_expert:
+                shared = getattr(mlp, family.shared_expert, None)
+                found.shared_experts.append(
+                    _expect(shared, family, "mlp", f"{where}.mlp.{family.shared_expert}")
+                )
+        else:
+            expected = family.cls("mlp") + (f" or {family.cls('moe')}" if family.moe else "")
+            _expect(mlp, family, "mlp", f"{where}.mlp (a {expected})")
+    return found
+
+
+def alignment_of(model) -> AlignmentReport | None:
+    """The report of ``model``'s current alignment, or None when it is not aligned."""
+    _, body = _find(model)
+    state = body.__dict__.get(_STATE_ATTR)
+    return None if state is None else state
+
+
+def align(
+    model: torch.nn.Module,
+    profile: str | RoundingProfile = "vllm",
+    regions=REGIONS,
+) -> AlignmentReport:
+    """Make ``model``'s training forward round where ``profile``'s engine rounds.
+
+    Per instance and reversible (``rla.unalign``); aligning again replaces the alignment. See the
+    ``rla.align`` package docstring for what changes in each region.
+    """
+    p = resolve(profile)
+    regions = _check_regions(regions)
+    family, body = _find(model)
+    found = _scan(body, family)
+    if "swiglu" in regions:
+        check_activation(body.config)
+        for experts in found.experts:
+            check_experts(experts)
+    if body.__dict__.get(_STATE_ATTR) is not None:
+        unalign(body)
+
+    report = AlignmentReport(
+        profile=p,
+        regions=regions,
+        family=family.model_type,
+        model_class=type(model).__name__,
+        transformers_version=str(compat.TRANSFORMERS_VERSION),
+    )
+    try:
+        if "rope" in regions:
+            report.hazards.extend(align_rotary(found.rotary))
+            align_attention(found.attentions, family, p)
+            report.counts["rope"] = {"rotary_emb": 1, "self_attn": len(found.attentions)}
+        if "swiglu" in regions:
+            align_mlps(found.mlps + found.shared_experts, p)
+            align_experts(found.experts, p)
+            counts = {"mlp": len(found.mlps)}
+            if family.moe:
+                counts["experts"] = len(found.experts)
+                if family.shared_expert:
+                    counts["shared_expert"] = len(found.shared_experts)
+            report.counts["swiglu"] = counts
+        if "rmsnorm" in regions:
+            align_layers(found.layers, found.layer_class, p)
+            align_norms(found.norms + found.qk_norms, p)
+            counts = {"decoder layers": len(found.layers), "RMSNorm": len(found.norms)}
+            if found.qk_norms:
+                counts["q_norm/k_norm"] = len(found.qk_norms)
+            report.counts["rmsnorm"] = counts
+    except BaseException:
+        for m in body.modules():
+            uninstall(m)
+        raise
+    body.__dict__[_STATE_ATTR] = report
+    return report
+
+
+def unalign(model: torch.nn.Module) -> AlignmentReport | None:
+    """Undo ``rla.align`` on ``model``; returns the removed alignment's report (None if none)."""
+    _, body = _find(model)
+    patched = [m for m in body.modules() if patch_of(m) is not None]
+    rewrapped = [(type(m).__name__, name) for m in patched if (name := foreign_wrapper(m))]
+    if rewrapped:
+        raise RuntimeError(
+            "rla.unalign: these modules' attributes were replaced after rla.align, so restoring "
+            f"the originals would drop that wrapper: {rewrapped[:4]}. Remove the later wrapper "
+            "(e.g. an accelerate hook) first, or align after adding it."
+        )
+    for m in patched:
+        uninstall(m)
+    return body.__dict__.pop(_STATE_ATTR, None)
+
+
+@contextlib.contextmanager
+def aligned(model: torch.nn.Module, profile: str | RoundingProfile = "vllm", regions=REGIONS):
+    """``with rla.aligned(model, "vllm") as report:`` aligns inside the block only.
+
+    On exit the model returns to its state before the block: unaligned, or aligned as it was.
+    """
+    before = alignment_of(model)
+    report = align(model, profile, regions)
+    try:
+        yield report
+    finally:
+        unalign(model)
+        if before is not None:
+            align(model, before.profile, before.regions)

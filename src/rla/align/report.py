@@ -1,0 +1,97 @@
+"""What ``rla.align`` did to a model: a small dataclass that prints as a table."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from rla.profiles import REGIONS, RoundingProfile
+
+__all__ = ["AlignmentReport", "FixedHazard"]
+
+
+@dataclass(frozen=True)
+class FixedHazard:
+    """A precision hazard outside the five rounding points that aligning fixed (ROUNDING.md)."""
+
+    name: str
+    detail: str
+
+
+def _rounding(profile: RoundingProfile, region: str) -> str:
+    if region == "rope":
+        return f"cos/sin {profile.rope_cos_sin}, apply {profile.rope_apply}"
+    if region == "swiglu":
+        return profile.swiglu
+    return f"weight {profile.norm_weight}, residual {profile.norm_residual}"
+
+
+@dataclass
+class AlignmentReport:
+    """Profile, regions and what was aligned; ``str(report)`` is a short table.
+
+    ``counts[region]`` maps a kind of module to how many were aligned, e.g.
+    ``{"rope": {"rotary_emb": 1, "self_attn": 2}, ...}``; regions not aligned are absent.
+    """
+
+    profile: RoundingProfile
+    regions: tuple[str, ...]
+    family: str
+    model_class: str
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    hazards: list[FixedHazard] = field(default_factory=list)
+    transformers_version: str = ""
+
+    def modules(self, region: str) -> int:
+        """Total modules aligned in ``region`` (0 when the region was not aligned)."""
+        return sum(self.counts.get(region, {}).values())
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["profile"] = self.profile.name
+        d["points"] = self.profile.points()
+        return d
+
+    def _rows(self) -> list[tuple[str, str, str]]:
+        rows = []
+        for region in REGIONS:
+            if region in self.regions:
+                what = ", ".join(f"{n} {kind}" for kind, n in self.counts.get(region, {}).items())
+                rows.append((region, what, _rounding(self.profile, region)))
+            else:
+                rows.append((region, "not aligned (model's own code)", ""))
+        return rows
+
+    def _title(self) -> str:
+        return (
+            f"rla.align: profile {self.profile.name!r} on {self.family} ({self.model_class}), "
+            f"transformers {self.transformers_version}"
+        )
+
+    def __str__(self) -> str:
+        rows = [("region", "aligned modules", "rounding"), *self._rows()]
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = [self._title()]
+        for r in rows:
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if self.hazards:
+            lines.append("  hazards fixed:")
+            lines.extend(f"    - {h.name}: {h.detail}" for h in self.hazards)
+        else:
+            lines.append("  hazards fixed: none found")
+        return "\n".join(lines)
+
+    def __rich__(self):
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(title=self._title(), title_justify="left")
+        for name in ("region", "aligned modules", "rounding"):
+            table.add_column(name)
+        for row in self._rows():
+            table.add_row(*row)
+        hazards = Text(
+            "hazards fixed: "
+            + ("none found" if not self.hazards else "; ".join(f"{h.name}: {h.detail}" for h in self.hazards))
+        )
+        return Group(table, hazards)

@@ -1,0 +1,133 @@
+"""RMSNorm region: every norm through ``rla.ops.rms_norm``, and the residual sum across layers.
+
+Engines fuse layer i's last residual add into layer i+1's input norm (and the last one into the
+final norm). Under ``norm_residual='fp32_sum'`` that norm reads the fp32 sum x + r, while the
+residual stream stays RN(x + r). In HF the add and the norm are in different modules, so the
+aligned decoder layer returns the *fp32 sum* instead of RN(x + r):
+
+    layer i:    ... s = x + r (fp32)  -> returned as is
+    layer i+1:  residual = RN(s)      (the unchanged residual stream)
+                h = input_layernorm(s) (reads the fp32 sum, output rounded to lp)
+    final norm: model.norm(s_last)
+
+so the profile holds at every norm, the final one included. Under ``rounded_sum`` the layer
+returns RN(x + r) in lp, as HF does. Consequences worth knowing:
+
+- ``output_hidden_states`` shows the fp32 sums (the values the next norm reads), not RN(x + r).
+- Layer 0 receives the embeddings (lp; fp32 under autocast with fp32 weights, rounded here as
+  the engine's bf16 embedding table would be).
+- A layer i > 0 that receives an lp tensor under ``fp32_sum`` raises: something rounded the sum
+  between layers, usually FSDP2's ``MixedPrecisionPolicy(cast_forward_inputs=True)``.
+
+``lp``, the stack's low-precision dtype, is the input's dtype when that is bf16/fp16; for an fp32
+input it is the autocast dtype when autocast is on, else the norm weight's dtype (bf16 for a bf16
+model or under FSDP2 ``param_dtype=bf16``; fp32 for an fp32 model, where nothing is rounded).
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+import torch
+
+from rla import ops
+from rla.align import compat
+from rla.align.patch import install
+from rla.profiles import RoundingProfile
+
+__all__ = ["stack_dtype", "align_norms", "align_layers"]
+
+
+def stack_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The low-precision dtype the engine would hold ``x`` in (see the module docstring)."""
+    if x.dtype != torch.float32:
+        return x.dtype
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return weight.dtype
+
+
+def _make_norm_forward(profile: RoundingProfile):
+    def forward(self, hidden_states):
+        lp = stack_dtype(hidden_states, self.weight)
+        return ops.rms_norm(hidden_states, self.weight, self.variance_epsilon, profile, dtype=lp)
+
+    return forward
+
+
+def align_norms(norms: list[torch.nn.Module], profile: RoundingProfile) -> None:
+    forward = _make_norm_forward(profile)
+    for norm in norms:
+        if not hasattr(norm, "variance_epsilon") or not isinstance(getattr(norm, "weight", None), torch.Tensor):
+            raise NotImplementedError(
+                f"rla.align: {type(norm).__name__} has no `weight` / `variance_epsilon`; this "
+                "transformers release changed the RMSNorm module (see rla/align/compat.py)"
+            )
+        install(norm, "norm", {"forward": types.MethodType(forward, norm)})
+
+
+def _cast_error(index: int, got: torch.dtype, profile: RoundingProfile) -> RuntimeError:
+    return RuntimeError(
+        f"rla.align: decoder layer {index} received its hidden states as {got}, but profile "
+        f"{profile.name!r} (norm_residual='fp32_sum') hands each layer the fp32 sum x + r of the "
+        "previous layer, which its input norm reads. Something rounded it between layers: usually "
+        "FSDP2's MixedPrecisionPolicy(cast_forward_inputs=True), the default, which casts every "
+        "sharded module's inputs to param_dtype. Use MixedPrecisionPolicy(param_dtype=..., "
+        "cast_forward_inputs=False), or align with a rounded_sum profile ('hf', 'vllm-eager')."
+    )
+
+
+def _layer_parameters(forward) -> tuple[tuple[str, ...], tuple[tuple[str, object], ...]]:
+    """Names (after ``hidden_states``) and defaults of the class forward, to pass them through."""
+    params = list(inspect.signature(forward).parameters.values())[2:]  # self, hidden_states
+    names = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
+    defaults = tuple(
+        (p.name, p.default)
+        for p in params
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is not p.empty
+    )
+    return names, defaults
+
+
+def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults):
+    fp32_sum = profile.norm_residual == "fp32_sum"
+
+    def forward(self, hidden_states, *args, **kwargs):
+        for name, value in zip(names, args):
+            kwargs[name] = value
+        for name, value in defaults:
+            kwargs.setdefault(name, value)
+        lp = stack_dtype(hidden_states, self.input_layernorm.weight)
+        if hidden_states.dtype == lp:
+            if fp32_sum and index > 0 and lp != torch.float32:
+                raise _cast_error(index, hidden_states.dtype, profile)
+            residual = hidden_states
+            h = self.input_layernorm(hidden_states)
+        else:  # fp32 in an lp stack: the previous layer's fp32 sum, or autocast embeddings
+            residual = hidden_states.to(lp)
+            h = self.input_layernorm(hidden_states if fp32_sum and index > 0 else residual)
+
+        attn_out = self.self_attn(hidden_states=h, **kwargs)[0]
+        total = attn_out.to(lp).float() + residual.float()
+        residual = total.to(lp)
+        h = self.post_attention_layernorm(total if fp32_sum else residual)
+
+        mlp_out = self.mlp(h)
+        extra = ()
+        if isinstance(mlp_out, tuple):  # an MoE block that also returns router logits
+            mlp_out, *extra = mlp_out
+        total = mlp_out.to(lp).float() + residual.float()
+        out = total if fp32_sum else total.to(lp)
+        return (out, *extra) if extra else out
+
+    return compat.with_layer_checkpointing(forward)
+
+
+def align_layers(layers: list[torch.nn.Module], layer_class: type, profile: RoundingProfile) -> None:
+    """Replace each decoder layer's forward; ``layers`` in model order (index 0 reads embeddings)."""
+    names, defaults = _layer_parameters(layer_class.forward)
+    for index, layer in enumerate(layers):
+        forward = _make_layer_forward(profile, index, names, defaults)
+        install(layer, "layer", {"forward": types.MethodType(forward, layer)})

@@ -1,0 +1,123 @@
+"""SwiGLU region: ``silu(gate) * up`` through ``rla.ops.swiglu`` in dense MLPs and MoE experts.
+
+- Dense MLP (``gate_proj``/``up_proj``/``down_proj``; also Qwen2-MoE's shared expert):
+  ``down_proj(rla.ops.swiglu(gate_proj(x), up_proj(x), profile))``. The projections are called as
+  modules, so PEFT LoRA layers and hooks on them still run.
+- MoE experts (transformers 5.x: 3-D ``gate_up_proj`` [E, 2I, H] and ``down_proj`` [E, H, I],
+  decorated by ``use_experts_implementation``). The activation product lives in
+  ``self._apply_gate``, which the registered grouped/batched implementations call; it is
+  overridden per instance. The eager loop computes the product inline, so the instance
+  ``forward`` is HF's eager loop with that one line calling ``self._apply_gate``; for
+  other implementations it dispatches as HF does and the override does the rest.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+
+from rla import ops
+from rla.align import compat
+from rla.align.patch import install
+from rla.profiles import RoundingProfile
+
+__all__ = ["check_activation", "check_experts", "align_mlps", "align_experts"]
+
+_SILU = ("silu", "swish")
+
+
+def check_activation(config) -> None:
+    act = getattr(config, "hidden_act", None)
+    if act not in _SILU:
+        raise ValueError(
+            f"rla.align 'swiglu' region: config.hidden_act is {act!r}, but the region aligns "
+            "silu(gate) * up (SwiGLU). Align without 'swiglu' (regions=('rope', 'rmsnorm'))."
+        )
+
+
+def _experts_implementation(experts) -> str:
+    config = getattr(experts, "config", None)
+    impl = getattr(config, "_experts_implementation", None)
+    return "eager" if impl is None else impl
+
+
+def check_experts(experts: torch.nn.Module) -> None:
+    """Refuse expert layouts the aligned gate does not compute exactly."""
+    problems = []
+    for name in ("gate_up_proj", "down_proj"):
+        w = getattr(experts, name, None)
+        if not isinstance(w, torch.Tensor) or w.ndim != 3:
+            problems.append(f"{name} is not a 3-D expert weight")
+    if not getattr(experts, "has_gate", True):
+        problems.append("has_gate=False")
+    if getattr(experts, "has_bias", False):
+        problems.append("has_bias=True")
+    if not getattr(experts, "is_concatenated", True):
+        problems.append("gate/up interleaved (is_concatenated=False)")
+    if problems:
+        raise NotImplementedError(
+            f"rla.align: {type(experts).__name__} has a layout the aligned experts do not handle: "
+            f"{'; '.join(problems)}"
+        )
+    impl = _experts_implementation(experts)
+    if impl != "eager":
+        compat.experts_function(impl)  # raises for kernels that fuse the activation
+
+
+def _make_mlp_forward(profile: RoundingProfile):
+    def forward(self, x):
+        return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x), profile))
+
+    return forward
+
+
+def _make_apply_gate(profile: RoundingProfile):
+    def _apply_gate(self, gate_up_out):
+        gate, up = gate_up_out.chunk(2, dim=-1)
+        return ops.swiglu(gate, up, profile)
+
+    return _apply_gate
+
+
+def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """HF's eager experts loop, with the activation product going through ``self._apply_gate``."""
+    impl = _experts_implementation(self)
+    if impl != "eager":
+        return compat.experts_function(impl)(self, hidden_states, top_k_index, top_k_weights)
+    final_hidden_states = torch.zeros_like(hidden_states)
+    with torch.no_grad():
+        # num_experts + 1 classes: expert-parallel sentinels (index == num_experts) are skipped.
+        expert_mask = F.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
+        expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+    for expert_idx in expert_hit:
+        expert_idx = expert_idx[0]
+        if expert_idx == self.num_experts:
+            continue
+        top_k_pos, token_idx = torch.where(expert_mask[expert_idx])
+        current = hidden_states[token_idx]
+        current = self._apply_gate(F.linear(current, self.gate_up_proj[expert_idx]))
+        current = F.linear(current, self.down_proj[expert_idx])
+        current = current * top_k_weights[token_idx, top_k_pos, None]
+        final_hidden_states.index_add_(0, token_idx, current.to(final_hidden_states.dtype))
+    return final_hidden_states
+
+
+def align_mlps(mlps: list[torch.nn.Module], profile: RoundingProfile) -> None:
+    forward = _make_mlp_forward(profile)
+    for mlp in mlps:
+        install(mlp, "mlp", {"forward": types.MethodType(forward, mlp)})
+
+
+def align_experts(experts_list: list[torch.nn.Module], profile: RoundingProfile) -> None:
+    apply_gate = _make_apply_gate(profile)
+    for experts in experts_list:
+        install(
+            experts,
+            "experts",
+            {
+                "forward": types.MethodType(_experts_forward, experts),
+                "_apply_gate": types.MethodType(apply_gate, experts),
+            },
+        )
