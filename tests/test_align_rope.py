@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rla
-from rla.align import compat
+from rla.alignment import compat
 
 try:
     from test_align_spec import (  # noqa: F401

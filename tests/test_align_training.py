@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import rla
-from rla.align.core import _find
+from rla.alignment.core import _find
 
 try:
     from test_align_spec import PROFILES, SPEC, single_thread, spec_forward, tiny_model, tokens  # noqa: F401

@@ -13,6 +13,5 @@ def __getattr__(name):
     if name in _ALIGN_NAMES:
         import importlib
 
-        module = importlib.import_module("rla.align")  # a callable module: rla.align(model, ...)
-        return module if name == "align" else getattr(module, name)
+        return getattr(importlib.import_module("rla.alignment"), name)
     raise AttributeError(f"module 'rla' has no attribute {name!r}")

@@ -79,8 +79,20 @@ class Sampler:
         *,
         dtype: torch.dtype = torch.bfloat16,
         device: str | torch.device | None = None,
+        cache: str = "dynamic",
+        compile: bool = False,
     ):
+        """``cache="static"`` preallocates the KV cache for prompt + max_new_tokens, so every decode
+        step has the same shapes; ``compile=True`` (static cache only) runs those steps through
+        ``torch.compile(mode="reduce-overhead")``, i.e. CUDA graphs on GPU. Whether that pays is
+        measured in ``benchmarks/results/`` (it does not on CPU)."""
         import rla
+
+        if cache not in ("dynamic", "static"):
+            raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
+        if compile and cache != "static":
+            raise ValueError("compile=True needs cache='static' (static shapes per decode step)")
+        self.cache = cache
 
         self.profile = resolve(profile)
         self.dtype = dtype
@@ -92,6 +104,7 @@ class Sampler:
         self.alignment = rla.align(engine, profile=self.profile)
         self.model.eval()
         self._cache_kw = _cache_kwarg(engine)
+        self._decode = torch.compile(engine, mode="reduce-overhead", dynamic=False) if compile else engine
         eos = engine.config.eos_token_id
         self.eos_ids = tuple(eos if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos]))
         self.pad_id = engine.config.pad_token_id if engine.config.pad_token_id is not None else 0
@@ -157,21 +170,31 @@ class Sampler:
         gen = torch.Generator(device=self.device)
         gen.manual_seed(params.seed if params.seed is not None else torch.seed())
         stops = torch.tensor(sorted(set(self.eos_ids) | set(params.stop_token_ids)), device=self.device)
-        cache = _new_cache(self.model)
-        mask = batch.mask
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        prompt_len = batch.ids.shape[1]
+        total = prompt_len + params.max_new_tokens
+        cache = _new_cache(self.model, total if self.cache == "static" else None)
+        # static: one full-length mask whose future columns are ignored by the causal mask, so the
+        # decode inputs keep their shapes; dynamic: the mask grows by one column per step.
+        full_mask = torch.ones((n, total), dtype=batch.mask.dtype, device=self.device)
+        full_mask[:, :prompt_len] = batch.mask
+        mask = full_mask if self.cache == "static" else batch.mask
+        positions = (batch.mask.cumsum(-1) - 1).clamp(min=0)
+        cache_position = torch.arange(prompt_len, device=self.device)
         tokens = batch.ids
         done = torch.zeros(n, dtype=torch.bool, device=self.device)
         out_ids, out_lp = [], []
-        for _ in range(params.max_new_tokens):
-            logits = self.model(
+        for step in range(params.max_new_tokens):
+            forward = self.model if step == 0 else self._decode
+            extra = {"cache_position": cache_position} if self.cache == "static" else {}
+            logits = forward(
                 input_ids=tokens,
                 attention_mask=mask,
                 position_ids=positions,
                 use_cache=True,
                 logits_to_keep=1,
+                **extra,
                 **{self._cache_kw: cache},
-            ).logits[:, -1]
+            ).logits[:, -1].clone()
             logp = process_logits(logits, params.temperature, params.top_k, params.top_p)
             nxt = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
             lp = logp.gather(-1, nxt[:, None]).squeeze(-1)
@@ -184,7 +207,9 @@ class Sampler:
                 break
             tokens = nxt[:, None]
             positions = positions[:, -1:] + 1
-            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], dim=-1)
+            cache_position = cache_position[-1:] + 1
+            if self.cache == "dynamic":
+                mask = full_mask[:, : prompt_len + step + 1]
         ids = torch.stack(out_ids, 1).cpu()
         lps = torch.stack(out_lp, 1).double().cpu()
         records = []
@@ -223,7 +248,9 @@ def _fresh_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(copy.deepcopy(model.config), dtype=dtype)
 
 
-def _new_cache(model):
-    from transformers import DynamicCache
+def _new_cache(model, max_len: int | None):
+    from transformers import DynamicCache, StaticCache
 
-    return DynamicCache(config=model.config)
+    if max_len is None:
+        return DynamicCache(config=model.config)
+    return StaticCache(config=model.config, max_cache_len=max_len)

@@ -121,7 +121,7 @@ def _aligned(model, profile, regions):
 def _check_unaligned(model):
     import rla
 
-    state = rla.alignment_of(model) if hasattr(rla, "alignment_of") else None
+    state = rla.alignment_of(model)
     if state is not None:
         raise ValueError(
             "diagnose needs the model as the trainer runs it without rla; it is aligned now "

@@ -33,7 +33,7 @@ def inv_freq_angle_error(module, max_position: int) -> float:
     The reference is the fp32 inv_freq that the module's own init computes from its config;
     the error is evaluated in fp64: max_j |p * (inv_freq[j] - inv_freq_fp32[j])|.
     """
-    from rla.align.rope import fp32_inv_freq
+    from rla.alignment.rope import fp32_inv_freq
 
     ref = fp32_inv_freq(module).double().cpu()
     used = module.inv_freq.detach().double().cpu()
@@ -107,7 +107,7 @@ def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16
 def _is_aligned(model) -> bool:
     import rla
 
-    return rla.alignment_of(model) is not None if hasattr(rla, "alignment_of") else False
+    return rla.alignment_of(model) is not None
 
 
 def _fsdp_mp_policy(module):

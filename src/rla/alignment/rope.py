@@ -20,10 +20,10 @@ import types
 import torch
 
 from rla import ops
-from rla.align import compat
-from rla.align.families import Family, class_named
-from rla.align.patch import install, with_globals
-from rla.align.report import FixedHazard
+from rla.alignment import compat
+from rla.alignment.families import Family, class_named
+from rla.alignment.patch import install, with_globals
+from rla.alignment.report import FixedHazard
 from rla.profiles import RoundingProfile
 
 __all__ = ["align_rotary", "align_attention", "make_apply_rotary", "fp32_inv_freq"]

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from rla import ops
-from rla.align import compat
-from rla.align.patch import install
+from rla.alignment import compat
+from rla.alignment.patch import install
 from rla.profiles import RoundingProfile
 
 __all__ = ["check_activation", "check_experts", "align_mlps", "align_experts"]

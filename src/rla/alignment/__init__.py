@@ -15,10 +15,10 @@ What changes, per region (everything else in the model runs HF's own code):
   ``rla.ops.swiglu``.
 - ``rmsnorm``: every RMSNorm (input, post-attention, final, Qwen3's q/k norms) runs
   ``rla.ops.rms_norm``; under ``norm_residual='fp32_sum'`` decoder layers hand the fp32 residual
-  sum to the next norm, as fused add+norm kernels do (see ``rla.align.rmsnorm``).
+  sum to the next norm, as fused add+norm kernels do (see ``rla.alignment.rmsnorm``).
 
 Supported families: Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Mixtral
-(``rla.align.families``); transformers 5.17 and 5.24 (``rla.align.compat``).
+(``rla.alignment.families``); transformers 5.17 and 5.24 (``rla.alignment.compat``).
 
 Alignment is per instance: only instance attributes change, classes and transformers' module
 globals never do, and ``state_dict()`` is untouched. Works under ``model.generate``, gradient
@@ -39,40 +39,11 @@ Things that behave differently from HF on purpose:
 - ``model.to(dtype)`` after aligning is an error at the next forward (it re-rounds ``inv_freq``):
   align again after casting. Pickling the aligned module object (``torch.save(model)``) is not
   supported; ``state_dict()`` / ``save_pretrained`` are unchanged and round-trip.
-
-Note on the name: ``rla.align`` is both this package and the function users call. Python binds a
-package's name on its parent on first import, which would shadow a function of the same name, so
-this module object is itself callable: ``rla.align(model, ...)`` is ``rla.align.align(model, ...)``.
 """
 
 from __future__ import annotations
 
-import sys
-import types
-
-from rla.align.core import aligned, alignment_of, unalign
-from rla.align.core import align as _align
-from rla.align.report import AlignmentReport, FixedHazard
-from rla.profiles import REGIONS, RoundingProfile
+from rla.alignment.core import align, aligned, alignment_of, unalign
+from rla.alignment.report import AlignmentReport, FixedHazard
 
 __all__ = ["align", "unalign", "aligned", "alignment_of", "AlignmentReport", "FixedHazard"]
-
-
-def align(model, profile: str | RoundingProfile = "vllm", regions=REGIONS) -> AlignmentReport:
-    """Align ``model`` (an HF transformers model, PEFT- or compile-wrapped) to ``profile``.
-
-    ``profile``: a name from ``rla.profiles.names()`` or a ``RoundingProfile``. ``regions``: any
-    non-empty subset of ``("rope", "swiglu", "rmsnorm")``; the others keep HF's code. Aligning an
-    aligned model replaces its alignment. Returns an :class:`AlignmentReport`.
-    """
-    return _align(model, profile, regions)
-
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, model, profile: str | RoundingProfile = "vllm", regions=REGIONS) -> AlignmentReport:
-        return align(model, profile, regions)
-
-    __call__.__doc__ = align.__doc__
-
-
-sys.modules[__name__].__class__ = _CallableModule

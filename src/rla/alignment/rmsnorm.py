@@ -32,8 +32,8 @@ import types
 import torch
 
 from rla import ops
-from rla.align import compat
-from rla.align.patch import install
+from rla.alignment import compat
+from rla.alignment.patch import install
 from rla.profiles import RoundingProfile
 
 __all__ = ["stack_dtype", "align_norms", "align_layers"]

@@ -2,7 +2,7 @@
 
 The alignment of a model lives on its decoder body (``<Prefix>Model``): ``_rla_alignment`` holds
 the profile, regions and report, and every patched module holds its own ``_rla_patch``
-(``rla.align.patch``). ``unalign`` walks the body and undoes each patch; aligning an aligned model
+(``rla.alignment.patch``). ``unalign`` walks the body and undoes each patch; aligning an aligned model
 unaligns it first, so nothing is ever wrapped twice.
 """
 
@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rla.align import compat
-from rla.align.families import FAMILIES, Family, class_named, get_family
-from rla.align.patch import foreign_wrapper, patch_of, uninstall
-from rla.align.report import AlignmentReport
-from rla.align.rmsnorm import align_layers, align_norms
-from rla.align.rope import align_attention, align_rotary
-from rla.align.swiglu import align_experts, align_mlps, check_activation, check_experts
+from rla.alignment import compat
+from rla.alignment.families import FAMILIES, Family, class_named, get_family
+from rla.alignment.patch import foreign_wrapper, patch_of, uninstall
+from rla.alignment.report import AlignmentReport
+from rla.alignment.rmsnorm import align_layers, align_norms
+from rla.alignment.rope import align_attention, align_rotary
+from rla.alignment.swiglu import align_experts, align_mlps, check_activation, check_experts
 from rla.profiles import REGIONS, RoundingProfile, resolve
 
 __all__ = ["align", "unalign", "aligned", "alignment_of"]
@@ -143,7 +143,7 @@ def align(
     """Make ``model``'s training forward round where ``profile``'s engine rounds.
 
     Per instance and reversible (``rla.unalign``); aligning again replaces the alignment. See the
-    ``rla.align`` package docstring for what changes in each region.
+    ``rla.alignment`` package docstring for what changes in each region.
     """
     p = resolve(profile)
     regions = _check_regions(regions)

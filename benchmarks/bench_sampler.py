@@ -1,0 +1,107 @@
+"""Rollout throughput: rla.sampler against plain HF generate, on one GPU.
+
+Qwen2.5-0.5B shapes (random init, bf16), a batch of prompts, a fixed number of new tokens with no
+early stop, sampling at temperature 1. Each arm runs once to warm up (and compile), then is timed.
+A failing arm is recorded with its error, not dropped.
+
+    python benchmarks/bench_sampler.py --out results_dir
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from datetime import date
+
+import torch
+
+
+def model_05b(device):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+        rope_theta=1e6, tie_word_embeddings=True, eos_token_id=None, pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).to(device).eval()
+
+
+def timed(fn, sync):
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--new", type=int, default=256)
+    args = ap.parse_args()
+    from rla.sampler import Sampler, SamplingParams
+
+    device = "cuda"
+    model = model_05b(device)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(10, 150000, (args.batch, args.prompt), generator=g)
+    params = SamplingParams(max_new_tokens=args.new, seed=0)
+    sync = torch.cuda.synchronize
+    n_tokens = args.batch * args.new
+    rows = []
+
+    def hf(cache_implementation=None):
+        def run():
+            kw = {"cache_implementation": cache_implementation} if cache_implementation else {}
+            model.generate(
+                prompts.to(device), attention_mask=torch.ones_like(prompts).to(device), do_sample=True,
+                max_new_tokens=args.new, min_new_tokens=args.new, top_k=0, top_p=1.0, temperature=1.0, **kw,
+            )
+        return run
+
+    def rla_arm(**kw):
+        s = Sampler(model, "vllm", **kw)
+        return lambda: s.generate(prompts.tolist(), params)
+
+    arms = [
+        ("HF generate (dynamic cache)", lambda: hf()),
+        ("HF generate (static cache, auto-compiled)", lambda: hf("static")),
+        ("rla Sampler, vllm profile, dynamic cache", lambda: rla_arm()),
+        ("rla Sampler, vllm profile, static cache", lambda: rla_arm(cache="static")),
+        ("rla Sampler, vllm profile, static cache + torch.compile (CUDA graphs)", lambda: rla_arm(cache="static", compile=True)),
+    ]
+    for name, make in arms:
+        try:
+            torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            seconds = timed(make(), sync)
+            rows.append({"arm": name, "seconds": seconds, "tok_per_s": n_tokens / seconds,
+                         "first_call_s": time.perf_counter() - t0 - seconds,
+                         "peak_gib": torch.cuda.max_memory_allocated() / 2**30})
+        except Exception as e:  # an arm that fails is a result too
+            rows.append({"arm": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        print(rows[-1], flush=True)
+    import transformers
+    import triton
+
+    result = {
+        "what": "rollout throughput, Qwen2.5-0.5B shapes random init bf16",
+        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "triton": triton.__version__, "python": platform.python_version(), "date": date.today().isoformat(),
+        "batch": args.batch, "prompt_len": args.prompt, "new_tokens": args.new,
+        "command": "python benchmarks/bench_sampler.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+        "rows": rows,
+    }
+    with open(f"{args.out}/sampler.json", "w") as f:
+        json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
