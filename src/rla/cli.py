@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("rla.commands.bench", "benchmark the fused ops and an aligned training step (CUDA)"),
     "profiles": ("rla.commands.profiles", "print the rounding-profile table"),
     "check-ops": ("rla.commands.check_ops", "run every region under every profile, show where outputs part"),
+    "train": ("rla.commands.train", "GRPO / REINFORCE with an engine-profile rollout stack (rla.rl)"),
+    "experiment": ("rla.commands.experiment", "models x arms x seeds of rla train, resumable, with summary and plots"),
 }
 
 # Errors a user can cause with bad input: printed as one clear line, no traceback.

@@ -1,0 +1,37 @@
+"""``rla experiment GRID --out DIR [--parallel N]``: models x arms x seeds, resumable, summarised."""
+
+from __future__ import annotations
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("grid", help="grid YAML: base config, models, arms, seeds (see rla.rl.experiment)")
+    parser.add_argument("--out", required=True, help="experiment folder (runs/, init/, summary.md, plots/)")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once (they share the GPU)")
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="seconds; then running runs checkpoint and stop, to be resumed by the next call")
+    parser.add_argument("--gpus", default=None, help="comma-separated GPU ids to spread runs over (default: all see the same)")
+    parser.add_argument("--only", default=None, help="run only runs whose name contains this (model__arm__sSEED)")
+    parser.add_argument("--summarize-only", action="store_true", help="write summary and plots from the logs; run nothing")
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from rla.rl.experiment import load_grid, run_grid, summarize_grid
+
+    console = Console()
+    if args.parallel < 1:
+        raise ValueError(f"--parallel must be >= 1, got {args.parallel}")
+    grid = load_grid(args.grid)
+    say = lambda msg: console.print(msg, highlight=False)  # noqa: E731
+    if args.summarize_only:
+        summary = summarize_grid(args.out, grid)
+    else:
+        gpus = [g.strip() for g in args.gpus.split(",")] if args.gpus else None
+        summary = run_grid(grid, args.out, parallel=args.parallel, time_limit_s=args.time_limit, gpus=gpus,
+                           only=args.only, say=say)
+    done = sum(r["finished"] for r in summary["runs"])
+    say(f"{done}/{len(summary['runs'])} runs finished; summary: {Path(args.out) / 'summary.md'}")
+    return 0

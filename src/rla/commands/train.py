@@ -1,0 +1,48 @@
+"""``rla train CONFIG [key=value ...] [--resume]``: one GRPO / REINFORCE run (rla.rl.trainer)."""
+
+from __future__ import annotations
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("config", nargs="?", help="YAML config file (fields: rla train --help-config)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train_precision=aligned seed=3")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in out_dir from its last checkpoint (starts fresh if it has none)")
+    parser.add_argument("--help-config", action="store_true", help="list every config field with its default and help")
+    parser.add_argument("--until-step", type=int, default=None, help="stop (checkpointed) after this step")
+
+
+def run(args) -> int:
+    from rla.rl.config import config_help, load_config
+
+    if args.help_config:
+        print(config_help())
+        return 0
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
+        config, overrides = None, [config, *overrides]  # only overrides, no file
+    cfg = load_config(config, overrides)
+    from rla.rl.trainer import train
+
+    result = train(cfg, resume=args.resume, until_step=args.until_step)
+    summary = result.get("summary")
+    if summary is not None:
+        from rich.console import Console
+
+        console = Console()
+        state = "finished" if result["finished"] else f"stopped at step {result['step']} (resume with --resume)"
+        s0 = summary.get("step0", {})
+        console.print(
+            f"[bold]{cfg.out_dir}[/]: {state}; step-0 k3 {_f(s0.get('k3'))}, mean |delta| {_f(s0.get('abs_mean'))}; "
+            f"final reward {_f(summary.get('final_reward'), '.3f')}, best {_f(summary.get('best_reward'), '.3f')}",
+            highlight=False)
+        events = summary.get("collapse_events") or []
+        if events:
+            console.print(f"[bold red]collapse signal fired at step(s) {[e['step'] for e in events]}[/]", highlight=False)
+        else:
+            console.print("collapse signal: never fired", highlight=False)
+    return 0
+
+
+def _f(x, spec: str = ".2e") -> str:
+    return "-" if x is None else format(x, spec)
