@@ -45,6 +45,7 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--arms", default="", help="comma-separated substrings: run only matching arms")
     args = ap.parse_args()
     from rla.sampler import Sampler, SamplingParams
 
@@ -77,6 +78,8 @@ def main():
         ("rla Sampler, vllm profile, static cache", lambda: rla_arm(cache="static")),
         ("rla Sampler, vllm profile, static cache + torch.compile (CUDA graphs)", lambda: rla_arm(cache="static", compile=True)),
     ]
+    wanted = [a for a in args.arms.split(",") if a]
+    arms = [(n, m) for n, m in arms if not wanted or any(w in n for w in wanted)]
     for name, make in arms:
         try:
             torch.cuda.reset_peak_memory_stats()
