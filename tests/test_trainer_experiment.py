@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from rla.cli import main
+from rla.rl import checkpoint as ckpt
 from rla.rl.experiment import load_grid
 from rla.rl.runlog import read_log
 
@@ -48,15 +49,23 @@ def test_grid_runs_resumes_and_summarises(tmp_path, monkeypatch, capsys):
     assert runs == ["micro__bf16__s0", "micro__rope__s0"]
     assert [len(read_log(out / "runs" / r / "log.jsonl")) for r in runs] == [2, 2]
 
-    # more steps in the grid: the next call continues each run from its last checkpoint
-    write_grid(grid, steps=3)
-    assert main(["experiment", str(grid), "--out", str(out), "--parallel", "2"]) == 0
+    # more steps in the grid: the next call continues each run from its last checkpoint, and its
+    # time limit stops them (checkpointed after the current step) long before 200 steps
+    write_grid(grid, steps=200)
+    assert main(["experiment", str(grid), "--out", str(out), "--parallel", "2", "--time-limit", "12"]) == 0
     text = capsys.readouterr().out
-    assert "2 to run" in text and "2/2 runs finished" in text
+    assert "2 to run" in text and "time limit: stopping 2 run(s)" in text and "0/2 runs finished" in text
     for r in runs:
         log = read_log(out / "runs" / r / "log.jsonl")
-        assert [rec["step"] for rec in log] == [0, 1, 2]
+        assert 2 < len(log) < 200 and [rec["step"] for rec in log] == list(range(len(log)))
         assert "resumed from" in (out / "runs" / r / "train.out").read_text()
+        # stopped cleanly: the last checkpoint is the last logged step, nothing to redo
+        assert ckpt.latest(out / "runs" / r / "checkpoints").name == f"step_{len(log):06d}"
+        assert json.loads((out / "runs" / r / "summary.json").read_text())["finished"] is False
+    # back to 3 steps: every run is past it, so nothing runs; the summary is rewritten
+    write_grid(grid, steps=3)
+    assert main(["experiment", str(grid), "--out", str(out)]) == 0
+    assert "0 to run" in capsys.readouterr().out
 
     summary = json.loads((out / "summary.json").read_text())
     arms = {a["arm"]: a for a in summary["arms"]}
@@ -67,9 +76,7 @@ def test_grid_runs_resumes_and_summarises(tmp_path, monkeypatch, capsys):
     assert "| bf16 |" in md and "| rope |" in md and "step-0 k3" in md
     assert (out / "plots" / "micro.png").stat().st_size > 10_000
 
-    # a finished grid runs nothing
-    assert main(["experiment", str(grid), "--out", str(out)]) == 0
-    assert "0 to run" in capsys.readouterr().out
+    assert main(["experiment", str(grid), "--out", str(out), "--summarize-only"]) == 0
 
 
 def test_grid_errors_name_the_problem(tmp_path):

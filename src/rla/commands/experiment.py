@@ -9,6 +9,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--parallel", type=int, default=1, help="runs at once (they share the GPU)")
     parser.add_argument("--time-limit", type=float, default=None,
                         help="seconds; then running runs checkpoint and stop, to be resumed by the next call")
+    parser.add_argument("--grace", type=float, default=30.0,
+                        help="seconds runs get to checkpoint and exit after the time limit (then killed)")
     parser.add_argument("--gpus", default=None, help="comma-separated GPU ids to spread runs over (default: all see the same)")
     parser.add_argument("--only", default=None, help="run only runs whose name contains this (model__arm__sSEED)")
     parser.add_argument("--summarize-only", action="store_true", help="write summary and plots from the logs; run nothing")
@@ -31,7 +33,7 @@ def run(args) -> int:
     else:
         gpus = [g.strip() for g in args.gpus.split(",")] if args.gpus else None
         summary = run_grid(grid, args.out, parallel=args.parallel, time_limit_s=args.time_limit, gpus=gpus,
-                           only=args.only, say=say)
+                           only=args.only, say=say, grace_s=args.grace)
     done = sum(r["finished"] for r in summary["runs"])
     say(f"{done}/{len(summary['runs'])} runs finished; summary: {Path(args.out) / 'summary.md'}")
     return 0

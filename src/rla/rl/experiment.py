@@ -20,6 +20,10 @@ arm that crashes or is killed does not take the others with it. Runs whose ``sum
 ``finished`` are skipped; the others resume from their last checkpoint. ``--time-limit`` sends
 SIGTERM to the runs still going at the deadline; each checkpoints after its current step and
 exits, and the next call continues them: that is how an experiment fits calls of a few minutes.
+A SIGTERM to ``rla experiment`` itself (an outer ``timeout``) stops the runs the same way; runs
+that have not exited ``--grace`` seconds later are killed and resume from their last checkpoint.
+Checkpoints (fp32 weights + AdamW state, ~12 bytes a parameter) stay in DIR: continuing in a later
+call needs DIR on that machine (or carried to it), not just the logs.
 
 With ``init: sft`` in the base config, each model's supervised warm start runs once
 (``DIR/init/<model>``) and every arm and seed of that model starts from it.
@@ -176,22 +180,40 @@ class _Job:
 
 
 def _run_jobs(jobs: list[_Job], parallel: int, deadline: float | None, say, progress=None,
-              grace_s: float = 120.0) -> dict[str, int | None]:
-    """Run ``jobs`` ``parallel`` at a time; at ``deadline`` SIGTERM what runs and wait for it."""
+              grace_s: float = 30.0) -> dict[str, int | None]:
+    """Run ``jobs`` ``parallel`` at a time; at ``deadline`` SIGTERM what runs and wait for it.
+
+    A SIGTERM or SIGINT to this process (an outer ``timeout``, Ctrl-C) counts as the deadline:
+    the runs are stopped the same way (checkpointed after their current step), not orphaned.
+    Runs still going ``grace_s`` after the stop are killed (they resume from their last
+    checkpoint).
+    """
     pending, running, done = list(jobs), [], {}
-    threads = max(1, (os.cpu_count() or 1) // max(1, min(parallel, len(jobs))))
+    threads = max(1, (os.cpu_count() or 1) // max(1, min(parallel, len(jobs) or 1)))
     for job in jobs:
         job.threads = threads
-    terminated = False
+    stop_requested = False
+
+    def on_signal(signum, frame):
+        nonlocal stop_requested
+        stop_requested = True
+
+    previous = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, on_signal)
+    except ValueError:  # not the main thread
+        previous = {}
+    terminated, stop_by = False, None
     try:
         while pending or running:
             now = time.monotonic()
-            if deadline is not None and now > deadline and not terminated:
+            if (stop_requested or (deadline is not None and now > deadline)) and not terminated:
                 terminated = True
                 for job in running:
                     job.proc.send_signal(signal.SIGTERM)
-                say(f"time limit: stopping {len(running)} run(s) after their current step; "
-                    f"{len(pending)} not started")
+                why = "stop requested" if stop_requested else "time limit"
+                say(f"{why}: stopping {len(running)} run(s) after their current step; {len(pending)} not started")
                 for job in pending:
                     done[job.name] = None
                 pending = []
@@ -200,8 +222,8 @@ def _run_jobs(jobs: list[_Job], parallel: int, deadline: float | None, say, prog
                 job = pending.pop(0)
                 job.log.parent.mkdir(parents=True, exist_ok=True)
                 with open(job.log, "ab") as out:
-                    job.proc = subprocess.Popen(job.cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(job.gpu, job.threads),
-                                                start_new_session=True)
+                    job.proc = subprocess.Popen(job.cmd, stdout=out, stderr=subprocess.STDOUT,
+                                                env=_env(job.gpu, job.threads), start_new_session=True)
                 running.append(job)
             for job in list(running):
                 rc = job.proc.poll()
@@ -213,22 +235,27 @@ def _run_jobs(jobs: list[_Job], parallel: int, deadline: float | None, say, prog
                         tail = job.log.read_text(errors="replace").strip().splitlines()[-3:]
                         say(f"[red]{job.name} failed (exit {rc})[/]: " + " | ".join(tail))
             if terminated and running and time.monotonic() > stop_by:
+                say(f"{len(running)} run(s) did not stop within {grace_s:.0f} s: killed (they resume from "
+                    "their last checkpoint)")
                 for job in running:
                     job.proc.kill()
+                    job.proc.wait()
+                    done[job.name] = job.proc.returncode
+                running = []
             if progress is not None:
                 progress()
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        for job in running:
-            job.proc.send_signal(signal.SIGTERM)
-        for job in running:
-            job.proc.wait(timeout=grace_s)
-        raise
+    finally:
+        for job in running:  # only on an exception here: never leave runs behind
+            job.proc.kill()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return done
 
 
 def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: float | None = None,
-             gpus: list[str] | None = None, only: str | None = None, say=print, show_progress: bool = True) -> dict:
+             gpus: list[str] | None = None, only: str | None = None, say=print, show_progress: bool = True,
+             grace_s: float = 30.0) -> dict:
     """Warm starts, then every unfinished run; then ``summarize_grid``. Returns the summary."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -255,7 +282,7 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
                                                      str(cfg_path), str(folder)],
                              out / "init" / f"{model}.out", gpu=gpus[i % len(gpus)] if gpus else None))
         say(f"warm start (SFT) of {len(jobs)} model(s): {', '.join(warm)}")
-        _run_jobs(jobs, parallel, deadline, say)
+        _run_jobs(jobs, parallel, deadline, say, grace_s=grace_s)
         for model, (_, folder) in warm.items():
             try:
                 ev = json.loads((folder / "sft.json").read_text())["history"]["evals"][-1]
@@ -282,7 +309,7 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
     say(f"{len(specs)} run(s): {len(specs) - len(todo)} finished, {len(todo)} to run, {parallel} at a time")
     bar = _ProgressBar(show_progress, specs)
     try:
-        _run_jobs(todo, parallel, deadline, say, progress=bar.refresh)
+        _run_jobs(todo, parallel, deadline, say, progress=bar.refresh, grace_s=grace_s)
     finally:
         bar.close()
     return summarize_grid(out, grid)
