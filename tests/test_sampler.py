@@ -132,3 +132,13 @@ def test_static_cache_samples_like_the_dynamic_one():
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 0.125
     with pytest.raises(ValueError, match="needs cache='static'"):
         Sampler(model, "vllm", compile=True)
+
+
+def test_ignore_eos_samples_to_max_new_tokens():
+    model = tiny_model(seed=3)
+    every = SamplingParams(max_new_tokens=6, seed=0, stop_token_ids=())
+    s = Sampler(model, "vllm")
+    s.eos_ids = tuple(range(96))  # every token is an eos: without ignore_eos, one token per rollout
+    assert all(len(r.response_ids) == 1 for r in s.generate(PROMPTS, every))
+    long = SamplingParams(max_new_tokens=6, seed=0, ignore_eos=True)
+    assert all(len(r.response_ids) == 6 for r in s.generate(PROMPTS, long))

@@ -35,6 +35,9 @@ class DemoConfig:
     device: str = "cpu"
     difficulty: int | None = None
     """Task difficulty (longer responses); default: what the model was trained on."""
+    ignore_eos: bool = False
+    """Sample past eos up to max_new_tokens (vLLM's ignore_eos): long positions from a model
+    that answers briefly."""
 
 
 def run_demo(cfg: DemoConfig, console=None):
@@ -67,7 +70,8 @@ def run_demo(cfg: DemoConfig, console=None):
         prompts = [[bos] + p for p in prompts]
     sampler = Sampler(model, cfg.profile, device=cfg.device)
     params = SamplingParams(
-        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens or task.max_length(), seed=cfg.seed
+        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens or task.max_length(), seed=cfg.seed,
+        ignore_eos=cfg.ignore_eos,
     )
     with console.status("sampling"):
         records = sampler.generate(prompts, params)

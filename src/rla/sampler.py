@@ -44,6 +44,9 @@ class SamplingParams:
     response, with its logprob, as engines return it."""
     seed: int | None = None
     """Seed of the sampling generator; the same seed, prompts and weights give the same rollouts."""
+    ignore_eos: bool = False
+    """As in vLLM: keep sampling past the model's eos token (``stop_token_ids`` still stop), e.g.
+    to measure mismatch at long positions with a model that answers briefly."""
 
     def __post_init__(self):
         check_sampling_params(self.temperature, self.top_p, self.top_k)
@@ -169,7 +172,8 @@ class Sampler:
         n = len(prompts)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(params.seed if params.seed is not None else torch.seed())
-        stops = torch.tensor(sorted(set(self.eos_ids) | set(params.stop_token_ids)), device=self.device)
+        eos = () if params.ignore_eos else self.eos_ids
+        stops = torch.tensor(sorted(set(eos) | set(params.stop_token_ids)), device=self.device, dtype=torch.long)
         prompt_len = batch.ids.shape[1]
         total = prompt_len + params.max_new_tokens
         cache = _new_cache(self.model, total if self.cache == "static" else None)

@@ -13,6 +13,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-detect", action="store_true", help="skip profile detection")
+    parser.add_argument("--ignore-eos", action="store_true", help="sample past eos up to --max-new-tokens (vLLM's ignore_eos)")
 
 
 def run(args) -> int:
@@ -26,7 +27,7 @@ def run(args) -> int:
         DemoConfig(
             out=args.out, n=args.n, max_new_tokens=args.max_new_tokens, profile=args.profile,
             temperature=args.temperature, seed=args.seed, detect=not args.no_detect,
-            device=args.device, difficulty=args.difficulty,
+            device=args.device, difficulty=args.difficulty, ignore_eos=args.ignore_eos,
         )
     )
     return 0
