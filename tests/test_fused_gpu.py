@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+
+from test_ops import saved_bytes  # one definition of "bytes kept for backward"
 import torch
 
 from rla import profiles
@@ -281,21 +283,6 @@ def test_gradients_within_reference_error(name, master):
 # ------------------------------------------------------------------ memory
 
 
-def _saved_bytes(fn, inputs):
-    held = {t.untyped_storage().data_ptr() for t in inputs}
-    seen = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in held:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(*inputs)
-    return sum(seen.values())
-
-
 @pytest.mark.parametrize("name", PROFILES)
 def test_saves_only_inputs_and_rstd(name):
     from rla import ops
@@ -307,12 +294,12 @@ def test_saves_only_inputs_and_rstd(name):
     for t in (q, k, gate, up, x, r, w):
         t.requires_grad_(True)
     rstd = 256 * 4
-    assert _saved_bytes(lambda *a: ops.rope(*a, prof), (q, k, cos, sin)) == 0
-    assert _saved_bytes(lambda *a: ops.swiglu(*a, prof), (gate, up)) == 0
-    assert _saved_bytes(lambda *a: ops.rms_norm(*a, 1e-6, prof), (x, w)) == rstd
+    assert saved_bytes(lambda *a: ops.rope(*a, prof), (q, k, cos, sin)) == 0
+    assert saved_bytes(lambda *a: ops.swiglu(*a, prof), (gate, up)) == 0
+    assert saved_bytes(lambda *a: ops.rms_norm(*a, 1e-6, prof), (x, w)) == rstd
     # rounded_sum keeps the rounded sum, an output the caller holds as the next residual anyway
     extra = 0 if prof.norm_residual == "fp32_sum" else x.numel() * 2
-    assert _saved_bytes(lambda *a: ops.add_rms_norm(*a, 1e-6, prof), (x, r, w)) == rstd + extra
+    assert saved_bytes(lambda *a: ops.add_rms_norm(*a, 1e-6, prof), (x, r, w)) == rstd + extra
 
 
 # ------------------------------------------------------------------ torch.library, compile, graphs

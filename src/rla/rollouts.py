@@ -62,8 +62,10 @@ import os
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
+
+from rla._fsync import fsync_dir
 
 __all__ = [
     "FORMAT", "RolloutRecord", "RolloutFormatError", "save", "load", "iter_load", "to_padded",
@@ -237,12 +239,7 @@ def save(path: str | os.PathLike[str], records: Iterable[RolloutRecord]) -> None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    with contextlib.suppress(OSError):  # not every platform can open a folder
-        dir_fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    fsync_dir(folder)
 
 
 def _reject_constant(name: str) -> Any:

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rla._fsync import fsync_dir, fsync_path
+
 __all__ = ["save", "load", "latest", "list_checkpoints", "rng_state", "set_rng_state", "CheckpointError"]
 
 _PREFIX = "step_"
@@ -34,21 +36,6 @@ _PREFIX = "step_"
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete or does not fit the run."""
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        _fsync_file(path)
-    except OSError:  # not every platform can open a folder
-        pass
 
 
 def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
@@ -122,7 +109,7 @@ def write_rng(root: str | Path, step: int, rank: int, meta: dict, tensors: dict[
     save_file(_tensor_dict(tensors), str(tmp / f"rng_rank{rank}.safetensors"))
     (tmp / f"rng_rank{rank}.json").write_text(json.dumps(meta))
     for name in (f"rng_rank{rank}.safetensors", f"rng_rank{rank}.json"):
-        _fsync_file(tmp / name)
+        fsync_path(tmp / name)
 
 
 def save(
@@ -151,12 +138,12 @@ def save(
     save_file(_tensor_dict(flat) if flat else {"_empty": torch.zeros(1)}, str(tmp / "optimizer.safetensors"))
     (tmp / "state.json").write_text(json.dumps(state, indent=1, allow_nan=True))
     for f in tmp.iterdir():
-        _fsync_file(f)
-    _fsync_dir(tmp)
+        fsync_path(f)
+    fsync_dir(tmp)
     if final.exists():  # a re-run of the same step: replace it
         shutil.rmtree(final)
     os.rename(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     for _, old in list_checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     for stale in root.glob(f".tmp_{_PREFIX}*"):
