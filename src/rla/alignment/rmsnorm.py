@@ -93,6 +93,11 @@ def _layer_parameters(forward) -> tuple[tuple[str, ...], tuple[tuple[str, object
 
 def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults):
     fp32_sum = profile.norm_residual == "fp32_sum"
+    # Only "first layer or not" enters the traced path: torch.compile guards on the closure values
+    # it reads, and a per-layer index would compile one graph per layer (recompile_limit hit on a
+    # 24-layer model, benchmarks/results/h200_2026-11-29_sampler.md). ``index`` is read only to
+    # name the layer in the error.
+    reads_sum = fp32_sum and index > 0
 
     def forward(self, hidden_states, *args, **kwargs):
         for name, value in zip(names, args):
@@ -101,13 +106,13 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults):
             kwargs.setdefault(name, value)
         lp = stack_dtype(hidden_states, self.input_layernorm.weight)
         if hidden_states.dtype == lp:
-            if fp32_sum and index > 0 and lp != torch.float32:
+            if reads_sum and lp != torch.float32:
                 raise _cast_error(index, hidden_states.dtype, profile)
             residual = hidden_states
             h = self.input_layernorm(hidden_states)
         else:  # fp32 in an lp stack: the previous layer's fp32 sum, or autocast embeddings
             residual = hidden_states.to(lp)
-            h = self.input_layernorm(hidden_states if fp32_sum and index > 0 else residual)
+            h = self.input_layernorm(hidden_states if reads_sum else residual)
 
         attn_out = self.self_attn(hidden_states=h, **kwargs)[0]
         total = attn_out.to(lp).float() + residual.float()
