@@ -58,15 +58,21 @@ def check_rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int) -> 
                 f"cos/sin are {cos.dtype} but q is {q.dtype}; pass fp32 cos/sin (preferred) or "
                 "cos/sin already rounded to q's dtype"
             )
-    try:
-        c = cos.unsqueeze(unsqueeze_dim)
-        torch.broadcast_shapes(q.shape, c.shape)
-        torch.broadcast_shapes(k.shape, c.shape)
-    except (RuntimeError, IndexError) as e:
+    shape = list(cos.shape)
+    pos = unsqueeze_dim if unsqueeze_dim >= 0 else len(shape) + 1 + unsqueeze_dim
+    if not 0 <= pos <= len(shape) or not (_broadcastable(q.shape, shape[:pos] + [1] + shape[pos:])
+                                         and _broadcastable(k.shape, shape[:pos] + [1] + shape[pos:])):
         raise ValueError(
             f"cos/sin {tuple(cos.shape)} unsqueezed at dim {unsqueeze_dim} do not broadcast "
             f"against q {tuple(q.shape)} and k {tuple(k.shape)}"
-        ) from e
+        )
+
+
+def _broadcastable(a, b) -> bool:
+    """Shape ``b`` broadcasts to ``a`` (plain ints: this runs on every call, host time matters)."""
+    if len(b) > len(a):
+        return False
+    return all(y == 1 or x == y for x, y in zip(reversed(a), reversed(b)))
 
 
 def check_swiglu(gate, up) -> None:
