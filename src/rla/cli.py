@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         from rich.console import Console
 
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        Console(stderr=True).print(f"[bold red]rla {args.command}: error:[/] {msg}", highlight=False)
+        Console(stderr=True).print(f"[bold red]rla {args.command}: error:[/] {msg}", highlight=False, soft_wrap=True)
         return 2
 
 

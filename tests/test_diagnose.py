@@ -1,0 +1,139 @@
+"""Numerical surgery on the bundled model: attribution, detection, doctor, reports, CLI."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+import rla
+from rla import profiles, rollouts
+from rla.diagnose.core import detect_profile, diagnose
+from rla.diagnose.doctor import doctor, inv_freq_angle_error
+from rla.diagnose.report import to_markdown, write_report
+from rla.models import bundled_path, bundled_task, load_bundled
+from rla.sampler import Sampler, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    torch.manual_seed(0)
+    model, tok = load_bundled()
+    task = bundled_task()
+    problems = task.sample(0, 12)
+    prompts = [[tok.bos_token_id] + tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
+    return model, prompts
+
+
+def sample(model, prompts, profile, seed=0):
+    return Sampler(model, profile).generate(prompts, SamplingParams(max_new_tokens=48, seed=seed))
+
+
+@pytest.mark.parametrize("region,changes", [
+    ("rope", dict(rope_apply="fused")),
+    ("swiglu", dict(swiglu="fused")),
+    ("rmsnorm", dict(norm_weight="fused", norm_residual="fp32_sum")),
+])
+def test_attribution_finds_the_one_perturbed_region(bundled, region, changes):
+    """Rollouts from a stack that differs from HF eager in one region only: the attribution puts
+    that region first with most of the share, the others get exactly zero (aligning them to a
+    point equal to HF's changes nothing), and the Shapley values sum to m(none) - m(all)."""
+    model, prompts = bundled
+    prof = dataclasses.replace(profiles.get("hf"), name=f"hf-but-{region}", **changes)
+    d = diagnose(model, sample(model, prompts, prof), prof, detect=False)
+    for metric in ("mismatch/k3", "mismatch/abs/mean"):
+        phi = d.attribution[metric]
+        total = d.metrics["none"][metric] - d.metrics["all"][metric]
+        assert math.isclose(sum(phi.values()), total, rel_tol=1e-9, abs_tol=1e-15)
+        assert max(phi, key=phi.get) == region
+        assert all(phi[r] == 0.0 for r in phi if r != region)
+        assert phi[region] == pytest.approx(total, rel=1e-9)  # all of what alignment explains
+    # and a visible part of the whole: the rest is decode-vs-prefill, the same in every subset
+    assert d.attribution["mismatch/k3"][region] > 0.25 * d.metrics["none"]["mismatch/k3"]
+
+
+def test_detection_names_the_rollout_profile(bundled):
+    model, prompts = bundled
+    for name in profiles.names():
+        det = detect_profile(model, sample(model, prompts, name, seed=1))
+        assert name in det.best.split(" = "), f"rollouts from {name} detected as {det.best}: {det.ranking}"
+        if name in ("sglang", "rla"):  # identical rounding points: reported together
+            assert det.best == "sglang = rla"
+
+
+def test_report_files_and_markdown(bundled, tmp_path):
+    model, prompts = bundled
+    recs = sample(model, prompts, "vllm")
+    d = diagnose(model, recs, "vllm", detect=False)
+    files = {p.name for p in write_report(d, tmp_path)}
+    assert files == {"report.json", "report.md", "per_position.png", "ratio_hist.png", "attribution.png"}
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert set(data["metrics"]) == {"none", "rope", "swiglu", "rmsnorm", "rope+swiglu", "rope+rmsnorm", "swiglu+rmsnorm", "all"}
+    assert data["metrics"]["all"]["mismatch/k3"] < data["metrics"]["none"]["mismatch/k3"]
+    assert "Shapley" in to_markdown(d)
+    assert all((tmp_path / f).stat().st_size > 1000 for f in files)
+
+
+def test_diagnose_refuses_an_aligned_model_and_bad_regions(bundled):
+    model, prompts = bundled
+    recs = sample(model, prompts[:2], "vllm")
+    with rla.aligned(model, "vllm"):
+        with pytest.raises(ValueError, match="unalign"):
+            diagnose(model, recs, "vllm")
+    with pytest.raises(ValueError, match="regions"):
+        diagnose(model, recs, "vllm", regions=("attention",))
+    with pytest.raises(ValueError, match="at least one"):
+        diagnose(model, [], "vllm")
+
+
+def test_doctor_flags_bf16_inv_freq_with_its_angle_error():
+    from transformers import AutoModelForCausalLM
+
+    path = str(bundled_path())
+    clean = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, local_files_only=True)
+    assert doctor(clean) == []
+    cast = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).to(torch.bfloat16)
+    hazards = doctor(cast)
+    assert [h.name for h in hazards] == ["low-precision inv_freq"]
+    # independent: the angle error of a bf16 inv_freq at position p, in fp64, for theta and head dim
+    cfg = cast.config
+    d = cfg.hidden_size // cfg.num_attention_heads
+    theta = cfg.rope_parameters["rope_theta"]
+    inv32 = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    want = (1000 * (inv32.to(torch.bfloat16).double() - inv32.double())).abs().max().item()
+    assert inv_freq_angle_error(cast.model.rotary_emb, 1000) == pytest.approx(want, rel=1e-12)
+    assert want > 0.1  # radians: the hazard is large, not a rounding curiosity
+    assert f"{inv_freq_angle_error(cast.model.rotary_emb, cfg.max_position_embeddings):.3g} rad" in hazards[0].detail
+    rla.align(cast, "vllm")  # alignment recomputes an fp32 inv_freq
+    assert doctor(cast) == []
+    rla.unalign(cast)
+
+
+def test_doctor_tf32_hazard():
+    model, _ = load_bundled()
+    torch.set_float32_matmul_precision("high")
+    try:
+        assert "TF32 matmul precision" in [h.name for h in doctor(model)]
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert doctor(model) == []
+
+
+def test_cli_diagnose_and_doctor(bundled, tmp_path, capsys):
+    from rla.cli import main
+
+    model, prompts = bundled
+    rollouts.save(tmp_path / "r.jsonl", sample(model, prompts[:6], "vllm"))
+    out = tmp_path / "report"
+    assert main(["diagnose", "--model", str(bundled_path()), "--rollouts", str(tmp_path / "r.jsonl"),
+                 "--profile", "vllm", "--out", str(out)]) == 0
+    assert (out / "report.md").is_file()
+    assert main(["diagnose", "--model", str(tmp_path / "nope"), "--rollouts", str(tmp_path / "r.jsonl")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "bad.jsonl").write_text('{"format": "rla.rollout/1", "prompt_ids": [1]\n')
+    assert main(["diagnose", "--model", str(bundled_path()), "--rollouts", str(tmp_path / "bad.jsonl")]) == 2
+    assert "line 1" in capsys.readouterr().err
+    assert main(["doctor"]) == 0
+    assert main(["doctor", "--cast-bf16"]) == 1
+    assert "low-precision inv_freq" in capsys.readouterr().out
