@@ -136,4 +136,4 @@ def test_cli_diagnose_and_doctor(bundled, tmp_path, capsys):
     assert "line 1" in capsys.readouterr().err
     assert main(["doctor"]) == 0
     assert main(["doctor", "--cast-bf16"]) == 1
-    assert "low-precision inv_freq" in capsys.readouterr().out
+    assert "low-precision" in capsys.readouterr().out  # the hazard's name (rich may fold the cell)
