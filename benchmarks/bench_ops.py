@@ -22,7 +22,8 @@ def apply_config(path):
     return cfg
 
 
-if __name__ == "__main__":
+def main(kind: str) -> int:
+    """``python bench_<kind>.py [--config tuned.json] ARGS``: rla bench KIND, launch config first."""
     import argparse
 
     argv = sys.argv[1:]
@@ -32,4 +33,8 @@ if __name__ == "__main__":
         del argv[i : i + 2]
     p = argparse.ArgumentParser(description=__doc__)
     add_arguments(p)
-    sys.exit(run(p.parse_args(["ops", *argv])))
+    return run(p.parse_args([kind, *argv]))
+
+
+if __name__ == "__main__":
+    sys.exit(main("ops"))

@@ -112,6 +112,15 @@ def to_markdown(d: Diagnosis) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _plots(d: Diagnosis, out: Path) -> list[Path]:
     import matplotlib
 
@@ -128,10 +137,7 @@ def _plots(d: Diagnosis, out: Path) -> list[Path]:
     ax.set(xlabel="response position", ylabel="mean |log pi - log mu|", title="Mismatch along the response")
     ax.set_yscale("log")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(out / "per_position.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, out / "per_position.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     first, last = next(iter(d.deltas)), list(d.deltas)[-1]
@@ -142,10 +148,7 @@ def _plots(d: Diagnosis, out: Path) -> list[Path]:
     ax.axvline(1.2, color="k", lw=0.5)
     ax.set(xlabel="importance ratio pi/mu at step 0", ylabel="tokens", title="Ratio histogram")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out / "ratio_hist.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, out / "ratio_hist.png"))
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ranked = d.ranked_regions()
@@ -154,10 +157,7 @@ def _plots(d: Diagnosis, out: Path) -> list[Path]:
     vals = [v / none_k3 for _, v in ranked] + [d.unexplained["mismatch/k3"]]
     ax.barh(names[::-1], vals[::-1], color=["#999"] + ["#3b7"] * len(ranked))
     ax.set(xlabel="share of step-0 k3", title=f"Attribution to regions ({d.profile})")
-    fig.tight_layout()
-    paths.append(out / "attribution.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, out / "attribution.png"))
     return paths
 
 
