@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from rla.diagnose.attribution import shapley, subsets
+from rla.surgery.attribution import shapley, subsets
 
 REGIONS = ("rope", "swiglu", "rmsnorm")
 

@@ -28,3 +28,13 @@ def test_bad_input_is_one_line_not_a_traceback(capsys):
     assert main(["check-ops", "--tokens", "0"]) == 2
     err = capsys.readouterr().err
     assert "--tokens must be positive" in err and "Traceback" not in err
+
+
+def test_top_level_entry_points_are_the_functions():
+    import rla
+    import rla.surgery
+    import rla.train_logprobs
+
+    assert rla.logprobs is rla.train_logprobs.logprobs
+    assert rla.diagnose is rla.surgery.diagnose and rla.doctor is rla.surgery.doctor
+    assert callable(rla.align) and callable(rla.detect_profile)

@@ -9,9 +9,9 @@ import torch
 
 import rla
 from rla import profiles, rollouts
-from rla.diagnose.core import detect_profile, diagnose
-from rla.diagnose.doctor import doctor, inv_freq_angle_error
-from rla.diagnose.report import to_markdown, write_report
+from rla.surgery.core import detect_profile, diagnose
+from rla.surgery.doctor import doctor, inv_freq_angle_error
+from rla.surgery.report import to_markdown, write_report
 from rla.models import bundled_path, bundled_task, load_bundled
 from rla.sampler import Sampler, SamplingParams
 

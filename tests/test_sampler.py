@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 import rla
-from rla.logprobs import logprobs as train_logprobs
+from rla.train_logprobs import logprobs as train_logprobs
 from rla.sampler import Sampler, SamplingParams
 from rla.sampling import process_logits
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from rla.logprobs import micro_batches
+from rla.train_logprobs import micro_batches
 from rla.sampling import process_logits
 
 

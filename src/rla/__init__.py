@@ -1,17 +1,37 @@
 """rla: rounding-location alignment for LLM reinforcement learning.
 
-``import rla`` stays light: the names below import their modules (and torch, transformers) on
-first use.
+The one-line entry points live here; ``import rla`` stays light, and each name imports its module
+(and torch, transformers) on first use:
+
+- ``rla.align(model, profile="vllm")``, ``rla.unalign``, ``rla.aligned``, ``rla.alignment_of``
+  (:mod:`rla.alignment`);
+- ``rla.logprobs(model, records)``: training-side logprobs of recorded tokens
+  (:mod:`rla.train_logprobs`);
+- ``rla.diagnose(model, records, profile)``, ``rla.detect_profile``, ``rla.doctor(model)``
+  (:mod:`rla.surgery`).
+
+Modules: :mod:`rla.profiles`, :mod:`rla.ops`, :mod:`rla.metrics`, :mod:`rla.rollouts`,
+:mod:`rla.sampler`, :mod:`rla.rl`.
 """
 
-__all__ = ["align", "unalign", "aligned", "alignment_of", "AlignmentReport"]
+_LAZY = {
+    "align": "rla.alignment",
+    "unalign": "rla.alignment",
+    "aligned": "rla.alignment",
+    "alignment_of": "rla.alignment",
+    "AlignmentReport": "rla.alignment",
+    "logprobs": "rla.train_logprobs",
+    "diagnose": "rla.surgery",
+    "detect_profile": "rla.surgery",
+    "doctor": "rla.surgery",
+}
 
-_ALIGN_NAMES = ("align", "unalign", "aligned", "alignment_of", "AlignmentReport")
+__all__ = list(_LAZY)
 
 
 def __getattr__(name):
-    if name in _ALIGN_NAMES:
+    if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module("rla.alignment"), name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'rla' has no attribute {name!r}")

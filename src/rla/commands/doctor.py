@@ -16,7 +16,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from rla.diagnose.doctor import doctor
+    from rla.surgery.doctor import doctor
     from rla.hf import load_model
     from rla.models import bundled_path
 

@@ -272,7 +272,7 @@ class Trainer:
 
     def _micro_groups(self, idx: list[int], ro: Rollouts) -> list[list[int]]:
         """Token-budget micro-batches of ``idx``; padded with empty ones to the same count on every rank."""
-        from rla.logprobs import micro_batches
+        from rla.train_logprobs import micro_batches
 
         lengths = [len(ro.prompts[i]) + len(ro.responses[i]) for i in idx]
         groups = [[idx[j] for j in g] for g in micro_batches(lengths, self.cfg.max_tokens)]
