@@ -11,7 +11,7 @@ t0=$(date +%s); stamp() { echo "=== $1 at +$(( $(date +%s) - t0 ))s"; }
 stamp align-check
 timeout 60 python3 benchmarks/gpu_align_check.py --out "$OUT/r" > "$OUT/r/align_cuda.log" 2>&1; echo rc=$?; tail -3 "$OUT/r/align_cuda.log"
 stamp demo-2k
-timeout 110 python3 -m rla.cli demo --device cuda -n 64 --difficulty 200 --max-new-tokens 2048 --out "$OUT/r/demo-2k" > "$OUT/r/demo-2k.log" 2>&1; echo rc=$?; tail -12 "$OUT/r/demo-2k.log"
+timeout 110 python3 -m rla.cli demo --device cuda -n 64 --max-new-tokens 2048 --ignore-eos --out "$OUT/r/demo-2k" > "$OUT/r/demo-2k.log" 2>&1; echo rc=$?; tail -12 "$OUT/r/demo-2k.log"
 stamp sampler
 timeout 120 python3 benchmarks/bench_sampler.py --out "$OUT/r" --batch 64 --new 128 > "$OUT/r/sampler.log" 2>&1; echo rc=$?; tail -6 "$OUT/r/sampler.log"
 stamp grpo
