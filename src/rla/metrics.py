@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "pad_rows",
+    "k3_terms",
     "MetricsInputError",
     "mismatch",
     "mismatch_from_records",
@@ -109,8 +111,8 @@ def _logsumexp(x: np.ndarray) -> float:
     return m + math.log(float(np.sum(np.exp(x - m))))
 
 
-def _k3_terms(d: np.ndarray) -> np.ndarray:
-    """rho - 1 - delta per token, without cancellation (see module docstring)."""
+def k3_terms(d: np.ndarray) -> np.ndarray:
+    """rho - 1 - delta per token (the terms k3 averages), without cancellation (see module docstring)."""
     with np.errstate(over="ignore"):
         out = np.expm1(d) - d
     small = np.abs(d) < 1e-3
@@ -183,7 +185,7 @@ def mismatch(
     for (key, _), v in zip(_PERCENTILES, qs):
         out[f"mismatch/abs/{key}"] = float(v)
     out["mismatch/k2"] = float(np.mean(d * d) / 2)
-    out["mismatch/k3"] = float(np.mean(_k3_terms(d)))
+    out["mismatch/k3"] = float(np.mean(k3_terms(d)))
     mu = np.exp(lp_mu)
     with np.errstate(over="ignore"):
         prob_abs = np.abs(mu * np.expm1(d))
@@ -275,10 +277,7 @@ def mismatch_from_records(
     if not records:
         raise MetricsInputError("no records: there is nothing to measure")
     lengths = np.array([len(r.response_ids) for r in records], dtype=np.int64)
-    R = int(lengths.max())
-    train = np.zeros((len(records), R))
-    roll = np.zeros((len(records), R))
-    mask = np.zeros((len(records), R), dtype=bool)
+    rows = []
     for i, (rec, row) in enumerate(zip(records, train_logprobs)):
         t = _as_float64(row, f"train_logprobs[{i}]")
         if t.ndim != 1 or t.size != lengths[i] or len(rec.logprobs) != lengths[i]:
@@ -286,10 +285,26 @@ def mismatch_from_records(
                 f"record {i}: {lengths[i]} response tokens, {len(rec.logprobs)} rollout logprobs, "
                 f"train_logprobs of shape {t.shape}; all three must agree"
             )
-        train[i, : lengths[i]] = t
-        roll[i, : lengths[i]] = rec.logprobs
-        mask[i, : lengths[i]] = True
+        rows.append(t)
+    train, mask = pad_rows(rows)
+    roll, _ = pad_rows([rec.logprobs for rec in records])
     return mismatch(train, roll, mask, response_lengths=lengths)
+
+
+def pad_rows(rows: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad variable-length 1-D rows into a [B, R_max] float64 array and its bool mask.
+
+    The padded layout every ``mismatch`` caller needs (records, the trainer's log, diagnosis).
+    """
+    if not len(rows):
+        raise MetricsInputError("no rows to pad")
+    lengths = [len(r) for r in rows]
+    out = np.zeros((len(rows), max(lengths)))
+    mask = np.zeros(out.shape, dtype=bool)
+    for i, (row, n) in enumerate(zip(rows, lengths)):
+        out[i, :n] = np.asarray(row, dtype=np.float64)
+        mask[i, :n] = True
+    return out, mask
 
 
 # ----------------------------------------------------------------------------- dashboard names

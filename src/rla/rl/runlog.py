@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from rla.metrics import pad_rows
+
 __all__ = ["RunLog", "read_log", "deterministic_part", "summarize", "collapse_fields", "padded", "Progress",
            "NONDETERMINISTIC_PREFIXES"]
 
@@ -180,12 +182,9 @@ def collapse_fields(history: list[dict[str, Any]], cfg) -> dict[str, Any]:
 
 def padded(train: list[np.ndarray], rollout: list[np.ndarray]):
     """Right-padded [B, R] arrays, mask and lengths for ``rla.metrics.mismatch``."""
-    lengths = np.array([len(t) for t in train])
-    B, R = len(train), int(lengths.max())
-    a, b, m = np.zeros((B, R)), np.zeros((B, R)), np.zeros((B, R), dtype=bool)
-    for i, (t, r) in enumerate(zip(train, rollout)):
-        a[i, : len(t)], b[i, : len(r)], m[i, : len(t)] = t, r, True
-    return a, b, m, lengths
+    a, m = pad_rows(train)
+    b, _ = pad_rows(rollout)
+    return a, b, m, m.sum(axis=1)
 
 
 def _fill_forward(xs: list[float]) -> list[float]:

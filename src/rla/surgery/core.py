@@ -87,16 +87,6 @@ class Diagnosis:
         return d
 
 
-def _pad(seqs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    longest = max(len(s) for s in seqs)
-    out = np.zeros((len(seqs), longest))
-    mask = np.zeros((len(seqs), longest), dtype=bool)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = s
-        mask[i, : len(s)] = True
-    return out, mask
-
-
 def _per_position(delta: np.ndarray, mask: np.ndarray, bins: int = 20) -> list[tuple[float, float]]:
     width = max(1, math.ceil(mask.shape[1] / bins))
     curve = []
@@ -157,7 +147,7 @@ def diagnose(
         raise ValueError(f"regions must be a non-empty subset of {REGIONS}, got {regions}")
     _check_unaligned(model)
     rollout = [np.asarray(r.logprobs, dtype=np.float64) for r in records]
-    mu, mask = _pad(rollout)
+    mu, mask = M.pad_rows(rollout)
     detection = None
     bar = _Progress(progress)
     if profile == "auto":
@@ -169,7 +159,7 @@ def diagnose(
     task = bar.add(f"diagnosing against {prof.name}: {len(combos)} training forwards", len(combos))
     metrics, deltas, curves, values = {}, {}, {}, {}
     for s in combos:
-        pi, _ = _pad(_pass(model, records, prof, s, max_tokens))
+        pi, _ = M.pad_rows(_pass(model, records, prof, s, max_tokens))
         delta = np.where(mask, pi - mu, 0.0)
         label = subset_label(s)
         metrics[label] = M.mismatch(pi, mu, mask)
@@ -205,7 +195,7 @@ def detect_profile(model, records, *, max_tokens=16384, bar=None) -> Detection:
     errors of zero.
     """
     records = list(records)
-    mu, mask = _pad([np.asarray(r.logprobs, dtype=np.float64) for r in records])
+    mu, mask = M.pad_rows([np.asarray(r.logprobs, dtype=np.float64) for r in records])
     groups: list[list[RoundingProfile]] = []
     for name in profile_names():
         p = get_profile(name)
@@ -219,9 +209,9 @@ def detect_profile(model, records, *, max_tokens=16384, bar=None) -> Detection:
     task = bar.add(f"detecting the rollout profile: {len(groups)} candidates", len(groups))
     scored = []
     for g in groups:
-        pi, _ = _pad(_pass(model, records, g[0], REGIONS, max_tokens))
+        pi, _ = M.pad_rows(_pass(model, records, g[0], REGIONS, max_tokens))
         d = np.where(mask, pi - mu, 0.0)
-        per_seq = np.array([(np.expm1(d[i][mask[i]]) - d[i][mask[i]]).mean() for i in range(len(records))])
+        per_seq = np.array([M.k3_terms(d[i][mask[i]]).mean() for i in range(len(records))])
         k3 = M.mismatch(pi, mu, mask)["mismatch/k3"]
         scored.append((" = ".join(p.name for p in g), k3, per_seq))
         bar.advance(task)
