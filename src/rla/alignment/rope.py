@@ -26,7 +26,7 @@ from rla.alignment.patch import install, with_globals
 from rla.alignment.report import FixedHazard
 from rla.profiles import RoundingProfile
 
-__all__ = ["align_rotary", "align_attention", "make_apply_rotary", "fp32_inv_freq"]
+__all__ = ["align_rotary", "align_attention", "make_apply_rotary", "fp32_inv_freq", "angle_error"]
 
 
 def _aligned_rotary_forward(self, x, position_ids):
@@ -63,6 +63,12 @@ def fp32_inv_freq(rotary: torch.nn.Module) -> torch.Tensor:
     return inv_freq.to(rotary.inv_freq.device)
 
 
+def angle_error(used: torch.Tensor, reference: torch.Tensor, position: int) -> float:
+    """Max |angle error| in radians at ``position`` from using ``used`` instead of ``reference``
+    frequencies: max_j |position * (used[j] - reference[j])|, evaluated in fp64."""
+    return float((position * (used.detach().double().cpu() - reference.detach().double().cpu())).abs().max())
+
+
 def align_rotary(rotary: torch.nn.Module) -> list[FixedHazard]:
     """Patch one rotary module; returns the hazards it fixed (a rounded ``inv_freq``)."""
     hazards: list[FixedHazard] = []
@@ -83,12 +89,12 @@ def align_rotary(rotary: torch.nn.Module) -> list[FixedHazard]:
         if hasattr(rotary, "original_max_seq_len"):
             attrs["max_seq_len_cached"] = rotary.original_max_seq_len
         position = int(getattr(rotary, "original_max_seq_len", None) or rotary.config.max_position_embeddings)
-        delta = (old.double().cpu() - inv_freq.double().cpu()).abs().max().item()
+        error = angle_error(old, inv_freq, position)
         dtype = str(old.dtype).replace("torch.", "")
         hazards.append(
             FixedHazard(
                 "bf16 inv_freq",
-                f"RoPE inv_freq was {dtype} (model.to({dtype})): max angle error {delta * position:.3g} "
+                f"RoPE inv_freq was {dtype} (model.to({dtype})): max angle error {error:.3g} "
                 f"rad at position {position}; recomputed in fp32 from the config",
             )
         )

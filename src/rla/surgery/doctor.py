@@ -33,11 +33,9 @@ def inv_freq_angle_error(module, max_position: int) -> float:
     The reference is the fp32 inv_freq that the module's own init computes from its config;
     the error is evaluated in fp64: max_j |p * (inv_freq[j] - inv_freq_fp32[j])|.
     """
-    from rla.alignment.rope import fp32_inv_freq
+    from rla.alignment.rope import angle_error, fp32_inv_freq
 
-    ref = fp32_inv_freq(module).double().cpu()
-    used = module.inv_freq.detach().double().cpu()
-    return float((max_position * (used - ref)).abs().max())
+    return angle_error(module.inv_freq, fp32_inv_freq(module), max_position)
 
 
 def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16) -> list[Hazard]:
