@@ -46,13 +46,21 @@ def main():
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--arms", default="", help="comma-separated substrings: run only matching arms")
+    ap.add_argument("--model", default="0.5b", choices=["0.5b", "bundled"],
+                    help="Qwen2.5-0.5B shapes (random init) or rla's bundled 4.15M-parameter Qwen2 (the GRPO experiments' model)")
     args = ap.parse_args()
     from rla.sampler import Sampler, SamplingParams
 
     device = "cuda"
-    model = model_05b(device)
+    if args.model == "bundled":
+        from rla.models import load_bundled
+
+        model, _ = load_bundled(dtype=torch.bfloat16, device=device)
+        model.config.eos_token_id = None  # no early stop: every arm decodes --new tokens
+    else:
+        model = model_05b(device)
     g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(10, 150000, (args.batch, args.prompt), generator=g)
+    prompts = torch.randint(10, model.config.vocab_size - 1, (args.batch, args.prompt), generator=g)
     params = SamplingParams(max_new_tokens=args.new, seed=0)
     sync = torch.cuda.synchronize
     n_tokens = args.batch * args.new
@@ -74,9 +82,9 @@ def main():
     arms = [
         ("HF generate (dynamic cache)", lambda: hf()),
         ("HF generate (static cache, auto-compiled)", lambda: hf("static")),
-        ("rla Sampler, vllm profile, dynamic cache", lambda: rla_arm()),
-        ("rla Sampler, vllm profile, static cache", lambda: rla_arm(cache="static")),
-        ("rla Sampler, vllm profile, static cache + torch.compile (CUDA graphs)", lambda: rla_arm(cache="static", compile=True)),
+        ("rla Sampler, vllm profile, dynamic cache", lambda: rla_arm(cache="dynamic")),
+        ("rla Sampler, vllm profile, static cache, eager decode", lambda: rla_arm(cache="static", cuda_graph=False)),
+        ("rla Sampler, vllm profile, static cache, CUDA-graph decode (default on GPU)", lambda: rla_arm(cache="static")),
     ]
     wanted = [a for a in args.arms.split(",") if a]
     arms = [(n, m) for n, m in arms if not wanted or any(w in n for w in wanted)]
@@ -99,14 +107,14 @@ def _write(args, rows):
     import triton
 
     result = {
-        "what": "rollout throughput, Qwen2.5-0.5B shapes random init bf16",
+        "what": f"rollout throughput, {'Qwen2.5-0.5B shapes random init' if args.model == '0.5b' else 'bundled tiny Qwen2'} bf16",
         "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
         "triton": triton.__version__, "python": platform.python_version(), "date": date.today().isoformat(),
         "batch": args.batch, "prompt_len": args.prompt, "new_tokens": args.new,
         "command": "python benchmarks/bench_sampler.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
         "rows": rows,
     }
-    with open(f"{args.out}/sampler.json", "w") as f:  # rewritten after every arm: a timeout keeps what ran
+    with open(f"{args.out}/sampler_{args.model}.json", "w") as f:  # rewritten after every arm: a timeout keeps what ran
         json.dump(result, f, indent=2)
 
 

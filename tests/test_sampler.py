@@ -130,8 +130,29 @@ def test_static_cache_samples_like_the_dynamic_one():
         # logits here reach ~16 where one bf16 ulp is 0.125: a last-bit change moves a logprob by
         # less than that; a wrong position or mask would move it by whole nats
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 0.125
-    with pytest.raises(ValueError, match="needs cache='static'"):
-        Sampler(model, "vllm", compile=True)
+    with pytest.raises(ValueError, match="needs cache='static' and a CUDA device"):
+        Sampler(model, "vllm", cuda_graph=True)
+    with pytest.raises(ValueError, match="needs cache='static' and a CUDA device"):
+        Sampler(model, "vllm", cache="static", cuda_graph=True, device="cpu")
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_static_cache_is_reused_without_leaking_state(attn):
+    """One static cache serves batches of different prompt lengths (same bucket); each call's
+    rollouts equal a fresh sampler's, so nothing of the previous batch is read back."""
+    model = tiny_model(seed=4)
+    model.config._attn_implementation = attn
+    params = SamplingParams(max_new_tokens=10, seed=7, stop_token_ids=())
+    other = [[3, 4, 5, 6, 7, 8, 9, 10, 11], [30, 31], [40, 41, 42]]
+    reused = Sampler(model, "vllm", cache="static")
+    first = reused.generate(other, params)
+    again = reused.generate(PROMPTS, params)
+    assert len(reused._decoders) == 1  # both batches fit the same 64-position bucket
+    fresh = Sampler(model, "vllm", cache="static").generate(PROMPTS, params)
+    dyn = Sampler(model, "vllm").generate(PROMPTS, params)
+    assert [r.response_ids for r in again] == [r.response_ids for r in fresh] == [r.response_ids for r in dyn]
+    assert [r.logprobs for r in again] == [r.logprobs for r in fresh]
+    assert [r.response_ids for r in first] != [r.response_ids for r in again]
 
 
 def test_ignore_eos_samples_to_max_new_tokens():
@@ -142,3 +163,19 @@ def test_ignore_eos_samples_to_max_new_tokens():
     assert all(len(r.response_ids) == 1 for r in s.generate(PROMPTS, every))
     long = SamplingParams(max_new_tokens=6, seed=0, ignore_eos=True)
     assert all(len(r.response_ids) == 6 for r in s.generate(PROMPTS, long))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_decode_replays_the_eager_step_bit_for_bit():
+    """The captured decode step runs the same kernels on the same buffers as the eager one: same
+    tokens and the same logprobs to the last bit, on the first call (capture) and a reused one."""
+    model = tiny_model(seed=6).cuda()
+    params = SamplingParams(max_new_tokens=24, seed=1, stop_token_ids=())
+    graphed = Sampler(model, "vllm", cache="static")
+    assert graphed.cuda_graph
+    eager = Sampler(model, "vllm", cache="static", cuda_graph=False)
+    for prompts in (PROMPTS, [[9, 8, 7, 6], [5], [4, 3]]):
+        a, b = graphed.generate(prompts, params), eager.generate(prompts, params)
+        assert [r.response_ids for r in a] == [r.response_ids for r in b]
+        assert [r.logprobs for r in a] == [r.logprobs for r in b]
+    assert graphed._decoders[(3, 64)]._graph is not None

@@ -26,8 +26,12 @@ import torch
 
 from rla.profiles import RoundingProfile, resolve
 from rla.sampling import check_sampling_params, process_logits
+from rla.static_decode import StaticDecoder, bucket
 
 __all__ = ["SamplingParams", "Sampler"]
+
+_DONE_EVERY = 8  # decode steps between checks whether every row has stopped
+_KEEP_DECODERS = 2  # static caches (and CUDA graphs) kept for reuse, per sampler
 
 
 @dataclass(frozen=True)
@@ -82,24 +86,27 @@ class Sampler:
         *,
         dtype: torch.dtype = torch.bfloat16,
         device: str | torch.device | None = None,
-        cache: str = "dynamic",
-        compile: bool = False,
+        cache: str = "auto",
+        cuda_graph: bool | None = None,
     ):
-        """``cache="static"`` preallocates the KV cache for prompt + max_new_tokens, so every decode
-        step has the same shapes; ``compile=True`` (static cache only) runs those steps through
-        ``torch.compile(mode="reduce-overhead")``, i.e. CUDA graphs on GPU. Whether that pays is
-        measured in ``benchmarks/results/`` (it does not on CPU)."""
+        """``cache="auto"`` is ``"static"`` on a CUDA device and ``"dynamic"`` elsewhere.
+        ``cache="static"`` preallocates the KV cache (prompt + max_new_tokens, rounded up to
+        :data:`rla.static_decode.BUCKET`), so every decode step has the same shapes, and on GPU
+        captures the decode step as a CUDA graph (``cuda_graph``: None = on GPU, True = required,
+        False = eager). The throughput of each path is in ``benchmarks/results/``."""
         import rla
 
-        if cache not in ("dynamic", "static"):
-            raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
-        if compile and cache != "static":
-            raise ValueError("compile=True needs cache='static' (static shapes per decode step)")
-        self.cache = cache
-
+        if cache not in ("auto", "dynamic", "static"):
+            raise ValueError(f"cache must be 'auto', 'dynamic' or 'static', got {cache!r}")
         self.profile = resolve(profile)
         self.dtype = dtype
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        if cache == "auto":
+            cache = "static" if self.device.type == "cuda" else "dynamic"
+        self.cache = cache
+        if cuda_graph and (cache != "static" or self.device.type != "cuda"):
+            raise ValueError("cuda_graph=True needs cache='static' and a CUDA device")
+        self.cuda_graph = cache == "static" and self.device.type == "cuda" and cuda_graph is not False
         engine = _fresh_copy(model, dtype)
         engine.to(device=self.device)
         self.model = engine
@@ -107,7 +114,7 @@ class Sampler:
         self.alignment = rla.align(engine, profile=self.profile)
         self.model.eval()
         self._cache_kw = _cache_kwarg(engine)
-        self._decode = torch.compile(engine, mode="reduce-overhead", dynamic=False) if compile else engine
+        self._decoders: dict[tuple[int, int], StaticDecoder] = {}
         eos = engine.config.eos_token_id
         self.eos_ids = tuple(eos if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos]))
         self.pad_id = engine.config.pad_token_id if engine.config.pad_token_id is not None else 0
@@ -132,6 +139,22 @@ class Sampler:
             if s.shape != t.shape:
                 raise ValueError(f"load_weights: {name} has shape {tuple(s.shape)}, engine has {tuple(t.shape)}")
             t.copy_(s.detach().to(device=t.device, dtype=t.dtype))
+
+    def _decoder(self, n: int, max_len: int) -> StaticDecoder:
+        """The static decoder (cache + captured graph) for this shape, kept for the next call."""
+        key = (n, max_len)
+        if key not in self._decoders:
+            while len(self._decoders) >= _KEEP_DECODERS:  # drop the oldest cache and graph
+                self._decoders.pop(next(iter(self._decoders)))
+            self._decoders[key] = StaticDecoder(self.model, self._cache_kw, n, max_len, capture=self.cuda_graph)
+        return self._decoders[key]
+
+    def _forward(self, ids, mask, positions, cache) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+            **{self._cache_kw: cache},
+        )
+        return out.logits[:, -1]
 
     def _left_pad(self, prompts: list[list[int]]) -> _Batch:
         longest = max(len(p) for p in prompts)
@@ -175,45 +198,35 @@ class Sampler:
         eos = () if params.ignore_eos else self.eos_ids
         stops = torch.tensor(sorted(set(eos) | set(params.stop_token_ids)), device=self.device, dtype=torch.long)
         prompt_len = batch.ids.shape[1]
-        total = prompt_len + params.max_new_tokens
-        cache = _new_cache(self.model, total if self.cache == "static" else None)
-        # static: one full-length mask whose future columns are ignored by the causal mask, so the
-        # decode inputs keep their shapes; dynamic: the mask grows by one column per step.
-        full_mask = torch.ones((n, total), dtype=batch.mask.dtype, device=self.device)
-        full_mask[:, :prompt_len] = batch.mask
-        mask = full_mask if self.cache == "static" else batch.mask
         positions = (batch.mask.cumsum(-1) - 1).clamp(min=0)
-        cache_position = torch.arange(prompt_len, device=self.device)
-        tokens = batch.ids
+        if self.cache == "static":
+            dec = self._decoder(n, bucket(prompt_len + params.max_new_tokens))
+            logits = dec.prefill(batch.ids, batch.mask, positions)
+        else:
+            cache = _new_cache(self.model)
+            mask = batch.mask
+            logits = self._forward(batch.ids, mask, positions, cache)
         done = torch.zeros(n, dtype=torch.bool, device=self.device)
         out_ids, out_lp = [], []
         for step in range(params.max_new_tokens):
-            forward = self.model if step == 0 else self._decode
-            extra = {"cache_position": cache_position} if self.cache == "static" else {}
-            logits = forward(
-                input_ids=tokens,
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=1,
-                **extra,
-                **{self._cache_kw: cache},
-            ).logits[:, -1].clone()
-            logp = process_logits(logits, params.temperature, params.top_k, params.top_p)
+            logp = process_logits(logits.clone(), params.temperature, params.top_k, params.top_p)
             nxt = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
             lp = logp.gather(-1, nxt[:, None]).squeeze(-1)
             nxt = torch.where(done, torch.full_like(nxt, self.pad_id), nxt)
             out_ids.append(nxt)
             out_lp.append(torch.where(done, torch.zeros_like(lp), lp))
-            finished_now = ~done & torch.isin(nxt, stops)
-            done = done | finished_now
-            if bool(done.all()):
+            done = done | torch.isin(nxt, stops)
+            # a host sync per step would stall the GPU behind the host; check every few steps
+            # (rows already done only add pad tokens, dropped below)
+            last = step == params.max_new_tokens - 1
+            if last or (step % _DONE_EVERY == _DONE_EVERY - 1 and bool(done.all())):
                 break
-            tokens = nxt[:, None]
             positions = positions[:, -1:] + 1
-            cache_position = cache_position[-1:] + 1
-            if self.cache == "dynamic":
-                mask = full_mask[:, : prompt_len + step + 1]
+            if self.cache == "static":
+                logits = dec.decode(nxt[:, None], positions, prompt_len + step)
+            else:
+                mask = torch.cat([mask, mask.new_ones((n, 1))], dim=1)
+                logits = self._forward(nxt[:, None], mask, positions, cache)
         ids = torch.stack(out_ids, 1).cpu()
         lps = torch.stack(out_lp, 1).double().cpu()
         records = []
@@ -252,9 +265,7 @@ def _fresh_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(copy.deepcopy(model.config), dtype=dtype)
 
 
-def _new_cache(model, max_len: int | None):
-    from transformers import DynamicCache, StaticCache
+def _new_cache(model):
+    from transformers import DynamicCache
 
-    if max_len is None:
-        return DynamicCache(config=model.config)
-    return StaticCache(config=model.config, max_cache_len=max_len)
+    return DynamicCache(config=model.config)

@@ -1,0 +1,130 @@
+"""One decode step against a preallocated KV cache, optionally captured as a CUDA graph.
+
+A small model's decode step is a few hundred tiny kernels: on GPU the host, not the GPU, sets the
+pace (``benchmarks/results/h200_2026-11-29_sampler.md``). A CUDA graph replays the whole step as
+one launch. That needs every tensor the step reads or writes to live at a fixed address with a
+fixed shape, which this class provides:
+
+- the KV cache is a ``StaticCache`` of ``max_len`` columns, reused across calls;
+- the step's inputs (token, position, cache position) are static buffers, copied into per step;
+- the attention mask is built *inside* the step from a static padding mask and the cache
+  position, as the 4D mask HF's attention takes as is, so HF's mask construction (which inspects
+  the mask on the host) never runs during capture.
+
+Prefill is not captured (its shape changes with every batch); it runs eagerly into the same cache.
+On CPU, or with ``capture=False``, the same step runs eagerly: the CPU tests exercise everything
+but the capture itself, and the GPU test checks that replay equals eager bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["StaticDecoder", "bucket"]
+
+#: static caches are allocated in multiples of this many positions, so batches whose prompt
+#: lengths differ a little share one cache and one captured graph
+BUCKET = 64
+
+
+def bucket(n: int) -> int:
+    return -(-n // BUCKET) * BUCKET
+
+
+class StaticDecoder:
+    """Prefill + single-token decode steps for ``batch`` sequences of up to ``max_len`` tokens."""
+
+    def __init__(self, model, cache_kw: str, batch: int, max_len: int, *, capture: bool):
+        from transformers import StaticCache
+
+        impl = getattr(model.config, "_attn_implementation", None) or "eager"
+        if impl not in ("sdpa", "eager"):
+            raise ValueError(
+                f"the static-cache sampler builds sdpa/eager attention masks; the model uses "
+                f"attn_implementation={impl!r} (use cache='dynamic')"
+            )
+        self.model, self.cache_kw, self.batch, self.max_len = model, cache_kw, batch, max_len
+        self.capture = capture
+        self._bool_mask = impl == "sdpa"
+        device = next(model.parameters()).device
+        self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        self.positions = torch.zeros((batch, 1), dtype=torch.long, device=device)
+        self.cache_position = torch.zeros((1,), dtype=torch.long, device=device)
+        self.key_mask = torch.zeros((batch, max_len), dtype=torch.bool, device=device)
+        self._cols = torch.arange(max_len, device=device)
+        self._graph = None
+        self._logits = None
+
+    # ---------------------------------------------------------------- prefill
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Run the (left-padded) prompts through the model into the cache -> last logits, fp32-able.
+
+        ``mask`` is the prompts' 0/1 padding mask; the columns after them count as real tokens
+        (each is written by the decode step before any query may see it).
+        """
+        n, p = ids.shape
+        if n != self.batch or p >= self.max_len:
+            raise ValueError(f"prefill of {n} x {p} does not fit a decoder for {self.batch} x {self.max_len}")
+        self.cache.reset()
+        self.key_mask.fill_(True)
+        self.key_mask[:, :p] = mask.bool()
+        full = self.key_mask.to(mask.dtype)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=full,
+            position_ids=positions,
+            cache_position=torch.arange(p, device=ids.device),
+            use_cache=True,
+            logits_to_keep=1,
+            **{self.cache_kw: self.cache},
+        )
+        return out.logits[:, -1]
+
+    # ---------------------------------------------------------------- decode
+    def _step(self) -> torch.Tensor:
+        """One token per row at ``cache_position``; everything it touches is a static buffer."""
+        visible = self.key_mask & (self._cols <= self.cache_position)  # causal + padding
+        mask = visible[:, None, None, :]
+        if not self._bool_mask:  # eager attention adds the mask to the scores
+            dtype = next(self.model.parameters()).dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+        out = self.model(
+            input_ids=self.tokens,
+            attention_mask=mask,
+            position_ids=self.positions,
+            cache_position=self.cache_position,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self.cache_kw: self.cache},
+        )
+        return out.logits[:, -1]
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache_position: int | torch.Tensor) -> torch.Tensor:
+        """Logits of the next token after ``tokens`` (``[batch, 1]``) at ``cache_position``.
+
+        The returned tensor is the graph's output buffer when captured: read it before the next call.
+        """
+        self.tokens.copy_(tokens)
+        self.positions.copy_(positions)
+        self.cache_position.fill_(cache_position) if isinstance(cache_position, int) else self.cache_position.copy_(cache_position)
+        if not self.capture:
+            return self._step()
+        if self._graph is None:
+            self._capture()
+        self._graph.replay()
+        return self._logits
+
+    def _capture(self) -> None:
+        # warm-up on a side stream (lazy inits, Triton/cuBLAS setup), as torch.cuda.graphs asks; it
+        # computes the real step, so the cache entries it writes are the ones replay writes again
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._logits = self._step()
+        self._graph = graph
