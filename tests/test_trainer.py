@@ -199,3 +199,24 @@ def test_one_update_moves_the_policy_towards_positive_advantages(tmp_path):
     assert float((gain * adv).sum()) > 0
     assert gain[adv > 0].mean() > gain[adv < 0].mean()
     t.close()
+
+
+def test_rounded_inv_freq_condition_rounds_only_the_training_copy(uninterrupted, tmp_path):
+    """train_inv_freq=rounded is model.to(bf16)'s hazard on the training side only: the compute copy's
+    inv_freq holds exactly the bf16-rounded fp32 values, the sampler keeps fp32, and the step-0
+    mismatch (same rollouts as the baseline) changes. (Its size grows with position; at this toy's
+    ~14 positions it is below the bf16 noise, so only the change is asserted here.)"""
+    ref, _ = uninterrupted
+    t = Trainer(toy_config(tmp_path / "t", train_inv_freq="rounded"), log=None)
+    rotary = t.policy.compute.model.rotary_emb
+    engine = t.sampler.model.model.rotary_emb
+    assert engine.inv_freq.dtype == torch.float32 and rotary.inv_freq.dtype == torch.bfloat16
+    assert torch.equal(rotary.inv_freq, engine.inv_freq.to(torch.bfloat16))
+    assert not torch.equal(rotary.inv_freq.float(), engine.inv_freq)
+    cfg = toy_config(tmp_path / "run", steps=1, train_inv_freq="rounded")
+    train(cfg, log=None)
+    rec, base = read_log(tmp_path / "run" / "log.jsonl")[0], read_log(ref / "log.jsonl")[0]
+    assert rec["reward/mean"] == base["reward/mean"]
+    assert rec["mismatch/k3"] != base["mismatch/k3"]
+    with pytest.raises(ValueError, match="train_inv_freq=rounded needs train_precision bf16 or fp16"):
+        toy_config(tmp_path, train_precision="aligned", train_inv_freq="rounded")

@@ -57,6 +57,12 @@ class TrainConfig:
     sft_steps: int = _f(300, "SFT warm-start steps when init='sft'")
     sft_batch_size: int = _f(64, "problems per SFT step when init='sft'")
     sft_lr: float = _f(1e-3, "peak learning rate of the SFT warm start")
+    sft_stop_sampled: float = _f(
+        0.0,
+        "stop the SFT warm start once its held-out sampled (T=1) accuracy reaches this (evaluated every "
+        "sft_eval_every steps); 0 trains all sft_steps. RL needs a warm start inside the accuracy jump",
+    )
+    sft_eval_every: int = _f(10, "SFT steps between held-out evaluations when sft_stop_sampled > 0")
     task: str = _f("addition", "task of rla.rl.tasks: addition or sorting")
     difficulty: int = _f(3, "the task's difficulty knob (digits for addition, list size for sorting); sets response length")
     task_args: dict = _f({}, "extra keyword arguments of the task (e.g. {digits: 2} for sorting)")
@@ -67,6 +73,11 @@ class TrainConfig:
         "auto",
         "dtype of the rollout engine copy: bf16, fp16, fp32 or auto (fp16 when train_precision=fp16, "
         "else bf16: the engine runs in low precision whatever the trainer does)",
+    )
+    rollout_cache: str = _f(
+        "auto",
+        "KV cache of the rollout sampler: auto (static with a CUDA-graph decode step on GPU, dynamic on CPU), "
+        "static or dynamic",
     )
     temperature: float = _f(1.0, "sampling temperature (engines divide logits by it before log_softmax; so does the trainer)")
     top_p: float = _f(1.0, "nucleus sampling; 1 disables")
@@ -110,6 +121,12 @@ class TrainConfig:
         "'fp32' (fp32 weights and activations), 'fp16' (fp16 compute copy, fp32 master, dynamic loss scaling)",
     )
     align_regions: list = _f(["rope", "swiglu", "rmsnorm"], "regions aligned when train_precision=aligned")
+    train_inv_freq: str = _f(
+        "fp32",
+        "RoPE inv_freq of the training forward: fp32 (what from_pretrained(dtype=bf16) keeps and engines use) or "
+        "rounded (to the compute dtype, what model.to(torch.bfloat16) does: ROUNDING.md's phase-drift hazard, "
+        "as a condition to study; bf16/fp16 arms only)",
+    )
     loss_scale_init: float = _f(2.0**16, "initial dynamic loss scale (fp16 only)")
     loss_scale_growth_interval: int = _f(200, "updates without overflow before the loss scale doubles (fp16 only)")
 
@@ -169,6 +186,13 @@ class TrainConfig:
         choice("is_correction", ("none", "tis", "mis"))
         choice("lr_schedule", ("constant", "cosine"))
         choice("rollout_dtype", ("auto", "bf16", "fp16", "fp32"))
+        choice("rollout_cache", ("auto", "static", "dynamic"))
+        choice("train_inv_freq", ("fp32", "rounded"))
+        need(
+            self.train_inv_freq == "fp32" or self.train_precision in ("bf16", "fp16"),
+            f"train_inv_freq=rounded needs train_precision bf16 or fp16 (fp32 has nothing to round to; aligned's "
+            f"RoPE region recomputes inv_freq in fp32), got {self.train_precision}",
+        )
         need(
             self.rollout_profile in profile_names(),
             f"rollout_profile={self.rollout_profile!r} is not a built-in profile ({', '.join(profile_names())})",
@@ -218,6 +242,8 @@ class TrainConfig:
         need(self.loss_scale_growth_interval >= 1, "loss_scale_growth_interval must be >= 1")
         need(self.init in ("sft", "bundled", "random") or Path(self.init).exists(),
              f"init={self.init!r} is neither sft, bundled, random nor an existing model folder")
+        need(0 <= self.sft_stop_sampled <= 1, f"sft_stop_sampled must be in [0, 1], got {self.sft_stop_sampled}")
+        need(self.sft_eval_every >= 1, f"sft_eval_every must be >= 1, got {self.sft_eval_every}")
         need(self.sft_steps >= 1 or self.init != "sft", f"init=sft needs sft_steps >= 1, got {self.sft_steps}")
         need(self.collapse_window >= 1, "collapse_window must be >= 1")
         need(self.time_limit_s >= 0, f"time_limit_s must be >= 0 (0 disables), got {self.time_limit_s}")

@@ -39,7 +39,7 @@ import torch
 from rla.rl.distributed import Dist, full_state_dict, shard as fsdp_shard
 from rla.rl.forward import PolicyForward
 
-__all__ = ["LossScaler", "Policy", "LOW_PRECISION"]
+__all__ = ["LossScaler", "Policy", "LOW_PRECISION", "round_inv_freq"]
 
 #: dtype of the compute copy per arm (None: the fp32 master itself runs the forward).
 LOW_PRECISION = {"bf16": torch.bfloat16, "aligned": torch.bfloat16, "fp16": torch.float16, "fp32": None}
@@ -79,6 +79,24 @@ class LossScaler:
         self.scale, self.good_updates, self.skipped = float(state["scale"]), int(state["good_updates"]), int(state["skipped"])
 
 
+def round_inv_freq(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Round every RoPE ``inv_freq`` buffer of ``model`` to ``dtype``, exactly as ``model.to(dtype)``
+    does (transformers then computes the angles from the rounded values in fp32): the phase-drift
+    hazard as a condition of study. Returns how many buffers were rounded; none is an error."""
+    if dtype is None:
+        raise ValueError("train_inv_freq=rounded needs a low-precision compute copy (bf16 or fp16)")
+    n = 0
+    for module in model.modules():
+        for name in ("inv_freq", "original_inv_freq"):
+            buf = module._buffers.get(name)
+            if buf is not None:
+                module._buffers[name] = buf.to(dtype)
+                n += 1
+    if not n:
+        raise ValueError(f"train_inv_freq=rounded: {type(model).__name__} has no RoPE inv_freq buffer")
+    return n
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
@@ -92,7 +110,7 @@ class Policy:
 
     def __init__(self, master: torch.nn.Module, *, precision: str, rollout_profile: str,
                  align_regions, temperature: float, top_k: int, top_p: float, chunk: int, dist: Dist,
-                 loss_scale_init: float = 2.0**16, loss_scale_growth_interval: int = 200):
+                 loss_scale_init: float = 2.0**16, loss_scale_growth_interval: int = 200, inv_freq: str = "fp32"):
         import rla
 
         if any(p.dtype != torch.float32 for p in master.parameters()):
@@ -120,6 +138,8 @@ class Policy:
             if precision == "aligned":
                 self.alignment = rla.align(self.compute, profile=rollout_profile, regions=tuple(align_regions))
             self.forward = PolicyForward(self.compute, **fwd_kw)
+        if inv_freq == "rounded":
+            round_inv_freq(self.compute, self.lp_dtype)
         self.master.train()
         self.compute.train()
         self._pairs = []

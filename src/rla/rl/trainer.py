@@ -118,12 +118,13 @@ class Trainer:
         np.random.seed(derive_seed(cfg.seed, self.dist.rank, _GLOBAL) % 2**32)
 
         master = initial_model(cfg, self.dist, self.device, self.say).float().to(self.device)
-        self.sampler = Sampler(master, profile=cfg.rollout_profile, dtype=cfg.rollout_torch_dtype(), device=self.device)
+        self.sampler = Sampler(master, profile=cfg.rollout_profile, dtype=cfg.rollout_torch_dtype(), device=self.device,
+                               cache=cfg.rollout_cache)
         self.policy = Policy(
             master, precision=cfg.train_precision, rollout_profile=cfg.rollout_profile,
             align_regions=cfg.align_regions, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
             chunk=cfg.logprob_chunk, dist=self.dist, loss_scale_init=cfg.loss_scale_init,
-            loss_scale_growth_interval=cfg.loss_scale_growth_interval,
+            loss_scale_growth_interval=cfg.loss_scale_growth_interval, inv_freq=cfg.train_inv_freq,
         )
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
