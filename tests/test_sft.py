@@ -81,6 +81,25 @@ def test_time_limit_stops_early(tok):
     assert hist.stopped_early and hist.steps_done == 1 and len(hist.train) == 1
 
 
+def test_stop_at_sampled_stops_at_the_first_evaluation_that_reaches_it(tok, monkeypatch):
+    import rla.rl.sft as sft
+
+    seen = []
+
+    def fake_evaluate(model, tokenizer, task, problems, seed, precision):  # accuracy = step / 100
+        step = len(seen) * 5 + 5
+        seen.append(step)
+        return {"greedy_acc": 1.0, "sample_acc": step / 100, "mean_len": 1.0, "example": ""}
+
+    monkeypatch.setattr(sft, "evaluate", fake_evaluate)
+    hist = sft_train(micro(), tok, AdditionTask(difficulty=2), steps=100, batch_size=4, eval_every=5,
+                     eval_size=2, stop_at_sampled=0.2, log=None)
+    assert seen == [5, 10, 15, 20] and hist.steps_done == 20 and hist.stopped_early
+    assert hist.final_eval["sample_acc"] == 0.2
+    with pytest.raises(ValueError, match="stop_at_sampled"):
+        sft_train(micro(), tok, AdditionTask(difficulty=2), steps=10, stop_at_sampled=0.5, log=None)
+
+
 def test_generate_and_evaluate(tok):
     model = micro()
     prompts = ["add:12+34=", "add:5+6="]

@@ -48,7 +48,7 @@ class SFTHistory:
     evals: list[dict] = field(default_factory=list)  # step, greedy_acc, sample_acc, mean_len, ...
     steps_done: int = 0
     wall_time_s: float = 0.0
-    stopped_early: bool = False  # time_limit reached before ``steps``
+    stopped_early: bool = False  # time_limit or stop_at_sampled reached before ``steps``
 
     @property
     def final_loss(self) -> float:
@@ -200,6 +200,7 @@ def sft_train(
     eval_every: int | None = None,
     eval_size: int = 128,
     time_limit_s: float | None = None,
+    stop_at_sampled: float | None = None,
     log: Callable[[str], None] | None = print,
 ) -> SFTHistory:
     """Train ``model`` in place on ``task`` for ``steps`` steps of ``batch_size`` fresh problems.
@@ -208,6 +209,8 @@ def sft_train(
     (bf16 on CUDA, fp32 elsewhere). ``warmup_steps`` defaults to 5% of ``steps``. Evaluates
     ``eval_size`` held-out problems every ``eval_every`` steps (None: at the end only; 0: never).
     ``time_limit_s`` stops early (``history.stopped_early``) after that many seconds of training.
+    ``stop_at_sampled`` stops early at the first evaluation whose sampled (T=1) accuracy reaches it:
+    exact match arrives in a jump, and RL needs a warm start inside it, not past it.
     Reproducible: the problems come from ``random.Random(seed)``, the held-out set from
     ``random.Random(seed + 1)``, sampling in evaluation from ``torch.manual_seed(seed)``; the
     initial weights are the caller's (``rla.models.build_model(config, seed=...)``).
@@ -219,6 +222,11 @@ def sft_train(
         precision = "bf16" if device.type == "cuda" else "fp32"
     if precision not in ("bf16", "fp32"):
         raise ValueError(f"precision must be 'bf16', 'fp32' or 'auto', got {precision!r}")
+    if stop_at_sampled is not None and not (0 < stop_at_sampled <= 1 and eval_every and eval_size):
+        raise ValueError(
+            f"stop_at_sampled={stop_at_sampled} needs a value in (0, 1] and periodic evaluation "
+            f"(eval_every={eval_every}, eval_size={eval_size})"
+        )
     if any(p.dtype != torch.float32 for p in model.parameters()):
         raise ValueError("sft_train keeps fp32 master weights: build the model in float32")
     log = log or (lambda s: None)
@@ -281,6 +289,13 @@ def sft_train(
             n_sum = 0
         if eval_every and step % eval_every == 0 and steps - step > eval_every // 2 and held_out:
             run_eval(step)
+            if stop_at_sampled is not None and hist.evals[-1]["sample_acc"] >= stop_at_sampled:
+                hist.stopped_early = True
+                hist.steps_done = step
+                hist.wall_time_s = time.perf_counter() - t0
+                log(f"sampled accuracy reached {stop_at_sampled}: stopping at step {step}")
+                model.eval()
+                return hist
         if out_of_time:
             hist.stopped_early = step < steps
             break

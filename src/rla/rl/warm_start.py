@@ -72,12 +72,15 @@ def warm_start(cfg: TrainConfig, folder: str | Path, device: torch.device | str 
     task = build_task(cfg)
     model = models.build_model(models.tiny_config(cfg.arch, cfg.size), dtype=torch.float32, seed=cfg.init_seed)
     tokenizer = build_tokenizer()
+    stop = cfg.sft_stop_sampled or None
     hist = sft_train(model, tokenizer, task, steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
-                     seed=cfg.init_seed, device=device, log=log)
+                     seed=cfg.init_seed, device=device, log=log, stop_at_sampled=stop,
+                     eval_every=cfg.sft_eval_every if stop else None)
     model.to("cpu")
     meta = {"arch": cfg.arch, "size": cfg.size, "task": cfg.task, "difficulty": cfg.difficulty,
             "task_args": cfg.task_args, "init_seed": cfg.init_seed, "sft_steps": cfg.sft_steps,
-            "sft_lr": cfg.sft_lr, "sft_batch_size": cfg.sft_batch_size, "history": hist.to_dict()}
+            "sft_lr": cfg.sft_lr, "sft_batch_size": cfg.sft_batch_size, "sft_stop_sampled": cfg.sft_stop_sampled,
+            "history": hist.to_dict()}
     _atomic_save_pretrained(model, folder, {"sft.json": json.dumps(meta, indent=1, default=str)})
     return folder
 
