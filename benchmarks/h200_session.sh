@@ -1,22 +1,52 @@
 #!/usr/bin/env bash
-# One device call that gathers this session's GPU evidence (run from the repo root, OUT set):
-#   aligned models on CUDA take the fused path; rollout throughput; the demo at ~2k-token
-#   responses; a GRPO pilot of the H200 grid. Every stage has its own timeout and writes under $OUT.
+# One device call that gathers a session's GPU evidence (run from the repo root, OUT set).
+# STAGES picks what runs, in order (default: the benchmarks, no GRPO):
+#   gputests  the sampler tests on CUDA (CUDA-graph decode bit for bit vs eager) + aligned-model check
+#   sampler   rollout throughput, bundled tiny model and Qwen2.5-0.5B shapes (bench_sampler.py)
+#   demo2k    rla demo at 2,048-token responses
+#   ops       per-op benchmark without Inductor in the process, then Inductor first (the swiglu question)
+#   grpo      rla experiment $GRPO_GRID [--only $GRPO_ONLY] for $GRPO_TIMEOUT s, $GRPO_PARALLEL at once
+# Every stage has its own timeout and writes under $OUT; results come back as $OUT/results.tgz
+# (and $OUT/grpo.tgz: the experiment folder without checkpoints).
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src:$PWD/tests
 OUT=${OUT:-/tmp/rla-out}; mkdir -p "$OUT/r"
+STAGES=${STAGES:-gputests sampler demo2k ops}
+for d in .whl ../.whl; do  # Liger Kernel, carried as a wheel (pure Python), for the ops stage
+  if ls $d/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $d/*.whl 2>&1 | tail -1
+    export PYTHONPATH=$PYTHONPATH:/tmp/site; break
+  fi
+done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 t0=$(date +%s); stamp() { echo "=== $1 at +$(( $(date +%s) - t0 ))s"; }
-stamp align-check
-timeout 60 python3 benchmarks/gpu_align_check.py --out "$OUT/r" > "$OUT/r/align_cuda.log" 2>&1; echo rc=$?; tail -3 "$OUT/r/align_cuda.log"
-stamp demo-2k
-timeout 110 python3 -m rla.cli demo --device cuda -n 64 --max-new-tokens 2048 --ignore-eos --out "$OUT/r/demo-2k" > "$OUT/r/demo-2k.log" 2>&1; echo rc=$?; tail -12 "$OUT/r/demo-2k.log"
-stamp sampler
-timeout 120 python3 benchmarks/bench_sampler.py --out "$OUT/r" --batch 64 --new 128 > "$OUT/r/sampler.log" 2>&1; echo rc=$?; tail -6 "$OUT/r/sampler.log"
-stamp grpo
-if [ -n "${GRPO_GRID:-}" ]; then
-  timeout ${GRPO_TIMEOUT:-200} python3 -m rla.cli experiment "$GRPO_GRID" --out /tmp/grpo --parallel ${GRPO_PARALLEL:-12} --time-limit $(( ${GRPO_TIMEOUT:-200} - 20 )) > "$OUT/r/grpo.log" 2>&1; echo rc=$?; tail -20 "$OUT/r/grpo.log"
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+if has gputests; then
+  stamp gputests
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_sampler.py > "$OUT/r/gputests.log" 2>&1; echo rc=$?; tail -3 "$OUT/r/gputests.log"
+  timeout 60 python3 benchmarks/gpu_align_check.py --out "$OUT/r" > "$OUT/r/align_cuda.log" 2>&1; echo rc=$?; tail -2 "$OUT/r/align_cuda.log"
+fi
+if has sampler; then
+  stamp sampler
+  timeout 100 python3 benchmarks/bench_sampler.py --model bundled --out "$OUT/r" --batch 128 --prompt 32 --new 128 > "$OUT/r/sampler_bundled.log" 2>&1; echo rc=$?; tail -6 "$OUT/r/sampler_bundled.log"
+  timeout 150 python3 benchmarks/bench_sampler.py --model 0.5b --out "$OUT/r" --batch 64 --new 128 > "$OUT/r/sampler_05b.log" 2>&1; echo rc=$?; tail -6 "$OUT/r/sampler_05b.log"
+fi
+if has demo2k; then
+  stamp demo2k
+  timeout 120 python3 -m rla.cli demo --device cuda -n 64 --max-new-tokens 2048 --ignore-eos --out "$OUT/r/demo-2k" > "$OUT/r/demo-2k.log" 2>&1; echo rc=$?; tail -14 "$OUT/r/demo-2k.log"
+fi
+if has ops; then
+  stamp ops
+  mkdir -p "$OUT/r/ops-noinductor" "$OUT/r/ops-inductor-first"
+  timeout 120 python3 benchmarks/bench_ops.py --out "$OUT/r/ops-noinductor" --impls rla liger hf > "$OUT/r/ops-noinductor.log" 2>&1; echo rc=$?; grep -E "^(swiglu|add_rms|rope)" "$OUT/r/ops-noinductor.log" | cut -c1-150
+  timeout 60 python3 benchmarks/bench_ops.py --out "$OUT/r/ops-inductor-first" --only swiglu --impls compile rla > "$OUT/r/ops-inductor-first.log" 2>&1; echo rc=$?; grep -E "^swiglu" "$OUT/r/ops-inductor-first.log" | cut -c1-150
+fi
+if has grpo; then
+  stamp grpo
+  only=${GRPO_ONLY:+--only $GRPO_ONLY}
+  timeout ${GRPO_TIMEOUT:-200} python3 -m rla.cli experiment "$GRPO_GRID" --out /tmp/grpo $only --parallel ${GRPO_PARALLEL:-15} --time-limit $(( ${GRPO_TIMEOUT:-200} - 25 )) --grace 15 > "$OUT/r/grpo.log" 2>&1; echo rc=$?; tail -8 "$OUT/r/grpo.log"
   (cd /tmp && tar czf "$OUT/grpo.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' grpo) || true
 fi
 stamp done

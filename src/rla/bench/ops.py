@@ -280,7 +280,8 @@ def default_cases(tokens: int = 16384) -> list[Callable[[], Case]]:
     ]
 
 
-def run(out_dir="benchmarks/results", tokens: int = 16384, reps: int = 20, only=None, stem=None) -> dict:
+def run(out_dir="benchmarks/results", tokens: int = 16384, reps: int = 20, only=None, stem=None, impls=None) -> dict:
+    """``impls``: run only these implementations, in this order (default: every one, rla last)."""
     device = torch.device("cuda")
     env = environment(device)
     copy_gbs = copy_bandwidth_gbs(device)
@@ -294,7 +295,8 @@ def run(out_dir="benchmarks/results", tokens: int = 16384, reps: int = 20, only=
         floor_fwd = case.bytes_fwd / (copy_gbs * 1e9) * 1e3
         floor_bwd = case.bytes_bwd / (copy_gbs * 1e9) * 1e3
         row = {"op": case.name, "shape": case.shape, "floor_fwd_ms": floor_fwd, "floor_bwd_ms": floor_bwd, "impls": {}}
-        for impl in case.impls:
+        order = [i for i in impls if i in case.impls] if impls else list(case.impls)
+        for impl in order:
             try:
                 r = _measure(case, impl, data, reps, device)
             except Exception as e:  # one broken competitor must not sink the run

@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=16384, help="tokens per op benchmark (ops)")
     p.add_argument("--reps", type=int, default=20, help="timed repetitions per measurement (ops)")
     p.add_argument("--only", nargs="*", choices=("swiglu", "add_rms_norm", "rope"), help="ops subset")
+    p.add_argument("--impls", nargs="*", default=None,
+                   help="ops: implementations to time, in this order (e.g. rla liger hf; default all, rla last)")
     p.add_argument("--models", nargs="*", default=["qwen2.5-1.5b", "qwen2.5-7b"],
                    choices=("qwen2.5-1.5b", "qwen2.5-7b"), help="e2e model shapes")
     p.add_argument("--variants", nargs="*", default=None,
@@ -46,7 +48,7 @@ def run(args) -> int:
     if args.what in ("ops", "all"):
         from rla.bench import ops
 
-        ops.run(out_dir=args.out, tokens=args.tokens, reps=args.reps, only=args.only)
+        ops.run(out_dir=args.out, tokens=args.tokens, reps=args.reps, only=args.only, impls=args.impls)
     if args.what in ("e2e", "all"):
         from rla.bench import e2e
 
