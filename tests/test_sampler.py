@@ -1,5 +1,7 @@
 """The rollout stack: reproducible, honours its parameters, leaves the training model alone."""
 
+import math
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
@@ -47,7 +49,11 @@ def test_stop_tokens_max_new_tokens_and_top_k():
     recs = s.generate(PROMPTS, SamplingParams(max_new_tokens=5, stop_token_ids=every, seed=0))
     assert all(len(r.response_ids) == 1 for r in recs)  # the first token stops, and is kept
     greedy = s.generate(PROMPTS, SamplingParams(max_new_tokens=6, top_k=1, seed=0))
-    assert all(lp == 0.0 for r in greedy for lp in r.logprobs) and greedy[0].top_k == 1
+    # top-k keeps every logit tied with the k-th (as vLLM does): with k=1 a token's logprob is
+    # -log(m) for the m tied maxima, 0 unless bf16 logits tie (they did on one CPU)
+    ties = [math.exp(-lp) for r in greedy for lp in r.logprobs]
+    assert all(abs(m - round(m)) < 1e-9 and round(m) >= 1 for m in ties) and greedy[0].top_k == 1
+    assert sum(round(m) == 1 for m in ties) > len(ties) // 2
 
 
 def test_recorded_logprob_is_the_engine_convention_on_the_engine_forward():
@@ -163,6 +169,31 @@ def test_ignore_eos_samples_to_max_new_tokens():
     assert all(len(r.response_ids) == 1 for r in s.generate(PROMPTS, every))
     long = SamplingParams(max_new_tokens=6, seed=0, ignore_eos=True)
     assert all(len(r.response_ids) == 6 for r in s.generate(PROMPTS, long))
+
+
+def test_warm_up_leaves_the_static_cache_as_it_was():
+    """CUDA-graph capture runs the decode step before capturing it. transformers' static cache
+    writes at its own device-side counter, so those extra steps must be undone, or every later
+    write lands past the position the mask and RoPE use (what broke the first GPU run)."""
+    from rla.static_decode import StaticDecoder
+
+    sampler = Sampler(tiny_model(seed=8), "vllm", cache="static")
+    engine = sampler.model
+    dec = StaticDecoder(engine, sampler._cache_kw, 2, 64, capture=False)
+    ids = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]])
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    dec.prefill(ids, mask, pos)
+    before = [t.clone() for layer in dec.cache.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+    nxt, npos = torch.tensor([[12], [13]]), pos[:, -1:] + 1
+    dec.tokens.copy_(nxt), dec.positions.copy_(npos), dec.cache_position.fill_(4)
+    dec._warm_up()
+    after = [t for layer in dec.cache.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+    assert len(before) == len(after) > 0 and all(torch.equal(a, b) for a, b in zip(before, after))
+    warm = dec.decode(nxt, npos, 4).clone()
+    fresh = StaticDecoder(engine, dec.cache_kw, 2, 64, capture=False)
+    fresh.prefill(ids, mask, pos)
+    assert torch.equal(warm, fresh.decode(nxt, npos, 4))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

@@ -48,6 +48,12 @@ class StaticDecoder:
         self._bool_mask = impl == "sdpa"
         device = next(model.parameters()).device
         self.cache = StaticCache(config=model.config, max_cache_len=max_len)
+        if capture and not _graphable(self.cache):
+            kinds = sorted({type(layer).__name__ for layer in self.cache.layers})
+            raise ValueError(
+                f"CUDA-graph decode needs plain StaticLayer caches whose write position is a device tensor; "
+                f"this model's cache has {kinds} (sliding-window layers count on the host). Use cuda_graph=False"
+            )
         self.tokens = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.positions = torch.zeros((batch, 1), dtype=torch.long, device=device)
         self.cache_position = torch.zeros((1,), dtype=torch.long, device=device)
@@ -115,16 +121,34 @@ class StaticDecoder:
         self._graph.replay()
         return self._logits
 
+    def _warm_up(self, times: int = 2) -> None:
+        """Run the step ``times`` times and put the cache back as it was.
+
+        The cache's write position is its own device-side counter (``StaticLayer.cumulative_length``,
+        advanced by every update; transformers ignores ``cache_position`` for the write), so a warm-up
+        step that is not undone would shift every later write past what the mask and positions say.
+        """
+        saved = [(layer, name, t.clone()) for layer in self.cache.layers
+                 for name, t in vars(layer).items() if isinstance(t, torch.Tensor)]
+        for _ in range(times):
+            self._step()
+        for layer, name, t in saved:
+            getattr(layer, name).copy_(t)
+
     def _capture(self) -> None:
-        # warm-up on a side stream (lazy inits, Triton/cuBLAS setup), as torch.cuda.graphs asks; it
-        # computes the real step, so the cache entries it writes are the ones replay writes again
+        # warm-up on a side stream (lazy inits, Triton/cuBLAS setup), as torch.cuda.graphs asks
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._step()
+            self._warm_up()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self._logits = self._step()
         self._graph = graph
+
+
+def _graphable(cache) -> bool:
+    from transformers.cache_utils import StaticLayer
+
+    return all(type(layer) is StaticLayer for layer in cache.layers)
