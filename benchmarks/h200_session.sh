@@ -33,8 +33,8 @@ if has gputests; then
 fi
 if has sampler; then
   stamp sampler
-  timeout $(cap 60) python3 benchmarks/bench_sampler.py --model bundled --arms dynamic,rla --out "$OUT/r" --batch 128 --prompt 32 --new 128 > "$OUT/r/sampler_bundled.log" 2>&1; echo rc=$?; tail -6 "$OUT/r/sampler_bundled.log"
-  timeout $(cap 130) python3 benchmarks/bench_sampler.py --model 0.5b --out "$OUT/r" --batch 64 --new 128 > "$OUT/r/sampler_05b.log" 2>&1; echo rc=$?; tail -6 "$OUT/r/sampler_05b.log"
+  [[ " ${SAMPLER_MODELS:-bundled 0.5b} " == *" bundled "* ]] && timeout $(cap 60) python3 benchmarks/bench_sampler.py --model bundled --arms dynamic,rla --out "$OUT/r" --batch 128 --prompt 32 --new 128 > "$OUT/r/sampler_bundled.log" 2>&1; echo rc=$?; tail -6 "$OUT/r/sampler_bundled.log"
+  [[ " ${SAMPLER_MODELS:-bundled 0.5b} " == *" 0.5b "* ]] && timeout $(cap 130) python3 benchmarks/bench_sampler.py --model 0.5b --out "$OUT/r" --batch 64 --new 128 > "$OUT/r/sampler_05b.log" 2>&1; echo rc=$?; tail -6 "$OUT/r/sampler_05b.log"
 fi
 if has demo2k; then
   stamp demo2k
@@ -49,8 +49,8 @@ fi
 if has grpo; then
   stamp grpo
   only=${GRPO_ONLY:+--only $GRPO_ONLY}; T=$(cap ${GRPO_TIMEOUT:-200})
-  if [ -f "$OUT/r/gputests.log" ] && ! grep -q " passed" "$OUT/r/gputests.log" || grep -q "failed" "$OUT/r/gputests.log" 2>/dev/null; then
-    echo "sampler tests failed on this GPU: the grid runs with rollout_cache=dynamic"  # slower, known good
+  if grep -q "FAILED.*cuda_graph" "$OUT/r/gputests.log" 2>/dev/null; then
+    echo "the CUDA-graph sampler test failed on this GPU: the grid runs with rollout_cache=dynamic"  # slower, known good
     python3 -c "import sys, yaml; g = yaml.safe_load(open(sys.argv[1])); g.setdefault('overrides', {})['rollout_cache'] = 'dynamic'; g['base'] = str(__import__('pathlib').Path(sys.argv[1]).parent.resolve() / g['base']); yaml.safe_dump(g, open('/tmp/grid.yaml', 'w'))" "$GRPO_GRID"
     GRPO_GRID=/tmp/grid.yaml
   fi
