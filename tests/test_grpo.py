@@ -237,6 +237,13 @@ def test_run_log_rewrites_steps_after_the_resume_point_and_summarises(tmp_path):
                                                          "collapse/fired": True, "collapse/kinds": ["k3_spike"]}], window=2)
     assert s["step0"]["k3"] == 1e-3 and s["final_reward"] == 0.1 and s["best_reward"] == pytest.approx(0.15)
     assert s["collapse_events"] == [{"step": 2, "kinds": ["k3_spike"]}] and s["first_collapse_step"] == 2
+    # a committed experiment keeps its logs gzipped: read_log finds log.jsonl.gz
+    import gzip
+
+    plain = read_log(tmp_path / "log.jsonl")
+    (tmp_path / "log.jsonl.gz").write_bytes(gzip.compress((tmp_path / "log.jsonl").read_bytes()))
+    (tmp_path / "log.jsonl").unlink()
+    assert str(read_log(tmp_path / "log.jsonl")) == str(plain) and len(plain) == 2
 
 
 def test_tensorboard_is_optional(tmp_path):

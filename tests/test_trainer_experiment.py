@@ -75,6 +75,11 @@ def test_grid_runs_resumes_and_summarises(tmp_path, monkeypatch, capsys):
         assert a["step0_k3"]["n"] == 1 and a["step0_k3"]["mean"] >= 0 and a["final_reward"]["mean"] is not None
     md = (out / "summary.md").read_text()
     assert "| bf16 |" in md and "| rope |" in md and "step-0 k3" in md
+    # the runs' own environment (from their summary.json), not only the summarizing machine's
+    import torch
+
+    assert [e["torch"] for e in summary["run_environments"]] == [torch.__version__]
+    assert f"Runs: GPU: none (CPU) · torch {torch.__version__}" in md
     assert (out / "plots" / "micro.png").stat().st_size > 10_000
 
     assert main(["experiment", str(grid), "--out", str(out), "--summarize-only"]) == 0

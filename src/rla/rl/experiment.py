@@ -36,20 +36,18 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from rla.rl.config import TrainConfig, _check_keys
-from rla.rl.runlog import read_log, summarize
+from rla.rl.runlog import environment, read_log, summarize
 
 __all__ = ["Grid", "RunSpec", "load_grid", "run_grid", "summarize_grid"]
 
@@ -355,16 +353,6 @@ def _stats(values: list) -> dict[str, float | None]:
             "max": float(vals.max()), "n": int(vals.size)}
 
 
-def _environment() -> dict[str, Any]:
-    import torch
-    import transformers
-
-    env = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "python": platform.python_version(),
-           "torch": torch.__version__, "transformers": transformers.__version__, "host": platform.node(),
-           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-    return env
-
-
 def summarize_grid(out: str | Path, grid: Grid | None = None) -> dict:
     """``summary.json``, ``summary.md`` and ``plots/`` of an experiment folder, from its logs."""
     from rla.rl.plots import plot_arms
@@ -372,11 +360,14 @@ def summarize_grid(out: str | Path, grid: Grid | None = None) -> dict:
     out = Path(out)
     if grid is None:
         grid = load_grid(out / "grid.yaml")
-    runs, by_model = [], {}
+    runs, by_model, run_envs = [], {}, []
     for s in grid.runs(out):
         run_dir = Path(s.config.out_dir)
         records = read_log(run_dir / "log.jsonl")
         summ = summarize(records, s.config.collapse_window)
+        run_env = _run_environment(run_dir)
+        if run_env and run_env not in run_envs:
+            run_envs.append(run_env)
         runs.append({"name": s.name, "model": s.model, "arm": s.arm, "seed": s.seed,
                      "finished": _is_finished(run_dir, s.config.steps), "planned_steps": s.config.steps, **summ})
         by_model.setdefault(s.model, {}).setdefault(s.arm, []).append(records)
@@ -406,11 +397,27 @@ def summarize_grid(out: str | Path, grid: Grid | None = None) -> dict:
         if any(rec for logs in arm_logs.values() for rec in logs):
             plots[model] = str(plot_arms(arm_logs, out / "plots" / f"{model}.png",
                                          title=f"{model}: GRPO, rollouts {grid.base.get('rollout_profile', 'vllm')} bf16"))
-    summary = {"environment": _environment(), "grid": {"base": grid.base, "models": grid.models, "arms": grid.arms,
+    summary = {"environment": environment(), "run_environments": run_envs, "grid": {"base": grid.base, "models": grid.models, "arms": grid.arms,
                                                        "seeds": grid.seeds}, "arms": arms, "runs": runs, "plots": plots}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str, allow_nan=True))
     (out / "summary.md").write_text(_markdown(summary, out))
     return summary
+
+
+def _run_environment(run_dir: Path) -> dict[str, Any] | None:
+    """The environment a run recorded in its summary.json (without the date), if any."""
+    try:
+        env = json.loads((run_dir / "summary.json").read_text()).get("environment")
+    except (OSError, ValueError):
+        return None
+    return {k: v for k, v in env.items() if k != "date"} if env else None
+
+
+def _env_line(env: dict[str, Any]) -> str:
+    line = f"GPU: {env.get('gpu') or 'none (CPU)'} · torch {env['torch']} · transformers {env['transformers']}"
+    if env.get("triton"):
+        line += f" · triton {env['triton']}"
+    return line + f" · python {env['python']}"
 
 
 def _fmt(st: dict, digits: str = ".2e") -> str:
@@ -423,11 +430,13 @@ def _fmt(st: dict, digits: str = ".2e") -> str:
 
 def _markdown(summary: dict, out: Path) -> str:
     env = summary["environment"]
+    runs_on = summary.get("run_environments") or []
     lines = [
         "# GRPO under rollout/training rounding mismatch",
         "",
-        f"{env['date']} · GPU: {env['gpu'] or 'none (CPU)'} · torch {env['torch']} · transformers "
-        f"{env['transformers']} · python {env['python']}",
+        *([f"Runs: {_env_line(e)}" for e in runs_on] or ["Runs: environment not recorded in their summary.json"]),
+        "",
+        f"Summarized {env['date']} ({_env_line(env)})",
         "",
         "Step-0 metrics: the training forward before the first update of the first step, against the "
         "rollout engine's logprobs, on identical weights. Over training: the same measurement before each "

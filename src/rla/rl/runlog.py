@@ -10,6 +10,7 @@ config: a resumed run writes the same lines as an uninterrupted one (``DETERMINI
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -44,13 +45,41 @@ def _unclean(v):
     return v
 
 
+def environment() -> dict[str, Any]:
+    """Where a run or summary was made: date, GPU, torch/transformers/triton/python versions, host."""
+    import platform
+    from datetime import datetime, timezone
+
+    import torch
+    import transformers
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__, "triton": triton_version,
+            "host": platform.node(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
 def read_log(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a ``log.jsonl``; a torn last line (a kill mid-write) is dropped."""
+    """Records of a ``log.jsonl``; a torn last line (a kill mid-write) is dropped.
+
+    A committed experiment may keep its logs gzipped: ``log.jsonl.gz`` is read when ``log.jsonl``
+    is absent.
+    """
     path = Path(path)
-    if not path.is_file():
+    gz = path.with_name(path.name + ".gz")
+    if path.is_file():
+        text = path.read_text()
+    elif gz.is_file():
+        text = gzip.decompress(gz.read_bytes()).decode()
+    else:
         return []
     out = []
-    lines = path.read_text().splitlines()
+    lines = text.splitlines()
     for i, line in enumerate(lines):
         if not line.strip():
             continue

@@ -43,7 +43,7 @@ from rla.rl.distributed import Dist, init_distributed
 from rla.rl.forward import make_micro_batch
 from rla.rl.grpo import aggregation_weights, group_advantages, importance_weights, per_token_loss
 from rla.rl.precision import Policy
-from rla.rl.runlog import Progress, RunLog, collapse_fields, padded, summarize
+from rla.rl.runlog import Progress, RunLog, collapse_fields, environment, padded, summarize
 from rla.rl.warm_start import build_task, initial_model
 
 __all__ = ["Trainer", "train", "derive_seed", "resolve_device"]
@@ -504,7 +504,7 @@ class Trainer:
                 signal.signal(sig, handler)
         result = {"finished": self.step >= cfg.steps, "step": self.step, "out_dir": str(self.out)}
         if self.dist.main:
-            summary = {**result, **summarize(self.runlog.history, cfg.collapse_window)}
+            summary = {**result, **summarize(self.runlog.history, cfg.collapse_window), "environment": environment()}
             (self.out / "summary.json").write_text(_json(summary))
             result["summary"] = summary
         return result
