@@ -38,6 +38,24 @@ def test_group_advantages_normalise_within_each_group():
 # ------------------------------------------------------------------------------- losses
 
 
+def test_dual_clip_caps_negative_advantage_tokens_as_verl_does():
+    ratios = torch.tensor([0.5, 2.0, 5.0, 50.0, 5.0], dtype=torch.float64)
+    adv = torch.tensor([-1.0, -1.0, -1.0, -2.0, 1.0], dtype=torch.float64)
+    old = torch.zeros(5, dtype=torch.float64)
+    lp = ratios.log().requires_grad_(True)
+    loss, clipped, _ = per_token_loss(lp, old, adv, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
+    # verl core_algos: where A < 0, min(-A * c, max(-A r, -A clip(r))); else max(-A r, -A clip(r))
+    ppo = torch.maximum(-adv * ratios, -adv * ratios.clamp(0.8, 1.2))
+    want = torch.where(adv < 0, torch.minimum(-adv * 3.0, ppo), ppo)
+    assert torch.allclose(loss, want)
+    assert clipped.tolist() == [True, False, True, True, True]
+    loss.sum().backward()
+    # no gradient from the capped tokens (r = 5, 50 with A < 0) nor the PPO-clipped ones
+    assert torch.allclose(lp.grad, torch.tensor([0.0, 2.0, 0.0, 0.0, 0.0], dtype=torch.float64))
+    plain, _, _ = per_token_loss(lp.detach(), old, adv, clip_low=0.2, clip_high=0.2)
+    assert float(plain[3]) == pytest.approx(100.0) and float(loss[3]) == 6.0  # unbounded without the dual clip
+
+
 def test_ppo_clip_loss_clip_fraction_and_gradient():
     # ratio exp(lp - old) for six tokens: inside, above and below the clip range, A > 0 and A < 0
     ratios = torch.tensor([1.05, 1.5, 0.5, 1.05, 1.5, 0.5], dtype=torch.float64)

@@ -103,6 +103,11 @@ class TrainConfig:
     )
     clip_eps: float = _f(0.2, "PPO clip range below 1: ratio is clipped to [1 - clip_eps, 1 + clip_eps_high]")
     clip_eps_high: float | None = _f(None, "PPO clip range above 1 (DAPO's clip-higher); None means clip_eps")
+    clip_ratio_c: float | None = _f(
+        None,
+        "dual-clip PPO as verl (clip_ratio_c, 3 there): for negative advantages the loss is capped at -A*c, "
+        "so tokens with ratio above c stop pushing; None is plain PPO-clip (TRL's GRPO)",
+    )
     scale_rewards: str = _f("group", "advantage = (r - group mean) / (group std + 1e-6) for 'group'; r - group mean for 'none'")
     loss_agg: str = _f("token-mean", "token-mean (every response token weighs the same) or seq-mean-token-mean (GRPO paper)")
     is_correction: str = _f(
@@ -222,6 +227,10 @@ class TrainConfig:
         need(
             self.clip_eps_high is None or self.clip_eps_high > 0,
             f"clip_eps_high must be > 0 (or None for clip_eps), got {self.clip_eps_high}",
+        )
+        need(
+            self.clip_ratio_c is None or self.clip_ratio_c > 1 + self.clip_high,
+            f"clip_ratio_c must exceed 1 + the upper clip range ({1 + self.clip_high}), got {self.clip_ratio_c}",
         )
         need(self.is_cap > 1, f"is_cap must be > 1 (a weight cap below 1 down-weights on-policy tokens), got {self.is_cap}")
         need(

@@ -125,9 +125,14 @@ def per_token_loss(
     algorithm: str = "grpo",
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    clip_ratio_c: float | None = None,
     weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss_t, clipped_t, ratio_t)`` for each token (flat layout).
+
+    ``clip_ratio_c`` is dual-clip PPO as verl has it (``clip_ratio_c``, default 3 there): for
+    negative advantages the loss is capped at ``-A * c``, so a token whose ratio exceeds ``c``
+    stops contributing gradient (plain PPO-clip leaves ``-A * r`` unbounded above for ``A < 0``).
 
     ``logprobs``: log pi_theta with grad; ``old_logprobs``: the ratio's denominator (the
     rollout's mu or the training stack's pi_old; detached here); ``advantages``: per token.
@@ -142,6 +147,11 @@ def per_token_loss(
         clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
         loss = torch.maximum(unclipped, clipped)
         is_clipped = clipped > unclipped
+        if clip_ratio_c is not None:
+            dual = -adv * clip_ratio_c
+            capped = (adv < 0) & (dual < loss)
+            loss = torch.where(capped, dual, loss)
+            is_clipped = is_clipped | capped
     elif algorithm == "reinforce":
         loss = -adv * logprobs
         is_clipped = torch.zeros_like(loss, dtype=torch.bool)

@@ -348,7 +348,7 @@ class Trainer:
                         lp_safe = torch.where(finite, lp, lp.detach().nan_to_num(0.0, 0.0, 0.0))
                         loss_t, clipped, ratio = per_token_loss(
                             lp_safe, old, adv, algorithm=cfg.algorithm, clip_low=cfg.clip_eps,
-                            clip_high=cfg.clip_high, weights=w_is)
+                            clip_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c, weights=w_is)
                         agg = aggregation_weights(lengths[seqs], cfg.loss_agg, tokens_all, seqs_all)
                         agg = agg.to(device=self.device, dtype=loss_t.dtype)[pos]
                         loss = (loss_t * agg * finite).sum()
