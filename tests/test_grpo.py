@@ -53,7 +53,7 @@ def test_dual_clip_caps_negative_advantage_tokens_as_verl_does():
     # no gradient from the capped tokens (r = 5, 50 with A < 0) nor the PPO-clipped ones
     assert torch.allclose(lp.grad, torch.tensor([0.0, 2.0, 0.0, 0.0, 0.0], dtype=torch.float64))
     plain, _, _ = per_token_loss(lp.detach(), old, adv, clip_low=0.2, clip_high=0.2)
-    assert float(plain[3]) == pytest.approx(100.0) and float(loss[3]) == 6.0  # unbounded without the dual clip
+    assert float(plain[3]) == pytest.approx(100.0) and float(loss[3].detach()) == 6.0  # unbounded without the dual clip
 
 
 def test_ppo_clip_loss_clip_fraction_and_gradient():
