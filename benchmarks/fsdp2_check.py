@@ -185,7 +185,8 @@ def mean_ce(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 class Capture:
-    """Every call's outputs of ``rla.ops.rope`` / ``rla.ops.swiglu`` while installed.
+    """Every call's outputs of ``rla.ops.rope`` / ``rla.ops.swiglu`` while installed (``keep``),
+    the calls counted and the dtypes of the cos/sin reaching RoPE.
 
     The aligned attention calls ``ops.rope(...)`` and the aligned MLP ``ops.swiglu(...)`` through
     the ``rla.ops`` module object (``rla/alignment/rope.py``, ``swiglu.py``), so replacing the
@@ -273,7 +274,7 @@ def leg_correctness(args, rank, world, device, res: dict) -> dict:
     report = rla.align(master, args.profile)
     shard(master, master.get_decoder().layers, torch.bfloat16)
     master.eval()
-    cap = Capture()
+    cap = Capture(keep=rank == 0)  # the other ranks count calls and dtypes only
     with torch.no_grad(), cap.installed():
         logits = master(input_ids=ids, use_cache=False).logits
     loss = float(mean_ce(logits, ids))
@@ -406,7 +407,7 @@ def leg_cast_forward_inputs(args, rank, world, device, res: dict, keep: dict) ->
         out["align_raised"] = f"{type(e).__name__}: {e}"
     shard(master, master.get_decoder().layers, torch.bfloat16, cast_forward_inputs=True)
     master.eval()
-    cap = Capture()
+    cap = Capture(keep=rank == 0)
     try:
         with torch.no_grad(), cap.installed():
             master(input_ids=ids, use_cache=False)

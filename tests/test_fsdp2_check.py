@@ -1,11 +1,11 @@
-"""The FSDP2 GPU job, validated on CPU: ``benchmarks/fsdp2_check.py`` and the trainer command of
-``benchmarks/fsdp2_x2.sh`` under torchrun with two gloo processes, micro shapes.
+"""The FSDP2 GPU job, validated on CPU: ``benchmarks/fsdp2_x2.sh`` itself, in its CPU mode
+(``DEVICE=cpu SHAPE=micro``): ``benchmarks/fsdp2_check.py`` and the trainer command under torchrun
+with two gloo processes, micro shapes, results read back from its ``results.tgz``.
 
 - The check script's JSON reports the sharded aligned model's RoPE and SwiGLU outputs equal to
   the unsharded aligned bf16 model's bit for bit, fp32 cos/sin, the loss, one call per layer, and
   the named error under ``cast_forward_inputs=True``.
-- Its capture and comparison can tell outputs apart (in process: ``vllm`` vs ``sglang`` differ in
-  RoPE only).
+- Its capture and comparison can tell outputs apart (in process: ``vllm`` vs ``sglang`` differ).
 - ``torchrun -m rla.cli train configs/grpo_fsdp2_1p5b.yaml fsdp=true`` runs (size=micro, CPU):
   the config file, the CLI and torchrun's environment, which tests/test_trainer_fsdp.py (Trainer
   objects under mp.spawn) does not go through.
@@ -16,8 +16,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -25,17 +27,31 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(
-    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-    reason="needs torch.distributed with gloo",
-)
+pytestmark = [
+    pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                       reason="needs torch.distributed with gloo"),
+    pytest.mark.skipif(not all(shutil.which(t) for t in ("bash", "timeout", "tar")),
+                       reason="the job script needs bash, timeout and tar"),
+]
 
 
-def _torchrun(args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """``benchmarks/fsdp2_x2.sh`` on CPU (no env stage: it needs nvidia-smi); -> the unpacked r/ folder."""
+    out = tmp_path_factory.mktemp("job")
+    env = dict(os.environ, OUT=str(out), DEVICE="cpu", SHAPE="micro", STAGES="check train", OMP_NUM_THREADS="1",
+               TRAIN_OVERRIDES="size=micro device=cpu steps=2", TRAIN_DIR=str(out / "grpo"),
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    proc = subprocess.run(["bash", "benchmarks/fsdp2_x2.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with tarfile.open(out / "results.tgz") as tar:
+        kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(out / "unpacked", **kw)
+    r = out / "unpacked" / "r"
+    for name in ("check", "train"):
+        assert f"{name} rc=0" in proc.stdout, (name, proc.stdout[-3000:], (r / f"{name}.log").read_text()[-3000:])
+    return r
 
 
 def _check_module():
@@ -45,11 +61,8 @@ def _check_module():
     return module
 
 
-def test_check_script_two_gloo_ranks(tmp_path):
-    out = tmp_path / "check"
-    proc = _torchrun(["benchmarks/fsdp2_check.py", "--out", str(out), "--shape", "micro", "--device", "cpu",
-                      "--warmup", "1", "--steps", "2"])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_check_script_two_gloo_ranks(job):
+    out = job / "check"
     res = json.loads((out / "fsdp2_check.json").read_text())
     assert (out / "fsdp2_check.md").read_text().startswith("# FSDP2 check")
     assert res["errors"] == [] and res["failed_checks"] == []
@@ -109,11 +122,12 @@ def test_capture_and_compare_tell_profiles_apart():
     assert a.cos_sin_dtypes == b.cos_sin_dtypes == [("float32", "float32")] * 2
 
 
-def test_trainer_command_two_gloo_ranks(tmp_path):
-    out = tmp_path / "grpo"
-    proc = _torchrun(["-m", "rla.cli", "train", "configs/grpo_fsdp2_1p5b.yaml", "fsdp=true", "size=micro",
-                      "device=cpu", "steps=2", f"out_dir={out}"])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_trainer_command_two_gloo_ranks(job):
+    out = job / "train"
+    commands = (job / "commands.txt").read_text().splitlines()
+    assert any("-m rla.cli train configs/grpo_fsdp2_1p5b.yaml fsdp=true" in c for c in commands)
+    assert any("benchmarks/fsdp2_check.py" in c and "--device cpu" in c for c in commands)
+    assert commands[0].startswith("# ") and "NCCL_NVLS_ENABLE=0" in commands[0]
     from rla.rl.runlog import read_log
 
     log = read_log(out / "log.jsonl")
