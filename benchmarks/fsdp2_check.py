@@ -113,7 +113,10 @@ def init(args) -> tuple[int, int, torch.device]:
         if key not in os.environ:
             raise SystemExit(f"fsdp2_check.py runs under torchrun ({key} is unset): "
                              "torchrun --nproc_per_node 2 benchmarks/fsdp2_check.py --out DIR")
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on the lent machines
+    # NVLink multicast stays off on the lent machines, whatever the environment says (it can take
+    # the host's shared GPUs out of service); fsdp2_x2.sh exports the same
+    for key, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+        os.environ[key] = value
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     if args.device == "cuda":
         if not torch.cuda.is_available():
@@ -449,7 +452,8 @@ def environment(args, world, device) -> dict:
     env["world_size"] = world
     env["backend"] = dist.get_backend()
     env["device"] = args.device
-    env["NCCL_NVLS_ENABLE"] = os.environ.get("NCCL_NVLS_ENABLE")
+    for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+        env[key] = os.environ.get(key)
     if device.type == "cuda":
         env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         names = [None] * world
@@ -469,7 +473,7 @@ def markdown(res: dict) -> str:
     env = res["environment"]
     lines = [f"# FSDP2 check: aligned ({res['args']['profile']}) sharded vs unsharded, {res['args']['shape']} shapes", ""]
     for k in ("gpu", "gpus", "date", "torch", "cuda", "nccl", "triton", "transformers", "python", "world_size",
-              "backend", "NCCL_NVLS_ENABLE", "command"):
+              "backend", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "command"):
         if k in env:
             lines.append(f"- {k}: `{env[k]}`")
     m = res.get("master")

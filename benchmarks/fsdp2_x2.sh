@@ -17,7 +17,8 @@
 #     DEVICE=cpu SHAPE=micro TRAIN_OVERRIDES="size=micro device=cpu" OUT=/tmp/o bash benchmarks/fsdp2_x2.sh
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
-export NCCL_NVLS_ENABLE=0   # NVLink multicast stays off on these machines
+# NVLink multicast stays off on these machines (it can take the host's shared GPUs out of service)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}  # torchrun would set 1; the trainer builds its model on CPU
 OUT=${OUT:-/tmp/rla-out}; mkdir -p "$OUT/r"
 STAGES=${STAGES:-env check train}
@@ -37,7 +38,7 @@ run() {
   echo "$name rc=$rc (limit ${limit}s, +$(( $(date +%s) - t0 ))s)"; return $rc
 }
 rev=$(git rev-parse --short HEAD 2>/dev/null) && { git diff --quiet HEAD 2>/dev/null || rev="$rev+changes"; } || rev="no git"
-echo "# $(date -u +%FT%TZ), repo root, commit $rev; env NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE OMP_NUM_THREADS=$OMP_NUM_THREADS PYTHONPATH=src" > "$OUT/r/commands.txt"
+echo "# $(date -u +%FT%TZ), repo root, commit $rev; env NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST=$TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS=$NVSHMEM_DISABLE_NVLS OMP_NUM_THREADS=$OMP_NUM_THREADS PYTHONPATH=src" > "$OUT/r/commands.txt"
 
 if has env; then
   stamp env
