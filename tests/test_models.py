@@ -23,6 +23,15 @@ def test_param_counts_in_range(arch, size, low, high):
     assert cfg.vocab_size % 64 == 0 and cfg.vocab_size >= len(build_tokenizer())
 
 
+def test_1p5b_is_qwen25_1p5b_shaped():
+    cfg = models.tiny_config("qwen2", "1.5b", vocab_size=151936)
+    # Qwen2.5-1.5B: 1,543,714,304 parameters (tied embeddings), head_dim 128, 2 kv heads
+    assert models.param_count(cfg) == 1_543_714_304
+    assert cfg.hidden_size // cfg.num_attention_heads == 128 and cfg.num_key_value_heads == 2
+    assert cfg.rope_parameters["rope_theta"] == 1e6 and cfg.tie_word_embeddings
+    assert models.tiny_config("qwen2", "1.5b").vocab_size == models.VOCAB_SIZE  # the trainer's vocabulary
+
+
 def test_tiny_fits_the_bundle_limit():
     # <= 10 MB of bf16 safetensors: 2 bytes a parameter plus a small header
     assert 2 * models.param_count(models.tiny_config("qwen2", "tiny")) < 10e6 - 50_000

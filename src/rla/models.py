@@ -4,8 +4,8 @@ The configs are real transformers config classes (``Qwen2Config``, ``Qwen3Config
 ``LlamaConfig``) with the numerics that matter for rounding kept as in the released families:
 head_dim 64, RoPE theta of the family (1e6 for Qwen, 5e5 for Llama 3), the family's RMSNorm eps,
 Qwen2's q/k/v bias, Qwen3's q/k norms, SwiGLU MLPs, grouped-query attention, tied embeddings.
-Only the width and depth are small. The vocabulary is the character tokenizer's
-(``rla.rl.tokenizer``, 52 tokens) padded to 64.
+Only the width and depth are small, except ``1.5b``: Qwen2.5-1.5B's width and depth. The
+vocabulary is the character tokenizer's (``rla.rl.tokenizer``, 52 tokens) padded to 64.
 
 The bundled model (``rla/assets/tiny-qwen2``) is the ``tiny`` Qwen2 trained by
 ``scripts/train_tiny_model.py`` on a synthetic task; its ``TRAINING.md`` records how. Trained
@@ -36,13 +36,17 @@ __all__ = [
 VOCAB_SIZE = 64  # the character tokenizer's 52 tokens, padded to a multiple of 64
 ARCHS = ("qwen2", "qwen3", "llama")
 
-# size -> (hidden, layers, heads, kv_heads, intermediate); head_dim is 64 except for "micro"
+# size -> (hidden, layers, heads, kv_heads, intermediate); head_dim (hidden / heads) is 64 except
+# for "micro" (32) and "1.5b" (128)
 SIZES: dict[str, tuple[int, int, int, int, int]] = {
     "micro": (64, 2, 2, 1, 192),  # ~0.1M, for tests on CPU (head_dim 32)
     "tiny": (256, 6, 4, 2, 640),  # ~4.1M: the bundled model, 8 MB in bf16
     "10m": (384, 7, 6, 2, 1024),  # ~11M
     "50m": (640, 12, 10, 2, 1728),  # ~52M
     "150m": (1024, 12, 16, 4, 2816),  # ~135M
+    # Qwen2.5-1.5B's shapes: 1.31B here; with its vocabulary (vocab_size=151936) exactly its
+    # 1,543,714,304 parameters. For FSDP2 runs (benchmarks/fsdp2_check.py); random init only.
+    "1.5b": (1536, 28, 12, 2, 8960),
 }
 
 _FAMILY = {

@@ -45,7 +45,7 @@ class TrainConfig:
 
     # ---------------------------------------------------------------- model and task
     arch: str = _f("qwen2", "model family for rla.models.tiny_config: qwen2, qwen3 or llama")
-    size: str = _f("tiny", "model size for rla.models.tiny_config: micro, tiny, 10m, 50m, 150m")
+    size: str = _f("tiny", "model size for rla.models.tiny_config: micro, tiny, 10m, 50m, 150m, 1.5b")
     init: str = _f(
         "sft",
         "where the weights come from: 'sft' (random init + supervised warm start on the task, "

@@ -86,13 +86,19 @@ def init_distributed(fsdp: bool, device: torch.device) -> Dist:
     return Dist(rank=rank, world=world, local_rank=local, fsdp=True)
 
 
-def shard(module: torch.nn.Module, decoder_layers, param_dtype: torch.dtype | None) -> None:
-    """``fully_shard`` each decoder layer, then the root, with the mixed-precision policy above."""
+def shard(module: torch.nn.Module, decoder_layers, param_dtype: torch.dtype | None, *,
+          cast_forward_inputs: bool = False) -> None:
+    """``fully_shard`` each decoder layer, then the root, with the mixed-precision policy above.
+
+    ``cast_forward_inputs=True`` (FSDP2's default) exists only to reproduce the hazard it causes
+    (``benchmarks/fsdp2_check.py``); training always uses False.
+    """
     try:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     except ImportError as e:  # torch < 2.6 keeps FSDP2 under _composable
         raise NotImplementedError(f"this torch ({torch.__version__}) has no FSDP2 fully_shard: {e}") from None
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
+                              cast_forward_inputs=cast_forward_inputs)
     for layer in decoder_layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(module, mp_policy=mp)
