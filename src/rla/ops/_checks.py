@@ -51,7 +51,9 @@ def check_rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int) -> 
             raise TypeError(
                 f"profile {profile.name!r} keeps cos/sin in fp32 (rope_cos_sin='fp32') but cos/sin "
                 f"arrived as {cos.dtype}: they were already rounded, which is the error being "
-                "aligned away. Compute cos/sin in fp32 from an fp32 inv_freq."
+                "aligned away. Compute cos/sin in fp32 from an fp32 inv_freq. Under FSDP2 the usual "
+                "cause is MixedPrecisionPolicy(cast_forward_inputs=True), the default, which casts "
+                "every module input to param_dtype: use cast_forward_inputs=False."
             )
         if cos.dtype != q.dtype:
             raise TypeError(
