@@ -26,7 +26,7 @@ import torch
 
 from rla.profiles import RoundingProfile, resolve
 from rla.sampling import check_sampling_params, process_logits
-from rla.static_decode import StaticDecoder, bucket
+from rla.static_decode import StaticDecoder, bucket, next_token_logits
 
 __all__ = ["SamplingParams", "Sampler"]
 
@@ -149,13 +149,6 @@ class Sampler:
             self._decoders[key] = StaticDecoder(self.model, self._cache_kw, n, max_len, capture=self.cuda_graph)
         return self._decoders[key]
 
-    def _forward(self, ids, mask, positions, cache) -> torch.Tensor:
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
-            **{self._cache_kw: cache},
-        )
-        return out.logits[:, -1]
-
     def _left_pad(self, prompts: list[list[int]]) -> _Batch:
         longest = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
@@ -205,7 +198,7 @@ class Sampler:
         else:
             cache = _new_cache(self.model)
             mask = batch.mask
-            logits = self._forward(batch.ids, mask, positions, cache)
+            logits = next_token_logits(self.model, self._cache_kw, cache, batch.ids, mask, positions)
         done = torch.zeros(n, dtype=torch.bool, device=self.device)
         out_ids, out_lp = [], []
         for step in range(params.max_new_tokens):
@@ -226,7 +219,7 @@ class Sampler:
                 logits = dec.decode(nxt[:, None], positions, prompt_len + step)
             else:
                 mask = torch.cat([mask, mask.new_ones((n, 1))], dim=1)
-                logits = self._forward(nxt[:, None], mask, positions, cache)
+                logits = next_token_logits(self.model, self._cache_kw, cache, nxt[:, None], mask, positions)
         ids = torch.stack(out_ids, 1).cpu()
         lps = torch.stack(out_lp, 1).double().cpu()
         records = []

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["StaticDecoder", "bucket"]
+__all__ = ["StaticDecoder", "bucket", "next_token_logits"]
 
 #: static caches are allocated in multiples of this many positions, so batches whose prompt
 #: lengths differ a little share one cache and one captured graph
@@ -29,6 +29,17 @@ BUCKET = 64
 
 def bucket(n: int) -> int:
     return -(-n // BUCKET) * BUCKET
+
+
+def next_token_logits(model, cache_kw: str, cache, ids, mask, positions, *, cache_position=None) -> torch.Tensor:
+    """The model's logits for the token after the last position of each row, filling ``cache``.
+
+    ``cache_kw`` is the model's name for the cache argument (``past_key_values`` or ``cache``).
+    """
+    extra = {} if cache_position is None else {"cache_position": cache_position}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+                **extra, **{cache_kw: cache})
+    return out.logits[:, -1]
 
 
 class StaticDecoder:
@@ -76,16 +87,8 @@ class StaticDecoder:
         self.key_mask.fill_(True)
         self.key_mask[:, :p] = mask.bool()
         full = self.key_mask.to(mask.dtype)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=full,
-            position_ids=positions,
-            cache_position=torch.arange(p, device=ids.device),
-            use_cache=True,
-            logits_to_keep=1,
-            **{self.cache_kw: self.cache},
-        )
-        return out.logits[:, -1]
+        return next_token_logits(self.model, self.cache_kw, self.cache, ids, full, positions,
+                                 cache_position=torch.arange(p, device=ids.device))
 
     # ---------------------------------------------------------------- decode
     def _step(self) -> torch.Tensor:
@@ -95,25 +98,17 @@ class StaticDecoder:
         if not self._bool_mask:  # eager attention adds the mask to the scores
             dtype = next(self.model.parameters()).dtype
             mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-        out = self.model(
-            input_ids=self.tokens,
-            attention_mask=mask,
-            position_ids=self.positions,
-            cache_position=self.cache_position,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self.cache_kw: self.cache},
-        )
-        return out.logits[:, -1]
+        return next_token_logits(self.model, self.cache_kw, self.cache, self.tokens, mask, self.positions,
+                                 cache_position=self.cache_position)
 
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache_position: int | torch.Tensor) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache_position: int) -> torch.Tensor:
         """Logits of the next token after ``tokens`` (``[batch, 1]``) at ``cache_position``.
 
         The returned tensor is the graph's output buffer when captured: read it before the next call.
         """
         self.tokens.copy_(tokens)
         self.positions.copy_(positions)
-        self.cache_position.fill_(cache_position) if isinstance(cache_position, int) else self.cache_position.copy_(cache_position)
+        self.cache_position.fill_(cache_position)
         if not self.capture:
             return self._step()
         if self._graph is None:
