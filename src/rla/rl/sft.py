@@ -262,6 +262,7 @@ def sft_train(
         )
 
     step = 0
+    reached = False  # stop_at_sampled met at the last evaluation
     for step in range(1, steps + 1):
         problems = [p for p in task.sample(rng, batch_size) if p.prompt not in held_prompts]
         ids, labels = encode_batch(tokenizer, problems, device)
@@ -289,19 +290,17 @@ def sft_train(
             n_sum = 0
         if eval_every and step % eval_every == 0 and steps - step > eval_every // 2 and held_out:
             run_eval(step)
-            if stop_at_sampled is not None and hist.evals[-1]["sample_acc"] >= stop_at_sampled:
-                hist.stopped_early = True
-                hist.steps_done = step
-                hist.wall_time_s = time.perf_counter() - t0
-                log(f"sampled accuracy reached {stop_at_sampled}: stopping at step {step}")
-                model.eval()
-                return hist
+            reached = stop_at_sampled is not None and hist.evals[-1]["sample_acc"] >= stop_at_sampled
+        if reached:
+            hist.stopped_early = True
+            log(f"sampled accuracy reached {stop_at_sampled}: stopping at step {step}")
+            break
         if out_of_time:
             hist.stopped_early = step < steps
             break
 
     hist.steps_done = step
-    if held_out and eval_every != 0:
+    if held_out and eval_every != 0 and not reached:  # a stop on accuracy has just evaluated this step
         run_eval(step)
     hist.wall_time_s = time.perf_counter() - t0
     model.eval()
