@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
-from datetime import date
 
 import torch
 
@@ -103,15 +101,12 @@ def main():
 
 
 def _write(args, rows):
-    import transformers
-    import triton
+    from rla.bench.common import environment
 
     result = {
         "what": f"rollout throughput, {'Qwen2.5-0.5B shapes random init' if args.model == '0.5b' else 'bundled tiny Qwen2'} bf16",
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "triton": triton.__version__, "python": platform.python_version(), "date": date.today().isoformat(),
+        **environment(),  # GPU, versions, date, the exact command line
         "batch": args.batch, "prompt_len": args.prompt, "new_tokens": args.new,
-        "command": "python benchmarks/bench_sampler.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
         "rows": rows,
     }
     with open(f"{args.out}/sampler_{args.model}.json", "w") as f:  # rewritten after every arm: a timeout keeps what ran

@@ -371,18 +371,25 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-    """A validated ``TrainConfig`` from a YAML file (or the defaults) and ``key=value`` overrides."""
+def read_yaml_mapping(path: str | Path, kind: str, shape: str) -> dict[str, Any]:
+    """The mapping a YAML file holds (empty file: {}); errors name the file, its ``kind`` and the
+    ``shape`` it should have."""
     import yaml
 
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{kind} {path} does not exist")
+    loaded = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: {shape}, got {type(loaded).__name__}")
+    return loaded
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """A validated ``TrainConfig`` from a YAML file (or the defaults) and ``key=value`` overrides."""
     values: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {path} does not exist")
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: a config file is a mapping of field: value, got {type(loaded).__name__}")
+        loaded = read_yaml_mapping(path, "config file", "a config file is a mapping of field: value")
         _check_keys(loaded, str(path))
         values.update(loaded)
     values = apply_overrides(values, list(overrides))

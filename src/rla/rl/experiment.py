@@ -46,8 +46,9 @@ from typing import Any
 
 import yaml
 
-from rla.rl.config import TrainConfig, _check_keys
-from rla.rl.runlog import environment, read_log, summarize
+from rla.rl.config import TrainConfig, _check_keys, read_yaml_mapping
+from rla.bench.common import environment
+from rla.rl.runlog import read_log, summarize
 
 __all__ = ["Grid", "RunSpec", "load_grid", "run_grid", "summarize_grid"]
 
@@ -99,20 +100,14 @@ def _config(values: dict, where: str) -> TrainConfig:
 
 def load_grid(path: str | Path) -> Grid:
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"grid file {path} does not exist")
-    raw = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: a grid is a mapping with base, arms and seeds")
+    raw = read_yaml_mapping(path, "grid file", "a grid is a mapping with base, arms and seeds")
     unknown = set(raw) - {"base", "overrides", "models", "arms", "seeds"}
     if unknown:
         raise ValueError(f"{path}: unknown grid key(s) {sorted(unknown)}; known: base, overrides, models, arms, seeds")
     base = raw.get("base", {})
     if isinstance(base, str):
         base_path = (path.parent / base) if not Path(base).is_absolute() else Path(base)
-        if not base_path.is_file():
-            raise FileNotFoundError(f"{path}: base config {base_path} does not exist")
-        base = yaml.safe_load(base_path.read_text()) or {}
+        base = read_yaml_mapping(base_path, f"{path}: base config", "a config file is a mapping of field: value")
     if not isinstance(base, dict):
         raise ValueError(f"{path}: base must be a config file name or a mapping")
     base = {**base, **(raw.get("overrides") or {})}
@@ -404,13 +399,17 @@ def summarize_grid(out: str | Path, grid: Grid | None = None) -> dict:
     return summary
 
 
+#: what tells two runs' machines apart (date, command line and launch parameters differ per run)
+_ENV_KEYS = ("gpu", "torch", "cuda", "transformers", "triton", "python")
+
+
 def _run_environment(run_dir: Path) -> dict[str, Any] | None:
-    """The environment a run recorded in its summary.json (without the date), if any."""
+    """The GPU and versions a run recorded in its summary.json, if any."""
     try:
         env = json.loads((run_dir / "summary.json").read_text()).get("environment")
     except (OSError, ValueError):
         return None
-    return {k: v for k, v in env.items() if k != "date"} if env else None
+    return {k: env.get(k) for k in _ENV_KEYS} if env else None
 
 
 def _env_line(env: dict[str, Any]) -> str:

@@ -45,25 +45,6 @@ def _unclean(v):
     return v
 
 
-def environment() -> dict[str, Any]:
-    """Where a run or summary was made: date, GPU, torch/transformers/triton/python versions, host."""
-    import platform
-    from datetime import datetime, timezone
-
-    import torch
-    import transformers
-
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__, "triton": triton_version,
-            "host": platform.node(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-
-
 def read_log(path: str | Path) -> list[dict[str, Any]]:
     """Records of a ``log.jsonl``; a torn last line (a kill mid-write) is dropped.
 

@@ -43,7 +43,8 @@ from rla.rl.distributed import Dist, init_distributed
 from rla.rl.forward import make_micro_batch
 from rla.rl.grpo import aggregation_weights, group_advantages, importance_weights, per_token_loss
 from rla.rl.precision import Policy
-from rla.rl.runlog import Progress, RunLog, collapse_fields, environment, padded, summarize
+from rla.bench.common import environment
+from rla.rl.runlog import Progress, RunLog, collapse_fields, padded, summarize
 from rla.rl.warm_start import build_task, initial_model
 
 __all__ = ["Trainer", "train", "derive_seed", "resolve_device"]
