@@ -349,6 +349,14 @@ def _backward(outs):
     torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
 
 
+def _assert_same_block(outs, leaves, ref_outs, ref_leaves, what):
+    """Outputs and the leaves' gradients of two runs of ``_block``, bit for bit."""
+    for i, (a, b) in enumerate(zip(outs, ref_outs)):
+        assert_bitwise(a, b, f"{what} output {i}")
+    for i, (a, b) in enumerate(zip(leaves, ref_leaves)):
+        assert_bitwise(a.grad, b.grad, f"{what} grad {i}")
+
+
 def _block_inputs(seq, seed=0):
     lp = torch.bfloat16
     q, k, cos, sin, _ = rope_inputs(2, seq, 4, 2, 64, lp, "hf", 2, seed)
@@ -373,10 +381,7 @@ def test_torch_compile_varying_lengths_no_recompile_storm():
         eager_leaves = [t.detach().clone().requires_grad_(True) for t in leaves]
         eager = _block(*eager_leaves, *consts)
         _backward(eager)
-        for i, (a, b) in enumerate(zip(outs, eager)):
-            assert_bitwise(a, b, f"compiled output {i}, seq {seq}")
-        for i, (a, b) in enumerate(zip(leaves, eager_leaves)):
-            assert_bitwise(a.grad, b.grad, f"compiled grad {i}, seq {seq}")
+        _assert_same_block(outs, leaves, eager, eager_leaves, f"compiled, seq {seq},")
         graphs.append(counters["stats"]["unique_graphs"])
     print("unique graphs after each length:", graphs)
     assert graphs[-1] == graphs[1], f"recompiled after the dynamic recompile: {graphs}"
@@ -406,7 +411,4 @@ def test_cuda_graph_capture_and_replay():
     eager = [t.detach().clone().requires_grad_(True) for t in new]
     ref = _block(*eager, *consts)
     _backward(ref)
-    for i, (a, b) in enumerate(zip(outs, ref)):
-        assert_bitwise(a, b, f"graph output {i}")
-    for i, (a, b) in enumerate(zip(static, eager)):
-        assert_bitwise(a.grad, b.grad, f"graph grad {i}")
+    _assert_same_block(outs, static, ref, eager, "graph")
