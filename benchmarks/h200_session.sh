@@ -6,6 +6,10 @@
 #   demo2k    rla demo at 2,048-token responses
 #   ops       per-op benchmark without Inductor in the process, then Inductor first (the swiglu question)
 #   grpo      rla experiment $GRPO_GRID [--only $GRPO_ONLY] for $GRPO_TIMEOUT s, $GRPO_PARALLEL at once
+#   fused     the fused-kernel GPU tests (tests/test_fused_gpu.py: bitwise, gradients, opcheck, graphs)
+#   hosttime  benchmarks/host_time.py for this tree and for commit $OLD_REV (host us per op call)
+#   opsiso    per-op benchmark, each implementation in its own process ($OPS_IMPLS, default rla liger hf)
+#   e2e       end-to-end training step through rla.align, 1.5B and 7B shapes ($E2E_VARIANTS)
 # Every stage has its own timeout and writes under $OUT; results come back as $OUT/results.tgz
 # (and $OUT/grpo.tgz: the experiment folder without checkpoints).
 set -o pipefail
@@ -45,6 +49,31 @@ if has ops; then
   mkdir -p "$OUT/r/ops-noinductor" "$OUT/r/ops-inductor-first"
   timeout $(cap 100) python3 benchmarks/bench_ops.py --out "$OUT/r/ops-noinductor" --impls rla liger hf > "$OUT/r/ops-noinductor.log" 2>&1; echo rc=$?; grep -E "^(swiglu|add_rms|rope)" "$OUT/r/ops-noinductor.log" | cut -c1-150
   timeout $(cap 45) python3 benchmarks/bench_ops.py --out "$OUT/r/ops-inductor-first" --only swiglu --impls compile rla > "$OUT/r/ops-inductor-first.log" 2>&1; echo rc=$?; grep -E "^swiglu" "$OUT/r/ops-inductor-first.log" | cut -c1-150
+fi
+if has fused; then
+  stamp fused
+  timeout $(cap 150) python3 -m pytest -q -p no:cacheprovider -s tests/test_fused_gpu.py > "$OUT/r/fused.log" 2>&1; echo rc=$?
+  grep -E "passed|failed|FAILED|Error" "$OUT/r/fused.log" | tail -15 | cut -c1-300
+fi
+if has hosttime; then
+  stamp hosttime
+  mkdir -p /tmp/old && git archive "${OLD_REV:-HEAD~1}" src | tar -x -C /tmp/old
+  for v in old new; do
+    src=$PWD/src; [[ $v == old ]] && src=/tmp/old/src
+    PYTHONPATH=$src:$PYTHONPATH timeout $(cap 90) python3 benchmarks/host_time.py --out "$OUT/r/host_$v.json" --label "$v (${OLD_REV:-HEAD~1} for old)" > "$OUT/r/host_$v.log" 2>&1; echo rc=$?; cat "$OUT/r/host_$v.log" | tail -16
+  done
+fi
+if has opsiso; then
+  stamp opsiso
+  mkdir -p "$OUT/r/ops-isolated"
+  timeout $(cap 240) python3 -m rla.cli bench ops --isolate --impls ${OPS_IMPLS:-rla liger hf} --out "$OUT/r/ops-isolated" > "$OUT/r/ops-isolated.log" 2>&1; echo rc=$?
+  grep -E "^(swiglu|add_rms|rope)|^- " "$OUT/r/ops-isolated.log" | cut -c1-170
+fi
+if has e2e; then
+  stamp e2e
+  mkdir -p "$OUT/r/e2e"
+  timeout $(cap 200) python3 -m rla.cli bench e2e --variants ${E2E_VARIANTS:-hf-bf16 rla-vllm rla-sglang} --out "$OUT/r/e2e" > "$OUT/r/e2e.log" 2>&1; echo rc=$?
+  grep -E "^qwen|^- " "$OUT/r/e2e.log" | cut -c1-200
 fi
 if has grpo; then
   stamp grpo

@@ -60,6 +60,11 @@ def rope_inputs(batch, seq, hq, hk, dim, dtype, layout, cos_batch, seed):
     k = torch.randn(batch, seq, hk, dim, device=DEV, generator=g) * 8
     if layout == "hf":  # [B, S, H, D] viewed as [B, H, S, D]: HF's projection layout
         q, k, ud = q.transpose(1, 2), k.transpose(1, 2), 1
+    elif layout == "qkv":  # q and k sliced out of one fused qkv projection: strides with gaps
+        qkv = torch.cat([q.flatten(2), k.flatten(2), k.flatten(2)], -1)
+        q = qkv[..., : hq * dim].view(batch, seq, hq, dim).transpose(1, 2)
+        k = qkv[..., hq * dim : (hq + hk) * dim].view(batch, seq, hk, dim).transpose(1, 2)
+        ud = 1
     else:  # contiguous [B, S, H, D] with unsqueeze_dim=2
         ud = 2
     inv = 1.0 / (1e6 ** (torch.arange(0, dim, 2, device=DEV, dtype=torch.float32) / dim))
@@ -82,7 +87,7 @@ def test_cuda_tensors_dispatch_to_fused():
 
 @pytest.mark.parametrize("name", PROFILES)
 @pytest.mark.parametrize("dtype", LPS)
-@pytest.mark.parametrize("layout,cos_batch", [("hf", 2), ("hf", 1), ("bshd", 2)])
+@pytest.mark.parametrize("layout,cos_batch", [("hf", 2), ("hf", 1), ("bshd", 2), ("qkv", 1)])
 def test_rope_forward_bitwise(name, dtype, layout, cos_batch):
     import spec
 
@@ -97,8 +102,37 @@ def test_rope_forward_bitwise(name, dtype, layout, cos_batch):
         assert_bitwise(oq, rq, f"rope q {name} {dtype} {layout}")
         assert_bitwise(ok, rk, f"rope k {name} {dtype} {layout}")
         assert_bitwise(oq, spec.rope(q, cos, sin, prof, ud), "rope q vs spec")
-        assert oq.stride() == q.stride(), "output keeps the input's layout"
+        if layout != "qkv":
+            assert oq.stride() == q.stride(), "output keeps the input's layout"
         assert fused.available(q, k)
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang", "vllm-eager"])
+@pytest.mark.parametrize("layout,cos_batch", [("hf", 1), ("bshd", 2), ("qkv", 2)])
+def test_rope_backward_independent_of_layout(name, layout, cos_batch):
+    """Every layout's gradients equal, bit for bit, those of contiguous [B, H, S, D] copies with a
+    full cos/sin table (the layout the oracle test below checks against fp64)."""
+    from rla import ops
+
+    q, k, cos, sin, ud = rope_inputs(2, 77, 12, 2, 128, torch.bfloat16, layout, cos_batch, 5)
+    g = torch.Generator(device=DEV).manual_seed(9)
+    up_q = torch.randn(2, 12, 77, 128, device=DEV, generator=g).bfloat16()  # [B, H, S, D]
+    up_k = torch.randn(2, 2, 77, 128, device=DEV, generator=g).bfloat16()
+    bshd = ud == 2
+
+    def grads(q, k, cos, sin, ud, ups):
+        q, k = q.detach().requires_grad_(True), k.detach().requires_grad_(True)
+        outs = ops.rope(q, k, cos, sin, name, unsqueeze_dim=ud)
+        return torch.autograd.grad(outs, (q, k), ups)
+
+    ups = (up_q.transpose(1, 2), up_k.transpose(1, 2)) if bshd else (up_q, up_k)
+    dq, dk = grads(q, k, cos, sin, ud, ups)
+    if bshd:  # the same numbers, viewed as [B, H, S, D]
+        q, k, dq, dk = (t.transpose(1, 2) for t in (q, k, dq, dk))
+    full = (cos.expand(2, -1, -1).contiguous(), sin.expand(2, -1, -1).contiguous())
+    rq, rk = grads(q.contiguous(), k.contiguous(), *full, 1, (up_q, up_k))
+    assert_bitwise(dq, rq, f"rope dq {name} {layout}")
+    assert_bitwise(dk, rk, f"rope dk {name} {layout}")
 
 
 def gate_values(shape, dtype, seed):
@@ -308,15 +342,20 @@ def test_saves_only_inputs_and_rstd(name):
 def _opcheck_cases():
     lp = torch.bfloat16
     q, k, cos, sin, _ = rope_inputs(2, 16, 4, 2, 64, lp, "hf", 2, 0)
+    qkv_q, qkv_k, _, _, _ = rope_inputs(2, 16, 4, 2, 64, lp, "qkv", 2, 0)
+    bq, bk, _, _, _ = rope_inputs(2, 16, 4, 2, 64, lp, "bshd", 2, 0)
     gate, up = gate_values((16, 96), lp, 0)
     x, r, w = norm_inputs(16, 96, lp, lp, 0)
     _, _, w32 = norm_inputs(16, 96, lp, torch.float32, 0)
     rq = lambda t: t.detach().clone().requires_grad_(True)  # noqa: E731
     cs = (cos, sin)
     return [
-        ("rope", (rq(q), rq(k), *cs, True, False)),
-        ("rope", (rq(q), rq(k), *cs, False, True)),
-        ("rope_backward", (q, k, *cs, True)),
+        ("rope", (rq(q), rq(k), *cs, True, False, 1)),
+        ("rope", (rq(q), rq(k), *cs, False, True, 1)),
+        ("rope", (rq(qkv_q), rq(qkv_k), cos[:1], sin[:1], True, False, 1)),
+        ("rope", (rq(bq), rq(bk), *cs, True, False, 2)),
+        ("rope_backward", (q, k, *cs, True, 1)),
+        ("rope_backward", (bq, bk, *cs, False, 2)),
         ("swiglu", (rq(gate), rq(up), True)),
         ("swiglu", (rq(gate), rq(up), False)),
         ("swiglu_backward", (up, gate, up)),
@@ -329,7 +368,7 @@ def _opcheck_cases():
     ]
 
 
-@pytest.mark.parametrize("i", range(12))
+@pytest.mark.parametrize("i", range(15))
 def test_opcheck(i):
     from rla.ops import fused  # noqa: F401  (registers the ops)
 

@@ -23,7 +23,12 @@ cos/sin rows.
 from __future__ import annotations
 
 import gc
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -280,10 +285,44 @@ def default_cases(tokens: int = 16384) -> list[Callable[[], Case]]:
     ]
 
 
-def run(out_dir="benchmarks/results", tokens: int = 16384, reps: int = 20, only=None, stem=None, impls=None) -> dict:
-    """``impls``: run only these implementations, in this order (default: every one, rla last)."""
+def _measure_isolated(op: str, impl: str, tokens: int, reps: int, timeout_s: float) -> dict:
+    """``_measure`` in a fresh Python process: no allocator state, compiled code or warm caches
+    left by the implementations timed before (in one process the order changed results by up
+    to 2.5x, ``benchmarks/results/SUMMARY.md``, session 2)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "r.json")
+        cmd = [sys.executable, "-m", "rla.bench.ops", "--worker", op, impl,
+               "--tokens", str(tokens), "--reps", str(reps), "--json", path]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"error": f"worker timed out after {timeout_s:.0f} s"}
+        if proc.returncode != 0 or not os.path.exists(path):
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            return {"error": f"worker exited with {proc.returncode}: {' | '.join(tail)}"[:300]}
+        with open(path) as f:
+            return json.load(f)
+
+
+def _worker(op: str, impl: str, tokens: int, reps: int, path: str) -> None:
+    device = torch.device("cuda")
+    case = next(c for c in (make() for make in default_cases(tokens)) if c.name == op)
+    if impl not in case.impls:
+        raise SystemExit(f"{op} has no implementation {impl!r} here (have {sorted(case.impls)})")
+    res = _measure(case, impl, case.make(device), reps, device)
+    with open(path, "w") as f:
+        json.dump(res, f)
+
+
+def run(
+    out_dir="benchmarks/results", tokens: int = 16384, reps: int = 20, only=None, stem=None, impls=None,
+    isolate: bool = False, worker_timeout_s: float = 300.0,
+) -> dict:
+    """``impls``: run only these implementations, in this order (default: every one, rla last).
+    ``isolate``: time each implementation in its own process (``_measure_isolated``)."""
     device = torch.device("cuda")
     env = environment(device)
+    env["isolated_processes"] = isolate
     copy_gbs = copy_bandwidth_gbs(device)
     print(f"copy bandwidth: {copy_gbs:.0f} GB/s (read + write)", flush=True)
     results = []
@@ -291,14 +330,17 @@ def run(out_dir="benchmarks/results", tokens: int = 16384, reps: int = 20, only=
         case = make_case()
         if only and case.name not in only:
             continue
-        data = case.make(device)
+        data = None if isolate else case.make(device)
         floor_fwd = case.bytes_fwd / (copy_gbs * 1e9) * 1e3
         floor_bwd = case.bytes_bwd / (copy_gbs * 1e9) * 1e3
         row = {"op": case.name, "shape": case.shape, "floor_fwd_ms": floor_fwd, "floor_bwd_ms": floor_bwd, "impls": {}}
         order = [i for i in impls if i in case.impls] if impls else list(case.impls)
         for impl in order:
             try:
-                r = _measure(case, impl, data, reps, device)
+                if isolate:
+                    r = _measure_isolated(case.name, impl, tokens, reps, worker_timeout_s)
+                else:
+                    r = _measure(case, impl, data, reps, device)
             except Exception as e:  # one broken competitor must not sink the run
                 r = {"error": f"{type(e).__name__}: {e}"[:300]}
             row["impls"][impl] = r
@@ -354,7 +396,9 @@ def markdown(payload: dict) -> str:
         "Times are medians of CUDA-event timings with the L2 flushed before each repetition; "
         "peak is memory above the inputs during one forward+backward. GPU-only columns time the "
         "same work captured in one CUDA graph and replayed (no host in the loop); host us is the "
-        "Python + launch time of one forward call.\n",
+        "Python + launch time of one forward call. "
+        + ("Each implementation ran in its own Python process.\n" if payload["env"].get("isolated_processes")
+           else "All implementations ran in one process, in the order listed.\n"),
     ]
     for row in payload["results"]:
         lines.append(f"\n## {row['op']} ({row['shape']})\n")
@@ -378,5 +422,17 @@ def markdown(payload: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _main(argv=None) -> None:  # pragma: no cover  (GPU)
+    import argparse
+
+    p = argparse.ArgumentParser(description="one isolated measurement (see _measure_isolated)")
+    p.add_argument("--worker", nargs=2, metavar=("OP", "IMPL"), required=True)
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--json", required=True)
+    a = p.parse_args(argv)
+    _worker(*a.worker, a.tokens, a.reps, a.json)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    run()
+    _main()

@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", nargs="*", choices=("swiglu", "add_rms_norm", "rope"), help="ops subset")
     p.add_argument("--impls", nargs="*", default=None,
                    help="ops: implementations to time, in this order (e.g. rla liger hf; default all, rla last)")
+    p.add_argument("--isolate", action="store_true",
+                   help="ops: time each implementation in its own process (no order effects)")
     p.add_argument("--models", nargs="*", default=["qwen2.5-1.5b", "qwen2.5-7b"],
                    choices=("qwen2.5-1.5b", "qwen2.5-7b"), help="e2e model shapes")
     p.add_argument("--variants", nargs="*", default=None,
@@ -48,7 +50,8 @@ def run(args) -> int:
     if args.what in ("ops", "all"):
         from rla.bench import ops
 
-        ops.run(out_dir=args.out, tokens=args.tokens, reps=args.reps, only=args.only, impls=args.impls)
+        ops.run(out_dir=args.out, tokens=args.tokens, reps=args.reps, only=args.only, impls=args.impls,
+                isolate=args.isolate)
     if args.what in ("e2e", "all"):
         from rla.bench import e2e
 

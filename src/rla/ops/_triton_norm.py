@@ -51,7 +51,7 @@ def _bwd_warps(block: int) -> int:
 @triton.jit
 def _norm_fwd_kernel(
     x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, rstd_ptr,
-    M, N, inv_n, eps, sx, sr, sy, sres,
+    M, N, inv_n, eps, sx, sr,
     HAS_RES: tl.constexpr, FP32_SUM: tl.constexpr, PER_OP: tl.constexpr, ROUND_W: tl.constexpr,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr,
 ):
@@ -67,7 +67,7 @@ def _norm_fwd_kernel(
         r = tl.load(r_ptr + r2 * sr + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
         total = v + r
         new_res = total.to(lp)
-        tl.store(res_ptr + r2 * sres + c2, new_res, mask=mask)
+        tl.store(res_ptr + r2 * N + c2, new_res, mask=mask)  # outputs are new, contiguous
         if FP32_SUM:
             v = total
         else:
@@ -82,13 +82,13 @@ def _norm_fwd_kernel(
         y = w[None, :] * n.to(lp).to(tl.float32)
     else:
         y = n * w[None, :]
-    tl.store(y_ptr + r2 * sy + c2, y.to(lp), mask=mask)
+    tl.store(y_ptr + r2 * N + c2, y.to(lp), mask=mask)
 
 
 @triton.jit
 def _norm_bwd_kernel(
     dy_ptr, dres_ptr, a_ptr, b_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
-    M, N, inv_n, rows_per_program, sdy, sdres, sa, sb, sdx,
+    M, N, inv_n, rows_per_program, sdy, sdres, sa, sb,
     HAS_DRES: tl.constexpr, HAS_B: tl.constexpr, ROUND_W: tl.constexpr, NEED_DW: tl.constexpr,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr, STAGES: tl.constexpr,
 ):
@@ -119,7 +119,7 @@ def _norm_bwd_kernel(
         dv = rstd * (dyw - n * c[:, None])
         if HAS_DRES:
             dv = dv + tl.load(dres_ptr + r2 * sdres + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
-        tl.store(dx_ptr + r2 * sdx + c2, dv.to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(dx_ptr + r2 * N + c2, dv.to(dx_ptr.dtype.element_ty), mask=mask)  # new, contiguous
         if NEED_DW:
             dw += tl.sum(dy * n, axis=0)
     if NEED_DW:
@@ -155,11 +155,9 @@ def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, lp=No
     else:
         r2, new_res = x2, y
     if M:
-        y2, res2 = y.view(-1, N), new_res.view(-1, N)
         rows = min(FWD_ROWS, triton.next_power_of_2(M))
         _norm_fwd_kernel[(triton.cdiv(M, rows),)](
-            x2, r2, weight, y2, res2, rstd, M, N, 1.0 / N, eps,
-            x2.stride(0), r2.stride(0), y2.stride(0), res2.stride(0),
+            x2, r2, weight, y, new_res, rstd, M, N, 1.0 / N, eps, x2.stride(0), r2.stride(0),
             HAS_RES=has_res, FP32_SUM=fp32_sum, PER_OP=per_op,
             ROUND_W=weight.dtype == torch.float32 and lp != torch.float32,
             ROWS=rows, BLOCK=block, EV=EVICT, num_warps=_fwd_warps(block * rows), **LAUNCH_OPTS,
@@ -177,17 +175,16 @@ def backward(dy, dres, a, b, weight, rstd, need_dw: bool):
     dres2 = _rows(dres) if dres is not None else dy2
     M = a2.shape[0]
     dx = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-    dx2 = dx.view(-1, N)
     rows = min(BWD_ROWS, triton.next_power_of_2(max(M, 1)))
     programs = max(1, min(triton.cdiv(M, rows), sm_count(a.device) * BWD_PROGRAMS_PER_SM))
     rows_per_program = triton.cdiv(triton.cdiv(M, programs), rows) * rows
     programs = max(1, triton.cdiv(M, rows_per_program))
-    dw_partial = torch.empty((programs, N), dtype=torch.float32, device=a.device) if need_dw else dx2
+    dw_partial = torch.empty((programs, N), dtype=torch.float32, device=a.device) if need_dw else dx
     if M:
         _norm_bwd_kernel[(programs,)](
-            dy2, dres2, a2, b2, weight, rstd, dx2, dw_partial,
+            dy2, dres2, a2, b2, weight, rstd, dx, dw_partial,
             M, N, 1.0 / N, rows_per_program,
-            dy2.stride(0), dres2.stride(0), a2.stride(0), b2.stride(0), dx2.stride(0),
+            dy2.stride(0), dres2.stride(0), a2.stride(0), b2.stride(0),
             HAS_DRES=dres is not None, HAS_B=b is not None,
             ROUND_W=weight.dtype == torch.float32 and dy.dtype != torch.float32,
             NEED_DW=need_dw, ROWS=rows, BLOCK=block, EV=EVICT, STAGES=BWD_STAGES,

@@ -1,9 +1,11 @@
 """RoPE in Triton: q and k of one token in one program, one launch for both.
 
-Layout. The launcher passes q [B, Hq, S, D] and k [B, Hkv, S, D] with any strides whose last one
-is 1 (HF hands over ``view(B, S, H, D).transpose(1, 2)``, so a token's heads are contiguous in
-memory), and cos/sin as [B, S, D] (a batch stride of 0 broadcasts one table over the batch).
-Program ``b * S + s`` reads the cos/sin row once and rotates every head of q and k at that token.
+Layout. q and k come as [B, H, S, D] (HF's ``view(B, S, H, D).transpose(1, 2)``, so a token's
+heads are contiguous in memory) or [B, S, H, D] (``head_axis=2``), with any strides whose last one
+is 1; each output is allocated with its input's strides, so one (batch, head, position) stride
+triple addresses both. cos/sin are [B or 1, S or 1, D], read through strides where a broadcast
+axis has stride 0 (no ``expand`` on the host). Program ``b * S + s`` reads the cos/sin row once
+and rotates every head of q and k at that token.
 Bytes: q and k read and written once, cos/sin read once per token.
 
 Numerics (ROUNDING.md, ``rope.cos_sin`` and ``rope.apply``), with x1, x2 the halves of a head and
@@ -23,13 +25,14 @@ import triton
 import triton.language as tl
 
 from rla.ops._triton_common import LAUNCH_OPTS
+from rla.ops.fused import output_like
 
 NUM_WARPS = 4
 
 
 @triton.jit
 def _rotate_heads(
-    x_ptr, o_ptr, x_base, o_base, sxh, soh, c1, c2, s1, s2,
+    x_ptr, o_ptr, base, sh, c1, c2, s1, s2,
     H: tl.constexpr, H_P: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr,
     PER_OP: tl.constexpr, BACKWARD: tl.constexpr,
 ):
@@ -37,8 +40,8 @@ def _rotate_heads(
     h = tl.arange(0, H_P)[:, None]
     d = tl.arange(0, HALF_P)[None, :]
     mask = (h < H) & (d < HALF)
-    xp = x_ptr + x_base + h * sxh + d
-    op = o_ptr + o_base + h * soh + d
+    xp = x_ptr + base + h * sh + d
+    op = o_ptr + base + h * sh + d
     x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(xp + HALF, mask=mask, other=0.0).to(tl.float32)
     c1 = c1[None, :]
@@ -61,9 +64,7 @@ def _rotate_heads(
 @triton.jit
 def _rope_kernel(
     q_ptr, k_ptr, cos_ptr, sin_ptr, oq_ptr, ok_ptr, S,
-    sqb, sqh, sqs, skb, skh, sks,
-    soqb, soqh, soqs, sokb, sokh, soks,
-    scb, scs, ssb, sss,
+    sqb, sqh, sqs, skb, skh, sks, scb, scs,
     HQ: tl.constexpr, HK: tl.constexpr, HQ_P: tl.constexpr, HK_P: tl.constexpr,
     HALF: tl.constexpr, HALF_P: tl.constexpr,
     ROUND_CS: tl.constexpr, PER_OP: tl.constexpr, BACKWARD: tl.constexpr,
@@ -75,7 +76,7 @@ def _rope_kernel(
     d = tl.arange(0, HALF_P)
     dm = d < HALF
     cp = cos_ptr + b * scb + s * scs + d
-    sp = sin_ptr + b * ssb + s * sss + d
+    sp = sin_ptr + b * scb + s * scs + d
     c1 = tl.load(cp, mask=dm, other=0.0).to(tl.float32)
     c2 = tl.load(cp + HALF, mask=dm, other=0.0).to(tl.float32)
     s1 = tl.load(sp, mask=dm, other=0.0).to(tl.float32)
@@ -85,31 +86,48 @@ def _rope_kernel(
         c2 = c2.to(lp).to(tl.float32)
         s1 = s1.to(lp).to(tl.float32)
         s2 = s2.to(lp).to(tl.float32)
-    _rotate_heads(q_ptr, oq_ptr, b * sqb + s * sqs, b * soqb + s * soqs, sqh, soqh,
+    _rotate_heads(q_ptr, oq_ptr, b * sqb + s * sqs, sqh,
                   c1, c2, s1, s2, HQ, HQ_P, HALF, HALF_P, PER_OP, BACKWARD)
-    _rotate_heads(k_ptr, ok_ptr, b * skb + s * sks, b * sokb + s * soks, skh, sokh,
+    _rotate_heads(k_ptr, ok_ptr, b * skb + s * sks, skh,
                   c1, c2, s1, s2, HK, HK_P, HALF, HALF_P, PER_OP, BACKWARD)
 
 
-def _last_dim_unit(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
+def _with_output(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, out) with the same strides: x itself when it already has ``output_like``'s layout,
+    else a copy of x in it."""
+    out = output_like(x)
+    if x.stride() != out.stride():
+        x = torch.empty_like(out).copy_(x)
+    return x, out
 
 
-def launch(q, k, cos, sin, round_cos_sin: bool, per_op: bool, backward: bool):
-    """Rotate q [B, Hq, S, D] and k [B, Hkv, S, D] with cos/sin [B, S, D]; new outputs with the
-    inputs' layout (``empty_like``)."""
-    q, k, cos, sin = (_last_dim_unit(t) for t in (q, k, cos, sin))
-    oq, ok = torch.empty_like(q), torch.empty_like(k)
-    B, HQ, S, D = q.shape
-    HK = k.shape[1]
+def _table_strides(t: torch.Tensor, B: int, S: int) -> tuple[int, int]:
+    """Batch and position strides of a cos/sin table [B or 1, S or 1, D] read as [B, S, D]."""
+    sb, ss, _ = t.stride()
+    return (sb if B > 1 and t.shape[0] > 1 else 0), (ss if S > 1 and t.shape[1] > 1 else 0)
+
+
+def launch(q, k, cos, sin, round_cos_sin: bool, per_op: bool, backward: bool, head_axis: int = 1):
+    """Rotate q and k ([B, H, S, D] with ``head_axis=1``, [B, S, H, D] with 2) with cos/sin
+    [B or 1, S or 1, D]; new outputs in the inputs' layout.
+
+    Host time decides this op's eager speed (the kernel is ~70 us at 16K tokens of a 7B model),
+    so the launch passes one set of strides per q/k and its output and one for cos and sin."""
+    q, oq = _with_output(q)
+    k, ok = _with_output(k)
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    seq_axis = 3 - head_axis
+    shape, qs, ks = q.shape, q.stride(), k.stride()
+    B, HQ, S, D = shape[0], shape[head_axis], shape[seq_axis], shape[3]
+    HK = k.shape[head_axis]
     if B * S == 0 or D == 0:
         return oq, ok
     half = D // 2
+    scb, scs = _table_strides(cos, B, S)
     _rope_kernel[(B * S,)](
         q, k, cos, sin, oq, ok, S,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        oq.stride(0), oq.stride(1), oq.stride(2), ok.stride(0), ok.stride(1), ok.stride(2),
-        cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+        qs[0], qs[head_axis], qs[seq_axis], ks[0], ks[head_axis], ks[seq_axis], scb, scs,
         HQ=HQ, HK=HK, HQ_P=triton.next_power_of_2(max(HQ, 1)), HK_P=triton.next_power_of_2(max(HK, 1)),
         HALF=half, HALF_P=triton.next_power_of_2(half),
         ROUND_CS=round_cos_sin, PER_OP=per_op, BACKWARD=backward,

@@ -60,48 +60,55 @@ def _compiling() -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-def _rope_fwd(q, k, cos, sin, round_cos_sin, per_op):
+def output_like(x: Tensor) -> Tensor:
+    """A new tensor for the rotation of ``x``: dense, in x's dimension order (x's own strides
+    when x is dense), last stride 1. The kernel addresses an input and its output with one set of
+    strides, so an input without that layout (with gaps, e.g. q sliced out of a fused qkv
+    projection) is first copied into it. The fake implementations return the same."""
+    out = torch.empty_like(x)
+    return out if out.stride(-1) == 1 else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _rope_launch(q, k, cos, sin, round_cos_sin, per_op, backward, head_axis):
     from rla.ops import _triton_rope
 
-    return _triton_rope.launch(q, k, cos, sin, round_cos_sin, per_op, backward=False)
+    return _triton_rope.launch(q, k, cos, sin, round_cos_sin, per_op, backward, head_axis)
 
 
 @torch.library.custom_op("rla::rope", mutates_args=())
 def _rope_op(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, round_cos_sin: bool, per_op: bool
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, round_cos_sin: bool, per_op: bool, head_axis: int
 ) -> tuple[Tensor, Tensor]:
-    return _rope_fwd(q, k, cos, sin, round_cos_sin, per_op)
+    return _rope_launch(q, k, cos, sin, round_cos_sin, per_op, False, head_axis)
 
 
 @_rope_op.register_fake
-def _(q, k, cos, sin, round_cos_sin, per_op):
-    return torch.empty_like(q), torch.empty_like(k)
+def _(q, k, cos, sin, round_cos_sin, per_op, head_axis):
+    return output_like(q), output_like(k)
 
 
 @torch.library.custom_op("rla::rope_backward", mutates_args=())
 def _rope_bwd_op(
-    gq: Tensor, gk: Tensor, cos: Tensor, sin: Tensor, round_cos_sin: bool
+    gq: Tensor, gk: Tensor, cos: Tensor, sin: Tensor, round_cos_sin: bool, head_axis: int
 ) -> tuple[Tensor, Tensor]:
-    from rla.ops import _triton_rope
-
-    return _triton_rope.launch(gq, gk, cos, sin, round_cos_sin, per_op=False, backward=True)
+    return _rope_launch(gq, gk, cos, sin, round_cos_sin, False, True, head_axis)
 
 
 @_rope_bwd_op.register_fake
-def _(gq, gk, cos, sin, round_cos_sin):
-    return torch.empty_like(gq), torch.empty_like(gk)
+def _(gq, gk, cos, sin, round_cos_sin, head_axis):
+    return output_like(gq), output_like(gk)
 
 
 def _rope_setup(ctx, inputs, output):
-    _, _, cos, sin, round_cos_sin, _ = inputs
+    _, _, cos, sin, round_cos_sin, _, head_axis = inputs
     ctx.save_for_backward(cos, sin)
-    ctx.round_cos_sin = round_cos_sin
+    ctx.flags = (round_cos_sin, head_axis)
 
 
 def _rope_backward(ctx, gq, gk):
     cos, sin = ctx.saved_tensors
-    dq, dk = _rope_bwd_op(gq, gk, cos, sin, ctx.round_cos_sin)
-    return dq, dk, None, None, None, None
+    dq, dk = _rope_bwd_op(gq, gk, cos, sin, *ctx.flags)
+    return dq, dk, None, None, None, None, None
 
 
 _rope_op.register_autograd(_rope_backward, setup_context=_rope_setup)
@@ -109,18 +116,17 @@ _rope_op.register_autograd(_rope_backward, setup_context=_rope_setup)
 
 class _RopeFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, round_cos_sin: bool, per_op: bool):
+    def forward(ctx, q, k, cos, sin, round_cos_sin: bool, per_op: bool, head_axis: int):
         ctx.save_for_backward(cos, sin)
-        ctx.round_cos_sin = round_cos_sin
-        return _rope_fwd(q, k, cos, sin, round_cos_sin, per_op)
+        ctx.flags = (round_cos_sin, head_axis)
+        return _rope_launch(q, k, cos, sin, round_cos_sin, per_op, False, head_axis)
 
     @staticmethod
     def backward(ctx, gq, gk):
-        from rla.ops import _triton_rope
-
         cos, sin = ctx.saved_tensors
-        dq, dk = _triton_rope.launch(gq, gk, cos, sin, ctx.round_cos_sin, per_op=False, backward=True)
-        return dq, dk, None, None, None, None
+        round_cos_sin, head_axis = ctx.flags
+        dq, dk = _rope_launch(gq, gk, cos, sin, round_cos_sin, False, True, head_axis)
+        return dq, dk, None, None, None, None, None
 
 
 def _rope_head_axis(q: Tensor, k: Tensor, cos: Tensor, unsqueeze_dim: int) -> Optional[int]:
@@ -146,15 +152,8 @@ def rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int = 1):
     axis = _rope_head_axis(q, k, cos, unsqueeze_dim)
     if axis is None:
         return reference.rope(q, k, cos, sin, profile, unsqueeze_dim)
-    if axis == 2:
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-    B, _, S, D = q.shape
-    cos, sin = cos.expand(B, S, D), sin.expand(B, S, D)
-    flags = (profile.rope_cos_sin == "round", profile.rope_apply == "per_op")
-    oq, ok = (_rope_op if _compiling() else _RopeFn.apply)(q, k, cos, sin, *flags)
-    if axis == 2:
-        oq, ok = oq.transpose(1, 2), ok.transpose(1, 2)
-    return oq, ok
+    flags = (profile.rope_cos_sin == "round", profile.rope_apply == "per_op", axis)
+    return (_rope_op if _compiling() else _RopeFn.apply)(q, k, cos, sin, *flags)
 
 
 # --------------------------------------------------------------------------------------------
