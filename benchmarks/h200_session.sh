@@ -6,6 +6,7 @@
 #   demo2k    rla demo at 2,048-token responses
 #   ops       per-op benchmark without Inductor in the process, then Inductor first (the swiglu question)
 #   grpo      rla experiment $GRPO_GRID [--only $GRPO_ONLY] for $GRPO_TIMEOUT s, $GRPO_PARALLEL at once
+#   tune      benchmarks/tune_fused.py --only $TUNE_ONLY (default rope) -> r/tuned.json, which opsiso uses
 #   fused     the fused-kernel GPU tests (tests/test_fused_gpu.py: bitwise, gradients, opcheck, graphs)
 #   hosttime  benchmarks/host_time.py for this tree and for commit $OLD_REV (host us per op call)
 #   opsiso    per-op benchmark, each implementation in its own process ($OPS_IMPLS, default rla liger hf)
@@ -38,7 +39,7 @@ fi
 if has sampler; then
   stamp sampler
   [[ " ${SAMPLER_MODELS:-bundled 0.5b} " == *" bundled "* ]] && timeout $(cap 60) python3 benchmarks/bench_sampler.py --model bundled --arms dynamic,rla --out "$OUT/r" --batch 128 --prompt 32 --new 128 > "$OUT/r/sampler_bundled.log" 2>&1; echo rc=$?; tail -6 "$OUT/r/sampler_bundled.log"
-  [[ " ${SAMPLER_MODELS:-bundled 0.5b} " == *" 0.5b "* ]] && timeout $(cap 130) python3 benchmarks/bench_sampler.py --model 0.5b --out "$OUT/r" --batch 64 --new 128 > "$OUT/r/sampler_05b.log" 2>&1; echo rc=$?; tail -6 "$OUT/r/sampler_05b.log"
+  [[ " ${SAMPLER_MODELS:-bundled 0.5b} " == *" 0.5b "* ]] && timeout $(cap 130) python3 benchmarks/bench_sampler.py --model 0.5b --arms "${SAMPLER_ARMS:-}" --out "$OUT/r" --batch 64 --new 128 > "$OUT/r/sampler_05b.log" 2>&1; echo rc=$?; tail -6 "$OUT/r/sampler_05b.log"
 fi
 if has demo2k; then
   stamp demo2k
@@ -50,6 +51,11 @@ if has ops; then
   timeout $(cap 100) python3 benchmarks/bench_ops.py --out "$OUT/r/ops-noinductor" --impls rla liger hf > "$OUT/r/ops-noinductor.log" 2>&1; echo rc=$?; grep -E "^(swiglu|add_rms|rope)" "$OUT/r/ops-noinductor.log" | cut -c1-150
   timeout $(cap 45) python3 benchmarks/bench_ops.py --out "$OUT/r/ops-inductor-first" --only swiglu --impls compile rla > "$OUT/r/ops-inductor-first.log" 2>&1; echo rc=$?; grep -E "^swiglu" "$OUT/r/ops-inductor-first.log" | cut -c1-150
 fi
+if has tune; then
+  stamp tune
+  timeout $(cap 120) python3 benchmarks/tune_fused.py --only ${TUNE_ONLY:-rope} --out "$OUT/r/tuned.json" > "$OUT/r/tune.log" 2>&1; echo rc=$?
+  grep -E "BEST|failed|tuned:" "$OUT/r/tune.log" | cut -c1-200
+fi
 if has fused; then
   stamp fused
   timeout $(cap 150) python3 -m pytest -q -p no:cacheprovider -s tests/test_fused_gpu.py > "$OUT/r/fused.log" 2>&1; echo rc=$?
@@ -58,16 +64,22 @@ fi
 if has hosttime; then
   stamp hosttime
   mkdir -p /tmp/old && git archive "${OLD_REV:-HEAD~1}" src | tar -x -C /tmp/old
-  for v in old new; do
-    src=$PWD/src; [[ $v == old ]] && src=/tmp/old/src
-    PYTHONPATH=$src:$PYTHONPATH timeout $(cap 90) python3 benchmarks/host_time.py --out "$OUT/r/host_$v.json" --label "$v (${OLD_REV:-HEAD~1} for old)" > "$OUT/r/host_$v.log" 2>&1; echo rc=$?; cat "$OUT/r/host_$v.log" | tail -16
+  i=0
+  for v in ${HOST_ORDER:-old new}; do
+    i=$((i + 1)); src=$PWD/src; [[ $v == old ]] && src=/tmp/old/src
+    PYTHONPATH=$src:$PYTHONPATH timeout $(cap 90) python3 benchmarks/host_time.py --out "$OUT/r/host_$v$i.json" --label "$v (${OLD_REV:-HEAD~1} for old), round $i" > "$OUT/r/host_$v$i.log" 2>&1; echo rc=$?; grep -E "rla.ops|liger|autograd" "$OUT/r/host_$v$i.log"
   done
 fi
 if has opsiso; then
   stamp opsiso
-  mkdir -p "$OUT/r/ops-isolated"
-  timeout $(cap 240) python3 -m rla.cli bench ops --isolate --impls ${OPS_IMPLS:-rla liger hf} --out "$OUT/r/ops-isolated" > "$OUT/r/ops-isolated.log" 2>&1; echo rc=$?
-  grep -E "^(swiglu|add_rms|rope)|^- " "$OUT/r/ops-isolated.log" | cut -c1-170
+  cfg=; [[ -f "$OUT/r/tuned.json" ]] && cfg="--config $OUT/r/tuned.json"
+  only=${OPS_ONLY:+--only $OPS_ONLY}
+  # OPS_ORDERS: one run per order, e.g. "rla,liger liger,rla" (each implementation in its own process)
+  for order in ${OPS_ORDERS:-rla,liger,hf}; do
+    d="$OUT/r/ops-isolated-${order//,/-}"; mkdir -p "$d"
+    timeout $(cap 240) python3 -m rla.cli bench ops --isolate $cfg $only --impls ${order//,/ } --out "$d" > "$d.log" 2>&1; echo "$order rc=$?"
+    grep -E "^(swiglu|add_rms|rope)|^- (fwd|GPU)" "$d.log" | cut -c1-170
+  done
 fi
 if has e2e; then
   stamp e2e

@@ -64,8 +64,13 @@ if "rope" in args.only:
     cos = torch.randn(4, 4096, 128, device=dev)
     sin = torch.randn_like(cos)
     nb = 4 * (q.numel() + k.numel()) + 8 * cos.numel()
-    sweep("rope fwd", _triton_rope, [{"NUM_WARPS": w} for w in (2, 4)],
-          lambda: _triton_rope.launch(q, k, cos, sin, True, False, False), nb)
+    def rope_fwd_bwd():
+        _triton_rope.launch(q, k, cos, sin, True, False, False)
+        _triton_rope.launch(q, k, cos, sin, True, False, True)
+
+    sweep("rope fwd+bwd", _triton_rope,
+          [{"TOKENS": t, "NUM_WARPS": w} for t in (1, 2, 4, 8) for w in (1, 2, 4, 8) if t * 4 >= w],
+          rope_fwd_bwd, 2 * nb)
     del q, k, cos, sin
 
 if "norm" in args.only:

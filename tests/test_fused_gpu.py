@@ -135,6 +135,33 @@ def test_rope_backward_independent_of_layout(name, layout, cos_batch):
     assert_bitwise(dk, rk, f"rope dk {name} {layout}")
 
 
+@pytest.mark.parametrize("tokens,warps", [(1, 1), (2, 2), (4, 4), (8, 8), (2, 8), (8, 1)])
+def test_rope_launch_configs_bitwise(tokens, warps, monkeypatch):
+    """Every tokens-per-program / warps setting tune_fused.py may pick: forward equal to the
+    reference and gradients equal to the default setting's, bit for bit, with a ragged tail
+    (2 x 333 tokens)."""
+    from rla import ops
+    from rla.ops import _triton_rope, reference
+
+    q, k, cos, sin, _ = rope_inputs(2, 333, 28, 4, 128, torch.bfloat16, "hf", 1, 4)
+    up_q, up_k = torch.randn_like(q), torch.randn_like(k)
+
+    def run():
+        ql, kl = q.detach().requires_grad_(True), k.detach().requires_grad_(True)
+        outs = ops.rope(ql, kl, cos, sin, "vllm")
+        return outs, torch.autograd.grad(outs, (ql, kl), (up_q, up_k))
+
+    _, base_grads = run()
+    monkeypatch.setattr(_triton_rope, "TOKENS", tokens)
+    monkeypatch.setattr(_triton_rope, "NUM_WARPS", warps)
+    (oq, ok), grads = run()
+    rq, rk = reference.rope(q, k, cos, sin, profiles.get("vllm"))
+    assert_bitwise(oq, rq, f"rope q, {tokens} tokens x {warps} warps")
+    assert_bitwise(ok, rk, f"rope k, {tokens} tokens x {warps} warps")
+    for g, b in zip(grads, base_grads):
+        assert_bitwise(g, b, f"rope grad, {tokens} tokens x {warps} warps")
+
+
 def gate_values(shape, dtype, seed):
     """Gates across silu's whole range: N(0, 3) plus exp's overflow/underflow edges and zeros."""
     g = torch.Generator(device=DEV).manual_seed(seed)

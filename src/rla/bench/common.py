@@ -102,6 +102,19 @@ def launch_config() -> dict:
     return out
 
 
+def apply_launch_config(cfg: dict) -> None:
+    """Set fused-kernel launch parameters: ``{module: {NAME: value}}``, the shape
+    :func:`launch_config` reports and ``benchmarks/tune_fused.py`` writes."""
+    import importlib
+
+    for module, attrs in cfg.items():
+        mod = importlib.import_module(module)
+        for k, v in attrs.items():
+            if not hasattr(mod, k):
+                raise ValueError(f"launch config: {module} has no launch parameter {k!r}")
+            setattr(mod, k, v)
+
+
 def _dist_version(mod: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 

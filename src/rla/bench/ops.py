@@ -36,7 +36,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from rla.bench.common import copy_bandwidth_gbs, env_markdown, environment, time_ms, write_results
+from rla.bench.common import (
+    apply_launch_config, copy_bandwidth_gbs, env_markdown, environment, time_ms, write_results,
+)
 
 LP = torch.bfloat16
 EPS = 1e-6
@@ -285,7 +287,7 @@ def default_cases(tokens: int = 16384) -> list[Callable[[], Case]]:
     ]
 
 
-def _measure_isolated(op: str, impl: str, tokens: int, reps: int, timeout_s: float) -> dict:
+def _measure_isolated(op: str, impl: str, tokens: int, reps: int, timeout_s: float, launch=None) -> dict:
     """``_measure`` in a fresh Python process: no allocator state, compiled code or warm caches
     left by the implementations timed before (in one process the order changed results by up
     to 2.5x, ``benchmarks/results/SUMMARY.md``, session 2)."""
@@ -293,6 +295,8 @@ def _measure_isolated(op: str, impl: str, tokens: int, reps: int, timeout_s: flo
         path = os.path.join(tmp, "r.json")
         cmd = [sys.executable, "-m", "rla.bench.ops", "--worker", op, impl,
                "--tokens", str(tokens), "--reps", str(reps), "--json", path]
+        if launch:
+            cmd += ["--launch", json.dumps(launch)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -316,10 +320,13 @@ def _worker(op: str, impl: str, tokens: int, reps: int, path: str) -> None:
 
 def run(
     out_dir="benchmarks/results", tokens: int = 16384, reps: int = 20, only=None, stem=None, impls=None,
-    isolate: bool = False, worker_timeout_s: float = 300.0,
+    isolate: bool = False, worker_timeout_s: float = 300.0, launch: dict | None = None,
 ) -> dict:
     """``impls``: run only these implementations, in this order (default: every one, rla last).
-    ``isolate``: time each implementation in its own process (``_measure_isolated``)."""
+    ``isolate``: time each implementation in its own process (``_measure_isolated``).
+    ``launch``: fused-kernel launch parameters to set first (``apply_launch_config``)."""
+    if launch:
+        apply_launch_config(launch)
     device = torch.device("cuda")
     env = environment(device)
     env["isolated_processes"] = isolate
@@ -338,7 +345,7 @@ def run(
         for impl in order:
             try:
                 if isolate:
-                    r = _measure_isolated(case.name, impl, tokens, reps, worker_timeout_s)
+                    r = _measure_isolated(case.name, impl, tokens, reps, worker_timeout_s, launch)
                 else:
                     r = _measure(case, impl, data, reps, device)
             except Exception as e:  # one broken competitor must not sink the run
@@ -430,7 +437,10 @@ def _main(argv=None) -> None:  # pragma: no cover  (GPU)
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--json", required=True)
+    p.add_argument("--launch", default=None, help="launch parameters as JSON (apply_launch_config)")
     a = p.parse_args(argv)
+    if a.launch:
+        apply_launch_config(json.loads(a.launch))
     _worker(*a.worker, a.tokens, a.reps, a.json)
 
 

@@ -11,6 +11,7 @@ Results (JSON + Markdown, stamped with GPU, versions, date and command) go to ``
 from __future__ import annotations
 
 import argparse
+import json
 
 
 HELP = "benchmark the fused ops and an aligned training step (CUDA)"
@@ -32,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", nargs="*", choices=("swiglu", "add_rms_norm", "rope"), help="ops subset")
     p.add_argument("--impls", nargs="*", default=None,
                    help="ops: implementations to time, in this order (e.g. rla liger hf; default all, rla last)")
+    p.add_argument("--config", default=None, metavar="JSON",
+                   help="fused-kernel launch parameters for this run (the file tune_fused.py writes)")
     p.add_argument("--isolate", action="store_true",
                    help="ops: time each implementation in its own process (no order effects)")
     p.add_argument("--models", nargs="*", default=["qwen2.5-1.5b", "qwen2.5-7b"],
@@ -47,11 +50,18 @@ def run(args) -> int:
     if not torch.cuda.is_available():
         print("rla bench needs a CUDA GPU; none is visible here.")
         return 2
+    launch = None
+    if args.config:  # for this process (e2e) and handed to the ops benchmark's workers
+        from rla.bench.common import apply_launch_config
+
+        with open(args.config) as f:
+            launch = json.load(f)
+        apply_launch_config(launch)
     if args.what in ("ops", "all"):
         from rla.bench import ops
 
         ops.run(out_dir=args.out, tokens=args.tokens, reps=args.reps, only=args.only, impls=args.impls,
-                isolate=args.isolate)
+                isolate=args.isolate, launch=launch)
     if args.what in ("e2e", "all"):
         from rla.bench import e2e
 

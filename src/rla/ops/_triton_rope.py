@@ -5,7 +5,7 @@ heads are contiguous in memory) or [B, S, H, D] (``head_axis=2``), with any stri
 is 1; each output is allocated with its input's strides, so one (batch, head, position) stride
 triple addresses both. cos/sin are [B or 1, S or 1, D], read through strides where a broadcast
 axis has stride 0 (no ``expand`` on the host). Program ``b * S + s`` reads the cos/sin row once
-and rotates every head of q and k at that token.
+and rotates every head of q and k at that token (``TOKENS`` tokens per program).
 Bytes: q and k read and written once, cos/sin read once per token.
 
 Numerics (ROUNDING.md, ``rope.cos_sin`` and ``rope.apply``), with x1, x2 the halves of a head and
@@ -28,26 +28,29 @@ from rla.ops._triton_common import LAUNCH_OPTS
 from rla.ops.fused import output_like
 
 NUM_WARPS = 4
+#: Tokens per program (rows of the [TOKENS, heads, head_dim / 2] blocks one program rotates).
+TOKENS = 1
 
 
 @triton.jit
 def _rotate_heads(
-    x_ptr, o_ptr, base, sh, c1, c2, s1, s2,
+    x_ptr, o_ptr, base, tm, sh, c1, c2, s1, s2,
     H: tl.constexpr, H_P: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr,
     PER_OP: tl.constexpr, BACKWARD: tl.constexpr,
 ):
+    """Rotate every head of TOKENS tokens: ``base`` [TOKENS] offsets of each token's first head,
+    ``tm`` [TOKENS] which tokens exist, c1..s2 [TOKENS, HALF_P] fp32."""
     lp: tl.constexpr = o_ptr.dtype.element_ty
-    h = tl.arange(0, H_P)[:, None]
-    d = tl.arange(0, HALF_P)[None, :]
-    mask = (h < H) & (d < HALF)
-    xp = x_ptr + base + h * sh + d
-    op = o_ptr + base + h * sh + d
-    x1 = tl.load(xp, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(xp + HALF, mask=mask, other=0.0).to(tl.float32)
-    c1 = c1[None, :]
-    c2 = c2[None, :]
-    s1 = s1[None, :]
-    s2 = s2[None, :]
+    h = tl.arange(0, H_P)[None, :, None]
+    d = tl.arange(0, HALF_P)[None, None, :]
+    mask = tm[:, None, None] & (h < H) & (d < HALF)
+    off = base[:, None, None] + h * sh + d
+    x1 = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + off + HALF, mask=mask, other=0.0).to(tl.float32)
+    c1 = c1[:, None, :]
+    c2 = c2[:, None, :]
+    s1 = s1[:, None, :]
+    s2 = s2[:, None, :]
     if BACKWARD:
         o1 = x1 * c1 + x2 * s2
         o2 = x2 * c2 - x1 * s1
@@ -57,38 +60,38 @@ def _rotate_heads(
     else:
         o1 = x1 * c1 - x2 * s1
         o2 = x2 * c2 + x1 * s2
-    tl.store(op, o1.to(lp), mask=mask)
-    tl.store(op + HALF, o2.to(lp), mask=mask)
+    tl.store(o_ptr + off, o1.to(lp), mask=mask)
+    tl.store(o_ptr + off + HALF, o2.to(lp), mask=mask)
 
 
 @triton.jit
 def _rope_kernel(
-    q_ptr, k_ptr, cos_ptr, sin_ptr, oq_ptr, ok_ptr, S,
+    q_ptr, k_ptr, cos_ptr, sin_ptr, oq_ptr, ok_ptr, S, NT,
     sqb, sqh, sqs, skb, skh, sks, scb, scs,
     HQ: tl.constexpr, HK: tl.constexpr, HQ_P: tl.constexpr, HK_P: tl.constexpr,
     HALF: tl.constexpr, HALF_P: tl.constexpr,
-    ROUND_CS: tl.constexpr, PER_OP: tl.constexpr, BACKWARD: tl.constexpr,
+    ROUND_CS: tl.constexpr, PER_OP: tl.constexpr, BACKWARD: tl.constexpr, TOKENS: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    b = pid // S
-    s = pid % S
+    tok = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
+    tm = tok < NT
+    b = tok // S
+    s = tok % S
     lp: tl.constexpr = oq_ptr.dtype.element_ty
-    d = tl.arange(0, HALF_P)
-    dm = d < HALF
-    cp = cos_ptr + b * scb + s * scs + d
-    sp = sin_ptr + b * scb + s * scs + d
-    c1 = tl.load(cp, mask=dm, other=0.0).to(tl.float32)
-    c2 = tl.load(cp + HALF, mask=dm, other=0.0).to(tl.float32)
-    s1 = tl.load(sp, mask=dm, other=0.0).to(tl.float32)
-    s2 = tl.load(sp + HALF, mask=dm, other=0.0).to(tl.float32)
+    d = tl.arange(0, HALF_P)[None, :]
+    dm = tm[:, None] & (d < HALF)
+    off = (b * scb + s * scs)[:, None] + d
+    c1 = tl.load(cos_ptr + off, mask=dm, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + off + HALF, mask=dm, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + off, mask=dm, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + off + HALF, mask=dm, other=0.0).to(tl.float32)
     if ROUND_CS:
         c1 = c1.to(lp).to(tl.float32)
         c2 = c2.to(lp).to(tl.float32)
         s1 = s1.to(lp).to(tl.float32)
         s2 = s2.to(lp).to(tl.float32)
-    _rotate_heads(q_ptr, oq_ptr, b * sqb + s * sqs, sqh,
+    _rotate_heads(q_ptr, oq_ptr, b * sqb + s * sqs, tm, sqh,
                   c1, c2, s1, s2, HQ, HQ_P, HALF, HALF_P, PER_OP, BACKWARD)
-    _rotate_heads(k_ptr, ok_ptr, b * skb + s * sks, skh,
+    _rotate_heads(k_ptr, ok_ptr, b * skb + s * sks, tm, skh,
                   c1, c2, s1, s2, HK, HK_P, HALF, HALF_P, PER_OP, BACKWARD)
 
 
@@ -125,12 +128,12 @@ def launch(q, k, cos, sin, round_cos_sin: bool, per_op: bool, backward: bool, he
         return oq, ok
     half = D // 2
     scb, scs = _table_strides(cos, B, S)
-    _rope_kernel[(B * S,)](
-        q, k, cos, sin, oq, ok, S,
+    _rope_kernel[(triton.cdiv(B * S, TOKENS),)](
+        q, k, cos, sin, oq, ok, S, B * S,
         qs[0], qs[head_axis], qs[seq_axis], ks[0], ks[head_axis], ks[seq_axis], scb, scs,
         HQ=HQ, HK=HK, HQ_P=triton.next_power_of_2(max(HQ, 1)), HK_P=triton.next_power_of_2(max(HK, 1)),
         HALF=half, HALF_P=triton.next_power_of_2(half),
-        ROUND_CS=round_cos_sin, PER_OP=per_op, BACKWARD=backward,
+        ROUND_CS=round_cos_sin, PER_OP=per_op, BACKWARD=backward, TOKENS=TOKENS,
         num_warps=NUM_WARPS, **LAUNCH_OPTS,
     )
     return oq, ok
