@@ -4,7 +4,8 @@
    is never the bottleneck: microseconds per call of forward and forward+backward, for rla,
    Liger and HF eager. When this exceeds the kernel time, a per-op timing measures the host.
 2. torch.profiler at the benchmark shapes: every CUDA kernel of rla's forward+backward.
-Usage (GPU): python benchmarks/profile_ops.py
+3. --what timed-bwd: torch.profiler over the backward timing itself, rep by rep, per impl.
+Usage (GPU): python benchmarks/profile_ops.py [--ops rope] [--impls rla liger] [--what timed-bwd]
 """
 
 import time
@@ -43,32 +44,88 @@ def host_us(case, impl, data, n=300):
     return res
 
 
-print("host time per call, tiny inputs (us): fwd / fwd+bwd")
-for make in (lambda: B.swiglu_case(64, 256), lambda: B.add_rms_norm_case(64, 256), lambda: B.rope_case(1, 64, 4, 2, 64)):
-    case = make()
-    data = case.make(dev)
-    for impl in ("hf", "liger", "rla"):
-        if impl in case.impls:
-            a, b = host_us(case, impl, data)
-            print(f"  {case.name:13s} {impl:6s} {a:7.1f} / {b:7.1f}", flush=True)
+def profile_timed_bwd(case, impl, data, reps=5):
+    """torch.profiler over the per-op benchmark's backward timing, rep by rep as ``time_ms`` runs
+    it: forward untimed, L2 flush, start event, ``autograd.grad``, end event."""
+    from rla.bench.common import flush_l2
 
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+    fn = case.impls[impl]
+    consts = data.get("consts", ())
+    prep = case.prepare.get(impl, lambda *xs: xs)
+    grads = data["grad_outputs"]
 
-for make in B.default_cases(16384):
-    case = make()
-    data = case.make(dev)
-    fn = case.impls["rla"]
-    inputs, consts, grads = data["inputs"], data.get("consts", ()), data["grad_outputs"]
+    def setup():
+        inputs = prep(*data["inputs"])
+        return inputs, fn(*inputs, *consts)
+
+    def bwd(state):
+        inputs, outs = state
+        torch.autograd.grad(outs, [t for t in inputs if t.requires_grad], grads[: len(outs)])
+
     for _ in range(3):
-        outs = fn(*inputs, *consts)
-        torch.autograd.grad(outs, list(inputs), grads[: len(outs)])
+        bwd(setup())
     torch.cuda.synchronize()
+    ms = []
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            outs = fn(*inputs, *consts)
-            torch.autograd.grad(outs, list(inputs), grads[: len(outs)])
-        torch.cuda.synchronize()
-    print(f"\n== {case.name}: rla fwd+bwd x5")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
-    del data, case
-    torch.cuda.empty_cache()
+        for _ in range(reps):
+            state = setup()
+            flush_l2(dev)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            bwd(state)
+            end.record()
+            end.synchronize()
+            ms.append(start.elapsed_time(end))
+            del state
+    print(f"\n== {case.name} {impl}: backward as timed, x{reps}; event ms per rep: "
+          + ", ".join(f"{m:.3f}" for m in ms))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--ops", nargs="*", default=["swiglu", "add_rms_norm", "rope"])
+    ap.add_argument("--impls", nargs="*", default=["hf", "liger", "rla"])
+    ap.add_argument("--what", nargs="*", default=["host", "kernels"], choices=["host", "kernels", "timed-bwd"])
+    a = ap.parse_args()
+    from torch.profiler import ProfilerActivity, profile
+
+    if "host" in a.what:
+        print("host time per call, tiny inputs (us): fwd / fwd+bwd")
+        for make in (lambda: B.swiglu_case(64, 256), lambda: B.add_rms_norm_case(64, 256),
+                     lambda: B.rope_case(1, 64, 4, 2, 64)):
+            case = make()
+            if case.name not in a.ops:
+                continue
+            data = case.make(dev)
+            for impl in a.impls:
+                if impl in case.impls:
+                    f, fb = host_us(case, impl, data)
+                    print(f"  {case.name:13s} {impl:6s} {f:7.1f} / {fb:7.1f}", flush=True)
+    for make in B.default_cases(16384):
+        case = make()
+        if case.name not in a.ops:
+            continue
+        data = case.make(dev)
+        if "kernels" in a.what:
+            fn = case.impls["rla"]
+            inputs, consts, grads = data["inputs"], data.get("consts", ()), data["grad_outputs"]
+            for _ in range(3):
+                outs = fn(*inputs, *consts)
+                torch.autograd.grad(outs, list(inputs), grads[: len(outs)])
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    outs = fn(*inputs, *consts)
+                    torch.autograd.grad(outs, list(inputs), grads[: len(outs)])
+                torch.cuda.synchronize()
+            print(f"\n== {case.name}: rla fwd+bwd x5")
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
+        if "timed-bwd" in a.what:
+            for impl in a.impls:
+                if impl in case.impls:
+                    profile_timed_bwd(case, impl, data)
+        del data, case
+        torch.cuda.empty_cache()
