@@ -11,7 +11,10 @@ aligned decoder layer returns the *fp32 sum* instead of RN(x + r):
     final norm: model.norm(s_last)
 
 so the profile holds at every norm, the final one included. Under ``rounded_sum`` the layer
-returns RN(x + r) in lp, as HF does. Consequences worth knowing:
+returns RN(x + r) in lp, as HF does. Inside the layer, the attention's residual add and the
+post-attention norm run as one ``rla.ops.add_rms_norm`` (one fused kernel on CUDA) with that
+norm's weight and eps; forward hooks on ``post_attention_layernorm`` therefore do not fire.
+Consequences worth knowing:
 
 - ``output_hidden_states`` shows the fp32 sums (the values the next norm reads), not RN(x + r).
 - Layer 0 receives the embeddings (lp; fp32 under autocast with fp32 weights, rounded here as
@@ -115,16 +118,20 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults):
             h = self.input_layernorm(hidden_states if reads_sum else residual)
 
         attn_out = self.self_attn(hidden_states=h, **kwargs)[0]
-        total = attn_out.to(lp).float() + residual.float()
-        residual = total.to(lp)
-        h = self.post_attention_layernorm(total if fp32_sum else residual)
+        # add + post-attention norm in one op: RN(x + r) handed on, the norm reading the sum the
+        # profile says (the norm module's own weight and eps; its forward is rla's rms_norm)
+        norm = self.post_attention_layernorm
+        h, residual = ops.add_rms_norm(attn_out.to(lp), residual, norm.weight, norm.variance_epsilon, profile)
 
         mlp_out = self.mlp(h)
         extra = ()
         if isinstance(mlp_out, tuple):  # an MoE block that also returns router logits
             mlp_out, *extra = mlp_out
-        total = mlp_out.to(lp).float() + residual.float()
-        out = total if fp32_sum else total.to(lp)
+        mlp_out = mlp_out.to(lp)
+        if fp32_sum:  # x + r exactly in fp32 (r is promoted), for the next layer's norm
+            out = mlp_out.float().add_(residual)
+        else:  # an lp add computes in fp32 and rounds once: RN(x + r)
+            out = mlp_out + residual
         return (out, *extra) if extra else out
 
     return compat.with_layer_checkpointing(forward)
