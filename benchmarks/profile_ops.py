@@ -8,9 +8,8 @@
 Usage (GPU): python benchmarks/profile_ops.py [--ops rope] [--impls rla liger] [--what timed-bwd]
 """
 
-import time
-
 import torch
+from host_time import per_call_us  # benchmarks/, beside this script
 
 from rla.bench import ops as B
 
@@ -31,23 +30,13 @@ def host_us(case, impl, data, n=300):
         outs = f()
         torch.autograd.grad(outs, [t for t in inputs if t.requires_grad], grads[: len(outs)])
 
-    res = []
-    for g in (f, fb):
-        for _ in range(20):
-            g()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(n):
-            g()
-        torch.cuda.synchronize()
-        res.append((time.perf_counter() - t) / n * 1e6)
-    return res
+    return [per_call_us(f, n), per_call_us(fb, n)]
 
 
 def profile_timed_bwd(case, impl, data, reps=5):
     """torch.profiler over the per-op benchmark's backward timing, rep by rep as ``time_ms`` runs
     it: forward untimed, L2 flush, start event, ``autograd.grad``, end event."""
-    from rla.bench.common import flush_l2
+    from rla.bench.common import time_reps_ms
 
     fn = case.impls[impl]
     consts = data.get("consts", ())
@@ -62,21 +51,9 @@ def profile_timed_bwd(case, impl, data, reps=5):
         inputs, outs = state
         torch.autograd.grad(outs, [t for t in inputs if t.requires_grad], grads[: len(outs)])
 
-    for _ in range(3):
-        bwd(setup())
-    torch.cuda.synchronize()
-    ms = []
+    time_reps_ms(bwd, setup, warmup=3, reps=0, device=dev)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            state = setup()
-            flush_l2(dev)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            bwd(state)
-            end.record()
-            end.synchronize()
-            ms.append(start.elapsed_time(end))
-            del state
+        ms = time_reps_ms(bwd, setup, warmup=0, reps=reps, device=dev)
     print(f"\n== {case.name} {impl}: backward as timed, x{reps}; event ms per rep: "
           + ", ".join(f"{m:.3f}" for m in ms))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18, max_name_column_width=60))

@@ -28,18 +28,21 @@ def flush_l2(device: torch.device) -> None:
     buf.zero_()
 
 
-def time_ms(
+def time_reps_ms(
     fn: Callable[[Any], Any],
     setup: Callable[[], Any] = lambda: None,
     *,
     warmup: int = 3,
     reps: int = 20,
     device: torch.device | None = None,
-) -> float:
-    """Median milliseconds of ``fn(setup())``; ``setup`` (untimed) prepares each repetition."""
+) -> list[float]:
+    """Milliseconds of each timed ``fn(setup())``; ``setup`` (untimed) prepares each repetition.
+    The warm-up flushes too, so the flush buffer's allocation is not in the first timed rep."""
     device = device or torch.device("cuda")
     for _ in range(warmup):
-        fn(setup())
+        state = setup()
+        flush_l2(device)
+        fn(state)
     torch.cuda.synchronize(device)
     times = []
     for _ in range(reps):
@@ -52,7 +55,19 @@ def time_ms(
         end.synchronize()
         times.append(start.elapsed_time(end))
         del state
-    return statistics.median(times)
+    return times
+
+
+def time_ms(
+    fn: Callable[[Any], Any],
+    setup: Callable[[], Any] = lambda: None,
+    *,
+    warmup: int = 3,
+    reps: int = 20,
+    device: torch.device | None = None,
+) -> float:
+    """Median milliseconds of ``fn(setup())`` (:func:`time_reps_ms`)."""
+    return statistics.median(time_reps_ms(fn, setup, warmup=warmup, reps=reps, device=device))
 
 
 def copy_bandwidth_gbs(device: torch.device, nbytes: int = 2 * 2**30, reps: int = 20) -> float:
