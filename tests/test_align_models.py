@@ -152,6 +152,22 @@ def test_output_hidden_states_show_the_fp32_sums():
     assert all(h.dtype == torch.bfloat16 for h in rounded) and len(rounded) == len(plain)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_layers_last_add_leaves_the_mlp_output_alone(dtype):
+    """Under fp32_sum the layer hands on x + r in fp32; when the MLP's output is already fp32
+    (an fp32 model) the add must not write into it (a hook, or an MoE block, may hold it)."""
+    model = tiny_model("qwen2", dtype=dtype)
+    rla.align(model, "vllm")
+    seen = []
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda m, i, o: seen.append((o, o.clone())))
+    with torch.no_grad():
+        model(tokens())
+    handle.remove()
+    rla.unalign(model)
+    out, copy = seen[0]
+    assert torch.equal(out, copy)
+
+
 def test_an_mlp_returning_router_logits_keeps_its_tuple():
     """transformers 5.x MoE blocks return a tensor; an mlp that returns (out, router_logits), as
     older releases did, keeps returning the extra outputs through the aligned layer."""

@@ -128,8 +128,9 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults):
         if isinstance(mlp_out, tuple):  # an MoE block that also returns router logits
             mlp_out, *extra = mlp_out
         mlp_out = mlp_out.to(lp)
-        if fp32_sum:  # x + r exactly in fp32 (r is promoted), for the next layer's norm
-            out = mlp_out.float().add_(residual)
+        if fp32_sum:  # x + r exactly in fp32 (r is promoted), for the next layer's norm; a copy
+            # even when mlp_out is already fp32, so the add never writes into the MLP's output
+            out = mlp_out.to(torch.float32, copy=True).add_(residual)
         else:  # an lp add computes in fp32 and rounds once: RN(x + r)
             out = mlp_out + residual
         return (out, *extra) if extra else out
