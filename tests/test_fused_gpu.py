@@ -135,6 +135,37 @@ def test_rope_backward_independent_of_layout(name, layout, cos_batch):
     assert_bitwise(dk, rk, f"rope dk {name} {layout}")
 
 
+@pytest.mark.parametrize("name", PROFILES)
+@pytest.mark.parametrize("layout,cos_batch", [("hf", 1), ("bshd", 2), ("qkv", 2)])
+def test_rope_half_tables_bitwise(name, layout, cos_batch):
+    """Half tables [.., D/2] (fp32; also rounded to bf16 where the profile rounds cos/sin): the
+    forward equals the reference's and the gradients the full table's, bit for bit."""
+    from rla import ops
+    from rla.ops import reference
+
+    prof = profiles.get(name)
+    q, k, cos, sin, ud = rope_inputs(2, 333, 28, 4, 128, torch.bfloat16, layout, cos_batch, 6)
+    ups = (torch.randn_like(q), torch.randn_like(k))
+
+    def run(c, s):
+        ql, kl = q.detach().requires_grad_(True), k.detach().requires_grad_(True)
+        outs = ops.rope(ql, kl, c, s, name, unsqueeze_dim=ud)
+        return outs, torch.autograd.grad(outs, (ql, kl), ups)
+
+    _, full_grads = run(cos, sin)
+    rq, rk = reference.rope(q, k, cos, sin, prof, unsqueeze_dim=ud)
+    tables = [(cos[..., :64], sin[..., :64])]
+    if prof.rope_cos_sin == "round":
+        tables.append((cos[..., :64].bfloat16(), sin[..., :64].bfloat16()))
+    for c, s in tables:
+        (oq, ok), grads = run(c, s)
+        what = f"{name} {layout} {c.dtype} half table"
+        assert_bitwise(oq, rq, f"rope q, {what}")
+        assert_bitwise(ok, rk, f"rope k, {what}")
+        for g, b in zip(grads, full_grads):
+            assert_bitwise(g, b, f"rope grad, {what}")
+
+
 @pytest.mark.parametrize("tokens,warps", [(1, 1), (2, 2), (4, 4), (8, 8), (2, 8), (8, 1)])
 def test_rope_launch_configs_bitwise(tokens, warps, monkeypatch):
     """Every tokens-per-program / warps setting tune_fused.py may pick: forward equal to the

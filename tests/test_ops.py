@@ -55,6 +55,33 @@ def test_rope_matches_spec(name, dtype, shape, kv, ud):
     assert torch.equal(ko, spec.rope(k, cos, sin, prof, ud))
 
 
+@pytest.mark.parametrize("name", PROFILES)
+@pytest.mark.parametrize("shape,kv,ud", ROPE_SHAPES[:2], ids=lambda v: str(v))
+def test_rope_half_tables(name, shape, kv, ud):
+    """A half table [..., D/2] (fp32, or already rounded to q's dtype where the profile rounds
+    cos/sin) gives the full table's outputs and gradients, bit for bit, against the spec."""
+    prof, lp = profiles.get(name), torch.bfloat16
+    q, k, cos, sin = make_rope_inputs(shape, kv, ud, lp, seed=3)
+    half = shape[-1] // 2
+    tables = [(cos[..., :half], sin[..., :half])]
+    if prof.rope_cos_sin == "round":
+        tables.append((cos[..., :half].to(lp), sin[..., :half].to(lp)))
+    ups = [torch.randn(t.shape).to(lp) for t in (q, k)]
+
+    def run(c, s):
+        ql, kl = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
+        outs = ops.rope(ql, kl, c, s, name, unsqueeze_dim=ud)
+        torch.autograd.backward(outs, ups)
+        return [*outs, ql.grad, kl.grad]
+
+    full = run(cos, sin)
+    assert torch.equal(full[0], spec.rope(q, cos, sin, prof, ud))
+    for c, s in tables:
+        got = run(c, s)
+        for what, a, b in zip(("q", "k", "dq", "dk"), got, full):
+            assert torch.equal(a, b), f"{name} {c.dtype} half table: {what} differs"
+
+
 SWIGLU_SHAPES = [(3, 423, 7, 92), (5, 1000), (2, 33, 256)]
 
 
@@ -336,6 +363,10 @@ def test_clear_errors():
         ops.rope(q[..., :63], k[..., :63], cos[..., :63], sin[..., :63], "vllm")
     with pytest.raises(ValueError, match="shapes disagree"):
         ops.rope(q, k[..., :32], cos, sin, "vllm")
+    with pytest.raises(ValueError, match=r"(?s)D \(HF's table\) or D/2.*cos \(1, 8, 16\)"):
+        ops.rope(q, k, cos[..., :16], sin[..., :16], "vllm")
+    with pytest.raises(ValueError, match="shapes disagree"):
+        ops.rope(q, k, cos[..., :32], sin, "vllm")
     with pytest.raises(ValueError, match="do not broadcast"):
         ops.rope(q, k, cos[:, :5], sin[:, :5], "vllm")
     with pytest.raises(TypeError, match="keeps cos/sin in fp32"):

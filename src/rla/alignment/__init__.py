@@ -9,8 +9,9 @@ One line per model instance::
 
 What changes, per region (everything else in the model runs HF's own code):
 
-- ``rope``: the rotary module returns fp32 cos/sin from an fp32 ``inv_freq`` (recomputed from the
-  config if ``model.to(bf16)`` rounded it); attention applies them with ``rla.ops.rope``.
+- ``rope``: the rotary module returns fp32 cos/sin half tables [B, S, D/2] from an fp32
+  ``inv_freq`` (recomputed from the config if ``model.to(bf16)`` rounded it); attention applies
+  them with ``rla.ops.rope``.
 - ``swiglu``: dense MLPs, shared experts and MoE experts compute silu(gate) * up with
   ``rla.ops.swiglu``.
 - ``rmsnorm``: every RMSNorm (input, post-attention, final, Qwen3's q/k norms) runs

@@ -2,8 +2,11 @@
 
 Two per-instance patches:
 
-- The rotary module's ``forward`` returns fp32 cos/sin (the ops round them if the profile says
-  ``rope_cos_sin='round'``). Angles are ``position * inv_freq`` multiplied elementwise in fp32,
+- The rotary module's ``forward`` returns fp32 cos/sin half tables [B, S, D/2]: the first half of
+  HF's ``cat(freqs, freqs)`` table, which repeats it, as vLLM caches it. The attention's
+  ``rla.ops.rope`` reads a quarter of the bytes of HF's table in every layer, forward and backward,
+  and rounds them if the profile says ``rope_cos_sin='round'``; nothing else in the supported
+  families' layers reads cos/sin. Angles are ``position * inv_freq`` multiplied elementwise in fp32,
   never through a matmul, so TF32 and autocast cannot touch them; ``attention_scaling`` and the
   ``dynamic_rope_update`` decorator behave as in HF. If ``model.to(torch.bfloat16)`` rounded the
   ``inv_freq`` buffer (the phase-drift hazard of ROUNDING.md), it is recomputed in fp32 from the
@@ -39,8 +42,7 @@ def _aligned_rotary_forward(self, x, position_ids):
             "casting: it recomputes inv_freq in fp32 from the config."
         )
     freqs = position_ids[..., None].to(torch.float32) * inv_freq.to(x.device)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+    return freqs.cos() * self.attention_scaling, freqs.sin() * self.attention_scaling
 
 
 #: The aligned rotary forward, with HF's own dynamic/longrope frequency update around it.

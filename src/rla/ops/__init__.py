@@ -35,7 +35,9 @@ def rope(q, k, cos, sin, profile: str | RoundingProfile, unsqueeze_dim: int = 1)
 
     Same call as HF's ``apply_rotary_pos_emb``, with fp32 ``cos``/``sin``: the profile decides
     whether they are rounded to the input dtype (``rope_cos_sin``) and whether the two products
-    are rounded before the sum (``rope_apply``).
+    are rounded before the sum (``rope_apply``). ``cos``/``sin`` may also be half tables
+    [..., D/2], the first half of HF's [..., D] (which repeats it), as vLLM caches them: the
+    same numbers from a quarter of the bytes when already rounded to q's dtype.
     """
     p = resolve(profile)
     check_rope(q, k, cos, sin, p, unsqueeze_dim)

@@ -38,10 +38,11 @@ def check_rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int) -> 
     d = q.shape[-1]
     if d % 2:
         raise ValueError(f"RoPE needs an even head dim, got {d} (q shape {tuple(q.shape)})")
-    if k.shape[-1] != d or cos.shape[-1] != d or sin.shape != cos.shape:
+    if k.shape[-1] != d or cos.shape[-1] not in (d, d // 2) or sin.shape != cos.shape:
         raise ValueError(
-            "RoPE shapes disagree: q, k, cos, sin must end in the same head dim and cos/sin must "
-            f"match; got q {tuple(q.shape)}, k {tuple(k.shape)}, cos {tuple(cos.shape)}, "
+            "RoPE shapes disagree: q and k must end in the same head dim D, cos/sin in D (HF's "
+            "table) or D/2 (its first half; the rotate-half convention repeats it), and cos/sin "
+            f"must match; got q {tuple(q.shape)}, k {tuple(k.shape)}, cos {tuple(cos.shape)}, "
             f"sin {tuple(sin.shape)}"
         )
     if q.ndim != k.ndim:
@@ -60,7 +61,7 @@ def check_rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int) -> 
                 f"cos/sin are {cos.dtype} but q is {q.dtype}; pass fp32 cos/sin (preferred) or "
                 "cos/sin already rounded to q's dtype"
             )
-    shape = list(cos.shape)
+    shape = [*cos.shape[:-1], d]
     pos = unsqueeze_dim if unsqueeze_dim >= 0 else len(shape) + 1 + unsqueeze_dim
     if not 0 <= pos <= len(shape) or not (_broadcastable(q.shape, shape[:pos] + [1] + shape[pos:])
                                          and _broadcastable(k.shape, shape[:pos] + [1] + shape[pos:])):

@@ -4,9 +4,10 @@ Layout. q and k come as [B, H, S, D] (HF's ``view(B, S, H, D).transpose(1, 2)``,
 heads are contiguous in memory) or [B, S, H, D] (``head_axis=2``), with any strides whose last one
 is 1; each output is allocated with its input's strides, so one (batch, head, position) stride
 triple addresses both. cos/sin are [B or 1, S or 1, D], read through strides where a broadcast
-axis has stride 0 (no ``expand`` on the host). Program ``b * S + s`` reads the cos/sin row once
-and rotates every head of q and k at that token (``TOKENS`` tokens per program).
-Bytes: q and k read and written once, cos/sin read once per token.
+axis has stride 0 (no ``expand`` on the host), or [B or 1, S or 1, D/2]: the first half only, which
+the rotate-half convention repeats (``HALF_TABLE``; a quarter of the fp32 table's bytes in bf16).
+Program ``b * S + s`` reads the cos/sin row once and rotates every head of q and k at that token
+(``TOKENS`` tokens per program). Bytes: q and k read and written once, cos/sin read once per token.
 
 Numerics (ROUNDING.md, ``rope.cos_sin`` and ``rope.apply``), with x1, x2 the halves of a head and
 rot(x) = cat(-x2, x1):
@@ -71,6 +72,7 @@ def _rope_kernel(
     HQ: tl.constexpr, HK: tl.constexpr, HQ_P: tl.constexpr, HK_P: tl.constexpr,
     HALF: tl.constexpr, HALF_P: tl.constexpr,
     ROUND_CS: tl.constexpr, PER_OP: tl.constexpr, BACKWARD: tl.constexpr, TOKENS: tl.constexpr,
+    HALF_TABLE: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
     tm = tok < NT
@@ -81,14 +83,19 @@ def _rope_kernel(
     dm = tm[:, None] & (d < HALF)
     off = (b * scb + s * scs)[:, None] + d
     c1 = tl.load(cos_ptr + off, mask=dm, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_ptr + off + HALF, mask=dm, other=0.0).to(tl.float32)
     s1 = tl.load(sin_ptr + off, mask=dm, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + off + HALF, mask=dm, other=0.0).to(tl.float32)
     if ROUND_CS:
         c1 = c1.to(lp).to(tl.float32)
-        c2 = c2.to(lp).to(tl.float32)
         s1 = s1.to(lp).to(tl.float32)
-        s2 = s2.to(lp).to(tl.float32)
+    if HALF_TABLE:
+        c2 = c1
+        s2 = s1
+    else:
+        c2 = tl.load(cos_ptr + off + HALF, mask=dm, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_ptr + off + HALF, mask=dm, other=0.0).to(tl.float32)
+        if ROUND_CS:
+            c2 = c2.to(lp).to(tl.float32)
+            s2 = s2.to(lp).to(tl.float32)
     _rotate_heads(q_ptr, oq_ptr, b * sqb + s * sqs, tm, sqh,
                   c1, c2, s1, s2, HQ, HQ_P, HALF, HALF_P, PER_OP, BACKWARD)
     _rotate_heads(k_ptr, ok_ptr, b * skb + s * sks, tm, skh,
@@ -112,7 +119,7 @@ def _table_strides(t: torch.Tensor, B: int, S: int) -> tuple[int, int]:
 
 def launch(q, k, cos, sin, round_cos_sin: bool, per_op: bool, backward: bool, head_axis: int = 1):
     """Rotate q and k ([B, H, S, D] with ``head_axis=1``, [B, S, H, D] with 2) with cos/sin
-    [B or 1, S or 1, D]; new outputs in the inputs' layout.
+    [B or 1, S or 1, D or D/2]; new outputs in the inputs' layout.
 
     Host time decides this op's eager speed (the kernel is ~70 us at 16K tokens of a 7B model),
     so the launch passes one set of strides per q/k and its output and one for cos and sin."""
@@ -134,6 +141,7 @@ def launch(q, k, cos, sin, round_cos_sin: bool, per_op: bool, backward: bool, he
         HQ=HQ, HK=HK, HQ_P=triton.next_power_of_2(max(HQ, 1)), HK_P=triton.next_power_of_2(max(HK, 1)),
         HALF=half, HALF_P=triton.next_power_of_2(half),
         ROUND_CS=round_cos_sin, PER_OP=per_op, BACKWARD=backward, TOKENS=TOKENS,
+        HALF_TABLE=cos.shape[-1] != D,
         num_warps=NUM_WARPS, **LAUNCH_OPTS,
     )
     return oq, ok

@@ -92,9 +92,12 @@ class _Rope(torch.autograd.Function):
 def rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int = 1):
     """Rotary embedding of ``q`` and ``k`` under ``profile`` (inputs already validated).
 
-    ``cos``/``sin`` are [..., S, D] as HF's rotary module returns them and are unsqueezed at
+    ``cos``/``sin`` are [..., S, D] as HF's rotary module returns them, or [..., S, D/2], the
+    first half of that table (HF builds it as ``cat(freqs, freqs)``), and are unsqueezed at
     ``unsqueeze_dim`` to broadcast against q [B, H, S, D] (or [B, S, H, D] with dim 2).
     """
+    if cos.shape[-1] != q.shape[-1]:
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
     return _Rope.apply(
         q, k, cos, sin, profile.rope_cos_sin == "round", profile.rope_apply == "per_op"
