@@ -16,8 +16,8 @@ the inputs during forward+backward, achieved GB/s over a minimal byte count, and
 bandwidth floor = minimal bytes / copy bandwidth measured in the same run. Minimal bytes (lp =
 2 B): swiglu fwd 3n lp, bwd 5n (gate, up, dy read; d_gate, d_up written); add+rmsnorm fwd 4n
 (x, r read; y, new residual written), bwd 5n (dy, d_residual, x, r read; d_x written once, as
-autograd hands the same tensor to x and r); rope fwd and bwd 2 (n_q + n_k) plus the fp32
-cos/sin rows.
+autograd hands the same tensor to x and r); rope fwd and bwd 2 (n_q + n_k) plus the fp32 half
+cos/sin rows rla reads (``rope_case`` says which tables each implementation gets).
 """
 
 from __future__ import annotations
@@ -153,7 +153,20 @@ def add_rms_norm_case(tokens: int, hidden: int) -> Case:
     return case
 
 
+_TABLE_AT = {"half": 0, "full": 2, "lp": 4}
+
+
+def _tables(which: str, fn: Callable) -> Callable:
+    """``fn(q, k, cos, sin)`` fed the ``which`` pair of rope_case's consts: fp32 half tables, fp32
+    full tables or bf16 full tables."""
+    i = _TABLE_AT[which]
+    return lambda q, k, *tables: fn(q, k, tables[i], tables[i + 1])
+
+
 def rope_case(batch: int, seq: int, hq: int, hk: int, dim: int) -> Case:
+    """Each implementation gets the cos/sin a model gives it once per forward, not a per-call cast:
+    HF eager and Liger HF's rotary output (bf16, [B, S, D]); rla what ``rla.align``'s rotary
+    returns (fp32 half tables, [B, S, D/2]); the naive and compiled expressions fp32 [B, S, D]."""
     nq, nk = batch * seq * hq * dim, batch * seq * hk * dim
 
     def make(dev):
@@ -162,39 +175,34 @@ def rope_case(batch: int, seq: int, hq: int, hk: int, dim: int) -> Case:
         k = torch.randn(batch, seq, hk, dim, device=dev, dtype=LP).transpose(1, 2)
         inv = 1.0 / (1e6 ** (torch.arange(0, dim, 2, device=dev, dtype=torch.float32) / dim))
         pos = torch.arange(seq, device=dev, dtype=torch.float32)
-        emb = torch.cat([torch.outer(pos, inv)] * 2, dim=-1).expand(batch, seq, dim)
-        cos, sin = emb.cos().contiguous(), emb.sin().contiguous()
+        freqs = torch.outer(pos, inv).expand(batch, seq, dim // 2)
+        half = (freqs.cos().contiguous(), freqs.sin().contiguous())
+        full = tuple(torch.cat((t, t), dim=-1) for t in half)
         return {
             "inputs": (_leaf(q), _leaf(k)),
-            "consts": (cos, sin),
+            "consts": (*half, *full, *(t.to(LP) for t in full)),  # see _tables
             "grad_outputs": (torch.randn_like(q), torch.randn_like(k)),
         }
 
-    case = Case(
-        "rope",
-        f"B{batch} S{seq} Hq{hq} Hkv{hk} D{dim}",
-        make,
-        4 * (nq + nk) + 2 * 4 * batch * seq * dim,
-        4 * (nq + nk) + 2 * 4 * batch * seq * dim,
-    )
+    rla_bytes = 4 * (nq + nk) + 2 * 4 * batch * seq * dim // 2
+    case = Case("rope", f"B{batch} S{seq} Hq{hq} Hkv{hk} D{dim}", make, rla_bytes, rla_bytes)
     from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 
-    case.impls["hf"] = lambda q, k, cos, sin: apply_rotary_pos_emb(q, k, cos.to(LP), sin.to(LP))
-    case.impls["naive"] = naive_rope
-    compiled = torch.compile(naive_rope, dynamic=False)
-    case.impls["compile"] = compiled
+    case.impls["hf"] = _tables("lp", apply_rotary_pos_emb)
+    case.impls["naive"] = _tables("full", naive_rope)
+    case.impls["compile"] = _tables("full", torch.compile(naive_rope, dynamic=False))
     try:
         from liger_kernel.ops.rope import LigerRopeFunction
 
-        case.impls["liger"] = lambda q, k, cos, sin: LigerRopeFunction.apply(q, k, cos.to(LP), sin.to(LP))
+        case.impls["liger"] = _tables("lp", LigerRopeFunction.apply)
         # Liger rotates q and k in place: give every repetition fresh copies (untimed)
         case.prepare["liger"] = lambda q, k: (_leaf(q.detach().clone()), _leaf(k.detach().clone()))
     except Exception:
         pass
     from rla import ops
 
-    case.impls["rla"] = lambda q, k, cos, sin: ops.rope(q, k, cos, sin, "vllm")
-    case.impls["rla-sglang"] = lambda q, k, cos, sin: ops.rope(q, k, cos, sin, "sglang")
+    case.impls["rla"] = _tables("half", lambda q, k, cos, sin: ops.rope(q, k, cos, sin, "vllm"))
+    case.impls["rla-sglang"] = _tables("half", lambda q, k, cos, sin: ops.rope(q, k, cos, sin, "sglang"))
     return case
 
 
