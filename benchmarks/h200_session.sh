@@ -8,6 +8,8 @@
 #   grpo      rla experiment $GRPO_GRID [--only $GRPO_ONLY] for $GRPO_TIMEOUT s, $GRPO_PARALLEL at once
 #   tune      benchmarks/tune_fused.py --only $TUNE_ONLY (default rope) -> r/tuned.json, which opsiso uses
 #   fused     the fused-kernel GPU tests (tests/test_fused_gpu.py: bitwise, gradients, opcheck, graphs)
+#   variants  benchmarks/rope_variants.py: RoPE kernel variants, Liger with model-given tables, GPU time
+#   align     benchmarks/gpu_align_check.py: every family x profile aligned model, fused == reference
 #   hosttime  benchmarks/host_time.py for this tree and for commit $OLD_REV (host us per op call)
 #   opsiso    per-op benchmark, each implementation in its own process ($OPS_IMPLS, default rla liger hf)
 #   e2e       end-to-end training step through rla.align, 1.5B and 7B shapes ($E2E_VARIANTS)
@@ -60,6 +62,15 @@ if has fused; then
   stamp fused
   timeout $(cap 150) python3 -m pytest -q -p no:cacheprovider -s tests/test_fused_gpu.py > "$OUT/r/fused.log" 2>&1; echo rc=$?
   grep -E "passed|failed|FAILED|Error" "$OUT/r/fused.log" | tail -15 | cut -c1-300
+fi
+if has variants; then
+  stamp variants
+  timeout $(cap 150) python3 benchmarks/rope_variants.py --out "$OUT/r/rope_variants.json" > "$OUT/r/rope_variants.log" 2>&1; echo rc=$?
+  tail -20 "$OUT/r/rope_variants.log" | cut -c1-200
+fi
+if has align; then
+  stamp align
+  timeout $(cap 60) python3 benchmarks/gpu_align_check.py --out "$OUT/r" > "$OUT/r/align_cuda.log" 2>&1; echo rc=$?; tail -2 "$OUT/r/align_cuda.log"
 fi
 if has hosttime; then
   stamp hosttime
