@@ -7,6 +7,8 @@ Variants, each timed in the same process:
   rla-sglang    same, ``sglang`` profile (fp32 cos/sin)
   naive-upcast  bf16, the three regions computed by eager fp32 upcasts (vllm numbers, unfused)
   fp16, fp32    the whole model in that dtype, no patch (fp32 at a batch that fits)
+  liger         bf16, Liger Kernel's RoPE, RMSNorm and SwiGLU (``apply_liger_kernel_to_qwen2``; the
+                loss left as HF's), on a model of its own: what a Liger user runs today, unaligned
 
 How the regions are aligned: with ``rla.align(model, profile)`` when the package has it.
 Otherwise (and always for naive-upcast) by ``_patch_qwen2`` below, a benchmark-only patch of
@@ -45,6 +47,8 @@ BATCH = {
 }
 
 VARIANTS = ("hf-bf16", "rla-vllm", "rla-sglang", "naive-upcast", "fp16", "fp32")
+#: Variants that patch their model for good: each runs on a model built for it alone.
+OWN_MODEL = {"fp16": torch.float16, "fp32": torch.float32, "liger": torch.bfloat16}
 
 
 def build_model(name: str, dtype: torch.dtype, device="cuda"):
@@ -167,8 +171,27 @@ def _patch_qwen2(model, regions) -> Callable[[], None]:
     return undo
 
 
+def _liger(model) -> tuple[Callable[[], None], str]:
+    """Liger's Qwen2 patch on ``model`` (its modules stay patched: the model is not reused); the
+    undo restores the three module globals the patch also replaces."""
+    import transformers.models.qwen2.modeling_qwen2 as mq
+    from liger_kernel.transformers import apply_liger_kernel_to_qwen2
+
+    saved = {n: getattr(mq, n) for n in ("apply_rotary_pos_emb", "Qwen2RMSNorm", "Qwen2MLP")}
+    apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                fused_linear_cross_entropy=False, model=model)
+
+    def undo():
+        for name, value in saved.items():
+            setattr(mq, name, value)
+
+    return undo, "Liger Kernel (rope, rms_norm, swiglu)"
+
+
 def _align(model, variant: str) -> tuple[Callable[[], None], str]:
     """Apply a variant's region implementation; -> (undo, how)."""
+    if variant == "liger":
+        return _liger(model)
     if variant == "naive-upcast":
         return _patch_qwen2(model, _NaiveRegions()), "benchmark patch (naive fp32 upcasts)"
     profile = variant.split("-", 1)[1]
@@ -218,22 +241,22 @@ def _time_steps(model, batch: int, seq: int, warmup: int, reps: int) -> dict:
 
 
 def run(out_dir="benchmarks/results", models=("qwen2.5-1.5b", "qwen2.5-7b"), variants=VARIANTS,
-        warmup: int = 2, reps: int = 5, stem=None) -> dict:
+        warmup: int = 2, reps: int = 5, stem=None, shape: tuple[int, int] | None = None) -> dict:
+    """``shape`` (batch, seq) replaces the per-model, per-variant ``BATCH`` for every variant."""
     env = environment()
     results = []
     for name in models:
-        by_dtype = {"fp16": torch.float16, "fp32": torch.float32}
-        groups = [(torch.bfloat16, [v for v in variants if v not in by_dtype])]
-        groups += [(by_dtype[v], [v]) for v in variants if v in by_dtype]
+        groups = [(torch.bfloat16, [v for v in variants if v not in OWN_MODEL])]
+        groups += [(OWN_MODEL[v], [v]) for v in variants if v in OWN_MODEL]
         for dtype, group in groups:
             if not group:
                 continue
             model = build_model(name, dtype)
             for variant in group:
-                batch, seq = BATCH[name].get(variant, BATCH[name]["default"])
+                batch, seq = shape or BATCH[name].get(variant, BATCH[name]["default"])
                 undo, how = (lambda: None), "none"
                 try:
-                    if variant.startswith("rla-") or variant == "naive-upcast":
+                    if variant.startswith("rla-") or variant in ("naive-upcast", "liger"):
                         undo, how = _align(model, variant)
                     r = _time_steps(model, batch, seq, warmup, reps)
                 except torch.cuda.OutOfMemoryError as e:

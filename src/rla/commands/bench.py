@@ -2,7 +2,7 @@
 
   rla bench ops   per-op: HF eager, naive upcast, torch.compile, Liger, rla (fwd, bwd, peak, GB/s)
   rla bench e2e   training step of Qwen2.5-1.5B/7B shapes: HF bf16, rla (vllm, sglang), naive,
-                  fp16, fp32
+                  fp16, fp32, and (asked for by name) Liger Kernel
   rla bench all   both
 
 Results (JSON + Markdown, stamped with GPU, versions, date and command) go to ``--out``.
@@ -15,6 +15,8 @@ import json
 
 
 HELP = "benchmark the fused ops and an aligned training step (CUDA)"
+#: ``rla.bench.e2e.VARIANTS`` plus ``liger`` (kept here: importing rla.bench.e2e imports torch).
+E2E_VARIANTS = ("hf-bf16", "rla-vllm", "rla-sglang", "naive-upcast", "fp16", "fp32", "liger")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -23,6 +25,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     return p
+
+
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        batch, seq = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape takes BATCHxSEQ, e.g. 1x512; got {text!r}") from None
+    if batch < 1 or seq < 2:
+        raise argparse.ArgumentTypeError(f"--shape needs batch >= 1 and seq >= 2, got {text!r}")
+    return batch, seq
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,9 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ops: time each implementation in its own process (no order effects)")
     p.add_argument("--models", nargs="*", default=["qwen2.5-1.5b", "qwen2.5-7b"],
                    choices=("qwen2.5-1.5b", "qwen2.5-7b"), help="e2e model shapes")
-    p.add_argument("--variants", nargs="*", default=None,
-                   help="e2e variants (default: hf-bf16 rla-vllm rla-sglang naive-upcast fp16 fp32)")
+    p.add_argument("--variants", nargs="*", default=None, choices=E2E_VARIANTS, metavar="VARIANT",
+                   help=f"e2e variants, of {' '.join(E2E_VARIANTS)} "
+                        "(default: all but liger, which needs liger-kernel installed)")
     p.add_argument("--steps", type=int, default=5, help="timed training steps per variant (e2e)")
+    p.add_argument("--shape", type=_shape, default=None, metavar="BxS",
+                   help="e2e: batch x sequence for every variant (default: per model, e.g. 4x4096 at 1.5B)")
 
 
 def run(args) -> int:
@@ -66,5 +81,6 @@ def run(args) -> int:
         from rla.bench import e2e
 
         e2e.run(out_dir=args.out, models=tuple(args.models),
-                variants=tuple(args.variants) if args.variants else e2e.VARIANTS, reps=args.steps)
+                variants=tuple(args.variants) if args.variants else e2e.VARIANTS, reps=args.steps,
+                shape=args.shape)
     return 0

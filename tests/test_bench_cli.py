@@ -1,0 +1,33 @@
+"""``rla bench``'s arguments: what the e2e run is told, and bad input refused by name (no GPU)."""
+
+import argparse
+
+import pytest
+
+from rla.bench import e2e
+from rla.commands import bench
+
+
+def parse(*argv):
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_shape_and_variants():
+    args = parse("e2e", "--shape", "1x512", "--variants", "hf-bf16", "rla-vllm", "liger")
+    assert args.shape == (1, 512) and args.variants == ["hf-bf16", "rla-vllm", "liger"]
+    assert parse("e2e").shape is None
+    assert bench.E2E_VARIANTS == (*e2e.VARIANTS, "liger")
+    assert set(e2e.OWN_MODEL) <= set(bench.E2E_VARIANTS)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--shape", "512"), "BATCHxSEQ, e.g. 1x512; got '512'"),
+    (("--shape", "0x512"), "batch >= 1 and seq >= 2"),
+    (("--variants", "rla-vlm"), "invalid choice: 'rla-vlm'"),
+])
+def test_bad_arguments_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse("e2e", *argv)
+    assert message in capsys.readouterr().err
