@@ -385,3 +385,18 @@ def test_clear_errors():
         ops.add_rms_norm(torch.ones(3, 4), torch.ones(2, 4), torch.ones(4), 1e-6, "vllm")
     with pytest.raises(TypeError, match="fp32 master"):
         ops.rms_norm(torch.ones(3, 4, dtype=torch.bfloat16), torch.ones(4, dtype=torch.float16), 1e-6, "hf")
+
+
+def test_launch_grid_helpers():
+    """The launchers' host-int helpers against their definitions (and Triton's own, which cost
+    ~6 us of host time per call since Triton 3.5)."""
+    triton = pytest.importorskip("triton")
+    from rla.ops._triton_common import cdiv, next_pow2
+
+    for n in [*range(1, 2100), 2**20 - 1, 2**20, 2**20 + 1, 16384 * 28]:
+        p = next_pow2(n)
+        assert p >= n and (p == 1 or p // 2 < n) and p & (p - 1) == 0
+        assert p == triton.next_power_of_2(n)
+        for d in (1, 2, 3, 4, 128, 1000):
+            assert cdiv(n, d) == math.ceil(n / d) == triton.cdiv(n, d)
+    assert cdiv(0, 7) == 0

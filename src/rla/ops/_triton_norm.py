@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rla.ops._triton_common import LAUNCH_OPTS, rsqrt, sm_count
+from rla.ops._triton_common import LAUNCH_OPTS, cdiv, next_pow2, rsqrt, sm_count
 
 MAX_COLS = 65536
 #: Launch parameters, from benchmarks/tune_fused.py on an H200 at 16384 x 3584 bf16 (2026-11-29):
@@ -135,7 +135,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 def _check_cols(n: int) -> int:
     if n > MAX_COLS:
         raise ValueError(f"fused RMSNorm handles rows of at most {MAX_COLS} elements, got {n}")
-    return triton.next_power_of_2(max(n, 1))
+    return next_pow2(max(n, 1))
 
 
 def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, lp=None):
@@ -155,8 +155,8 @@ def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, lp=No
     else:
         r2, new_res = x2, y
     if M:
-        rows = min(FWD_ROWS, triton.next_power_of_2(M))
-        _norm_fwd_kernel[(triton.cdiv(M, rows),)](
+        rows = min(FWD_ROWS, next_pow2(M))
+        _norm_fwd_kernel[(cdiv(M, rows),)](
             x2, r2, weight, y, new_res, rstd, M, N, 1.0 / N, eps, x2.stride(0), r2.stride(0),
             HAS_RES=has_res, FP32_SUM=fp32_sum, PER_OP=per_op,
             ROUND_W=weight.dtype == torch.float32 and lp != torch.float32,
@@ -175,10 +175,10 @@ def backward(dy, dres, a, b, weight, rstd, need_dw: bool):
     dres2 = _rows(dres) if dres is not None else dy2
     M = a2.shape[0]
     dx = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-    rows = min(BWD_ROWS, triton.next_power_of_2(max(M, 1)))
-    programs = max(1, min(triton.cdiv(M, rows), sm_count(a.device) * BWD_PROGRAMS_PER_SM))
-    rows_per_program = triton.cdiv(triton.cdiv(M, programs), rows) * rows
-    programs = max(1, triton.cdiv(M, rows_per_program))
+    rows = min(BWD_ROWS, next_pow2(max(M, 1)))
+    programs = max(1, min(cdiv(M, rows), sm_count(a.device) * BWD_PROGRAMS_PER_SM))
+    rows_per_program = max(1, cdiv(cdiv(M, programs), rows)) * rows  # M = 0: no division by 0
+    programs = max(1, cdiv(M, rows_per_program))
     dw_partial = torch.empty((programs, N), dtype=torch.float32, device=a.device) if need_dw else dx
     if M:
         _norm_bwd_kernel[(programs,)](

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rla.ops._triton_common import LAUNCH_OPTS
+from rla.ops._triton_common import LAUNCH_OPTS, cdiv, next_pow2
 from rla.ops.fused import output_like
 
 NUM_WARPS = 4
@@ -135,11 +135,11 @@ def launch(q, k, cos, sin, round_cos_sin: bool, per_op: bool, backward: bool, he
         return oq, ok
     half = D // 2
     scb, scs = _table_strides(cos, B, S)
-    _rope_kernel[(triton.cdiv(B * S, TOKENS),)](
+    _rope_kernel[(cdiv(B * S, TOKENS),)](
         q, k, cos, sin, oq, ok, S, B * S,
         qs[0], qs[head_axis], qs[seq_axis], ks[0], ks[head_axis], ks[seq_axis], scb, scs,
-        HQ=HQ, HK=HK, HQ_P=triton.next_power_of_2(max(HQ, 1)), HK_P=triton.next_power_of_2(max(HK, 1)),
-        HALF=half, HALF_P=triton.next_power_of_2(half),
+        HQ=HQ, HK=HK, HQ_P=next_pow2(max(HQ, 1)), HK_P=next_pow2(max(HK, 1)),
+        HALF=half, HALF_P=next_pow2(half),
         ROUND_CS=round_cos_sin, PER_OP=per_op, BACKWARD=backward, TOKENS=TOKENS,
         HALF_TABLE=cos.shape[-1] != D,
         num_warps=NUM_WARPS, **LAUNCH_OPTS,

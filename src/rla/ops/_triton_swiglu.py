@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rla.ops._triton_common import LAUNCH_OPTS, div_rn, exp
+from rla.ops._triton_common import LAUNCH_OPTS, cdiv, div_rn, exp
 
 #: Launch parameters (benchmarks/tune_fused.py, H200, 16384 x 18944 bf16): elements per program
 #: and warps, forward and backward.
@@ -56,7 +56,7 @@ def forward(gate: torch.Tensor, up: torch.Tensor, per_op: bool) -> torch.Tensor:
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     n = gate.numel()
     if n:
-        _swiglu_fwd_kernel[(triton.cdiv(n, FWD_BLOCK),)](
+        _swiglu_fwd_kernel[(cdiv(n, FWD_BLOCK),)](
             gate, up, out, n, PER_OP=per_op, BLOCK=FWD_BLOCK, num_warps=FWD_WARPS, **LAUNCH_OPTS
         )
     return out
@@ -68,7 +68,7 @@ def backward(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor):
     du = torch.empty(up.shape, dtype=up.dtype, device=up.device)
     n = gate.numel()
     if n:
-        _swiglu_bwd_kernel[(triton.cdiv(n, BWD_BLOCK),)](
+        _swiglu_bwd_kernel[(cdiv(n, BWD_BLOCK),)](
             dy, gate, up, dg, du, n, BLOCK=BWD_BLOCK, num_warps=BWD_WARPS, **LAUNCH_OPTS
         )
     return dg, du
