@@ -241,8 +241,10 @@ def _time_steps(model, batch: int, seq: int, warmup: int, reps: int) -> dict:
 
 
 def run(out_dir="benchmarks/results", models=("qwen2.5-1.5b", "qwen2.5-7b"), variants=VARIANTS,
-        warmup: int = 2, reps: int = 5, stem=None, shape: tuple[int, int] | None = None) -> dict:
-    """``shape`` (batch, seq) replaces the per-model, per-variant ``BATCH`` for every variant."""
+        warmup: int = 2, reps: int = 5, stem=None, shape: tuple[int, int] | None = None,
+        compile: bool = False) -> dict:
+    """``shape`` (batch, seq) replaces the per-model, per-variant ``BATCH`` for every variant;
+    ``compile`` times ``torch.compile(model)`` (default Inductor; compiled during the warm-up steps)."""
     env = environment()
     results = []
     for name in models:
@@ -258,7 +260,10 @@ def run(out_dir="benchmarks/results", models=("qwen2.5-1.5b", "qwen2.5-7b"), var
                 try:
                     if variant.startswith("rla-") or variant in ("naive-upcast", "liger"):
                         undo, how = _align(model, variant)
-                    r = _time_steps(model, batch, seq, warmup, reps)
+                    if compile:
+                        torch._dynamo.reset()
+                        how += " + torch.compile"
+                    r = _time_steps(torch.compile(model) if compile else model, batch, seq, warmup, reps)
                 except torch.cuda.OutOfMemoryError as e:
                     r = {"batch": batch, "seq": seq, "error": f"OOM: {str(e)[:160]}"}
                 except Exception as e:
@@ -277,7 +282,7 @@ def run(out_dir="benchmarks/results", models=("qwen2.5-1.5b", "qwen2.5-7b"), var
             del model
             gc.collect()
             torch.cuda.empty_cache()
-    payload = {"env": env, "warmup": warmup, "reps": reps, "results": results}
+    payload = {"env": env, "warmup": warmup, "reps": reps, "compile": compile, "results": results}
     md = markdown(payload)
     print(md, flush=True)
     write_results(out_dir, stem or f"e2e_{env.get('gpu', 'gpu').replace(' ', '_')}_{env['date'][:10]}", payload, md)

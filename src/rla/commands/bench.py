@@ -55,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"e2e variants, of {' '.join(E2E_VARIANTS)} "
                         "(default: all but liger, which needs liger-kernel installed)")
     p.add_argument("--steps", type=int, default=5, help="timed training steps per variant (e2e)")
+    p.add_argument("--compile", action="store_true",
+                   help="e2e: time torch.compile(model) for every variant (compiled in the warm-up steps)")
     p.add_argument("--shape", type=_shape, default=None, metavar="BxS",
                    help="e2e: batch x sequence for every variant (default: per model, e.g. 4x4096 at 1.5B)")
 
@@ -82,5 +84,5 @@ def run(args) -> int:
 
         e2e.run(out_dir=args.out, models=tuple(args.models),
                 variants=tuple(args.variants) if args.variants else e2e.VARIANTS, reps=args.steps,
-                shape=args.shape)
+                shape=args.shape, compile=args.compile)
     return 0
