@@ -17,7 +17,9 @@ def parse(*argv):
 def test_shape_and_variants():
     args = parse("e2e", "--shape", "1x512", "--variants", "hf-bf16", "rla-vllm", "liger")
     assert args.shape == (1, 512) and args.variants == ["hf-bf16", "rla-vllm", "liger"]
-    assert parse("e2e").shape is None and not parse("e2e").compile and parse("e2e", "--compile").compile
+    assert parse("e2e").shape is None and parse("e2e").compile is None
+    assert parse("e2e", "--compile").compile == "default"
+    assert parse("e2e", "--compile", "reduce-overhead").compile == "reduce-overhead"
     assert bench.E2E_VARIANTS == (*e2e.VARIANTS, "liger")
     assert set(e2e.OWN_MODEL) <= set(bench.E2E_VARIANTS)
 

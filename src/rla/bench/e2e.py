@@ -242,9 +242,10 @@ def _time_steps(model, batch: int, seq: int, warmup: int, reps: int) -> dict:
 
 def run(out_dir="benchmarks/results", models=("qwen2.5-1.5b", "qwen2.5-7b"), variants=VARIANTS,
         warmup: int = 2, reps: int = 5, stem=None, shape: tuple[int, int] | None = None,
-        compile: bool = False) -> dict:
+        compile: str | None = None) -> dict:
     """``shape`` (batch, seq) replaces the per-model, per-variant ``BATCH`` for every variant;
-    ``compile`` times ``torch.compile(model)`` (default Inductor; compiled during the warm-up steps)."""
+    ``compile`` (a ``torch.compile`` mode: ``default``, ``reduce-overhead``, ...) times
+    ``torch.compile(model, mode=compile)``, compiled during the warm-up steps."""
     env = environment()
     results = []
     for name in models:
@@ -262,8 +263,9 @@ def run(out_dir="benchmarks/results", models=("qwen2.5-1.5b", "qwen2.5-7b"), var
                         undo, how = _align(model, variant)
                     if compile:
                         torch._dynamo.reset()
-                        how += " + torch.compile"
-                    r = _time_steps(torch.compile(model) if compile else model, batch, seq, warmup, reps)
+                        how += f" + torch.compile(mode={compile!r})"
+                    stepper = torch.compile(model, mode=compile) if compile else model
+                    r = _time_steps(stepper, batch, seq, warmup, reps)
                 except torch.cuda.OutOfMemoryError as e:
                     r = {"batch": batch, "seq": seq, "error": f"OOM: {str(e)[:160]}"}
                 except Exception as e:

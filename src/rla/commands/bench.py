@@ -55,8 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"e2e variants, of {' '.join(E2E_VARIANTS)} "
                         "(default: all but liger, which needs liger-kernel installed)")
     p.add_argument("--steps", type=int, default=5, help="timed training steps per variant (e2e)")
-    p.add_argument("--compile", action="store_true",
-                   help="e2e: time torch.compile(model) for every variant (compiled in the warm-up steps)")
+    p.add_argument("--compile", nargs="?", const="default", default=None, metavar="MODE",
+                   choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+                   help="e2e: time torch.compile(model, mode=MODE) for every variant (MODE default: "
+                        "default), compiled in the warm-up steps")
     p.add_argument("--shape", type=_shape, default=None, metavar="BxS",
                    help="e2e: batch x sequence for every variant (default: per model, e.g. 4x4096 at 1.5B)")
 
