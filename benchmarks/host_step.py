@@ -3,8 +3,10 @@
 At Qwen2.5-1.5B shapes and 1 x 512 tokens the GPU finishes each kernel before the host launches
 the next, so the step time is the host's time. One variant per process (Liger's patch is global):
   python benchmarks/host_step.py --variant rla-vllm --out F.json [--shape 1x512] [--top 30]
+                                 [--compile MODE]
 Writes the median step time (CUDA events, 20 steps), the total Python function-call count of one
-step, and the top functions by own time of 5 profiled steps.
+step, and the top functions by own time of 5 profiled steps; with ``--compile`` also Dynamo's
+counters (graphs, graph breaks, recompiles) after the timed steps.
 """
 
 import argparse
@@ -27,6 +29,7 @@ def main():
     ap.add_argument("--model", default="qwen2.5-1.5b", choices=tuple(e2e.MODELS))
     ap.add_argument("--shape", type=_shape, default=(1, 512))
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--compile", default=None, choices=("default", "reduce-overhead"))
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     model = e2e.build_model(args.model, torch.bfloat16)
@@ -34,9 +37,10 @@ def main():
     if args.variant != "hf-bf16":
         undo, how = e2e._align(model, args.variant)
     ids = torch.randint(0, model.config.vocab_size, args.shape, device="cuda")
+    stepper = torch.compile(model, mode=args.compile) if args.compile else model
 
     def step():
-        model(input_ids=ids, labels=ids).loss.backward()
+        stepper(input_ids=ids, labels=ids).loss.backward()
         model.zero_grad(set_to_none=True)
 
     for _ in range(3):
@@ -60,12 +64,19 @@ def main():
     text = io.StringIO()
     stats = pstats.Stats(prof, stream=text)
     stats.sort_stats("tottime").print_stats(args.top)
+    counters = {}
+    if args.compile:
+        from torch._dynamo.utils import counters as dynamo_counters
+
+        counters = {k: dict(v) for k, v in dynamo_counters.items() if v}
     out = {"env": environment(), "variant": args.variant, "aligned_by": how, "model": args.model,
+           "compile": args.compile, "dynamo_counters": counters,
            "shape": list(args.shape), "step_ms_median": statistics.median(times), "step_ms": times,
            "calls_per_step": stats.total_calls / 5, "profile_top_tottime": text.getvalue()}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
     print(f"{args.variant:10s} {out['step_ms_median']:.1f} ms/step  {out['calls_per_step']:.0f} Python calls/step")
+    print(json.dumps(counters, default=str)[:3000])
     print(text.getvalue())
 
 
