@@ -469,7 +469,7 @@ def test_torch_compile_varying_lengths_no_recompile_storm():
 
     torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(_block)
+    compiled = torch.compile(_block, fullgraph=True)  # a graph break anywhere in rla.ops fails here
     graphs = []
     for seq in (64, 96, 130, 257, 500, 1000):
         leaves, consts = _block_inputs(seq, seed=seq)
@@ -481,7 +481,7 @@ def test_torch_compile_varying_lengths_no_recompile_storm():
         _assert_same_block(outs, leaves, eager, eager_leaves, f"compiled, seq {seq},")
         graphs.append(counters["stats"]["unique_graphs"])
     print("unique graphs after each length:", graphs)
-    assert graphs[-1] == graphs[1], f"recompiled after the dynamic recompile: {graphs}"
+    assert graphs[-1] == graphs[1] <= 2, f"recompiled after the dynamic recompile: {graphs}"
 
 
 def test_cuda_graph_capture_and_replay():

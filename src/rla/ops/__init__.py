@@ -20,7 +20,7 @@ __all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm", "backend"]
 
 def backend(*tensors: torch.Tensor):
     """The implementation module that will run for these tensors (``fused`` or ``reference``)."""
-    if any(t.is_cuda for t in tensors):
+    if any([t.is_cuda for t in tensors]):  # a list, not a generator: traced by Dynamo everywhere
         try:
             from rla.ops import fused
         except ImportError:  # the fused path is optional; the reference is always there
