@@ -112,7 +112,7 @@ def _with_output(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _table_strides(t: torch.Tensor, B: int, S: int) -> tuple[int, int]:
-    """Batch and position strides of a cos/sin table [B or 1, S or 1, D] read as [B, S, D]."""
+    """Batch and position strides of a cos/sin table [B or 1, S or 1, D or D/2] read as [B, S, .]."""
     sb, ss, _ = t.stride()
     return (sb if B > 1 and t.shape[0] > 1 else 0), (ss if S > 1 and t.shape[1] > 1 else 0)
 
