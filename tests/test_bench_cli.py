@@ -33,3 +33,17 @@ def test_bad_arguments_are_named(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse("e2e", *argv)
     assert message in capsys.readouterr().err
+
+
+def test_e2e_arguments_reach_the_run(monkeypatch):
+    """What ``rla bench e2e`` hands ``rla.bench.e2e.run`` (the run itself needs CUDA)."""
+    import torch
+
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(e2e, "run", lambda **kw: seen.update(kw))
+    args = parse("e2e", "--models", "qwen2.5-7b", "--variants", "rla-vllm", "liger", "--shape", "2x256",
+                 "--compile", "reduce-overhead", "--steps", "7", "--out", "somewhere")
+    assert bench.run(args) == 0
+    assert seen == {"out_dir": "somewhere", "models": ("qwen2.5-7b",), "variants": ("rla-vllm", "liger"),
+                    "reps": 7, "shape": (2, 256), "compile_mode": "reduce-overhead"}

@@ -242,10 +242,10 @@ def _time_steps(model, batch: int, seq: int, warmup: int, reps: int) -> dict:
 
 def run(out_dir="benchmarks/results", models=("qwen2.5-1.5b", "qwen2.5-7b"), variants=VARIANTS,
         warmup: int = 2, reps: int = 5, stem=None, shape: tuple[int, int] | None = None,
-        compile: str | None = None) -> dict:
+        compile_mode: str | None = None) -> dict:
     """``shape`` (batch, seq) replaces the per-model, per-variant ``BATCH`` for every variant;
-    ``compile`` (a ``torch.compile`` mode: ``default``, ``reduce-overhead``, ...) times
-    ``torch.compile(model, mode=compile)``, compiled during the warm-up steps."""
+    ``compile_mode`` (a ``torch.compile`` mode: ``default``, ``reduce-overhead``, ...) times
+    ``torch.compile(model, mode=compile_mode)``, compiled during the warm-up steps."""
     env = environment()
     results = []
     for name in models:
@@ -261,10 +261,10 @@ def run(out_dir="benchmarks/results", models=("qwen2.5-1.5b", "qwen2.5-7b"), var
                 try:
                     if variant.startswith("rla-") or variant in ("naive-upcast", "liger"):
                         undo, how = _align(model, variant)
-                    if compile:
+                    if compile_mode:
                         torch._dynamo.reset()
-                        how += f" + torch.compile(mode={compile!r})"
-                    stepper = torch.compile(model, mode=compile) if compile else model
+                        how += f" + torch.compile(mode={compile_mode!r})"
+                    stepper = torch.compile(model, mode=compile_mode) if compile_mode else model
                     r = _time_steps(stepper, batch, seq, warmup, reps)
                 except torch.cuda.OutOfMemoryError as e:
                     r = {"batch": batch, "seq": seq, "error": f"OOM: {str(e)[:160]}"}
@@ -284,7 +284,7 @@ def run(out_dir="benchmarks/results", models=("qwen2.5-1.5b", "qwen2.5-7b"), var
             del model
             gc.collect()
             torch.cuda.empty_cache()
-    payload = {"env": env, "warmup": warmup, "reps": reps, "compile": compile, "results": results}
+    payload = {"env": env, "warmup": warmup, "reps": reps, "compile": compile_mode, "results": results}
     md = markdown(payload)
     print(md, flush=True)
     write_results(out_dir, stem or f"e2e_{env.get('gpu', 'gpu').replace(' ', '_')}_{env['date'][:10]}", payload, md)

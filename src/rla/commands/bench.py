@@ -86,5 +86,5 @@ def run(args) -> int:
 
         e2e.run(out_dir=args.out, models=tuple(args.models),
                 variants=tuple(args.variants) if args.variants else e2e.VARIANTS, reps=args.steps,
-                shape=args.shape, compile=args.compile)
+                shape=args.shape, compile_mode=args.compile)
     return 0
