@@ -14,7 +14,6 @@ import cProfile
 import io
 import json
 import pstats
-import statistics
 
 import torch
 
@@ -36,24 +35,9 @@ def main():
     undo, how = (lambda: None), "none"
     if args.variant != "hf-bf16":
         undo, how = e2e._align(model, args.variant)
-    ids = torch.randint(0, model.config.vocab_size, args.shape, device="cuda")
     stepper = torch.compile(model, mode=args.compile) if args.compile else model
-
-    def step():
-        stepper(input_ids=ids, labels=ids).loss.backward()
-        model.zero_grad(set_to_none=True)
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(20):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        step()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
+    timed = e2e._time_steps(stepper, *args.shape, warmup=3, reps=20)
+    step = e2e.training_step(stepper, torch.randint(0, model.config.vocab_size, args.shape, device="cuda"))
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(5):
@@ -71,7 +55,7 @@ def main():
         counters = {k: dict(v) for k, v in dynamo_counters.items() if v}
     out = {"env": environment(), "variant": args.variant, "aligned_by": how, "model": args.model,
            "compile": args.compile, "dynamo_counters": counters,
-           "shape": list(args.shape), "step_ms_median": statistics.median(times), "step_ms": times,
+           "shape": list(args.shape), "step_ms_median": timed["step_ms"], "step_ms": timed["step_ms_all"],
            "calls_per_step": stats.total_calls / 5, "profile_top_tottime": text.getvalue()}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)

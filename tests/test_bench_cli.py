@@ -47,3 +47,20 @@ def test_e2e_arguments_reach_the_run(monkeypatch):
     assert bench.run(args) == 0
     assert seen == {"out_dir": "somewhere", "models": ("qwen2.5-7b",), "variants": ("rla-vllm", "liger"),
                     "reps": 7, "shape": (2, 256), "compile_mode": "reduce-overhead"}
+
+
+def test_training_step_backpropagates_and_drops_the_gradients():
+    """The step e2e times (and host_step.py profiles): loss of labels = ids, backward, no grads left."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, vocab_size=50))
+    ids = torch.randint(0, 50, (2, 8))
+    seen = []
+    model.lm_head.weight.register_hook(lambda g: seen.append(g.abs().sum().item()))
+    loss = e2e.training_step(model, ids)()
+    assert torch.equal(loss, model(input_ids=ids, labels=ids).loss.detach())
+    assert seen and seen[0] > 0
+    assert all(p.grad is None for p in model.parameters())

@@ -209,9 +209,9 @@ def _align(model, variant: str) -> tuple[Callable[[], None], str]:
     return _patch_qwen2(model, _RlaRegions(profile)), f"benchmark patch onto rla.ops ({profile})"
 
 
-def _time_steps(model, batch: int, seq: int, warmup: int, reps: int) -> dict:
-    device = next(model.parameters()).device
-    ids = torch.randint(0, model.config.vocab_size, (batch, seq), device=device)
+def training_step(model, ids: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """One step on ``ids`` (next-token loss, labels = ids): forward, loss, backward, gradients
+    dropped; the step returns the loss."""
 
     def step():
         loss = model(input_ids=ids, labels=ids).loss
@@ -219,6 +219,12 @@ def _time_steps(model, batch: int, seq: int, warmup: int, reps: int) -> dict:
         model.zero_grad(set_to_none=True)
         return loss
 
+    return step
+
+
+def _time_steps(model, batch: int, seq: int, warmup: int, reps: int) -> dict:
+    device = next(model.parameters()).device
+    step = training_step(model, torch.randint(0, model.config.vocab_size, (batch, seq), device=device))
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
@@ -235,7 +241,7 @@ def _time_steps(model, batch: int, seq: int, warmup: int, reps: int) -> dict:
         losses.append(loss.item())
     ms = statistics.median(times)
     return {
-        "batch": batch, "seq": seq, "step_ms": ms, "tok_s": batch * seq / (ms * 1e-3),
+        "batch": batch, "seq": seq, "step_ms": ms, "step_ms_all": times, "tok_s": batch * seq / (ms * 1e-3),
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "loss": losses[-1],
     }
 
