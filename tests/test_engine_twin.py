@@ -103,3 +103,80 @@ def test_twin_refuses_what_it_does_not_cover(vllm_engine):
     twin = VllmTwin(tiny_model("qwen2"), vllm_engine, "native")
     with pytest.raises(ValueError, match="past the engine's cos/sin cache"):
         twin(tokens(1, 4), torch.tensor([[60, 61, 62, 64]]))
+
+
+class NativeKernels:
+    """vLLM's native (Python) region ops behind the compiled kernels' interface: the engine's own
+    code, run eagerly on the CPU, standing in for its CUDA kernels (which the GPU tests run)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def rms_norm(self, x, w, eps):
+        return self.engine.rms_norm_native(x, w, eps)
+
+    def fused_add_rms_norm(self, x, r, w, eps):
+        return self.engine.fused_add_rms_norm_native(x, r, w, eps)
+
+    def silu_and_mul(self, x):
+        return self.engine.silu_and_mul_native(x)
+
+    def rotary_embedding(self, positions, q, k, head_size, cache, is_neox=True):
+        return self.engine.rope_native(positions, q, k, head_size, cache, is_neox)
+
+
+def test_engine_backed_ops_forward_is_the_engines_and_backward_is_rlas(vllm_engine):
+    """EngineOps: each op's forward is the engine function's output bit for bit (rotary through
+    the kernel's positions/cache interface from the aligned rotary's tables), and its gradient is
+    rla.ops' exact gradient of the same profile."""
+    from rla import ops
+    from rla.engines.backed import EngineOps
+
+    prof = profiles.get("hf").replace(name="vllm-native", rope_inv_freq="device")
+    backed = EngineOps(NativeKernels(vllm_engine), prof, "vLLM native ops")
+    g = torch.Generator().manual_seed(0)
+    bf = torch.bfloat16
+    x, r = torch.randn(3, 5, 64, generator=g).to(bf), torch.randn(3, 5, 64, generator=g).to(bf)
+    w = (1 + 0.2 * torch.randn(64, generator=g)).to(bf)
+    q, k = torch.randn(3, 4, 5, 16, generator=g).to(bf), torch.randn(3, 2, 5, 16, generator=g).to(bf)
+    inv = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
+    ang = torch.arange(5).float()[None, :, None] * inv
+    cos, sin = ang.cos().expand(3, 5, 8), ang.sin().expand(3, 5, 8)
+    cache = torch.cat((cos[0], sin[0]), -1).to(bf)
+    eng = vllm_engine
+    cases = {
+        "rms_norm": (lambda m, a, b: m.rms_norm(a, b, 1e-6, prof), (x, w), lambda a, b: eng.rms_norm_native(a, b, 1e-6)),
+        "add_rms_norm": (lambda m, a, b, c: m.add_rms_norm(a, b, c, 1e-6, prof), (x, r, w),
+                         lambda a, b, c: eng.fused_add_rms_norm_native(a, b, c, 1e-6)),
+        "swiglu": (lambda m, a, b: m.swiglu(a, b, prof), (x, r), lambda a, b: eng.silu_and_mul_native(torch.cat((a, b), -1))),
+        "rope": (lambda m, a, b: m.rope(a, b, cos, sin, prof), (q, k),
+                 lambda a, b: tuple(t.view(3, 5, -1, 16).transpose(1, 2) for t in eng.rope_native(
+                     torch.arange(5).repeat(3), a.transpose(1, 2).reshape(15, -1), b.transpose(1, 2).reshape(15, -1), 16, cache))),
+    }
+    for name, (call, inputs, engine_fn) in cases.items():
+        want = engine_fn(*inputs)
+        got = call(backed, *inputs)
+        for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert torch.equal(a, b), name
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        outs = call(backed, *leaves)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        grads = [torch.randn(o.shape, generator=g).to(bf) for o in outs]
+        mine = torch.autograd.grad(outs, leaves, grads)
+        leaves2 = [t.clone().requires_grad_() for t in inputs]
+        outs2 = call(ops, *leaves2)
+        theirs = torch.autograd.grad(outs2 if isinstance(outs2, tuple) else (outs2,), leaves2, grads)
+        for a, b in zip(mine, theirs):
+            assert torch.equal(a, b), name
+
+
+def test_engine_backed_ops_refuse_other_profiles(vllm_engine):
+    from rla.engines.backed import EngineOps
+
+    backed = EngineOps(NativeKernels(vllm_engine), profiles.get("vllm-eager"), "vLLM native ops")
+    model = _model("qwen2")
+    with pytest.raises(ValueError, match="rounds like 'vllm-0.33-eager', not 'vllm-0.33'"):
+        rla.align(model, "vllm-0.33", ops=backed)
+    fp32_sum = EngineOps(NativeKernels(vllm_engine), profiles.get("vllm-0.33"), "vLLM native ops")
+    with pytest.raises(ValueError, match="need a rounded_sum profile"):
+        rla.align(model, "vllm-0.33", ops=fp32_sum)

@@ -25,7 +25,7 @@ import torch
 
 from rla.metrics import mismatch
 
-__all__ = ["SideResult", "VerifyResult", "compare", "hf_side", "sample_tokens"]
+__all__ = ["SideResult", "VerifyResult", "compare", "hf_side", "aligned_side", "sample_tokens"]
 
 
 @dataclass
@@ -136,3 +136,16 @@ def compare(twin_out, sides: dict, ids, positions, seed: int = 0, meta: dict | N
             layers=layers,
         ))
     return VerifyResult(results, int(tokens.numel()), dict(meta or {}))
+
+
+def aligned_side(model, profile):
+    """Like :func:`hf_side`, with ``model`` aligned to ``profile`` for the run (and restored after)."""
+    from rla.alignment import aligned
+
+    inner = hf_side(model)
+
+    def run(ids, positions):
+        with aligned(model, profile):
+            return inner(ids, positions)
+
+    return run
