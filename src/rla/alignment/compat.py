@@ -92,10 +92,15 @@ def rope_init(rotary: torch.nn.Module, device=None, seq_len=None) -> tuple[torch
     """
     rope_type = rotary.rope_type
     fn = rotary.compute_default_rope_parameters if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
-    if seq_len is None:
-        inv_freq, scaling = fn(rotary.config, device)
-    else:
-        inv_freq, scaling = fn(rotary.config, device, seq_len=seq_len)
+    device = torch.device(device if device is not None else "cpu")
+    params = inspect.signature(fn).parameters
+    kwargs = {"device": device} if "device" in params else {}
+    if seq_len is not None:
+        kwargs["seq_len"] = seq_len
+    # The models' own default init (5.24) takes no device and evaluates on the default device:
+    # the context makes that the requested one too.
+    with torch.device(device):
+        inv_freq, scaling = fn(rotary.config, **kwargs)
     return inv_freq.to(torch.float32), scaling
 
 
