@@ -17,7 +17,6 @@ import json
 
 import pytest
 import torch
-from _vllm_wheel import vllm_engine, vllm_wheel  # noqa: F401  (session fixtures)
 
 from rla import profiles
 from rla.engines.calibrate import Experiment, _decide, calibrate

@@ -8,10 +8,10 @@ vLLM's builder is checked against HF's rotary init on the same device, plain and
 from __future__ import annotations
 
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
-from _vllm_wheel import vllm_engine, vllm_wheel  # noqa: F401  (session fixtures)
 
 from rla.engines import EngineCodeError, EngineUnavailable
 from rla.engines import vllm as V
@@ -35,7 +35,7 @@ def test_loads_from_the_wheel_with_provenance(vllm_engine, vllm_wheel):
     }
     assert set(vllm_engine.provenance) == expected
     for prov in vllm_engine.provenance.values():
-        assert prov["file"].startswith(str(vllm_wheel.resolve()) + "!vllm/") and len(prov["sha256"]) == 64
+        assert prov["file"].startswith(str(Path(vllm_wheel).resolve()) + "!vllm/") and len(prov["sha256"]) == 64
 
 
 def test_native_ops_match_their_eager_arithmetic(vllm_engine):
