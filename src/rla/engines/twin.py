@@ -130,7 +130,7 @@ class VllmTwin:
             self.rope = lambda pos, q, kk, d, cache: engine.rope_native(pos, q, kk, d, cache, True)
         self._first, self._middle, self._last = self._first_piece, self._middle_piece, self._last_piece
         if mode == "default":
-            compile_ = lambda fn: torch.compile(fn, backend="inductor", fullgraph=True, dynamic=False)
+            compile_ = lambda fn: torch.compile(fn, backend="inductor", fullgraph=True)
             self._first, self._middle, self._last = (
                 compile_(self._first_piece), compile_(self._middle_piece), compile_(self._last_piece)
             )
@@ -205,11 +205,14 @@ class VllmTwin:
             )
         mask = capture_attention_mask(self.model, input_ids, position_ids)
         ids, positions = input_ids.reshape(-1), position_ids.reshape(-1)
+        dynamic = self._mark_tokens if self.mode == "default" else (lambda *ts: None)
+        dynamic(ids, positions)
         attn_mods = [layer.self_attn for layer in self.model.model.layers]
         q, k, v, residual = self._first(ids, positions, self.layers[0])
         streams = []
         for i, w in enumerate(self.layers):
             attn = self._attend(attn_mods[i], q, k, v, mask, b, s)
+            dynamic(attn, residual)
             if i + 1 < len(self.layers):
                 q, k, v, residual = self._middle(attn, residual, positions, w, self.layers[i + 1])
                 streams.append(residual)
@@ -221,6 +224,14 @@ class VllmTwin:
         return TwinOutput(logits.view(shape), [t.view(shape) for t in streams])
 
     __call__ = forward
+
+    @staticmethod
+    def _mark_tokens(*tensors):
+        """vLLM compiles the token dimension dynamic and every other one static: one graph per
+        piece serves every batch size, and the hidden size stays a constant of the kernels."""
+        for t in tensors:
+            if t.shape[0] > 1:  # Dynamo specialises sizes 0 and 1; a single token compiles its own graph
+                torch._dynamo.mark_dynamic(t, 0)
 
     def _attend(self, module, q, k, v, mask, b, s):
         """The HF model's own attention function on [B, heads, S, head_dim] views, as HF calls it."""
