@@ -138,14 +138,15 @@ def compare(twin_out, sides: dict, ids, positions, seed: int = 0, meta: dict | N
     return VerifyResult(results, int(tokens.numel()), dict(meta or {}))
 
 
-def aligned_side(model, profile):
-    """Like :func:`hf_side`, with ``model`` aligned to ``profile`` for the run (and restored after)."""
+def aligned_side(model, profile, ops=None):
+    """Like :func:`hf_side`, with ``model`` aligned to ``profile`` (with ``ops``, see
+    :func:`rla.align`) for the run, and restored after."""
     from rla.alignment import aligned
 
     inner = hf_side(model)
 
     def run(ids, positions):
-        with aligned(model, profile):
+        with aligned(model, profile, ops=ops):
             return inner(ids, positions)
 
     return run
