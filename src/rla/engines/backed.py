@@ -72,6 +72,9 @@ class EngineOps:
     def __repr__(self) -> str:
         return f"EngineOps({self.name}, profile {self.profile.name})"
 
+    def __deepcopy__(self, memo):  # stateless: a copied aligned model shares the engine's kernels
+        return self
+
     def _check(self, profile, *tensors):
         if not profile.same_rounding(self.profile):
             raise ValueError(f"{self.name} realise profile {self.profile.name!r}, not {profile.name!r}")
