@@ -1,4 +1,4 @@
-"""Rollout throughput: rla.sampler against plain HF generate, on one GPU.
+"""Rollout throughput: rla.rollout.sampler against plain HF generate, on one GPU.
 
 Qwen2.5-0.5B shapes (random init, bf16), a batch of prompts, a fixed number of new tokens with no
 early stop, sampling at temperature 1. Each arm runs once to warm up (and compile), then is timed.
@@ -47,7 +47,7 @@ def main():
     ap.add_argument("--model", default="0.5b", choices=["0.5b", "bundled"],
                     help="Qwen2.5-0.5B shapes (random init) or rla's bundled 4.15M-parameter Qwen2 (the GRPO experiments' model)")
     args = ap.parse_args()
-    from rla.sampler import Sampler, SamplingParams
+    from rla.rollout.sampler import Sampler, SamplingParams
 
     device = "cuda"
     if args.model == "bundled":

@@ -139,7 +139,7 @@ def test_entropy_ignores_filtered_tokens():
 def test_chunked_forward_matches_full_logits_values_and_gradients(top_k):
     from rla import models
     from rla.rl.forward import PolicyForward, make_micro_batch
-    from rla.sampling import process_logits
+    from rla.rollout.sampling import process_logits
 
     model = models.build_model(models.tiny_config("qwen3", "micro"), dtype=torch.float64, seed=0)
     g = torch.Generator().manual_seed(1)

@@ -20,7 +20,7 @@ from rla.metrics import (
     mismatch_from_records,
     names_as,
 )
-from rla.rollouts import RolloutRecord
+from rla.rollout.rollouts import RolloutRecord
 
 LN2 = math.log(2.0)
 

@@ -265,7 +265,7 @@ def _lengths(response_lengths: Any, span: np.ndarray, rows: np.ndarray) -> np.nd
 def mismatch_from_records(
     records: Sequence[Any], train_logprobs: Sequence[Any]
 ) -> dict[str, float]:
-    """``mismatch`` for ``rla.rollouts.RolloutRecord`` objects and their training-side logprobs.
+    """``mismatch`` for ``rla.rollout.rollouts.RolloutRecord`` objects and their training-side logprobs.
 
     ``train_logprobs[i]`` is a 1-D float array/tensor of length ``len(records[i].response_ids)``.
     Both sides are right-padded into ``[B, R_max]`` fp64 arrays; the response lengths are passed on.

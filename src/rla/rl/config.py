@@ -41,7 +41,7 @@ def _f(default, help: str, **kw):
 
 @dataclass
 class TrainConfig:
-    """One GRPO / REINFORCE run with decoupled rollout (``rla.sampler``) and training stacks."""
+    """One GRPO / REINFORCE run with decoupled rollout (``rla.rollout.sampler``) and training stacks."""
 
     # ---------------------------------------------------------------- model and task
     arch: str = _f("qwen2", "model family for rla.models.tiny_config: qwen2, qwen3 or llama")

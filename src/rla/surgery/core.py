@@ -19,7 +19,7 @@ import torch
 
 import rla.metrics as M
 from rla.surgery.attribution import shapley, subsets
-from rla.train_logprobs import logprobs as train_logprobs
+from rla.rollout.train_logprobs import logprobs as train_logprobs
 from rla.profiles import REGIONS, RoundingProfile, names as profile_names, get as get_profile, resolve
 
 __all__ = ["Diagnosis", "diagnose", "detect_profile", "subset_label"]
