@@ -223,7 +223,7 @@ def test_collapse_signal_is_reported_on_the_step_it_fires():
     cfg = TrainConfig()
     steady = _history([1e-4] * 8, [0.5] * 8, [1.0] * 8)
     assert collapse_fields(steady, cfg) == {"collapse/fired": False, "collapse/kinds": []}
-    # k3 grows 20x while the 5-step mean reward falls from 0.8: METRICS.md's collapse signal
+    # k3 grows 20x while the 5-step mean reward falls from 0.8: docs/metrics.md's collapse signal
     k3 = [1e-4] * 6 + [2e-3] * 4
     reward = [0.8] * 6 + [0.5, 0.2, 0.1, 0.0]
     hist = _history(k3, reward, [1.0] * 10)

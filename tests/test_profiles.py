@@ -11,7 +11,7 @@ except ImportError:
 
 
 def test_builtins_are_the_rounding_md_table():
-    # ROUNDING.md's table as written out, without rla, in test_align_spec (the spec the aligned
+    # docs/rounding.md's table as written out, without rla, in test_align_spec (the spec the aligned
     # models are checked against): same profiles, same points in the same order, same values
     assert profiles.names() == list(SPEC)
     for name, row in SPEC.items():

@@ -1,4 +1,4 @@
-"""Train/inference mismatch metrics, exactly as ``design/METRICS.md`` defines them.
+"""Train/inference mismatch metrics, exactly as ``docs/metrics.md`` defines them.
 
 For every response token, ``delta = log pi - log mu``: pi is the training forward's probability of
 the sampled token, mu the inference engine's. The metrics summarise ``delta`` per token, per
@@ -131,7 +131,7 @@ def mismatch(
     *,
     response_lengths: Any = None,
 ) -> dict[str, float]:
-    """All METRICS.md metrics for one batch, as ``{"mismatch/...": float}``.
+    """All docs/metrics.md metrics for one batch, as ``{"mismatch/...": float}``.
 
     Args:
         train_logprobs: ``[B, T]`` log pi of the sampled tokens (torch or NumPy, any float dtype).
@@ -331,7 +331,7 @@ def names_as(metrics: dict[str, float], style: str) -> dict[str, float]:
     """Rename ``mismatch/...`` keys to verl's (``style="verl"``) or TRL's (``"trl"``) keys.
 
     Values follow the target's sign convention (verl's ``rollout_corr/kl`` is ``-k1``); the
-    formulas are METRICS.md's, so a framework whose own estimator differs (e.g. verl's ESS on
+    formulas are docs/metrics.md's, so a framework whose own estimator differs (e.g. verl's ESS on
     truncated or sequence-level weights) can still log different numbers. Metrics without a
     counterpart, and keys outside ``mismatch/``, keep their names.
     """
@@ -371,7 +371,7 @@ def collapse_signal(
     window: int = 5,
     reward_drop: float = 0.05,
 ) -> list[CollapseEvent]:
-    """Steps where METRICS.md's collapse signal fires, in order; ``[]`` when it never does.
+    """Steps where docs/metrics.md's collapse signal fires, in order; ``[]`` when it never does.
 
     With ``t`` the step index (position in the series):
 

@@ -189,7 +189,7 @@ def load_bundled(dtype: torch.dtype = torch.bfloat16, device: str | torch.device
     """Load the bundled tiny Qwen2 model and its tokenizer: ``(model, tokenizer)``, in eval mode.
 
     Loaded with ``from_pretrained(dtype=...)``, which keeps RoPE's ``inv_freq`` in fp32 (a later
-    ``model.to(torch.bfloat16)`` would round it; see ROUNDING.md's hazards). Local files only.
+    ``model.to(torch.bfloat16)`` would round it; see docs/rounding.md's hazards). Local files only.
     """
     from transformers import AutoModelForCausalLM
 

@@ -1,6 +1,6 @@
 """Rounding profiles: where a stack rounds fp32 intermediates to its low-precision dtype.
 
-A profile is data. It answers five questions (the *rounding points* of ``ROUNDING.md``) about
+A profile is data. It answers five questions (the *rounding points* of ``docs/rounding.md``) about
 three regions of a transformer block: RoPE, SwiGLU and residual-add + RMSNorm. Everything else in
 ``rla`` -- the ops, the model patch, the sampler, the diagnosis -- reads a profile and never asks
 which engine it came from. A new engine, or a new version of one, is a new row in ``BUILTIN``, not
@@ -104,7 +104,7 @@ def _p(name, cos_sin, rope, swiglu, weight, residual, description):
     return RoundingProfile(name, cos_sin, rope, swiglu, weight, residual, description)
 
 
-#: The built-in profiles of ``ROUNDING.md``. Evidence for each row is cited there.
+#: The built-in profiles of ``docs/rounding.md``. Evidence for each row is cited there.
 BUILTIN: dict[str, RoundingProfile] = {
     p.name: p
     for p in (

@@ -8,7 +8,7 @@ Mixed precision is ``MixedPrecisionPolicy(param_dtype=lp, reduce_dtype=fp32,
 cast_forward_inputs=False)``: parameters are all-gathered as RN(fp32 shard), the same numbers a
 bf16 engine loads, gradients are reduced in fp32 into the fp32 sharded master weights.
 ``cast_forward_inputs=False`` matters: ``rla.align`` passes fp32 cos/sin and fp32 residual sums
-between modules, and casting module inputs would round them (ROUNDING.md's hazards).
+between modules, and casting module inputs would round them (docs/rounding.md's hazards).
 
 Sharding units: every decoder layer, then the root ``PolicyForward`` wrapper holding the
 embedding, final norm and LM head (tied or not), which stay unsharded for the whole forward and

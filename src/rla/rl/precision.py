@@ -4,7 +4,7 @@ Every arm keeps **fp32 master weights** in AdamW. What differs is the copy the f
 
 ============  ==============================================================================
 ``bf16``      A bf16 *compute copy* ``RN(master)``, forward and backward in bf16 with HF's
-              eager rounding (ROUNDING.md's ``hf`` profile): the usual training stack, and the
+              eager rounding (docs/rounding.md's ``hf`` profile): the usual training stack, and the
               baseline. Parameter gradients come out in bf16 and are added into fp32 master
               gradients after every micro-batch (what FSDP2 with ``reduce_dtype=fp32`` does).
 ``aligned``   The same bf16 copy with ``rla.align(copy, profile=rollout_profile,

@@ -1,6 +1,6 @@
 """Per-step JSONL logs (flushed and fsync'ed every step), optional TensorBoard, run summaries.
 
-``log.jsonl`` holds one JSON object per RL step: ``step`` (0-based), the METRICS.md mismatch
+``log.jsonl`` holds one JSON object per RL step: ``step`` (0-based), the docs/metrics.md mismatch
 metrics of the training forward *before the step's first update* against the rollout logprobs
 (``mismatch/...``), reward, entropy, grad norm, clip fraction, response length, learning rate,
 the collapse signal (``collapse/...``), and wall-clock / memory figures under ``time/`` and
@@ -168,7 +168,7 @@ def summarize(records: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:
 
 
 def collapse_fields(history: list[dict[str, Any]], cfg) -> dict[str, Any]:
-    """METRICS.md's collapse signal for the last record of ``history`` (the current step).
+    """docs/metrics.md's collapse signal for the last record of ``history`` (the current step).
 
     ``rla.metrics.collapse_signal`` over the run's k3, grad-norm and reward series; the signal is
     reported on the step it fires. Grad norms of steps whose updates were all skipped (fp16

@@ -3,7 +3,7 @@
 For every subset of the regions (eight training forwards for three regions) the training model
 is aligned to the profile in that subset only, its logprobs of the recorded tokens are computed
 (:func:`rla.logprobs`, batched and memory bounded) and compared with the rollout logprobs. The
-METRICS.md metrics of each subset give the attribution (:mod:`.attribution`), the share that full
+docs/metrics.md metrics of each subset give the attribution (:mod:`.attribution`), the share that full
 alignment leaves unexplained, per-position curves and by-probability strata. Detection repeats
 the fully aligned pass for every known profile and ranks them by k3.
 """
@@ -52,7 +52,7 @@ class Diagnosis:
     n_sequences: int
     n_tokens: int
     metrics: dict[str, dict[str, float]]
-    """subset label -> METRICS.md metrics of the training forward with that subset aligned."""
+    """subset label -> docs/metrics.md metrics of the training forward with that subset aligned."""
     attribution: dict[str, dict[str, float]]
     """metric -> region -> Shapley value (mismatch removed by aligning that region)."""
     unexplained: dict[str, float]

@@ -1,4 +1,4 @@
-"""``rla doctor``: static precision hazards of a model, each with its fix (ROUNDING.md, hazards).
+"""``rla doctor``: static precision hazards of a model, each with its fix (docs/rounding.md, hazards).
 
 These are problems no rounding profile fixes because they sit outside the five rounding points:
 a RoPE ``inv_freq`` buffer rounded by ``model.to(torch.bfloat16)`` (phase drift that grows with
