@@ -101,7 +101,7 @@ def main():
 
 
 def _write(args, rows):
-    from rla.bench.common import environment
+    from rla.environment import environment
 
     result = {
         "what": f"rollout throughput, {'Qwen2.5-0.5B shapes random init' if args.model == '0.5b' else 'bundled tiny Qwen2'} bf16",

@@ -18,7 +18,7 @@ import pstats
 import torch
 
 from rla.bench import e2e
-from rla.bench.common import environment
+from rla.environment import environment
 from rla.commands.bench import _shape
 
 

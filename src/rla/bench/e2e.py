@@ -27,7 +27,8 @@ from typing import Callable
 
 import torch
 
-from rla.bench.common import env_markdown, environment, write_results
+from rla.bench.common import write_results
+from rla.environment import env_markdown, environment
 
 MODELS = {
     "qwen2.5-1.5b": dict(

@@ -71,11 +71,11 @@ def run(args) -> int:
         return 2
     launch = None
     if args.config:  # for this process (e2e) and handed to the ops benchmark's workers
-        from rla.bench.common import apply_launch_config
+        from rla.ops import set_launch_config
 
         with open(args.config) as f:
             launch = json.load(f)
-        apply_launch_config(launch)
+        set_launch_config(launch)
     if args.what in ("ops", "all"):
         from rla.bench import ops
 

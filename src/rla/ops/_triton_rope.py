@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from rla.ops._triton_common import LAUNCH_OPTS, cdiv, next_pow2
-from rla.ops.fused import output_like
+from rla.ops._layout import output_like
 
 NUM_WARPS = 4
 #: Tokens per program (rows of the [TOKENS, heads, head_dim / 2] blocks one program rotates).

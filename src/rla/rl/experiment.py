@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 
 from rla.rl.config import TrainConfig, _check_keys, read_yaml_mapping
-from rla.bench.common import environment
+from rla.environment import environment
 from rla.rl.runlog import read_log, summarize
 
 __all__ = ["Grid", "RunSpec", "load_grid", "run_grid", "summarize_grid"]

@@ -43,7 +43,7 @@ from rla.rl.distributed import Dist, init_distributed
 from rla.rl.forward import make_micro_batch
 from rla.rl.grpo import aggregation_weights, group_advantages, importance_weights, per_token_loss
 from rla.rl.precision import Policy
-from rla.bench.common import environment
+from rla.environment import environment
 from rla.rl.runlog import Progress, RunLog, collapse_fields, padded, summarize
 from rla.rl.warm_start import build_task, initial_model
 
