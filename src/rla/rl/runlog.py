@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from rla.atomic import atomic_file
 from rla.metrics import pad_rows
 
 __all__ = ["RunLog", "read_log", "deterministic_part", "summarize", "collapse_fields", "padded", "Progress",
@@ -83,13 +84,9 @@ class RunLog:
         kept = [r for r in read_log(self.path) if r["step"] < start_step]
         self.history = kept
         # rewrite atomically without the lines of steps that will run again
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        with open(tmp, "w") as f:
+        with atomic_file(self.path) as f:
             for r in kept:
                 f.write(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
         self._f = open(self.path, "a")
         self._tb = None
         if tensorboard:
