@@ -51,9 +51,9 @@ def main():
 
     device = "cuda"
     if args.model == "bundled":
-        from rla.models import load_bundled
+        from rla.models import load_bundled_model
 
-        model, _ = load_bundled(dtype=torch.bfloat16, device=device)
+        model = load_bundled_model(dtype=torch.bfloat16, device=device)
         model.config.eos_token_id = None  # no early stop: every arm decodes --new tokens
     else:
         model = model_05b(device)

@@ -13,7 +13,8 @@ from rla.rollout import rollouts
 from rla.surgery.core import detect_profile, diagnose
 from rla.surgery.doctor import doctor, inv_freq_angle_error
 from rla.surgery.report import to_markdown, write_report
-from rla.models import bundled_path, bundled_task, load_bundled
+from rla.models import bundled_path
+from rla.rl.bundled import bundled_task, load_bundled
 from rla.rollout.sampler import Sampler, SamplingParams
 
 

@@ -47,7 +47,7 @@ def run_demo(cfg: DemoConfig, console=None):
     from rla.rollout import rollouts
     from rla.surgery.core import diagnose
     from rla.surgery.report import explain, rich_tables, write_report
-    from rla.models import bundled_task, load_bundled
+    from rla.rl.bundled import bundled_task, load_bundled
     from rla.rl.tasks import get_task
     from rla.rollout.sampler import Sampler, SamplingParams
 

@@ -92,7 +92,7 @@ def initial_model(cfg: TrainConfig, dist: Dist, device: torch.device, log) -> to
     from rla import models
 
     if cfg.init == "bundled":
-        model, _ = models.load_bundled(dtype=torch.float32)
+        model = models.load_bundled_model(dtype=torch.float32)
         return model.train()
     if cfg.init == "random":
         return models.build_model(models.tiny_config(cfg.arch, cfg.size), dtype=torch.float32, seed=cfg.init_seed)

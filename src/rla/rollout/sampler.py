@@ -94,7 +94,7 @@ class Sampler:
         :data:`rla.rollout.static_decode.BUCKET`), so every decode step has the same shapes, and on GPU
         captures the decode step as a CUDA graph (``cuda_graph``: None = on GPU, True = required,
         False = eager). The throughput of each path is in ``benchmarks/results/``."""
-        import rla
+        from rla.alignment import align
 
         if cache not in ("auto", "dynamic", "static"):
             raise ValueError(f"cache must be 'auto', 'dynamic' or 'static', got {cache!r}")
@@ -111,7 +111,7 @@ class Sampler:
         engine.to(device=self.device)
         self.model = engine
         self.load_weights(model)
-        self.alignment = rla.align(engine, profile=self.profile)
+        self.alignment = align(engine, profile=self.profile)
         self.model.eval()
         self._cache_kw = _cache_kwarg(engine)
         self._decoders: dict[tuple[int, int], StaticDecoder] = {}

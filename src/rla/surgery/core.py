@@ -99,19 +99,19 @@ def _per_position(delta: np.ndarray, mask: np.ndarray, bins: int = 20) -> list[t
 
 @contextlib.contextmanager
 def _aligned(model, profile, regions):
-    import rla
+    from rla.alignment import aligned
 
     if not regions:
         yield
         return
-    with rla.aligned(model, profile=profile, regions=tuple(regions)):
+    with aligned(model, profile=profile, regions=tuple(regions)):
         yield
 
 
 def _check_unaligned(model):
-    import rla
+    from rla.alignment import alignment_of
 
-    state = rla.alignment_of(model)
+    state = alignment_of(model)
     if state is not None:
         raise ValueError(
             "diagnose needs the model as the trainer runs it without rla; it is aligned now "

@@ -103,9 +103,9 @@ def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16
 
 
 def _is_aligned(model) -> bool:
-    import rla
+    from rla.alignment import alignment_of
 
-    return rla.alignment_of(model) is not None
+    return alignment_of(model) is not None
 
 
 def _fsdp_mp_policy(module):
