@@ -38,6 +38,10 @@ from typing import Any
 
 import numpy as np
 
+# Masked logprobs above this are rejected: the record format's rule (engines print -0.0 or tiny
+# positive rounding), one constant for records and metrics.
+from rla.rollout.rollouts import POSITIVE_LOGPROB_TOL
+
 __all__ = [
     "pad_rows",
     "k3_terms",
@@ -53,8 +57,6 @@ __all__ = [
 
 #: Interpolation used for ``mismatch/abs/p*`` (``numpy.percentile(method=...)``).
 PERCENTILE_METHOD = "linear"
-#: Masked logprobs above this are rejected (engines print -0.0 or tiny positive rounding).
-POSITIVE_LOGPROB_TOL = 1e-6
 _PERCENTILES = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0), ("p999", 99.9))
 _CLIP_EPS = (("0.2", 0.2), ("0.1", 0.1))
 #: mu buckets: [0, 1e-3), [1e-3, 0.1), [0.1, 0.9], (0.9, 1].
