@@ -33,8 +33,8 @@ def test_bad_input_is_one_line_not_a_traceback(capsys):
 def test_top_level_entry_points_are_the_functions():
     import rla
     import rla.surgery
-    import rla.train_logprobs
+    import rla.rollout.train_logprobs
 
-    assert rla.logprobs is rla.train_logprobs.logprobs
+    assert rla.logprobs is rla.rollout.train_logprobs.logprobs
     assert rla.diagnose is rla.surgery.diagnose and rla.doctor is rla.surgery.doctor
     assert callable(rla.align) and callable(rla.detect_profile)

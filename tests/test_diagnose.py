@@ -8,12 +8,14 @@ import pytest
 import torch
 
 import rla
-from rla import profiles, rollouts
+from rla import profiles
+from rla.rollout import rollouts
 from rla.surgery.core import detect_profile, diagnose
 from rla.surgery.doctor import doctor, inv_freq_angle_error
 from rla.surgery.report import to_markdown, write_report
-from rla.models import bundled_path, bundled_task, load_bundled
-from rla.sampler import Sampler, SamplingParams
+from rla.models import bundled_path
+from rla.rl.bundled import bundled_task, load_bundled
+from rla.rollout.sampler import Sampler, SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """rla.metrics against an independent fp64 NumPy oracle, hand-computed cases and extreme inputs.
 
-The oracle below writes every METRICS.md formula the plain way (``exp(d) - 1 - d``, ``pi - mu``,
+The oracle below writes every docs/metrics.md formula the plain way (``exp(d) - 1 - d``, ``pi - mu``,
 per-row Python loops, percentiles by hand), not through any helper of ``rla.metrics``.
 """
 
@@ -20,7 +20,7 @@ from rla.metrics import (
     mismatch_from_records,
     names_as,
 )
-from rla.rollouts import RolloutRecord
+from rla.rollout.rollouts import RolloutRecord
 
 LN2 = math.log(2.0)
 
@@ -34,7 +34,7 @@ def _percentile(x: np.ndarray, q: float) -> float:
 
 
 def oracle(train: np.ndarray, roll: np.ndarray, mask: np.ndarray) -> dict[str, float]:
-    """METRICS.md, written out directly in fp64."""
+    """docs/metrics.md, written out directly in fp64."""
     out: dict[str, float] = {}
     d = (train - roll)[mask]
     ad = np.abs(d)

@@ -7,9 +7,9 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 import rla
-from rla.train_logprobs import logprobs as train_logprobs
-from rla.sampler import Sampler, SamplingParams
-from rla.sampling import process_logits
+from rla.rollout.train_logprobs import logprobs as train_logprobs
+from rla.rollout.sampler import Sampler, SamplingParams
+from rla.rollout.sampling import process_logits
 
 
 def tiny_model(seed=0, vocab=96):
@@ -175,7 +175,7 @@ def test_warm_up_leaves_the_static_cache_as_it_was():
     """CUDA-graph capture runs the decode step before capturing it. transformers' static cache
     writes at its own device-side counter, so those extra steps must be undone, or every later
     write lands past the position the mask and RoPE use (what broke the first GPU run)."""
-    from rla.static_decode import StaticDecoder
+    from rla.rollout.static_decode import StaticDecoder
 
     sampler = Sampler(tiny_model(seed=8), "vllm", cache="static")
     engine = sampler.model

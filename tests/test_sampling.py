@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from rla.train_logprobs import micro_batches
-from rla.sampling import process_logits
+from rla.rollout.train_logprobs import micro_batches
+from rla.rollout.sampling import process_logits
 
 
 def numpy_processed(logits, t, top_k, top_p):

@@ -44,12 +44,12 @@ def run_demo(cfg: DemoConfig, console=None):
     import torch
     from rich.console import Console
 
-    from rla import rollouts
+    from rla.rollout import rollouts
     from rla.surgery.core import diagnose
     from rla.surgery.report import explain, rich_tables, write_report
-    from rla.models import bundled_task, load_bundled
+    from rla.rl.bundled import bundled_task, load_bundled
     from rla.rl.tasks import get_task
-    from rla.sampler import Sampler, SamplingParams
+    from rla.rollout.sampler import Sampler, SamplingParams
 
     console = console or Console()
     t0 = time.perf_counter()

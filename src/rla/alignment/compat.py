@@ -121,7 +121,7 @@ def check_apply_rotary_signature(fn) -> None:
         raise RuntimeError(
             f"transformers {TRANSFORMERS_VERSION}: apply_rotary_pos_emb{tuple(params)} no longer has "
             "the signature (q, k, cos, sin, unsqueeze_dim) that rla.align replaces; update "
-            "rla/align/compat.py"
+            "src/rla/alignment/compat.py"
         )
 
 

@@ -109,7 +109,7 @@ def _expect(module, family: Family, role: str, where: str) -> torch.nn.Module:
         raise NotImplementedError(
             f"rla.align: expected a {family.cls(role)} at {where}, found {type(module).__name__}. "
             f"transformers {compat.TRANSFORMERS_VERSION} may lay out {family.model_type} differently "
-            "from what rla/align/families.py describes."
+            "from what src/rla/alignment/families.py describes."
         )
     return module
 

@@ -76,7 +76,7 @@ def align_norms(norms: list[torch.nn.Module], profile: RoundingProfile, fp32_out
         if not hasattr(norm, "variance_epsilon") or not isinstance(getattr(norm, "weight", None), torch.Tensor):
             raise NotImplementedError(
                 f"rla.align: {type(norm).__name__} has no `weight` / `variance_epsilon`; this "
-                "transformers release changed the RMSNorm module (see rla/align/compat.py)"
+                "transformers release changed the RMSNorm module (see src/rla/alignment/compat.py)"
             )
         install(norm, "norm", {"forward": types.MethodType(forward, norm)})
 

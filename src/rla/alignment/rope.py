@@ -9,7 +9,7 @@ Two per-instance patches:
   families' layers reads cos/sin. Angles are ``position * inv_freq`` multiplied elementwise in fp32,
   never through a matmul, so TF32 and autocast cannot touch them; ``attention_scaling`` and the
   ``dynamic_rope_update`` decorator behave as in HF. If ``model.to(torch.bfloat16)`` rounded the
-  ``inv_freq`` buffer (the phase-drift hazard of ROUNDING.md), it is recomputed in fp32 from the
+  ``inv_freq`` buffer (the phase-drift hazard of docs/rounding.md), it is recomputed in fp32 from the
   config with the module's own init function while aligned; unalign restores the old buffer.
 - Each attention instance gets a rebuilt copy of its class's ``forward`` whose globals bind
   ``apply_rotary_pos_emb`` to ``rla.ops.rope`` under the profile. No attention code is copied.

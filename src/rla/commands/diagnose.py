@@ -17,7 +17,7 @@ def run(args) -> int:
     import torch
     from rich.console import Console
 
-    from rla import rollouts
+    from rla.rollout import rollouts
     from rla.surgery.core import diagnose
     from rla.surgery.report import explain, rich_tables, write_report
     from rla.hf import load_model

@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 
 from rla.rl.config import TrainConfig, _check_keys, read_yaml_mapping
-from rla.bench.common import environment
+from rla.environment import environment
 from rla.rl.runlog import read_log, summarize
 
 __all__ = ["Grid", "RunSpec", "load_grid", "run_grid", "summarize_grid"]
@@ -439,7 +439,7 @@ def _markdown(summary: dict, out: Path) -> str:
         "",
         "Step-0 metrics: the training forward before the first update of the first step, against the "
         "rollout engine's logprobs, on identical weights. Over training: the same measurement before each "
-        "step's first update, averaged over steps. Values are mean ± std over seeds. Collapse: METRICS.md's "
+        "step's first update, averaged over steps. Values are mean ± std over seeds. Collapse: docs/metrics.md's "
         "signal (k3 > 10x its step-0 value or grad norm > 10x its running median, with falling reward).",
         "",
     ]

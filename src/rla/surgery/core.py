@@ -3,7 +3,7 @@
 For every subset of the regions (eight training forwards for three regions) the training model
 is aligned to the profile in that subset only, its logprobs of the recorded tokens are computed
 (:func:`rla.logprobs`, batched and memory bounded) and compared with the rollout logprobs. The
-METRICS.md metrics of each subset give the attribution (:mod:`.attribution`), the share that full
+docs/metrics.md metrics of each subset give the attribution (:mod:`.attribution`), the share that full
 alignment leaves unexplained, per-position curves and by-probability strata. Detection repeats
 the fully aligned pass for every known profile and ranks them by k3.
 """
@@ -19,7 +19,7 @@ import torch
 
 import rla.metrics as M
 from rla.surgery.attribution import shapley, subsets
-from rla.train_logprobs import logprobs as train_logprobs
+from rla.rollout.train_logprobs import logprobs as train_logprobs
 from rla.profiles import REGIONS, RoundingProfile, names as profile_names, get as get_profile, resolve
 
 __all__ = ["Diagnosis", "diagnose", "detect_profile", "subset_label"]
@@ -52,7 +52,7 @@ class Diagnosis:
     n_sequences: int
     n_tokens: int
     metrics: dict[str, dict[str, float]]
-    """subset label -> METRICS.md metrics of the training forward with that subset aligned."""
+    """subset label -> docs/metrics.md metrics of the training forward with that subset aligned."""
     attribution: dict[str, dict[str, float]]
     """metric -> region -> Shapley value (mismatch removed by aligning that region)."""
     unexplained: dict[str, float]
@@ -99,19 +99,19 @@ def _per_position(delta: np.ndarray, mask: np.ndarray, bins: int = 20) -> list[t
 
 @contextlib.contextmanager
 def _aligned(model, profile, regions):
-    import rla
+    from rla.alignment import aligned
 
     if not regions:
         yield
         return
-    with rla.aligned(model, profile=profile, regions=tuple(regions)):
+    with aligned(model, profile=profile, regions=tuple(regions)):
         yield
 
 
 def _check_unaligned(model):
-    import rla
+    from rla.alignment import alignment_of
 
-    state = rla.alignment_of(model)
+    state = alignment_of(model)
     if state is not None:
         raise ValueError(
             "diagnose needs the model as the trainer runs it without rla; it is aligned now "

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rla.atomic import write_text
 from rla.surgery.core import Diagnosis
 
 __all__ = ["rich_tables", "to_markdown", "write_report", "explain"]
@@ -167,9 +168,7 @@ def write_report(d: Diagnosis, out_dir: str | os.PathLike) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in (("report.json", json.dumps(d.to_dict(), indent=2)), ("report.md", to_markdown(d))):
-        tmp = out / (name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
+        write_text(out / name, text)
         written.append(out / name)
     written += _plots(d, out)
     return written

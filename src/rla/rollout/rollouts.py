@@ -55,17 +55,14 @@ Producing records from SGLang
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import stat
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rla._fsync import fsync_dir
+from rla.atomic import atomic_file
 
 __all__ = [
     "FORMAT", "RolloutRecord", "RolloutFormatError", "save", "load", "iter_load", "to_padded",
@@ -215,31 +212,16 @@ def _to_line(rec: RolloutRecord, index: int) -> str:
 def save(path: str | os.PathLike[str], records: Iterable[RolloutRecord]) -> None:
     """Write records atomically: a crash leaves the old file (or none), never a half file.
 
-    Lines go to a temporary file in the destination folder (so the rename stays on one file
-    system), which is flushed and fsync'ed, then ``os.replace``'d over ``path``; the folder is
-    fsync'ed after the rename so the new name survives a power cut. On any error the temporary
-    file is removed. An existing file keeps its permission bits; a new one gets 0o644.
+    Lines go to a temporary file in the destination folder, which is fsync'ed and then renamed over
+    ``path`` (:func:`rla.atomic.atomic_file`). On any error the temporary file is removed. An
+    existing file keeps its permission bits; a new one gets 0o644.
     """
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o644
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        count = 0
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            for count, rec in enumerate(records, start=1):
-                f.write(_to_line(rec, count - 1) + "\n")
-            if count == 0:
-                raise RolloutFormatError("no records to save (an empty rollout file is invalid)")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(folder)
+    count = 0
+    with atomic_file(path) as f:
+        for count, rec in enumerate(records, start=1):
+            f.write(_to_line(rec, count - 1) + "\n")
+        if count == 0:
+            raise RolloutFormatError("no records to save (an empty rollout file is invalid)")
 
 
 def _reject_constant(name: str) -> Any:
