@@ -1,4 +1,4 @@
-"""Numerical surgery on the bundled model: attribution, detection, doctor, reports, CLI."""
+"""Diagnosis on the bundled model: attribution, detection, doctor, reports, CLI."""
 
 import dataclasses
 import json
@@ -9,9 +9,9 @@ import torch
 
 import rla
 from rla import profiles, rollouts
-from rla.surgery.core import detect_profile, diagnose
-from rla.surgery.doctor import doctor, inv_freq_angle_error
-from rla.surgery.report import to_markdown, write_report
+from rla.diagnosis.core import detect_profile, diagnose
+from rla.diagnosis.doctor import doctor, inv_freq_angle_error
+from rla.diagnosis.report import to_markdown, write_report
 from rla.models import bundled_path, bundled_task, load_bundled
 from rla.sampler import Sampler, SamplingParams
 

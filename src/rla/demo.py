@@ -45,8 +45,8 @@ def run_demo(cfg: DemoConfig, console=None):
     from rich.console import Console
 
     from rla import rollouts
-    from rla.surgery.core import diagnose
-    from rla.surgery.report import explain, rich_tables, write_report
+    from rla.diagnosis.core import diagnose
+    from rla.diagnosis.report import explain, rich_tables, write_report
     from rla.models import bundled_task, load_bundled
     from rla.rl.tasks import get_task
     from rla.sampler import Sampler, SamplingParams

@@ -18,8 +18,8 @@ def run(args) -> int:
     from rich.console import Console
 
     from rla import rollouts
-    from rla.surgery.core import diagnose
-    from rla.surgery.report import explain, rich_tables, write_report
+    from rla.diagnosis.core import diagnose
+    from rla.diagnosis.report import explain, rich_tables, write_report
     from rla.hf import load_model
     from rla.profiles import get
 

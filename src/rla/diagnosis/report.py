@@ -1,4 +1,4 @@
-"""Rendering a :class:`~rla.surgery.core.Diagnosis`: terminal table, JSON, Markdown, PNG plots."""
+"""Rendering a :class:`~rla.diagnosis.core.Diagnosis`: terminal table, JSON, Markdown, PNG plots."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rla.surgery.core import Diagnosis
+from rla.diagnosis.core import Diagnosis
 
 __all__ = ["rich_tables", "to_markdown", "write_report", "explain"]
 

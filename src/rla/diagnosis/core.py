@@ -1,4 +1,4 @@
-"""Numerical surgery: which region explains how much of the train/rollout mismatch.
+"""Diagnosis: which region explains how much of the train/rollout mismatch.
 
 For every subset of the regions (eight training forwards for three regions) the training model
 is aligned to the profile in that subset only, its logprobs of the recorded tokens are computed
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 import rla.metrics as M
-from rla.surgery.attribution import shapley, subsets
+from rla.diagnosis.attribution import shapley, subsets
 from rla.train_logprobs import logprobs as train_logprobs
 from rla.profiles import REGIONS, RoundingProfile, names as profile_names, get as get_profile, resolve
 
