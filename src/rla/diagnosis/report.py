@@ -1,4 +1,9 @@
-"""Rendering a :class:`~rla.diagnosis.core.Diagnosis`: terminal table, JSON, Markdown, PNG plots."""
+"""Rendering a :class:`~rla.diagnosis.core.Diagnosis`: terminal table, JSON, Markdown, PNG plots.
+
+The verdict comes first everywhere. When it is not ``ok`` (the mismatch is beyond rounding, or the
+profile increases it) the report says what is likely wrong and shows no attribution: Shapley
+shares of a mismatch that is not rounding would explain bad input as rounding.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from rla.diagnosis.core import Diagnosis
+from rla.diagnosis.core import Diagnosis, group_label
+from rla.diagnosis.output import staged
 
-__all__ = ["rich_tables", "to_markdown", "write_report", "explain"]
+__all__ = ["rich_tables", "to_markdown", "write_report", "write_report_files", "explain", "ratio_tails",
+           "RATIO_RANGE"]
+
+RATIO_RANGE = (0.8, 1.2)
+"""The range ratio_hist.png resolves: PPO's clip range at epsilon 0.2. Tokens outside it are counted
+into the two edge bins and stated on the plot and in report.md."""
 
 # (header, metric, format): d = log pi - log mu per token; "seq std" is the std of its per-sequence sum
 COLUMNS = [
@@ -29,9 +40,14 @@ def _fmt(metrics: dict, key: str, fmt: str) -> str:
     return "n/a" if v is None else fmt.format(v)
 
 
+def _ok(d: Diagnosis) -> bool:
+    return d.verdict is None or d.verdict.ok
+
+
 def rich_tables(d: Diagnosis):
-    """The subset table and the attribution table as rich renderables."""
+    """The subset table and the attribution table (or, when the verdict is not ok, the verdict)."""
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(title=f"Training forward vs rollouts ({d.profile}): {d.n_sequences} sequences, {d.n_tokens} tokens")
     t.add_column("aligned regions")
@@ -39,6 +55,8 @@ def rich_tables(d: Diagnosis):
         t.add_column(name, justify="right")
     for label, m in d.metrics.items():
         t.add_row(label, *(_fmt(m, key, fmt) for _, key, fmt in COLUMNS))
+    if not _ok(d):
+        return t, Text(f"No attribution. {d.verdict.message}", style="bold red")
     a = Table(title="Shapley attribution: mismatch removed by aligning each region")
     a.add_column("region")
     a.add_column("k3 removed", justify="right")
@@ -62,7 +80,11 @@ def rich_tables(d: Diagnosis):
 
 
 def explain(d: Diagnosis) -> str:
-    """A short paragraph saying what the numbers mean."""
+    """A short paragraph saying what the numbers mean (the verdict, when it is not rounding)."""
+    notes = " ".join(d.input_notes)
+    detection = f" Profile detection: {d.detection.note}" if d.detection is not None else ""
+    if not _ok(d):
+        return " ".join(x for x in (d.verdict.message, notes) if x) + detection
     ranked = d.ranked_regions()
     none = d.metrics[next(iter(d.metrics))]
     full = d.metrics["all"] if "all" in d.metrics else list(d.metrics.values())[-1]
@@ -78,9 +100,41 @@ def explain(d: Diagnosis) -> str:
         f"The remaining {d.unexplained['mismatch/k3']:.0%} comes from what no rounding profile covers: "
         "GEMM and attention kernels and the decode-vs-prefill structure of the rollout stack.",
     ]
-    if d.detection is not None:
-        lines.append(f"Profile detection: {d.detection.note}")
-    return " ".join(lines)
+    if notes:
+        lines.append(notes)
+    return " ".join(lines) + detection
+
+
+def ratio_tails(d: Diagnosis) -> dict[str, dict[str, float]]:
+    """Per plotted subset: tokens with pi/mu below and above :data:`RATIO_RANGE`, and the extremes."""
+    lo, hi = RATIO_RANGE
+    out = {}
+    for label in _hist_labels(d):
+        delta = d.deltas[label]
+        with np.errstate(over="ignore"):
+            rho = np.exp(delta)
+        out[label] = {
+            "below": int((rho < lo).sum()), "above": int((rho > hi).sum()), "tokens": int(rho.size),
+            "min": float(rho.min()) if rho.size else float("nan"), "max": float(rho.max()) if rho.size else float("nan"),
+        }
+    return out
+
+
+def _hist_labels(d: Diagnosis) -> list[str]:
+    labels = list(d.deltas)
+    return [labels[0], labels[-1]] if len(labels) > 1 else labels
+
+
+def _tails_text(d: Diagnosis) -> str:
+    lo, hi = RATIO_RANGE
+    parts = []
+    for label, t in ratio_tails(d).items():
+        n = t["below"] + t["above"]
+        parts.append(
+            f"{label}: {n} of {t['tokens']} tokens ({n / max(t['tokens'], 1):.2%}) outside [{lo}, {hi}] "
+            f"({t['below']} below, {t['above']} above; ratios from {t['min']:.3g} to {t['max']:.3g})"
+        )
+    return "; ".join(parts)
 
 
 def to_markdown(d: Diagnosis) -> str:
@@ -95,20 +149,27 @@ def to_markdown(d: Diagnosis) -> str:
             f"| {region} | {phi:.3e} | {phi / none_k3:.1%} | {d.attribution['mismatch/abs/mean'][region]:.3e} |"
         )
     attr.append(f"| left unexplained | {d.unexplained['mismatch/k3'] * none_k3:.3e} | {d.unexplained['mismatch/k3']:.1%} | |")
-    parts = [
-        f"# rla diagnosis against `{d.profile}`",
-        f"{d.n_sequences} sequences, {d.n_tokens} response tokens.",
-        "## Mismatch per aligned subset",
-        "\n".join(rows),
-        "## Attribution (exact Shapley values)",
-        "\n".join(attr),
-    ]
+    used = f"{d.n_sequences} sequences" + (f" ({d.duplicates} exact duplicates of {d.n_input} records dropped)"
+                                            if d.duplicates else "")
+    verdict = [] if d.verdict is None else ["## Verdict", ("OK: " if d.verdict.ok else "NOT ROUNDING: "
+                                                          if d.verdict.kind == "beyond_rounding" else "WRONG PROFILE: ")
+                                            + d.verdict.message]
+    parts = [f"# rla diagnosis against `{d.profile}`", f"{used}, {d.n_tokens} response tokens.", *verdict,
+             "## Mismatch per aligned subset", "\n".join(rows)]
+    if _ok(d):
+        parts += ["## Attribution (exact Shapley values)", "\n".join(attr)]
+    if d.scale is not None:
+        sc = ["| profile | k3 of its bf16 forward against fp32 |", "|---|---|"]
+        sc += [f"| {name} | {k3:.3e} |" for name, k3 in d.scale.per_profile.items()]
+        parts += ["## Rounding scale", "\n".join(sc)]
     if d.detection is not None:
         det = ["| profile | k3 with all regions aligned |", "|---|---|"]
-        det += [f"| {name} | {k3:.3e} |" for name, k3 in d.detection.ranking]
+        det += [f"| {group_label(g)} | {k3:.3e} |" for g, k3 in d.detection.ranking]
         parts += ["## Profile detection", "\n".join(det), d.detection.note]
     parts += ["## What it means", explain(d), "## Plots", "![per-position](per_position.png)",
-              "![ratio histogram](ratio_hist.png)", "![attribution](attribution.png)"]
+              "![ratio histogram](ratio_hist.png)", f"Ratio histogram tails (drawn in the edge bins): {_tails_text(d)}."]
+    if _ok(d):
+        parts.append("![attribution](attribution.png)")
     return "\n\n".join(parts) + "\n"
 
 
@@ -139,20 +200,30 @@ def _plots(d: Diagnosis, out: Path) -> list[Path]:
     ax.legend(fontsize=7)
     paths.append(_save(fig, out / "per_position.png"))
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    first, last = next(iter(d.deltas)), list(d.deltas)[-1]
-    for label in (first, last):
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    lo, hi = RATIO_RANGE
+    step = (hi - lo) / 80
+    edges = np.concatenate([[lo - 2 * step], np.linspace(lo, hi, 81), [hi + 2 * step]])
+    for label in _hist_labels(d):
         rho = np.exp(np.clip(d.deltas[label], -50, 50))
-        ax.hist(rho, bins=np.linspace(0.8, 1.2, 81), alpha=0.6, label=label, log=True)
-    ax.axvline(0.8, color="k", lw=0.5)
-    ax.axvline(1.2, color="k", lw=0.5)
-    ax.set(xlabel="importance ratio pi/mu at step 0", ylabel="tokens", title="Ratio histogram")
+        ax.hist(np.clip(rho, lo - step, hi + step), bins=edges, alpha=0.6, label=label, log=True)
+    ax.axvline(lo, color="k", lw=0.5)
+    ax.axvline(hi, color="k", lw=0.5)
+    ax.set_xticks([lo - step, lo, 0.9, 1.0, 1.1, hi, hi + step], [f"<{lo}", str(lo), "0.9", "1.0", "1.1", str(hi), f">{hi}"])
+    ax.set(xlabel="importance ratio pi/mu at step 0 (edge bins: every token outside the clip range)", ylabel="tokens",
+           title="Ratio histogram")
     ax.legend(fontsize=8)
+    tails = ratio_tails(d)
+    ax.text(0.01, 0.99, "\n".join(f"{k}: {t['below']} below {lo} (min {t['min']:.3g}), {t['above']} above {hi} "
+                                  f"(max {t['max']:.3g})" for k, t in tails.items()),
+            transform=ax.transAxes, va="top", fontsize=7)
     paths.append(_save(fig, out / "ratio_hist.png"))
+    if not _ok(d):
+        return paths
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ranked = d.ranked_regions()
-    none_k3 = d.metrics[first]["mismatch/k3"]
+    none_k3 = d.metrics[next(iter(d.metrics))]["mismatch/k3"]
     names = [r for r, _ in ranked] + ["unexplained"]
     vals = [v / none_k3 for _, v in ranked] + [d.unexplained["mismatch/k3"]]
     ax.barh(names[::-1], vals[::-1], color=["#999"] + ["#3b7"] * len(ranked))
@@ -161,15 +232,24 @@ def _plots(d: Diagnosis, out: Path) -> list[Path]:
     return paths
 
 
-def write_report(d: Diagnosis, out_dir: str | os.PathLike) -> list[Path]:
-    """Write report.json, report.md and the PNG plots into ``out_dir`` (created if needed)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+def write_report_files(d: Diagnosis, folder: str | os.PathLike, inputs: dict | None = None) -> list[Path]:
+    """Write report.json (with ``inputs``), report.md and the plots into an existing ``folder``."""
+    out = Path(folder)
+    data = {"inputs": inputs, **d.to_dict()}
     written = []
-    for name, text in (("report.json", json.dumps(d.to_dict(), indent=2)), ("report.md", to_markdown(d))):
-        tmp = out / (name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
+    for name, text in (("report.json", json.dumps(data, indent=2)), ("report.md", to_markdown(d))):
+        (out / name).write_text(text)
         written.append(out / name)
-    written += _plots(d, out)
-    return written
+    return written + _plots(d, out)
+
+
+def write_report(d: Diagnosis, out_dir: str | os.PathLike, *, inputs: dict | None = None,
+                 overwrite: bool = False) -> list[Path]:
+    """Write the report into ``out_dir`` through a staged folder (:func:`rla.diagnosis.output.staged`).
+
+    A non-empty ``out_dir`` is refused unless ``overwrite``; a kill leaves the old folder or the
+    new one. ``inputs`` (see :func:`rla.diagnosis.provenance.inputs_record`) goes into report.json.
+    """
+    with staged(out_dir, overwrite=overwrite) as tmp:
+        names = [p.name for p in write_report_files(d, tmp, inputs)]
+    return [Path(out_dir) / n for n in names]
