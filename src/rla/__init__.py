@@ -8,7 +8,7 @@ The one-line entry points live here; ``import rla`` stays light, and each name i
 - ``rla.logprobs(model, records)``: training-side logprobs of recorded tokens
   (:mod:`rla.rollout.train_logprobs`);
 - ``rla.diagnose(model, records, profile)``, ``rla.detect_profile``, ``rla.doctor(model)``
-  (:mod:`rla.surgery`).
+  (:mod:`rla.diagnosis`).
 
 Modules: :mod:`rla.profiles`, :mod:`rla.ops`, :mod:`rla.metrics`, :mod:`rla.rollout.rollouts`,
 :mod:`rla.rollout.sampler`, :mod:`rla.rl`.
@@ -21,9 +21,9 @@ _LAZY = {
     "alignment_of": "rla.alignment",
     "AlignmentReport": "rla.alignment",
     "logprobs": "rla.rollout.train_logprobs",
-    "diagnose": "rla.surgery",
-    "detect_profile": "rla.surgery",
-    "doctor": "rla.surgery",
+    "diagnose": "rla.diagnosis",
+    "detect_profile": "rla.diagnosis",
+    "doctor": "rla.diagnosis",
 }
 
 __all__ = list(_LAZY)

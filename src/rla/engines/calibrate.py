@@ -1,5 +1,5 @@
 """Calibration: run an engine's own region code on probes and find, point by point, the rounding
-choice of ``ROUNDING.md`` that reproduces it bit for bit.
+choice of ``docs/rounding.md`` that reproduces it bit for bit.
 
 For every experiment the engine's output is computed once; the spec's output is computed with
 ``rla.ops.reference`` (the PyTorch reference of the spec, on the probes' device) for every

@@ -379,7 +379,17 @@ def read_yaml_mapping(path: str | Path, kind: str, shape: str) -> dict[str, Any]
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{kind} {path} does not exist")
-    loaded = yaml.safe_load(path.read_text()) or {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: {kind} is not UTF-8 text (byte {e.start}); is it the right file?") from None
+    try:
+        loaded = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = " ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
+        raise ValueError(f"{where}: {kind} is not valid YAML: {problem}") from None
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: {shape}, got {type(loaded).__name__}")
     return loaded
