@@ -12,7 +12,8 @@ from rla import profiles, rollouts
 from rla.diagnosis.core import detect_profile, diagnose
 from rla.diagnosis.doctor import doctor, inv_freq_angle_error
 from rla.diagnosis.report import to_markdown, write_report
-from rla.models import bundled_path, bundled_task, load_bundled
+from rla.models import bundled_path
+from rla.rl.bundled import bundled_task, load_bundled
 from rla.rollout.sampler import Sampler, SamplingParams
 
 

@@ -22,7 +22,8 @@ from rla.diagnosis import core as diag_core
 from rla.diagnosis.core import MIN_DETECT_SEQUENCES, detect_profile, diagnose
 from rla.diagnosis.report import explain, to_markdown
 from rla.diagnosis.scale import FAR
-from rla.models import bundled_path, bundled_task, load_bundled
+from rla.models import bundled_path
+from rla.rl.bundled import bundled_task, load_bundled
 from rla.rollout.sampler import Sampler, SamplingParams
 from rla.rollout.train_logprobs import logprobs
 

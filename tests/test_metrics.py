@@ -326,11 +326,12 @@ def test_nonfinite_and_positive_logprobs_on_masked_positions():
 
 def test_mismatch_from_records_pads_and_matches():
     rng = np.random.default_rng(6)
+    g = torch.Generator().manual_seed(6)
     recs, train_rows = [], []
     for n in (5, 1, 9):
         lp = (-rng.exponential(1.0, n)).tolist()
         recs.append(RolloutRecord([1, 2], list(range(n)), lp, 1.0, 1.0, -1, "vllm"))
-        train_rows.append(torch.tensor(lp, dtype=torch.float64) + 0.01 * torch.randn(n).double())
+        train_rows.append(torch.tensor(lp, dtype=torch.float64) + 0.01 * torch.randn(n, generator=g).double())
     train_rows = [torch.clamp(t, max=0.0) for t in train_rows]
     train = np.zeros((3, 9))
     roll = np.zeros((3, 9))

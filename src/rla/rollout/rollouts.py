@@ -288,7 +288,9 @@ def load(path: str | os.PathLike[str], vocab_size: int | None = None) -> list[Ro
     return list(iter_load(path, vocab_size))
 
 
-def to_padded(records: list[RolloutRecord], pad_id: int = 0) -> dict[str, Any]:
+def to_padded(
+    records: list[RolloutRecord], pad_id: int = 0, vocab_size: int | None = None
+) -> dict[str, Any]:
     """Batch records for a training-side forward; responses are aligned at one column.
 
     Layout: prompts are **left**-padded to ``P = max prompt length`` and responses **right**-padded
@@ -301,6 +303,10 @@ def to_padded(records: list[RolloutRecord], pad_id: int = 0) -> dict[str, Any]:
     ``rollout_logprobs`` [B, R] (float64, the recorded values exactly, 0 in padding),
     ``temperature``/``top_p`` [B] (float64), ``top_k`` [B] (long, -1 = disabled), and the plain
     int ``response_start`` = P.
+
+    With ``vocab_size`` (the model's), every prompt and response id and ``pad_id`` must be
+    ``< vocab_size``: an embedding lookup past the table is an index error on CPU and undefined
+    on some GPU paths, and records built in memory were never checked against a vocabulary.
     """
     import torch  # keeps load/save usable without importing torch
 
@@ -308,6 +314,17 @@ def to_padded(records: list[RolloutRecord], pad_id: int = 0) -> dict[str, Any]:
         raise ValueError("to_padded needs at least one record")
     if not _is_int(pad_id) or pad_id < 0:
         raise ValueError(f"pad_id must be a non-negative int, got {pad_id!r}")
+    if vocab_size is not None:
+        if not _is_int(vocab_size) or vocab_size <= 0:
+            raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+        if pad_id >= vocab_size:
+            raise ValueError(f"pad_id {pad_id} >= vocab_size {vocab_size}")
+        for i, rec in enumerate(records):
+            for name in ("prompt_ids", "response_ids"):
+                try:
+                    _ids(name, getattr(rec, name), vocab_size)
+                except RolloutFormatError as err:
+                    raise RolloutFormatError(err.problem, field=name, record=i) from None
     B = len(records)
     P = max(len(r.prompt_ids) for r in records)
     R = max(len(r.response_ids) for r in records)
