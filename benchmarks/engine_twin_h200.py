@@ -211,6 +211,9 @@ def stage_twin(engine, modes, library, out, quick=False):
 
 def main():
     global STAMP
+    if len(sys.argv) == 3 and sys.argv[1] == "--summarize":
+        print(summarize(sys.argv[2]))
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--stages", nargs="+", default=["tables", "order", "twin"])
     ap.add_argument("--modes", nargs="+", default=["default", "eager"])
@@ -235,6 +238,31 @@ def main():
         stage_order(engine, kernels, out / "arithmetic_order.json")
     if "twin" in args.stages:
         stage_twin(engine, args.modes, args.library, out / "twin.json", args.quick)
+
+
+
+def summarize(folder: str) -> str:
+    """Markdown tables of a results folder's twin_*.json (the numbers its README quotes)."""
+    out = []
+    for mode in ("default", "eager"):
+        path = Path(folder) / f"twin_{mode}.json"
+        if not path.is_file():
+            continue
+        rows = json.loads(path.read_text())["rows"]
+        sides = list(dict.fromkeys(r["side"] for r in rows))
+        out.append(f"\n### {mode} mode (profile {rows[0]['profile']}): logits bit-equal / k3 of the sampled token\n")
+        out.append("| model | batch x tokens @ first position | " + " | ".join(sides) + " |")
+        out.append("|---|---|" + "---|" * len(sides))
+        cases = list(dict.fromkeys((r["model"], r["batch"], r["tokens"], r["position_offset"]) for r in rows))
+        for m, b, s, off in cases:
+            cells = []
+            for side in sides:
+                r = next(x for x in rows if (x["model"], x["batch"], x["tokens"], x["position_offset"], x["side"]) == (m, b, s, off, side))
+                cells.append(f"{r['logits_equal']:.2%} / {r['k3']:.2g}")
+            out.append(f"| {m} | {b}x{s} @ {off} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 
 
 if __name__ == "__main__":

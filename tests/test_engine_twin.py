@@ -152,6 +152,8 @@ def test_engine_backed_ops_forward_is_the_engines_and_backward_is_rlas(vllm_engi
         "rms_norm": (lambda m, a, b: m.rms_norm(a, b, 1e-6, prof), (x, w), lambda a, b: eng.rms_norm_native(a, b, 1e-6)),
         "add_rms_norm": (lambda m, a, b, c: m.add_rms_norm(a, b, c, 1e-6, prof), (x, r, w),
                          lambda a, b, c: eng.fused_add_rms_norm_native(a, b, c, 1e-6)),
+        "rms_norm_of_sum": (lambda m, a, b: (m.rms_norm_of_sum if m is backed else m.rms_norm)(a, b, 1e-6, prof), (x, w),
+                            lambda a, b: eng.fused_add_rms_norm_native(torch.zeros_like(a), a, b, 1e-6)[0]),
         "swiglu": (lambda m, a, b: m.swiglu(a, b, prof), (x, r), lambda a, b: eng.silu_and_mul_native(torch.cat((a, b), -1))),
         "rope": (lambda m, a, b: m.rope(a, b, cos, sin, prof), (q, k),
                  lambda a, b: tuple(t.view(3, 5, -1, 16).transpose(1, 2) for t in eng.rope_native(

@@ -218,7 +218,9 @@ def align(
             report.counts["swiglu"] = counts
         if "rmsnorm" in regions:
             align_layers(found.layers, found.layer_class, p, impl)
-            align_norms(found.norms, p, False, impl)
+            after_add = {id(found.norms[0])} | {id(layer.input_layernorm) for layer in found.layers[1:]}
+            align_norms([n for n in found.norms if id(n) in after_add], p, False, impl, after_add=True)
+            align_norms([n for n in found.norms if id(n) not in after_add], p, False, impl)
             align_norms(found.qk_norms, p, chain, impl)
             counts = {"decoder layers": len(found.layers), "RMSNorm": len(found.norms)}
             if found.qk_norms:

@@ -52,8 +52,12 @@ def stack_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
-def _make_norm_forward(profile: RoundingProfile, fp32_out: bool, impl=ops):
+def _make_norm_forward(profile: RoundingProfile, fp32_out: bool, impl=ops, after_add: bool = False):
     rms_norm = impl.rms_norm  # the function, not the module: closures torch.compile guards on
+    if after_add and hasattr(impl, "rms_norm_of_sum"):
+        # An engine whose layers start with a fused add + norm normalises the sum inside that
+        # kernel: engine-backed ops reduce it with the same kernel (see rla.engines.backed).
+        rms_norm = impl.rms_norm_of_sum
     if not fp32_out:
         def forward(self, hidden_states):
             lp = stack_dtype(hidden_states, self.weight)
@@ -68,10 +72,14 @@ def _make_norm_forward(profile: RoundingProfile, fp32_out: bool, impl=ops):
     return forward
 
 
-def align_norms(norms: list[torch.nn.Module], profile: RoundingProfile, fp32_out: bool = False, impl=ops) -> None:
+def align_norms(
+    norms: list[torch.nn.Module], profile: RoundingProfile, fp32_out: bool = False, impl=ops, after_add: bool = False
+) -> None:
     """Route every norm through ``rla.ops.rms_norm``; with ``fp32_out`` (q/k norms under
-    ``qk_norm_out='fp32'``) their output stays fp32 for RoPE (see ``rope.make_apply_rotary``)."""
-    forward = _make_norm_forward(profile, fp32_out, impl)
+    ``qk_norm_out='fp32'``) their output stays fp32 for RoPE (see ``rope.make_apply_rotary``).
+    ``after_add``: these norms read a residual sum the engine forms in a fused add + norm (every
+    layer's input norm but the first, the final norm)."""
+    forward = _make_norm_forward(profile, fp32_out, impl, after_add)
     for norm in norms:
         if not hasattr(norm, "variance_epsilon") or not isinstance(getattr(norm, "weight", None), torch.Tensor):
             raise NotImplementedError(
