@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import rla
-from rla import profiles, rollouts
+from rla import profiles
+from rla.rollout import rollouts
 from rla.diagnosis.core import detect_profile, diagnose
 from rla.diagnosis.doctor import doctor, inv_freq_angle_error
 from rla.diagnosis.report import to_markdown, write_report
