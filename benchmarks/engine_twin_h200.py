@@ -37,6 +37,7 @@ from rla.ops import fused, reference
 BF16 = torch.bfloat16
 DEV = "cuda"
 LAYERS, SCALE = 4, 1.0
+ONLY: list = []
 
 
 def stamp(args) -> dict:
@@ -173,6 +174,8 @@ def stage_twin(engine, modes, library, out, quick=False):
     }
     if quick:
         cases = {k: v[:1] for k, v in cases.items()}
+    if ONLY:
+        cases = {k: v for k, v in cases.items() if k in ONLY}
     rows = []
     backed = engine_ops(engine, "eager", library) if "eager" in modes else None
     for name, shapes in cases.items():
@@ -222,11 +225,12 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--only", nargs="*", default=[], help="models of the twin stage to run (default all)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the models' widths (a CPU smoke test uses less)")
     args = ap.parse_args()
-    global DEV, LAYERS, SCALE
-    DEV, LAYERS, SCALE = args.device, args.layers, args.scale
+    global DEV, LAYERS, SCALE, ONLY
+    DEV, LAYERS, SCALE, ONLY = args.device, args.layers, args.scale, args.only
     STAMP = stamp(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -94,12 +94,15 @@ def rope_init(rotary: torch.nn.Module, device=None, seq_len=None) -> tuple[torch
     fn = rotary.compute_default_rope_parameters if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
     device = torch.device(device if device is not None else "cpu")
     kwargs = {} if seq_len is None else {"seq_len": seq_len}
-    if "device" in inspect.signature(fn).parameters:
-        inv_freq, scaling = fn(rotary.config, device=device, **kwargs)
-    elif device.type == "cpu":
-        inv_freq, scaling = fn(rotary.config, **kwargs)
-    else:  # 5.24's per-model default init takes no device: the same formula, evaluated on ``device``
+    if rope_type == "default" and device.type != "cpu":
+        # The models' own default init evaluates on the CPU whatever device it is told (5.17:
+        # ``arange`` on the default device, moved afterwards; 5.24: no device argument), and a
+        # default-device context cannot be traced by torch.compile: the same formula, on ``device``.
         inv_freq, scaling = _default_rope_on(rotary.config, device), 1.0
+    elif "device" in inspect.signature(fn).parameters:
+        inv_freq, scaling = fn(rotary.config, device=device, **kwargs)
+    else:
+        inv_freq, scaling = fn(rotary.config, **kwargs)
     return inv_freq.to(torch.float32), scaling
 
 
