@@ -11,7 +11,12 @@ R=$OUT/r; mkdir -p $R
 finish() { tar czf $OUT/results.tgz -C $OUT r && rm -rf $R; }
 trap finish EXIT
 stamp() { echo "== $1 $(date -u +%FT%TZ)" | tee -a $R/commands.log; }
-if [ "$CALL" = call4 ]; then  # device inv_freq for the default rope type on transformers 5.17
+if [ "$CALL" = call5 ]; then  # after the reference-ops fix of the q/k chain
+  L=/tmp/vllm_C.so.xz
+  cat /tmp/vllm_a .engine/b > $L
+  stamp "benchmarks/engine_twin_h200.py --stages twin --modes default eager --only qwen3-h2048 llama31-h2048 tiny-qwen2-trained"
+  timeout 400 python3 benchmarks/engine_twin_h200.py --stages twin --modes default eager --only qwen3-h2048 llama31-h2048 tiny-qwen2-trained --wheel $W --library $L --out $R/call5 > $R/call5_twin.log 2>&1
+elif [ "$CALL" = call4 ]; then  # device inv_freq for the default rope type on transformers 5.17
   L=/tmp/vllm_C.so.xz
   cat /tmp/vllm_a .engine/b > $L
   stamp "benchmarks/engine_twin_h200.py --stages tables twin --modes eager default --only qwen2-h1536 qwen3-h2048 tiny-qwen2-trained"

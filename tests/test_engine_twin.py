@@ -186,3 +186,18 @@ def test_engine_backed_ops_refuse_other_profiles(vllm_engine):
     fp32_sum = EngineOps(NativeKernels(vllm_engine), profiles.get("vllm-0.33"), "vLLM native ops")
     with pytest.raises(ValueError, match="need a rounded_sum profile"):
         rla.align(model, "vllm-0.33", ops=fp32_sum)
+
+
+def test_reference_ops_through_align_keep_the_qk_chain(vllm_engine):
+    """ops=rla.ops.reference (any op implementation) under qk_norm_out='fp32': RoPE still rounds
+    its output to the stack dtype (found on the H200: the reference side handed fp32 q/k on)."""
+    from rla.ops import reference
+
+    model = _model("qwen3")
+    ids = tokens(2, 8)
+    rla.align(model, "vllm-0.33")
+    want = model(ids).logits
+    rla.align(model, "vllm-0.33", ops=reference)
+    got = model(ids).logits
+    rla.unalign(model)
+    assert got.dtype == want.dtype and torch.equal(got, want)

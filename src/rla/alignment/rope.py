@@ -122,7 +122,8 @@ def make_apply_rotary(profile: RoundingProfile, impl=None):
         rope = impl.rope
 
         def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-            return rope(q, k, cos, sin, profile, unsqueeze_dim=unsqueeze_dim)
+            dtype = cos.dtype if q.dtype == torch.float32 and cos.dtype != torch.float32 else None
+            return rope(q, k, cos, sin, profile, unsqueeze_dim=unsqueeze_dim, dtype=dtype)
 
     apply_rotary_pos_emb.__doc__ = f"rla.ops.rope under profile {profile.name!r} (installed by rla.align)."
     return apply_rotary_pos_emb
