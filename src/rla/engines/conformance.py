@@ -92,7 +92,7 @@ def to_profile(conf: Conformance, name: str | None = None, results: str = "") ->
     )
     short = ".".join(conf.version.split(".")[:2])
     default_name = f"{conf.engine}-{short}" + ("" if conf.mode == "default" else f"-{conf.mode}")
-    if conf.mode == "eager" and any(r.evidence == "native_eager" for r in conf.points.values()):
+    if conf.mode == "eager" and not any(r.evidence == "kernel" for r in conf.points.values()):
         default_name += "-native"  # the kernels did not run: not the engine's eager row
     return RoundingProfile(
         name=name or default_name,
