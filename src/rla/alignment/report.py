@@ -40,6 +40,8 @@ class AlignmentReport:
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     hazards: list[FixedHazard] = field(default_factory=list)
     transformers_version: str = ""
+    notes: list[str] = field(default_factory=list)
+    """Things the user should know that are not hazards, e.g. that nothing can round yet."""
 
     def modules(self, region: str) -> int:
         """Total modules aligned in ``region`` (0 when the region was not aligned)."""
@@ -78,6 +80,7 @@ class AlignmentReport:
             lines.extend(f"    - {h.name}: {h.detail}" for h in self.hazards)
         else:
             lines.append("  hazards fixed: none found")
+        lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
     def __rich__(self):
@@ -94,4 +97,4 @@ class AlignmentReport:
             "hazards fixed: "
             + ("none found" if not self.hazards else "; ".join(f"{h.name}: {h.detail}" for h in self.hazards))
         )
-        return Group(table, hazards)
+        return Group(table, hazards, *(Text(f"note: {n}") for n in self.notes))
