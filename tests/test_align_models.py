@@ -41,7 +41,7 @@ def test_aligned_logits_equal_the_spec_for_every_profile(family_model):
         assert torch.equal(model(ids).logits, unaligned)
     assert torch.equal(outputs["hf"], unaligned)
     # the oracle comparison is not vacuous: the engine profiles differ from HF here
-    for profile in ("vllm", "sglang", "vllm-eager"):
+    for profile in ("vllm-0.33", "sglang-0.5.23", "vllm-0.33-eager"):
         assert not torch.equal(outputs[profile], unaligned), profile
 
 
@@ -110,7 +110,7 @@ def test_realigning_never_wraps_twice():
     # the patch remembers the class forward (no instance forward before), not the vllm one
     assert attn.__dict__["_rla_patch"].saved_attrs["forward"] is not attn.forward
     assert not callable(attn.__dict__["_rla_patch"].saved_attrs["forward"])
-    assert rla.alignment_of(model).profile.name == "sglang"
+    assert rla.alignment_of(model).profile.name == "sglang-0.5.23"
     rla.unalign(model)
     assert "forward" not in attn.__dict__ and rla.alignment_of(model) is None
 
@@ -122,7 +122,7 @@ def test_aligned_context_restores_the_previous_alignment():
     with torch.no_grad():
         with rla.aligned(model, "sglang"):
             assert torch.equal(model(ids).logits, spec_forward(model, ids, SPEC["sglang"]))
-        assert rla.alignment_of(model).profile.name == "vllm"
+        assert rla.alignment_of(model).profile.name == "vllm-0.33"
         assert torch.equal(model(ids).logits, spec_forward(model, ids, SPEC["vllm"]))
     rla.unalign(model)
 

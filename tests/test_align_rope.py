@@ -61,15 +61,24 @@ def test_cast_model_logits_equal_the_spec():
     rla.unalign(model)
 
 
-def test_casting_after_align_is_a_clear_error():
+def test_casting_after_align_keeps_fp32_frequencies_and_says_so():
+    """TRL (continuous batching with bf16) and verl cast the model after it was built: the aligned
+    rotary keeps the fp32 frequencies the engine uses, and the report names the cast."""
     model = tiny_model("llama", dtype=torch.float32)
-    rla.align(model, "vllm")
+    reference = tiny_model("llama", dtype=torch.bfloat16)  # same seed: the same weights, born bf16
+    report = rla.align(model, "vllm")
     model.to(torch.bfloat16)
-    with pytest.raises(RuntimeError, match="after rla.align"):
-        model(tokens())
-    rla.align(model, "vllm")  # aligning again recomputes inv_freq
-    model(tokens())
+    assert model.model.rotary_emb.inv_freq.dtype == torch.bfloat16  # what the cast did
+    with pytest.warns(UserWarning, match="cast to bfloat16 after rla.align"):
+        got = model(tokens()).logits
+    rla.align(reference, "vllm")
+    assert torch.equal(got, reference(tokens()).logits)
+    assert [h.name for h in report.hazards] == ["cast after align"]
+    model(tokens())  # reported once
+    assert len(report.hazards) == 1
     rla.unalign(model)
+    # unalign puts back the buffers the module had when it was aligned (fp32, as from_pretrained keeps it)
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
 
 
 def test_cos_sin_stay_fp32_and_exact_under_autocast():

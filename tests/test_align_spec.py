@@ -33,20 +33,22 @@ def single_thread():
 # ---------------------------------------------------------------------------------------------
 # ROUNDING.md, "Built-in profiles", copied as data (checked against rla.profiles below).
 # ---------------------------------------------------------------------------------------------
-POINTS = ("rope_cos_sin", "rope_apply", "swiglu", "norm_weight", "norm_residual")
+POINTS = ("rope_cos_sin", "rope_apply", "rope_inv_freq", "swiglu", "norm_weight", "norm_residual",
+          "residual_stream", "qk_norm_out")
 SPEC = {
-    "hf": ("round", "per_op", "per_op", "per_op", "rounded_sum"),
-    "vllm": ("round", "fused", "fused", "fused", "fp32_sum"),
-    "vllm-eager": ("round", "fused", "per_op", "per_op", "rounded_sum"),
-    "sglang": ("fp32", "fused", "fused", "fused", "fp32_sum"),
-    "rla": ("fp32", "fused", "fused", "fused", "fp32_sum"),
+    "hf": ("round", "per_op", "host", "per_op", "per_op", "rounded_sum", "rounded", "round"),
+    "sglang-0.5.23": ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round"),
+    "vllm-0.33": ("round", "fused", "device", "fused", "fused", "fp32_sum", "fp32_carry", "fp32"),
+    "vllm-0.33-eager": ("round", "fused", "device", "per_op", "fused", "rounded_sum", "rounded", "round"),
+    "rla": ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round"),
 }
 SPEC = {name: dict(zip(POINTS, row)) for name, row in SPEC.items()}
-PROFILES = tuple(SPEC)
+SPEC["vllm"], SPEC["vllm-eager"], SPEC["sglang"] = SPEC["vllm-0.33"], SPEC["vllm-0.33-eager"], SPEC["sglang-0.5.23"]
+PROFILES = ("hf", "sglang-0.5.23", "vllm-0.33", "vllm-0.33-eager", "rla")
 REGION_POINTS = {
-    "rope": ("rope_cos_sin", "rope_apply"),
+    "rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq", "qk_norm_out"),
     "swiglu": ("swiglu",),
-    "rmsnorm": ("norm_weight", "norm_residual"),
+    "rmsnorm": ("norm_weight", "norm_residual", "residual_stream"),
 }
 
 
@@ -56,6 +58,8 @@ def points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
     for region in regions:
         for point in REGION_POINTS[region]:
             out[point] = SPEC[profile][point]
+    if not {"rope", "rmsnorm"} <= set(regions):  # the q/k-norm -> RoPE chain needs both regions
+        out["qk_norm_out"] = "round"
     return out
 
 
@@ -166,8 +170,8 @@ def _rot(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def spec_rope(x, cos, sin, pts):
-    lp = x.dtype
+def spec_rope(x, cos, sin, pts, lp=None):
+    lp = lp or x.dtype
     c, s = cos[:, None], sin[:, None]  # [B, 1, S, D] against x [B, H, S, D]
     if pts["rope_cos_sin"] == "round":
         c, s = rn(c, lp), rn(s, lp)
@@ -185,13 +189,14 @@ def spec_swiglu(g, u, pts):
     return (a * u.float()).to(lp)
 
 
-def spec_norm(v, weight, eps, pts, lp):
-    """v: the fp32 value the norm reads; weight: the engine's copy is RN(weight)."""
+def spec_norm(v, weight, eps, pts, lp, out=None):
+    """v: the fp32 value the norm reads; weight: the engine's copy is RN(weight); ``out``: the
+    output dtype (fp32 = unrounded, the q/k norm of the qk_norm_out='fp32' chain)."""
     rstd = torch.rsqrt((v * v).mean(-1, keepdim=True) + eps)
     w = rn(weight.float(), lp)
     if pts["norm_weight"] == "per_op":
-        return (w * rn(v * rstd, lp)).to(lp)
-    return ((v * rstd) * w).to(lp)
+        return (w * rn(v * rstd, lp)).to(out or lp)
+    return ((v * rstd) * w).to(out or lp)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,9 +232,10 @@ def _attention(attn, h, cos, sin, mask, pts, lp, eps, cache, idx):
     k = _linear(attn.k_proj, h).view(b, s, -1, d)
     v = _linear(attn.v_proj, h).view(b, s, -1, d).transpose(1, 2)
     if hasattr(attn, "q_norm"):  # Qwen3: per-head norms, no residual, follow norm.weight
-        q = spec_norm(q.float(), attn.q_norm.weight, eps, pts, lp)
-        k = spec_norm(k.float(), attn.k_norm.weight, eps, pts, lp)
-    q, k = spec_rope(q.transpose(1, 2), cos, sin, pts), spec_rope(k.transpose(1, 2), cos, sin, pts)
+        out = torch.float32 if pts["qk_norm_out"] == "fp32" else lp  # fp32: RoPE reads it unrounded
+        q = spec_norm(q.float(), attn.q_norm.weight, eps, pts, lp, out)
+        k = spec_norm(k.float(), attn.k_norm.weight, eps, pts, lp, out)
+    q, k = spec_rope(q.transpose(1, 2), cos, sin, pts, lp), spec_rope(k.transpose(1, 2), cos, sin, pts, lp)
     if cache is not None:
         if idx in cache.k:
             k = torch.cat([cache.k[idx], k], dim=2)
@@ -290,6 +296,7 @@ def spec_forward(model, input_ids, pts, cache: SpecCache | None = None, last_onl
         future = torch.arange(past + s)[None, :] > (torch.arange(s)[:, None] + past)
         mask = torch.zeros(s, past + s, dtype=lp).masked_fill(future, torch.finfo(lp).min)[None, None]
     fp32_sum = pts["norm_residual"] == "fp32_sum"
+    carry = pts["residual_stream"] == "fp32_carry"
 
     residual = F.embedding(input_ids, body.embed_tokens.weight)
     read = residual.float()  # what the next norm reads
@@ -301,7 +308,8 @@ def spec_forward(model, input_ids, pts, cache: SpecCache | None = None, last_onl
         read = total if fp32_sum else residual.float()
         h = spec_norm(read, layer.post_attention_layernorm.weight, eps, pts, lp)
         x = _mlp(layer.mlp, h, pts)
-        total = x.float() + residual.float()
+        # fp32_carry: the MLP's add reads the unrounded a + r
+        total = x.float() + (total if carry else residual.float())
         residual = total.to(lp)
         read = total if fp32_sum else residual.float()
     h = spec_norm(read, body.norm.weight, eps, pts, lp)

@@ -81,16 +81,26 @@ def with_layer_checkpointing(inner):
     return forward
 
 
-def rope_init(rotary: torch.nn.Module) -> tuple[torch.Tensor, float]:
+def rope_init(rotary: torch.nn.Module, device=None, seq_len=None) -> tuple[torch.Tensor, float]:
     """fp32 ``(inv_freq, attention_scaling)`` from the config, with the module's own init function.
 
     Same choice as the rotary module's ``__init__``: ``compute_default_rope_parameters`` for the
     default type, ``ROPE_INIT_FUNCTIONS[rope_type]`` (llama3, linear, dynamic, ...) otherwise.
-    Both releases accept ``fn(config)`` (5.17's ``device`` argument defaults to None).
+    Every init function takes ``(config, device, seq_len)``: ``device`` is where the frequencies
+    are evaluated (None: the CPU, as HF's ``__init__`` does); ``seq_len`` only matters to dynamic
+    types that have grown past their original length.
     """
     rope_type = rotary.rope_type
     fn = rotary.compute_default_rope_parameters if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
-    inv_freq, scaling = fn(rotary.config)
+    device = torch.device(device if device is not None else "cpu")
+    params = inspect.signature(fn).parameters
+    kwargs = {"device": device} if "device" in params else {}
+    if seq_len is not None:
+        kwargs["seq_len"] = seq_len
+    # The models' own default init (5.24) takes no device and evaluates on the default device:
+    # the context makes that the requested one too.
+    with torch.device(device):
+        inv_freq, scaling = fn(rotary.config, **kwargs)
     return inv_freq.to(torch.float32), scaling
 
 

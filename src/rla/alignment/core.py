@@ -163,10 +163,13 @@ def align(
         model_class=type(model).__name__,
         transformers_version=str(compat.TRANSFORMERS_VERSION),
     )
+    # q/k norm -> RoPE as one fp32 chain (qk_norm_out='fp32'): needs both regions aligned; the
+    # norms record the stack dtype in ``chain`` for RoPE's single rounding
+    chain = {"lp": None} if p.qk_norm_out == "fp32" and found.qk_norms and {"rope", "rmsnorm"} <= set(regions) else None
     try:
         if "rope" in regions:
-            report.hazards.extend(align_rotary(found.rotary))
-            align_attention(found.attentions, family, p)
+            report.hazards.extend(align_rotary(found.rotary, p, report))
+            align_attention(found.attentions, family, p, chain)
             report.counts["rope"] = {"rotary_emb": 1, "self_attn": len(found.attentions)}
         if "swiglu" in regions:
             align_mlps(found.mlps + found.shared_experts, p)
@@ -179,7 +182,8 @@ def align(
             report.counts["swiglu"] = counts
         if "rmsnorm" in regions:
             align_layers(found.layers, found.layer_class, p)
-            align_norms(found.norms + found.qk_norms, p)
+            align_norms(found.norms, p)
+            align_norms(found.qk_norms, p, chain)
             counts = {"decoder layers": len(found.layers), "RMSNorm": len(found.norms)}
             if found.qk_norms:
                 counts["q_norm/k_norm"] = len(found.qk_norms)

@@ -52,16 +52,26 @@ def stack_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
-def _make_norm_forward(profile: RoundingProfile):
-    def forward(self, hidden_states):
-        lp = stack_dtype(hidden_states, self.weight)
-        return ops.rms_norm(hidden_states, self.weight, self.variance_epsilon, profile, dtype=lp)
+def _make_norm_forward(profile: RoundingProfile, chain: dict | None):
+    if chain is None:
+        def forward(self, hidden_states):
+            lp = stack_dtype(hidden_states, self.weight)
+            return ops.rms_norm(hidden_states, self.weight, self.variance_epsilon, profile, dtype=lp)
+    else:  # a q/k norm whose unrounded output RoPE reads (qk_norm_out='fp32')
+        def forward(self, hidden_states):
+            lp = stack_dtype(hidden_states, self.weight)
+            chain["lp"] = lp
+            return ops.rms_norm(
+                hidden_states, self.weight, self.variance_epsilon, profile, dtype=lp, out_dtype=torch.float32
+            )
 
     return forward
 
 
-def align_norms(norms: list[torch.nn.Module], profile: RoundingProfile) -> None:
-    forward = _make_norm_forward(profile)
+def align_norms(norms: list[torch.nn.Module], profile: RoundingProfile, chain: dict | None = None) -> None:
+    """Route every norm through ``rla.ops.rms_norm``; with ``chain`` (q/k norms under
+    ``qk_norm_out='fp32'``) their output stays fp32 for RoPE (see ``rope.make_apply_rotary``)."""
+    forward = _make_norm_forward(profile, chain)
     for norm in norms:
         if not hasattr(norm, "variance_epsilon") or not isinstance(getattr(norm, "weight", None), torch.Tensor):
             raise NotImplementedError(
@@ -96,6 +106,7 @@ def _layer_parameters(forward) -> tuple[tuple[str, ...], tuple[tuple[str, object
 
 def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults):
     fp32_sum = profile.norm_residual == "fp32_sum"
+    carry = profile.residual_stream == "fp32_carry"
     # Only "first layer or not" enters the traced path: torch.compile guards on the closure values
     # it reads, and a per-layer index would compile one graph per layer (recompile_limit hit on a
     # 24-layer model, benchmarks/results/h200_2026-11-29_sampler.md). ``index`` is read only to
@@ -117,22 +128,29 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults):
             residual = hidden_states.to(lp)
             h = self.input_layernorm(hidden_states if reads_sum else residual)
 
-        attn_out = self.self_attn(hidden_states=h, **kwargs)[0]
+        attn_out = self.self_attn(hidden_states=h, **kwargs)[0].to(lp)
         # add + post-attention norm in one op: RN(x + r) handed on, the norm reading the sum the
         # profile says (the norm module's own weight and eps; its forward is rla's rms_norm)
         norm = self.post_attention_layernorm
-        h, residual = ops.add_rms_norm(attn_out.to(lp), residual, norm.weight, norm.variance_epsilon, profile)
+        h, rounded = ops.add_rms_norm(attn_out, residual, norm.weight, norm.variance_epsilon, profile)
+        # fp32_carry: the MLP's add reads the fp32 a + r (rebuilt from the two lp tensors, as
+        # Inductor recomputes it in the consumer kernel), not RN(a + r)
+        carried = attn_out.float() + residual.float() if carry else rounded
 
         mlp_out = self.mlp(h)
         extra = ()
         if isinstance(mlp_out, tuple):  # an MoE block that also returns router logits
             mlp_out, *extra = mlp_out
         mlp_out = mlp_out.to(lp)
-        if fp32_sum:  # x + r exactly in fp32 (r is promoted), for the next layer's norm; a copy
+        if carry:  # h + (a + r) in fp32; rounded here unless the next norm reads the fp32 sum
+            out = mlp_out.float() + carried
+            if not fp32_sum:
+                out = out.to(lp)
+        elif fp32_sum:  # x + r exactly in fp32 (r is promoted), for the next layer's norm; a copy
             # even when mlp_out is already fp32, so the add never writes into the MLP's output
-            out = mlp_out.to(torch.float32, copy=True).add_(residual)
+            out = mlp_out.to(torch.float32, copy=True).add_(rounded)
         else:  # an lp add computes in fp32 and rounds once: RN(x + r)
-            out = mlp_out + residual
+            out = mlp_out + rounded
         return (out, *extra) if extra else out
 
     return compat.with_layer_checkpointing(forward)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import types
+import warnings
 
 import torch
 
@@ -32,28 +33,80 @@ from rla.profiles import RoundingProfile
 __all__ = ["align_rotary", "align_attention", "make_apply_rotary", "fp32_inv_freq", "angle_error"]
 
 
+#: Rope types whose frequencies HF's ``dynamic_rope_update`` recomputes during the forward.
+_DYNAMIC = ("dynamic", "longrope")
+
+
+def _frequencies(self, device: torch.device) -> torch.Tensor:
+    """The fp32 ``inv_freq`` the aligned rotary multiplies positions by, on ``device``.
+
+    Static rope types: computed once per device by the module's own init function from the config,
+    evaluated where the profile says (``rope_inv_freq``: ``host`` = on the CPU, as HF's init does;
+    ``device`` = on ``device``, as the engines build their cos/sin cache) and kept outside the
+    module's buffers, so ``model.to(torch.bfloat16)`` / ``.half()`` / an FSDP cast after
+    ``rla.align`` cannot round it. Dynamic types read the buffer HF's decorator maintains (it
+    recomputes on the input's device); a cast that rounded it is undone here from the config.
+    """
+    state = self.__dict__["_rla_rotary"]
+    if self.rope_type in _DYNAMIC:
+        inv_freq = self.inv_freq
+        if inv_freq.dtype != torch.float32:
+            _note_cast(state, inv_freq.dtype)
+            grown = getattr(self, "max_seq_len_cached", 0) > getattr(self, "original_max_seq_len", 0)
+            seq_len = self.max_seq_len_cached if grown and self.rope_type == "dynamic" else None
+            fresh = compat.rope_init(self, device, seq_len=seq_len)[0]
+            self._buffers["inv_freq"] = fresh
+            if "original_inv_freq" in self._buffers and self._buffers["original_inv_freq"].dtype != torch.float32:
+                self._buffers["original_inv_freq"] = compat.rope_init(self, device)[0]
+            inv_freq = fresh
+        return inv_freq.to(device)
+    cache = state["inv_freq"]
+    if device not in cache:
+        where = device if state["evaluate_on"] == "device" else torch.device("cpu")
+        cache[device] = compat.rope_init(self, where)[0].to(device)
+    buffer = self._buffers.get("inv_freq")
+    if buffer is not None and buffer.dtype != torch.float32:
+        _note_cast(state, buffer.dtype)
+    return cache[device]
+
+
+def _note_cast(state: dict, dtype: torch.dtype) -> None:
+    """Report, once, that the model was cast after ``rla.align`` (and that it did no harm)."""
+    if state["cast_seen"]:
+        return
+    state["cast_seen"] = True
+    name = str(dtype).replace("torch.", "")
+    message = (
+        f"the model was cast to {name} after rla.align (its RoPE inv_freq buffer is {name} now); "
+        "the aligned rotary keeps computing cos/sin from fp32 frequencies, as the engine does"
+    )
+    state["report"].hazards.append(FixedHazard("cast after align", message))
+    warnings.warn("rla.align: " + message, stacklevel=3)
+
+
 def _aligned_rotary_forward(self, x, position_ids):
-    inv_freq = self.inv_freq
-    if inv_freq.dtype != torch.float32:
-        raise RuntimeError(
-            f"rla.align: the rotary embedding's inv_freq is {inv_freq.dtype}, not float32: the model "
-            "was cast (model.to(dtype) / .half() / .bfloat16()) after rla.align, which rounds RoPE "
-            "frequencies (phase drift over long contexts). Call rla.align(model, ...) again after "
-            "casting: it recomputes inv_freq in fp32 from the config."
-        )
-    freqs = position_ids[..., None].to(torch.float32) * inv_freq.to(x.device)
-    return freqs.cos() * self.attention_scaling, freqs.sin() * self.attention_scaling
+    inv_freq = _frequencies(self, x.device)
+    freqs = position_ids[..., None].to(torch.float32) * inv_freq
+    cos, sin = freqs.cos(), freqs.sin()
+    if self.attention_scaling != 1.0:
+        cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
+    return cos, sin
 
 
 #: The aligned rotary forward, with HF's own dynamic/longrope frequency update around it.
 ROTARY_FORWARD = compat.dynamic_rope_update(_aligned_rotary_forward)
 
 
-def make_apply_rotary(profile: RoundingProfile):
-    """``apply_rotary_pos_emb`` with HF's signature, running ``rla.ops.rope`` under ``profile``."""
+def make_apply_rotary(profile: RoundingProfile, chain: dict | None = None):
+    """``apply_rotary_pos_emb`` with HF's signature, running ``rla.ops.rope`` under ``profile``.
+
+    ``chain`` is shared with the aligned q/k norms under ``qk_norm_out='fp32'``: they hand RoPE
+    their unrounded fp32 output and record the stack dtype there, which RoPE rounds its output to.
+    """
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        return ops.rope(q, k, cos, sin, profile, unsqueeze_dim=unsqueeze_dim)
+        dtype = chain["lp"] if chain is not None and q.dtype == torch.float32 else None
+        return ops.rope(q, k, cos, sin, profile, unsqueeze_dim=unsqueeze_dim, dtype=dtype)
 
     apply_rotary_pos_emb.__doc__ = f"rla.ops.rope under profile {profile.name!r} (installed by rla.align)."
     return apply_rotary_pos_emb
@@ -71,11 +124,15 @@ def angle_error(used: torch.Tensor, reference: torch.Tensor, position: int) -> f
     return float((position * (used.detach().double().cpu() - reference.detach().double().cpu())).abs().max())
 
 
-def align_rotary(rotary: torch.nn.Module) -> list[FixedHazard]:
-    """Patch one rotary module; returns the hazards it fixed (a rounded ``inv_freq``)."""
+def align_rotary(rotary: torch.nn.Module, profile: RoundingProfile, report) -> list[FixedHazard]:
+    """Patch one rotary module; returns the hazards it fixed (a rounded ``inv_freq``).
+
+    ``report`` (the alignment's report) receives a hazard later if the model is cast after
+    alignment (see :func:`_frequencies`)."""
     hazards: list[FixedHazard] = []
     buffers: dict[str, torch.Tensor] = {}
-    attrs: dict[str, object] = {"forward": types.MethodType(ROTARY_FORWARD, rotary)}
+    state = {"inv_freq": {}, "evaluate_on": profile.rope_inv_freq, "cast_seen": False, "report": report}
+    attrs: dict[str, object] = {"forward": types.MethodType(ROTARY_FORWARD, rotary), "_rla_rotary": state}
     rounded = [n for n in ("inv_freq", "original_inv_freq") if n in rotary._buffers
                and rotary._buffers[n] is not None and rotary._buffers[n].dtype != torch.float32]
     if rounded:
@@ -115,9 +172,12 @@ def align_rotary(rotary: torch.nn.Module) -> list[FixedHazard]:
     return hazards
 
 
-def align_attention(attentions: list[torch.nn.Module], family: Family, profile: RoundingProfile) -> None:
-    """Give each attention instance a forward whose ``apply_rotary_pos_emb`` is ``rla.ops.rope``."""
-    apply_rotary = make_apply_rotary(profile)
+def align_attention(
+    attentions: list[torch.nn.Module], family: Family, profile: RoundingProfile, chain: dict | None = None
+) -> None:
+    """Give each attention instance a forward whose ``apply_rotary_pos_emb`` is ``rla.ops.rope``
+    (``chain``: see :func:`make_apply_rotary`)."""
+    apply_rotary = make_apply_rotary(profile, chain)
     rebuilt: dict[type, types.FunctionType] = {}
     for attn in attentions:
         klass = class_named(attn, family.cls("attention"))

@@ -30,7 +30,7 @@ def backend(*tensors: torch.Tensor):
     return reference
 
 
-def rope(q, k, cos, sin, profile: str | RoundingProfile, unsqueeze_dim: int = 1):
+def rope(q, k, cos, sin, profile: str | RoundingProfile, unsqueeze_dim: int = 1, dtype: torch.dtype | None = None):
     """Rotary position embedding of ``q`` and ``k`` -> ``(q_out, k_out)``.
 
     Same call as HF's ``apply_rotary_pos_emb``, with fp32 ``cos``/``sin``: the profile decides
@@ -38,10 +38,14 @@ def rope(q, k, cos, sin, profile: str | RoundingProfile, unsqueeze_dim: int = 1)
     are rounded before the sum (``rope_apply``). ``cos``/``sin`` may also be half tables
     [..., D/2], the first half of HF's [..., D] (which repeats it), as vLLM caches them: the
     same numbers from a quarter of the bytes when already rounded to q's dtype.
+
+    ``dtype`` is the stack's low-precision dtype (default q's): fp32 ``q``/``k`` with
+    ``dtype=torch.bfloat16`` are unrounded q/k-norm outputs (``qk_norm_out='fp32'``), read as
+    they are and rounded once at the output.
     """
     p = resolve(profile)
-    check_rope(q, k, cos, sin, p, unsqueeze_dim)
-    return backend(q, k).rope(q, k, cos, sin, p, unsqueeze_dim)
+    check_rope(q, k, cos, sin, p, unsqueeze_dim, dtype)
+    return backend(q, k).rope(q, k, cos, sin, p, unsqueeze_dim, dtype)
 
 
 def swiglu(gate, up, profile: str | RoundingProfile):
@@ -51,16 +55,23 @@ def swiglu(gate, up, profile: str | RoundingProfile):
     return backend(gate, up).swiglu(gate, up, p)
 
 
-def rms_norm(x, weight, eps: float, profile: str | RoundingProfile, dtype: torch.dtype | None = None):
+def rms_norm(
+    x, weight, eps: float, profile: str | RoundingProfile, dtype: torch.dtype | None = None,
+    out_dtype: torch.dtype | None = None,
+):
     """RMSNorm over the last dim; an fp32 ``weight`` is first rounded to the low-precision dtype.
 
     ``dtype`` is the stack's low-precision dtype and defaults to ``x.dtype``. Passing an fp32
     ``x`` with ``dtype=torch.bfloat16`` reads ``x`` as the fp32 residual sum of a fused add + norm
     (the ``fp32_sum`` point across a decoder-layer boundary) and returns a bf16 result.
+    ``out_dtype=torch.float32`` returns the norm unrounded (a q/k norm feeding RoPE under
+    ``qk_norm_out='fp32'``).
     """
     p = resolve(profile)
     check_norm(x, None, weight, eps, dtype)
-    return backend(x, weight).rms_norm(x, weight, eps, p, dtype)
+    if out_dtype not in (None, torch.float32) and out_dtype != (dtype or x.dtype):
+        raise TypeError(f"out_dtype must be None (the stack dtype) or torch.float32, got {out_dtype}")
+    return backend(x, weight).rms_norm(x, weight, eps, p, dtype, out_dtype)
 
 
 def add_rms_norm(x, residual, weight, eps: float, profile: str | RoundingProfile):

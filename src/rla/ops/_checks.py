@@ -30,10 +30,18 @@ def _same_device(names: str, *ts: torch.Tensor) -> None:
         raise ValueError(f"{names} must be on one device, got {', '.join(str(t.device) for t in ts)}")
 
 
-def check_rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int) -> None:
+def check_rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int, dtype=None) -> None:
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         _float(name, t)
     _same_dtype("q and k", q, k)
+    lp = q.dtype if dtype is None else dtype
+    if lp not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype}")
+    if q.dtype not in (lp, torch.float32):
+        raise TypeError(
+            f"q is {q.dtype} but the stack dtype is {lp}: q must be {lp}, or the fp32 output of a "
+            "q/k norm (qk_norm_out='fp32')"
+        )
     _same_device("q, k, cos and sin", q, k, cos, sin)
     d = q.shape[-1]
     if d % 2:
@@ -56,10 +64,10 @@ def check_rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int) -> 
                 "cause is MixedPrecisionPolicy(cast_forward_inputs=True), the default, which casts "
                 "every module input to param_dtype: use cast_forward_inputs=False."
             )
-        if cos.dtype != q.dtype:
+        if cos.dtype != lp:
             raise TypeError(
-                f"cos/sin are {cos.dtype} but q is {q.dtype}; pass fp32 cos/sin (preferred) or "
-                "cos/sin already rounded to q's dtype"
+                f"cos/sin are {cos.dtype} but the stack dtype is {lp}; pass fp32 cos/sin (preferred) "
+                "or cos/sin already rounded to it"
             )
     shape = [*cos.shape[:-1], d]
     pos = unsqueeze_dim if unsqueeze_dim >= 0 else len(shape) + 1 + unsqueeze_dim

@@ -149,12 +149,13 @@ def _rope_head_axis(q: Tensor, k: Tensor, cos: Tensor, unsqueeze_dim: int) -> Op
     return axis
 
 
-def rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int = 1):
+def rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int = 1, dtype=None):
     """Fused RoPE of q and k (one launch); see ``rla.ops.rope``. Layouts the kernel does not
-    cover (not 4-D, cos/sin broadcasting over heads in another way) run the reference."""
+    cover (not 4-D, cos/sin broadcasting over heads in another way) and an fp32 q/k rounded to
+    another output dtype (the ``qk_norm_out='fp32'`` chain, not fused yet) run the reference."""
     axis = _rope_head_axis(q, k, cos, unsqueeze_dim)
-    if axis is None:
-        return reference.rope(q, k, cos, sin, profile, unsqueeze_dim)
+    if axis is None or (dtype is not None and dtype != q.dtype):
+        return reference.rope(q, k, cos, sin, profile, unsqueeze_dim, dtype)
     flags = (profile.rope_cos_sin == "round", profile.rope_apply == "per_op", axis)
     return (_rope_op if _compiling() else _RopeFn.apply)(q, k, cos, sin, *flags)
 
@@ -366,9 +367,12 @@ class _AddRMSNormFn(torch.autograd.Function):
         return dv, dv, dw, None, None, None
 
 
-def rms_norm(x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype | None = None):
-    """Fused RMSNorm; see ``rla.ops.rms_norm`` (``dtype``: the stack dtype, default x's)."""
+def rms_norm(x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype | None = None, out_dtype=None):
+    """Fused RMSNorm; see ``rla.ops.rms_norm`` (``dtype``: the stack dtype, default x's). An
+    unrounded fp32 output (``out_dtype``, the ``qk_norm_out='fp32'`` chain) runs the reference."""
     lp = x.dtype if dtype is None else dtype
+    if out_dtype is not None and out_dtype != lp:
+        return reference.rms_norm(x, weight, eps, profile, lp, out_dtype)
     per_op = profile.norm_weight == "per_op"
     if _compiling():
         return _rms_norm_op(x, weight, float(eps), per_op, lp)[0]

@@ -56,8 +56,7 @@ def _rope_tables(cos, sin, lp, round_cos_sin):
     return c, s
 
 
-def _rope_fwd(x, c, s, per_op):
-    lp = x.dtype
+def _rope_fwd(x, c, s, per_op, lp):
     xf = x.float()
     if per_op:
         out = _rn(xf * c, lp) + _rn(_rot(xf) * s, lp)
@@ -73,34 +72,39 @@ def _rope_bwd(g, c, s, dtype):
 
 class _Rope(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, round_cos_sin: bool, per_op: bool):
-        c, s = _rope_tables(cos, sin, q.dtype, round_cos_sin)
+    def forward(ctx, q, k, cos, sin, round_cos_sin: bool, per_op: bool, lp: torch.dtype):
+        c, s = _rope_tables(cos, sin, lp, round_cos_sin)
         ctx.save_for_backward(cos, sin)
-        ctx.round_cos_sin = round_cos_sin
-        return _rope_fwd(q, c, s, per_op), _rope_fwd(k, c, s, per_op)
+        ctx.round_cos_sin, ctx.lp = round_cos_sin, lp
+        ctx.dtypes = (q.dtype, k.dtype)
+        return _rope_fwd(q, c, s, per_op, lp), _rope_fwd(k, c, s, per_op, lp)
 
     @staticmethod
     def backward(ctx, gq, gk):
         cos, sin = ctx.saved_tensors
-        lp = gq.dtype if gq is not None else gk.dtype
-        c, s = _rope_tables(cos, sin, lp, ctx.round_cos_sin)
-        dq = _rope_bwd(gq, c, s, gq.dtype) if gq is not None and ctx.needs_input_grad[0] else None
-        dk = _rope_bwd(gk, c, s, gk.dtype) if gk is not None and ctx.needs_input_grad[1] else None
-        return dq, dk, None, None, None, None
+        c, s = _rope_tables(cos, sin, ctx.lp, ctx.round_cos_sin)
+        dq = _rope_bwd(gq, c, s, ctx.dtypes[0]) if gq is not None and ctx.needs_input_grad[0] else None
+        dk = _rope_bwd(gk, c, s, ctx.dtypes[1]) if gk is not None and ctx.needs_input_grad[1] else None
+        return dq, dk, None, None, None, None, None
 
 
-def rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int = 1):
+def rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int = 1, dtype: torch.dtype | None = None):
     """Rotary embedding of ``q`` and ``k`` under ``profile`` (inputs already validated).
 
     ``cos``/``sin`` are [..., S, D] as HF's rotary module returns them, or [..., S, D/2], the
     first half of that table (HF builds it as ``cat(freqs, freqs)``), and are unsqueezed at
     ``unsqueeze_dim`` to broadcast against q [B, H, S, D] (or [B, S, H, D] with dim 2).
+
+    ``dtype`` is the stack's low-precision dtype (default q's). An fp32 ``q``/``k`` with
+    ``dtype=torch.bfloat16`` is the unrounded output of a q/k norm (``qk_norm_out='fp32'``): the
+    rotation reads it as is and rounds once, at its output, to ``dtype``.
     """
+    lp = q.dtype if dtype is None else dtype
     if cos.shape[-1] != q.shape[-1]:
         cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
     return _Rope.apply(
-        q, k, cos, sin, profile.rope_cos_sin == "round", profile.rope_apply == "per_op"
+        q, k, cos, sin, profile.rope_cos_sin == "round", profile.rope_apply == "per_op", lp
     )
 
 
@@ -155,10 +159,10 @@ def _rstd(v: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def _norm_fwd(v, rstd, w, lp, per_op):
+def _norm_fwd(v, rstd, w, lp, per_op, out_dtype=None):
     n = v * rstd
     out = w * _rn(n, lp) if per_op else n * w
-    return out.to(lp)
+    return out.to(out_dtype or lp)
 
 
 def _norm_bwd(dy, v, rstd, w, need_w, w_dtype):
@@ -173,19 +177,20 @@ def _norm_bwd(dy, v, rstd, w, need_w, w_dtype):
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps: float, per_op: bool, lp: torch.dtype):
+    def forward(ctx, x, weight, eps: float, per_op: bool, lp: torch.dtype, out_dtype: torch.dtype):
         v = x.float()
         rstd = _rstd(v, eps)
         ctx.save_for_backward(x, weight, rstd)
-        return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op)
+        ctx.lp = lp
+        return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op, out_dtype)
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
-        w = _engine_weight(weight, dy.dtype)
+        w = _engine_weight(weight, ctx.lp)
         dv, dw = _norm_bwd(dy, x.float(), rstd, w, ctx.needs_input_grad[1], weight.dtype)
         dx = dv.to(x.dtype) if ctx.needs_input_grad[0] else None
-        return dx, dw, None, None, None
+        return dx, dw, None, None, None, None
 
 
 class _AddRMSNorm(torch.autograd.Function):
@@ -228,15 +233,20 @@ class _AddRMSNorm(torch.autograd.Function):
         return dx, dr, dw, None, None, None
 
 
-def rms_norm(x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype | None = None):
+def rms_norm(
+    x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype | None = None,
+    out_dtype: torch.dtype | None = None,
+):
     """RMSNorm of ``x`` under ``profile``'s ``norm_weight`` point (inputs already validated).
 
     ``dtype`` is the stack's low-precision dtype (default ``x.dtype``). An fp32 ``x`` with
     ``dtype=torch.bfloat16`` is an fp32 residual sum that the norm reads (``fp32_sum``): the norm
-    is computed from it and rounded once to bf16.
+    is computed from it and rounded once to bf16. ``out_dtype=torch.float32`` skips that last
+    rounding: the unrounded output of a q/k norm that RoPE reads (``qk_norm_out='fp32'``); the
+    weight is still the engine's ``lp`` copy and a ``per_op`` product still rounds x*rstd.
     """
     lp = x.dtype if dtype is None else dtype
-    return _RMSNorm.apply(x, weight, float(eps), profile.norm_weight == "per_op", lp)
+    return _RMSNorm.apply(x, weight, float(eps), profile.norm_weight == "per_op", lp, out_dtype or lp)
 
 
 def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile):

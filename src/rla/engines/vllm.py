@@ -1,0 +1,279 @@
+"""vLLM's own region code, loaded from its package or wheel at run time (never copied).
+
+What runs, and why these functions:
+
+- ``rms_norm`` / ``fused_add_rms_norm`` of ``vllm/ir/ops/layernorm.py``: the *native* IR ops.
+  In vLLM's default mode (``-O2``) ``RMSNorm.forward_native`` calls them and Inductor compiles
+  them into the model's graph; run eagerly they round after every bf16 op, under Inductor the
+  chain is computed in fp32 and rounded once (that difference is what calibration measures).
+- ``SiluAndMul.forward_native`` (``layers/activation.py``): ``F.silu(x[..., :d]) * x[..., d:]``.
+- ``RotaryEmbedding.forward_static`` (``layers/rotary_embedding/base.py``) with
+  ``ApplyRotaryEmb.forward_static`` (``common.py``), and the cos/sin cache builder
+  ``RotaryEmbeddingBase._compute_inv_freq`` / ``_compute_cos_sin_cache`` (plus
+  ``Llama3RotaryEmbedding._compute_inv_freq`` for llama3 scaling, which calls ``super()``).
+  vLLM builds the cache while the model is constructed under ``with torch.device(gpu)``, so
+  ``arange``/``pow``/``cos`` run on the GPU; ``cos_sin_cache(device=...)`` evaluates the same code
+  under the same context manager. The cache reaches the kernels through
+  ``_match_cos_sin_cache_dtype``, i.e. in the query's dtype.
+- the compiled kernels ``torch.ops._C.*`` of ``vllm/_C_stable_libtorch.abi3.so`` (enforce_eager
+  mode): loaded with ``torch.ops.load_library``; CUDA only. Call conventions follow
+  ``vllm/_custom_ops.py``: ``rms_norm(out, input, weight, eps)``, ``fused_add_rms_norm(input,
+  residual, weight, eps)`` in place, ``silu_and_mul(out, x)``, ``rotary_embedding(positions,
+  query, key, head_size, cos_sin_cache, is_neox)`` in place.
+"""
+
+from __future__ import annotations
+
+import lzma
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from rla.engines.source import (
+    EnginePackage,
+    EngineUnavailable,
+    cache_dir,
+    extract_class,
+    extract_function,
+    locate,
+)
+
+__all__ = ["VllmEngine", "VllmKernels", "load", "SUPPORTED_ROPE_TYPES", "LIBRARY"]
+
+_LAYERNORM = "vllm/ir/ops/layernorm.py"
+_ACTIVATION = "vllm/model_executor/layers/activation.py"
+_ROPE_COMMON = "vllm/model_executor/layers/rotary_embedding/common.py"
+_ROPE_BASE = "vllm/model_executor/layers/rotary_embedding/base.py"
+_ROPE_LLAMA3 = "vllm/model_executor/layers/rotary_embedding/llama3_rope.py"
+
+#: The stable-ABI kernel library inside the wheel (loads into torches other than vLLM's pin).
+LIBRARY = "vllm/_C_stable_libtorch.abi3.so"
+
+#: RoPE scaling types this adapter builds caches for, as vLLM's ``get_rope`` names them.
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+
+def _base_namespace() -> dict[str, Any]:
+    return {"torch": torch, "F": F, "math": math, "Tensor": torch.Tensor}
+
+
+def _rope_type(rope_scaling: dict | None) -> str:
+    if not rope_scaling:
+        return "default"
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
+    if kind not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"RoPE scaling type {kind!r} is not supported by rla's vLLM adapter yet "
+            f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)}); got rope_scaling={rope_scaling!r}"
+        )
+    return kind
+
+
+class VllmEngine:
+    """vLLM's region functions, extracted from one vLLM version's files.
+
+    ``version`` is the engine's version string; ``provenance`` maps each function's qualified name
+    to ``{"file", "sha256", "line"}`` of the source that runs.
+    """
+
+    def __init__(self, package: EnginePackage):
+        self.package = package
+        self.version = package.version
+        self.provenance: dict[str, dict[str, Any]] = {}
+        ns = _base_namespace()
+
+        def fn(relpath, qualname):
+            f, prov = extract_function(package, relpath, qualname, ns)
+            self.provenance[qualname] = prov.as_dict()
+            return f
+
+        def cls(relpath, name, methods, namespace=ns, base=None):
+            c, provs = extract_class(package, relpath, name, methods, namespace, base)
+            self.provenance.update({k: v.as_dict() for k, v in provs.items()})
+            return c
+
+        self._rms_norm = fn(_LAYERNORM, "rms_norm")
+        self._fused_add_rms_norm = fn(_LAYERNORM, "fused_add_rms_norm")
+        self._SiluAndMul = cls(_ACTIVATION, "SiluAndMul", ["forward_native"])
+        apply_rotary = cls(_ROPE_COMMON, "ApplyRotaryEmb", ["forward_static"])
+        rope_ns = dict(ns, ApplyRotaryEmb=apply_rotary)
+        self._RotaryEmbedding = cls(_ROPE_BASE, "RotaryEmbedding", ["forward_static"], rope_ns)
+        self._RopeCache = cls(
+            _ROPE_BASE,
+            "RotaryEmbeddingBase",
+            ["_compute_inv_freq", "_compute_cos_sin_cache", "_match_cos_sin_cache_dtype"],
+        )
+        self._Llama3Cache = cls(_ROPE_LLAMA3, "Llama3RotaryEmbedding", ["_compute_inv_freq"], ns, self._RopeCache)
+
+    def __repr__(self) -> str:
+        return f"VllmEngine(vllm {self.version}, {self.package.origin}: {self.package.location})"
+
+    # -- native ops ----------------------------------------------------------------------------
+
+    def rms_norm_native(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """vLLM's native ``rms_norm`` IR op (``vllm/ir/ops/layernorm.py``)."""
+        return self._rms_norm(x, weight, eps)
+
+    def fused_add_rms_norm_native(self, x, residual, weight, eps):
+        """vLLM's native ``fused_add_rms_norm`` -> ``(out, new_residual)`` (not in place)."""
+        return self._fused_add_rms_norm(x, residual, weight, eps)
+
+    def silu_and_mul_native(self, x: torch.Tensor) -> torch.Tensor:
+        """``SiluAndMul.forward_native``: silu(gate) * up with ``x = cat(gate, up)`` on the last dim."""
+        return self._SiluAndMul.forward_native(x)
+
+    def rope_native(self, positions, q, k, head_size: int, cos_sin_cache, is_neox: bool = True):
+        """``RotaryEmbedding.forward_static``: q/k are [tokens, heads*head_size] (or
+        [tokens, heads, head_size]); the rotary dim is the cache's width (cat(cos, sin))."""
+        return self._RotaryEmbedding.forward_static(
+            positions, q, k, head_size, cos_sin_cache.shape[-1], cos_sin_cache, is_neox
+        )
+
+    # -- the rotary cache ----------------------------------------------------------------------
+
+    def _rope_module(self, rotary_dim, max_position, base, rope_scaling, head_size=None):
+        """An instance of the extracted cache builder with the attributes vLLM's ``__init__``
+        sets (``__init__`` itself is never run: it builds vLLM's CustomOp machinery)."""
+        kind = _rope_type(rope_scaling)
+        if kind == "llama3":
+            obj = object.__new__(self._Llama3Cache)
+            try:
+                obj.scaling_factor = rope_scaling["factor"]
+                obj.low_freq_factor = rope_scaling["low_freq_factor"]
+                obj.high_freq_factor = rope_scaling["high_freq_factor"]
+                obj.orig_max_position = rope_scaling["original_max_position_embeddings"]
+            except KeyError as e:
+                raise ValueError(f"llama3 rope_scaling is missing {e.args[0]!r}: {rope_scaling!r}") from None
+        else:
+            obj = object.__new__(self._RopeCache)
+        obj.head_size = head_size or rotary_dim
+        obj.rotary_dim = rotary_dim
+        obj.max_position_embeddings = max_position
+        obj.base = base
+        obj.is_neox_style = True
+        obj.use_aiter = False
+        obj.use_flashinfer = False
+        return obj
+
+    def inv_freq(self, rotary_dim: int, base: float, rope_scaling: dict | None = None, device="cpu"):
+        """The engine's fp32 ``inv_freq`` (``_compute_inv_freq``), evaluated on ``device``."""
+        obj = self._rope_module(rotary_dim, 1, base, rope_scaling)
+        with torch.device(device):
+            return obj._compute_inv_freq(base)
+
+    def cos_sin_cache(
+        self,
+        head_size: int,
+        rotary_dim: int,
+        max_position: int,
+        base: float,
+        rope_scaling: dict | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+        device="cpu",
+    ) -> torch.Tensor:
+        """The engine's cos/sin cache [max_position, rotary_dim] = cat(cos, sin), as its kernels
+        read it: built by ``_compute_cos_sin_cache`` under ``with torch.device(device)`` (vLLM
+        builds it on the GPU while constructing the model), then brought to ``dtype`` by
+        ``_match_cos_sin_cache_dtype`` (vLLM hands its kernels the cache in the query's dtype).
+        ``dtype=torch.float32`` returns the fp32 table itself."""
+        obj = self._rope_module(rotary_dim, max_position, base, rope_scaling, head_size)
+        with torch.device(device):
+            obj.cos_sin_cache = obj._compute_cos_sin_cache()
+        query = torch.empty(0, dtype=dtype, device=device)
+        return obj._match_cos_sin_cache_dtype(query)
+
+    # -- compiled kernels ----------------------------------------------------------------------
+
+    def c_ops(self, library: str | None = None) -> "VllmKernels":
+        """vLLM's compiled CUDA kernels (``torch.ops._C``) from ``library`` (a path to
+        ``_C_stable_libtorch.abi3.so``, or an ``.xz`` of it), else from this engine's package
+        (the installed file, or the wheel's member extracted to the engine cache)."""
+        if not torch.cuda.is_available():
+            raise EngineUnavailable(
+                f"vLLM's compiled kernels ({LIBRARY}) run on CUDA, and this torch "
+                f"({torch.__version__}) sees no CUDA device; eager-mode points need a GPU, or "
+                "fall back to weaker evidence (rla calibrate --mode eager on CPU says which)"
+            )
+        if library is not None:
+            path = _decompressed(Path(library).expanduser())
+        else:
+            path = self.package.file_path(LIBRARY)
+        return VllmKernels(path)
+
+
+def _decompressed(path: Path) -> Path:
+    if not path.is_file():
+        raise EngineUnavailable(f"kernel library {path} does not exist")
+    if path.suffix != ".xz":
+        return path
+    dest = cache_dir() / "libraries" / path.stem
+    if not dest.is_file() or dest.stat().st_mtime < path.stat().st_mtime:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".part")
+        with lzma.open(path) as src, open(tmp, "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+        tmp.replace(dest)
+    return dest
+
+
+_LOADED: dict[str, Path] = {}
+
+
+class VllmKernels:
+    """vLLM's ``torch.ops._C`` region kernels, called on clones so callers' tensors are untouched
+    (``fused_add_rms_norm`` and ``rotary_embedding`` work in place)."""
+
+    def __init__(self, path: Path):
+        path = Path(path).resolve()
+        if "_C" not in _LOADED:
+            try:
+                torch.ops.load_library(str(path))
+            except OSError as e:
+                raise EngineUnavailable(f"cannot load vLLM's kernel library {path}: {e}") from None
+            _LOADED["_C"] = path
+        elif _LOADED["_C"] != path:
+            raise EngineUnavailable(
+                f"vLLM's kernels are already loaded from {_LOADED['_C']}; a second copy ({path}) "
+                "cannot be registered in the same process"
+            )
+        self.path = _LOADED["_C"]
+        ops = torch.ops._C
+        for name in ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_embedding"):
+            if not hasattr(ops, name):
+                raise EngineUnavailable(f"{self.path} does not register torch.ops._C.{name}")
+        self._ops = ops
+
+    def rms_norm(self, x, weight, eps):
+        out = torch.empty_like(x)
+        self._ops.rms_norm(out, x.contiguous(), weight, eps)
+        return out
+
+    def fused_add_rms_norm(self, x, residual, weight, eps):
+        """-> ``(out, new_residual)``: the kernel overwrites its input with the normed output and
+        the residual with RN(x + residual); it runs on clones."""
+        out, res = x.clone(), residual.clone()
+        self._ops.fused_add_rms_norm(out, res, weight, eps)
+        return out, res
+
+    def silu_and_mul(self, x):
+        d = x.shape[-1] // 2
+        out = torch.empty(x.shape[:-1] + (d,), dtype=x.dtype, device=x.device)
+        self._ops.silu_and_mul(out, x.contiguous())
+        return out
+
+    def rotary_embedding(self, positions, q, k, head_size, cos_sin_cache, is_neox=True):
+        q, k = q.clone(), k.clone()
+        self._ops.rotary_embedding(positions, q, k, head_size, cos_sin_cache, is_neox)
+        return q, k
+
+
+def load(wheel: str | None = None) -> VllmEngine:
+    """vLLM's region code from ``wheel`` if given, else from the installed ``vllm`` package.
+
+    Nothing of vLLM is imported: the needed functions are compiled alone from its files.
+    """
+    return VllmEngine(locate("vllm", wheel))

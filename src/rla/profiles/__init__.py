@@ -1,0 +1,35 @@
+"""Rounding profiles: where a stack rounds fp32 intermediates to its low-precision dtype.
+
+A profile is data (:mod:`rla.profiles.model`): eight rounding points, and for an engine row the
+calibration that measured them. The built-in rows are JSON files (:mod:`rla.profiles.registry`):
+``hf`` (HF transformers eager), ``rla`` (the paper's recipe) and one row per calibrated engine
+version and mode (``vllm-0.33``, ``vllm-0.33-eager``, ``sglang-0.5.23``); the aliases ``vllm``,
+``vllm-eager``, ``sglang`` resolve to the newest calibrated row. A new engine, or a new version of
+one, is a new data file (``rla calibrate`` writes it), not a new code path.
+"""
+
+from rla.profiles.model import (
+    EVIDENCE,
+    POINTS,
+    REGION_POINTS,
+    REGIONS,
+    Calibration,
+    PointEvidence,
+    RoundingProfile,
+)
+from rla.profiles.registry import (
+    alias_target,
+    aliases,
+    all_profiles,
+    from_dict,
+    get,
+    load,
+    names,
+    resolve,
+    to_dict,
+)
+
+__all__ = [
+    "RoundingProfile", "Calibration", "PointEvidence", "POINTS", "REGIONS", "REGION_POINTS", "EVIDENCE",
+    "get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles",
+]

@@ -1,0 +1,182 @@
+"""The rounding model: eight points that say where a stack rounds fp32 intermediates to ``lp``.
+
+A :class:`RoundingProfile` answers the questions of ``docs/rounding.md`` about three regions of a
+transformer block (RoPE, SwiGLU, residual-add + RMSNorm) and the two places where an engine's
+compiler fuses across them (the residual carried past the attention add, the q/k-norm output
+read by RoPE). Everything else in ``rla`` -- the ops, the model patch, the sampler, the
+diagnosis -- reads a profile and never asks which engine it came from.
+
+Notation: ``lp`` is the stack's low-precision dtype (bf16 or fp16) and ``RN(v)`` rounds an fp32
+value to ``lp`` (round-to-nearest-even, as ``tensor.to(lp)`` does). Everything written without
+``RN`` is one fp32 operation.
+
+A profile of an engine is a *measured* fact about one engine version in one mode: its
+:class:`Calibration` says which engine, version, mode, GPU and torch it was measured on, and for
+every point the evidence and the fraction of probe outputs the chosen value reproduced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = ["RoundingProfile", "Calibration", "PointEvidence", "POINTS", "REGIONS", "REGION_POINTS", "EVIDENCE"]
+
+#: The three regions a profile describes, in the order reports list them.
+REGIONS: tuple[str, ...] = ("rope", "swiglu", "rmsnorm")
+
+#: Every rounding point and its choices; the first choice is HF eager's.
+POINTS: dict[str, tuple[str, str]] = {
+    "rope_cos_sin": ("round", "fp32"),
+    "rope_apply": ("per_op", "fused"),
+    "rope_inv_freq": ("host", "device"),
+    "swiglu": ("per_op", "fused"),
+    "norm_weight": ("per_op", "fused"),
+    "norm_residual": ("rounded_sum", "fp32_sum"),
+    "residual_stream": ("rounded", "fp32_carry"),
+    "qk_norm_out": ("round", "fp32"),
+}
+
+#: The region whose alignment realises each point. ``qk_norm_out='fp32'`` is a chain from the
+#: q/k norms (rmsnorm region) into RoPE: it takes effect only when both regions are aligned,
+#: and is listed under ``rope`` because it decides what RoPE reads.
+REGION_POINTS: dict[str, tuple[str, ...]] = {
+    "rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq", "qk_norm_out"),
+    "swiglu": ("swiglu",),
+    "rmsnorm": ("norm_weight", "norm_residual", "residual_stream"),
+}
+
+#: Evidence strengths, strongest first: the engine's compiled kernels run on a GPU; its Python
+#: (native) ops run under its own compiler (Inductor); the same native ops run eagerly; the
+#: source read by a person; the spec of ``hf``/``rla`` themselves (not an engine measurement).
+EVIDENCE: tuple[str, ...] = ("kernel", "native_compiled", "native_eager", "source", "definition")
+
+
+@dataclass(frozen=True)
+class PointEvidence:
+    """How one point of a calibrated profile was decided."""
+
+    evidence: str
+    """One of :data:`EVIDENCE`."""
+
+    matched: float | None = None
+    """Fraction of probe output elements the chosen value reproduced bit for bit (None: not run)."""
+
+    note: str = ""
+    """What explains the rest (e.g. "reduction order: rstd 1 ulp apart"), or why it was not run."""
+
+    def __post_init__(self) -> None:
+        if self.evidence not in EVIDENCE:
+            raise ValueError(f"evidence {self.evidence!r} is not one of {EVIDENCE}")
+        if self.matched is not None and not 0.0 <= float(self.matched) <= 1.0:
+            raise ValueError(f"matched={self.matched!r} is not a fraction in [0, 1]")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Where and how a profile was measured."""
+
+    engine: str
+    """``vllm``, ``sglang``, ``transformers`` or ``rla``."""
+
+    version: str
+    """The engine's version, e.g. ``0.33.0``."""
+
+    mode: str
+    """The engine's mode, e.g. ``default`` (vLLM V1 -O2 Inductor) or ``eager`` (``enforce_eager``)."""
+
+    date: str = ""
+    gpu: str = ""
+    torch: str = ""
+    command: str = ""
+    results: str = ""
+    """Path (in the repository) of the conformance report this row comes from."""
+
+    points: dict = field(default_factory=dict)
+    """point name -> :class:`PointEvidence`."""
+
+
+@dataclass(frozen=True)
+class RoundingProfile:
+    """Where one stack rounds in RoPE, SwiGLU and residual-add + RMSNorm.
+
+    Make a custom profile with ``rla.profiles.get("vllm").replace(name=..., swiglu="per_op")``;
+    values are checked on construction.
+    """
+
+    name: str
+    """Identifier, e.g. ``"vllm-0.33"``; what reports and rollout records print."""
+
+    rope_cos_sin: Literal["round", "fp32"]
+    """``round``: RoPE uses c = RN(cos), s = RN(sin) (a cos/sin cache stored in ``lp``: HF eager,
+    vLLM); ``fp32``: cos and sin stay fp32 (SGLang's fp32 cache)."""
+
+    rope_apply: Literal["per_op", "fused"]
+    """``per_op``: out = RN(RN(x*c) + RN(rot(x)*s)), every product rounded like eager PyTorch on
+    ``lp`` tensors; ``fused``: out = RN(x*c + rot(x)*s), one rounding at the store."""
+
+    rope_inv_freq: Literal["host", "device"]
+    """Where ``inv_freq = 1/(base**(arange(0,d,2)/d))`` (and its scaling) and the angles' cos/sin
+    are evaluated: ``host`` = ``inv_freq`` on the CPU at init, as HF does; ``device`` = on the
+    device the model runs on, as vLLM and SGLang build their cos/sin cache (CPU and GPU ``pow``
+    differ by one ulp in 3-8% of frequencies, which moves angles at long positions)."""
+
+    swiglu: Literal["per_op", "fused"]
+    """``per_op``: out = RN(RN(silu(g)) * u), the activation rounded before the product (HF's
+    ``act_fn(gate) * up``, vLLM's ``silu_and_mul`` CUDA kernel); ``fused``: out = RN(silu(g) * u)."""
+
+    norm_weight: Literal["per_op", "fused"]
+    """``per_op``: out = RN(w * RN(x*rstd)), the normalised value rounded before the weight (HF's
+    ``weight * hidden.to(input_dtype)``); ``fused``: out = RN((x*rstd) * w), one rounding."""
+
+    norm_residual: Literal["rounded_sum", "fp32_sum"]
+    """What the norm after a residual add reads. ``rounded_sum``: s = RN(x + r), the bf16 residual
+    stream; ``fp32_sum``: the fp32 sum x + r, kept in registers by a fused add+norm kernel. The
+    residual handed on is RN(x + r) in both cases (but see ``residual_stream``)."""
+
+    residual_stream: Literal["rounded", "fp32_carry"] = "rounded"
+    """``rounded``: the residual after the attention add is RN(a + r) before the MLP's add;
+    ``fp32_carry``: the MLP's add reads the fp32 a + r (Inductor recomputes it inside the consumer
+    kernel and drops the cast), so the next residual is RN(h + (a + r)). The residual entering
+    attention is rounded in both."""
+
+    qk_norm_out: Literal["round", "fp32"] = "round"
+    """Qwen3-style per-head q/k norms: ``round`` = RoPE reads RN(norm(q)); ``fp32`` = RoPE reads
+    the unrounded norm output (one fused chain, rounded once at RoPE's store)."""
+
+    description: str = field(default="", compare=False)
+    """One line on which stack this profile describes and why."""
+
+    calibration: Calibration | None = field(default=None, compare=False, repr=False)
+    """Where and how the profile was measured (None for a hand-made profile)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("RoundingProfile.name must be a non-empty string")
+        for point, allowed in POINTS.items():
+            value = getattr(self, point)
+            if value not in allowed:
+                raise ValueError(f"RoundingProfile {self.name!r}: {point}={value!r} is not one of {allowed}")
+
+    def points(self) -> dict[str, str]:
+        """The rounding points as a plain dict (for tables and JSON), in :data:`POINTS` order."""
+        return {point: getattr(self, point) for point in POINTS}
+
+    def same_rounding(self, other: "RoundingProfile") -> bool:
+        """True when both profiles round at the same places (names may differ)."""
+        return self.points() == other.points()
+
+    def differs_from(self, other: "RoundingProfile") -> tuple[str, ...]:
+        """Regions whose rounding differs between the two profiles."""
+        return tuple(
+            region
+            for region in REGIONS
+            if any(getattr(self, p) != getattr(other, p) for p in REGION_POINTS[region])
+        )
+
+    def replace(self, **changes) -> "RoundingProfile":
+        """A copy with ``changes``; a changed point drops the calibration (it is no longer measured)."""
+        if any(p in changes for p in POINTS) and "calibration" not in changes:
+            changes["calibration"] = None
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,166 @@
+"""The profile table: versioned rows read from JSON data files, and the aliases that name them.
+
+Each row is one file in ``rla/profiles/data/`` (the same format :func:`load` reads from a user's
+file and ``rla calibrate`` writes). An engine row names its engine, version and mode; the alias
+``<engine>`` (default mode) or ``<engine>-<mode>`` resolves to the newest calibrated version of
+that engine and mode, so ``get("vllm")`` is ``vllm-0.33`` today and the next calibrated release
+tomorrow -- and :func:`alias_target` says which.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from rla.profiles.model import POINTS, Calibration, PointEvidence, RoundingProfile
+
+__all__ = ["get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles"]
+
+#: Order of the built-in rows in tables: HF first, rla last, engines in between by name.
+_FIRST, _LAST = ("hf",), ("rla",)
+
+
+def from_dict(data: dict, source: str = "<dict>") -> RoundingProfile:
+    """A profile from its JSON form; every missing or unknown key is an error naming ``source``."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: a profile is a JSON object, got {type(data).__name__}")
+    unknown = set(data) - {"name", "description", "points", "calibration"}
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {sorted(unknown)}; a profile has name, description, points, calibration")
+    for key in ("name", "points"):
+        if key not in data:
+            raise ValueError(f"{source}: missing {key!r}")
+    pts = data["points"]
+    if not isinstance(pts, dict):
+        raise ValueError(f"{source}: 'points' must be an object of point -> choice")
+    missing = [p for p in POINTS if p not in pts]
+    extra = [p for p in pts if p not in POINTS]
+    if missing or extra:
+        raise ValueError(
+            f"{source}: points must be exactly {list(POINTS)}; missing {missing}, unknown {extra}"
+        )
+    cal = data.get("calibration")
+    calibration = None
+    if cal is not None:
+        cal = dict(cal)
+        evidence = {}
+        for point, ev in (cal.pop("points", None) or {}).items():
+            if point not in POINTS:
+                raise ValueError(f"{source}: calibration names unknown point {point!r}")
+            evidence[point] = PointEvidence(**ev)
+        try:
+            calibration = Calibration(points=evidence, **cal)
+        except TypeError as e:
+            raise ValueError(f"{source}: calibration: {e}") from None
+    try:
+        return RoundingProfile(
+            name=data["name"], description=data.get("description", ""), calibration=calibration, **pts
+        )
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+
+
+def to_dict(profile: RoundingProfile) -> dict:
+    """The JSON form of ``profile`` (what :func:`from_dict` reads back)."""
+    out = {"name": profile.name, "description": profile.description, "points": profile.points()}
+    cal = profile.calibration
+    if cal is not None:
+        c = {k: getattr(cal, k) for k in ("engine", "version", "mode", "date", "gpu", "torch", "command", "results")}
+        c["points"] = {
+            p: {"evidence": e.evidence, "matched": e.matched, "note": e.note} for p, e in cal.points.items()
+        }
+        out["calibration"] = c
+    return out
+
+
+def load(path: str | Path) -> RoundingProfile:
+    """Read a profile file (JSON, as ``rla calibrate --out`` writes it)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise FileNotFoundError(f"cannot read profile file {path}: {e.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return from_dict(data, str(path))
+
+
+@lru_cache(maxsize=1)
+def _table() -> dict[str, RoundingProfile]:
+    rows = {}
+    for entry in resources.files("rla.profiles").joinpath("data").iterdir():
+        if entry.name.endswith(".json"):
+            p = from_dict(json.loads(entry.read_text()), f"rla/profiles/data/{entry.name}")
+            if p.name in rows:
+                raise ValueError(f"two built-in profile files are named {p.name!r}")
+            rows[p.name] = p
+    middle = sorted(n for n in rows if n not in _FIRST + _LAST)
+    order = [n for n in _FIRST if n in rows] + middle + [n for n in _LAST if n in rows]
+    return {n: rows[n] for n in order}
+
+
+def _version(p: RoundingProfile) -> Version:
+    try:
+        return Version(p.calibration.version)
+    except InvalidVersion:
+        return Version("0")
+
+
+@lru_cache(maxsize=1)
+def aliases() -> dict[str, str]:
+    """alias -> versioned row: ``vllm`` -> the newest calibrated vLLM default-mode row, etc."""
+    newest: dict[str, RoundingProfile] = {}
+    for p in _table().values():
+        cal = p.calibration
+        if cal is None or cal.engine in ("transformers", "rla"):
+            continue
+        alias = cal.engine if cal.mode == "default" else f"{cal.engine}-{cal.mode}"
+        if alias not in newest or _version(p) > _version(newest[alias]):
+            newest[alias] = p
+    return {alias: p.name for alias, p in newest.items()}
+
+
+def all_profiles() -> dict[str, RoundingProfile]:
+    """The built-in rows by name, in table order."""
+    return dict(_table())
+
+
+def names() -> list[str]:
+    """Names of the built-in rows, in table order (aliases not included)."""
+    return list(_table())
+
+
+def alias_target(name: str) -> str | None:
+    """The versioned row an alias resolves to (``"vllm"`` -> ``"vllm-0.33"``), None for a row name."""
+    return aliases().get(name)
+
+
+def get(name: str) -> RoundingProfile:
+    """The built-in row called ``name``, or the row an alias resolves to; unknown names list both."""
+    table = _table()
+    if isinstance(name, str):
+        name = aliases().get(name, name)
+        if name in table:
+            return table[name]
+    known = ", ".join(list(table) + [f"{a} (= {t})" for a, t in aliases().items()])
+    raise KeyError(
+        f"unknown rounding profile {name!r}; known profiles: {known}. Load a calibrated file with "
+        "rla.profiles.load(path), or make a custom one with rla.profiles.get('vllm').replace(name=..., ...)."
+    )
+
+
+def resolve(profile: str | RoundingProfile) -> RoundingProfile:
+    """Accept a profile name (or alias) or a ``RoundingProfile``; anything else is a ``TypeError``."""
+    if isinstance(profile, RoundingProfile):
+        return profile
+    if isinstance(profile, str):
+        return get(profile)
+    raise TypeError(
+        f"profile must be a name ({', '.join(_table())}) or a RoundingProfile, got {type(profile).__name__}"
+    )
