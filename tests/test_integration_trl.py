@@ -118,8 +118,15 @@ def test_continuous_batching_with_bf16_keeps_the_alignment(tmp_path):
     trainer.train()
     assert _logs(trainer)[0]["kl"] == 0.0
     assert rla.alignment_of(trainer.model) is not None
-    assert trainer.model.model.embed_tokens.weight.dtype == torch.bfloat16
-    assert rotary.inv_freq.dtype == torch.float32
+    assert trainer.model.model.embed_tokens.weight.dtype == torch.bfloat16  # TRL did cast
+    report = rla.alignment_of(trainer.model)
+    assert any(h.name == "cast after align" for h in report.hazards)
+    # cos/sin still come from fp32 frequencies: HF's own fp32 init, evaluated independently.
+    inv_freq, _ = type(rotary).compute_default_rope_parameters(trainer.model.config)
+    pos = torch.arange(40)[None]
+    cos, sin = rotary(torch.zeros(1, 40, 8, dtype=torch.bfloat16), pos)
+    angles = pos[..., None].float() * inv_freq.float()
+    assert cos.dtype == torch.float32 and torch.equal(cos, angles.cos()) and torch.equal(sin, angles.sin())
 
 
 def test_checkpoint_resume_keeps_the_alignment(tmp_path):
