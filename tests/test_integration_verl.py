@@ -6,6 +6,10 @@ verl picks its device through a platform plugin and ships none for CPU; the test
 CPU and whose collective backend is gloo. Everything else is verl's own code: ``HFModelConfig``
 (which imports ``external_lib``), ``FSDPEngine._build_module`` (load, monkey patches, dtype cast)
 and ``_build_fsdp_module`` (FSDP2 with verl's ``MixedPrecisionPolicy``).
+
+Not run here: the critic (verl's ``load_valuehead_model`` hard-codes flash_attention_2, which
+needs a GPU; it is built by the same ``_build_module`` hook) and the older ``fsdp_workers``
+layout (not in verl 0.9.1).
 """
 
 from __future__ import annotations
