@@ -33,17 +33,20 @@ def _unavailable(*_, **__):
     raise RuntimeError("GPU-only helper called in a CPU test")
 
 
-for _name, _attrs in {
+_STUBS = {
     "flash_attn": {},
     "flash_attn.bert_padding": dict(index_first_axis=_unavailable, pad_input=_unavailable,
                                     rearrange=_unavailable, unpad_input=_unavailable),
     "flash_attn.utils": {},
     "flash_attn.utils.distributed": dict(all_gather=_unavailable),
-}.items():
+}
+_registered = []
+for _name, _attrs in _STUBS.items():
     try:
         __import__(_name)
     except ImportError:
         sys.modules[_name] = _empty_module(_name, **_attrs)
+        _registered.append(_name)
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
@@ -51,6 +54,9 @@ import rla  # noqa: E402
 from rla.integrations import openrlhf as rla_openrlhf  # noqa: E402
 
 from openrlhf.models import Actor  # noqa: E402
+
+for _name in _registered:  # OpenRLHF holds what it imported; nothing else in this process sees them
+    del sys.modules[_name]
 MODEL = str(files("rla") / "assets" / "tiny-qwen2")
 SEQ = torch.randint(3, 60, (2, 20), generator=torch.Generator().manual_seed(0))
 

@@ -1,7 +1,8 @@
 """Everything ``rla.align`` knows about differences between transformers releases, in one place.
 
-Supported: transformers 5.17 (the GPU machine) and 5.24. What differs between them and matters
-here:
+Supported: transformers 5.5.3 (verl 0.9.1 needs <5.11) through 5.24; CI runs the align tests at
+5.5.3 and at the newest release (5.24); 5.17 is the GPU machine's. What differs between them and
+matters here ("5.17" below stands for every release before 5.24 unless a line says otherwise):
 
 - Gradient checkpointing. 5.17's ``GradientCheckpointingLayer`` checkpoints in ``__call__``, so a
   per-instance ``forward`` is checkpointed for free. 5.24 wraps each subclass's ``forward`` at class
@@ -14,6 +15,10 @@ here:
   mask (``one_hot(num_experts)`` vs ``num_experts + 1`` for expert-parallel sentinels) need no
   switch: the aligned decoder layer passes keywords through untouched, and the aligned experts
   loop uses the 5.24 mask, which is also right for 5.17's routing.
+- Dynamic-NTK RoPE. 5.5-5.10 store the cached length under a wrong name, so scaled frequencies
+  are never reset for short sequences; :func:`dynamic_rope_update` puts it back where HF reads it.
+- Outside the regions, and left as each release has it: 5.5-5.10 hand Qwen3-MoE's experts fp32
+  routing weights (5.24: bf16), so grouped/batched experts sum differently from the eager loop.
 """
 
 from __future__ import annotations
