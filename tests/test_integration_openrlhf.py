@@ -63,7 +63,7 @@ SEQ = torch.randint(3, 60, (2, 20), generator=torch.Generator().manual_seed(0))
 
 @pytest.fixture
 def patched():
-    rla_openrlhf.patch("vllm")
+    rla_openrlhf.patch(profile="vllm")  # the README line
     yield
     rla_openrlhf.unpatch()
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rla.alignment import AlignmentReport, align, alignment_of
+from rla.alignment import AlignmentReport, align
 from rla.metrics import mismatch
 from rla.profiles import REGIONS, RoundingProfile
 
@@ -169,13 +169,3 @@ def _log_mismatch(trainer, output) -> None:
             )
         attachment.logged_keys.add(key)
         log[key].append(value)
-
-
-def attached(trainer) -> Attachment | None:
-    """The :class:`Attachment` of ``trainer``, or None; re-checks that both models are still aligned."""
-    attachment = trainer.__dict__.get("_rla_attachment")
-    if attachment is None:
-        return None
-    if alignment_of(trainer.accelerator.unwrap_model(trainer.model)) is None:
-        raise RuntimeError("rla.integrations.trl: the policy model is no longer aligned (rla.unalign?)")
-    return attachment
