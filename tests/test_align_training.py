@@ -123,14 +123,6 @@ def test_peft_lora():
     assert not any("_rla_patch" in m.__dict__ for m in lora.modules())
 
 
-@pytest.mark.xfail(
-    __import__("rla.alignment.compat", fromlist=["x"]).TRANSFORMERS_VERSION.release < (5, 11),
-    strict=True,
-    reason="transformers 5.5.3: Dynamo builds a guard on the rebuilt attention forward's "
-    "apply_rotary_pos_emb through the real module (G['__import_...modeling_qwen3']), whose function "
-    "has no closure: InternalTorchDynamoError. The rebuilt globals copy the module's __name__ "
-    "(rla/alignment/patch.py with_globals); open, see issue #16 report",
-)
 def test_torch_compile_matches_eager_bit_for_bit():
     """aot_eager: dynamo traces the per-instance forwards and rebuilt globals without changing a bit."""
     torch._dynamo.reset()
