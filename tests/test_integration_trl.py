@@ -153,3 +153,22 @@ def test_checkpoint_resume_keeps_the_alignment(tmp_path):
     assert not moved  # the saving run itself is deterministic
     diff = [k for k in want if not torch.equal(want[k], got[k])]
     assert not diff, diff[:3]
+
+
+def test_peft_reference_is_the_aligned_policy_without_adapters(tmp_path):
+    """With PEFT TRL builds no reference model: it disables the adapters of the policy, which
+    ``attach`` aligned; a fresh LoRA adapter (B = 0) leaves step-1 KL exactly 0."""
+    from peft import LoraConfig
+
+    tok = AutoTokenizer.from_pretrained(MODEL)
+    trainer = trl.GRPOTrainer(
+        model=MODEL, reward_funcs=reward, args=_config(tmp_path), processing_class=tok,
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+    )
+    att = rla_trl.attach(trainer, profile="vllm")
+    assert trainer.ref_model is None and att.reference is None and "PEFT" in att.reference_note
+    assert rla.alignment_of(trainer.model) is att.policy  # found through the PEFT wrapper
+    trainer.train()
+    assert _logs(trainer)[0]["kl"] == 0.0  # TRL's adapter-disabled reference path runs aligned
+    assert rla.alignment_of(trainer.model) is att.policy
