@@ -22,8 +22,11 @@ them), tested with verl 0.9.1:
 The older layout (verl before the engine workers, ``verl/workers/fsdp_workers.py``, where
 ``ActorRolloutRefWorker._build_model_optimizer`` and ``CriticWorker._build_critic_model_optimizer``
 build, cast and wrap in one function) is covered the same way: the module is aligned when it is
-handed to ``get_fsdp_wrap_policy(module=...)``, the first call after the cast, and that module's
-``MixedPrecisionPolicy`` name gets the same replacement. Megatron workers are not covered.
+handed to ``get_fsdp_wrap_policy(module=...)``, the first call after the cast, from those two
+builders only (the ``RewardModelWorker`` calls it too; a reward model is left as it is), and that
+module's ``MixedPrecisionPolicy`` name gets the same replacement. This layout is checked against
+the names in verl 0.6/0.7's ``fsdp_workers.py`` but not run in CI (CI installs verl 0.9.1).
+Megatron workers are not covered.
 
 Profile: ``+actor_rollout_ref.model.override_config.rla_profile=vllm-eager`` (verl copies
 ``override_config`` onto the HF config, so each model carries its own choice; the same key works
@@ -38,6 +41,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import sys
 
 from rla.alignment import align
 from rla.profiles import resolve
@@ -48,6 +52,8 @@ ENV_VAR = "RLA_PROFILE"
 CONFIG_KEY = "rla_profile"
 _ENGINE = "verl.workers.engine.fsdp.transformer_impl"
 _LEGACY = "verl.workers.fsdp_workers"
+#: The fsdp_workers functions that build actor/reference (one function) and critic models.
+_LEGACY_BUILDERS = ("_build_model_optimizer", "_build_critic_model_optimizer")
 _log = logging.getLogger(__name__)
 #: (module, attribute) -> the original object, for every patch in place.
 _ORIGINALS: dict[tuple[object, str], object] = {}
@@ -111,7 +117,11 @@ def _patch_legacy(mod) -> None:
 
     @functools.wraps(wrap_policy)
     def get_fsdp_wrap_policy(module, *args, **kwargs):
-        _align(module, "aligned a model (fsdp_workers layout) after verl's dtype cast")
+        builder = sys._getframe(1).f_code.co_name
+        if builder in _LEGACY_BUILDERS:
+            _align(module, f"aligned a model in {builder} (fsdp_workers layout) after verl's dtype cast")
+        else:  # e.g. RewardModelWorker._build_model: a reward model is not compared with rollouts
+            _log.warning("rla.integrations.verl: %s builds a model rla leaves as it is", builder)
         return wrap_policy(module, *args, **kwargs)
 
     _set(mod, "get_fsdp_wrap_policy", get_fsdp_wrap_policy)
