@@ -24,8 +24,8 @@ The older layout (verl before the engine workers, ``verl/workers/fsdp_workers.py
 build, cast and wrap in one function) is covered the same way: the module is aligned when it is
 handed to ``get_fsdp_wrap_policy(module=...)``, the first call after the cast, from those two
 builders only (the ``RewardModelWorker`` calls it too; a reward model is left as it is), and that
-module's ``MixedPrecisionPolicy`` name gets the same replacement. This layout is checked against
-the names in verl 0.6/0.7's ``fsdp_workers.py`` but not run in CI (CI installs verl 0.9.1).
+module's ``MixedPrecisionPolicy`` name gets the same replacement. Tested against verl 0.7.1's
+``fsdp_workers`` module (``tests/test_integration_verl_legacy.py``).
 Megatron workers are not covered.
 
 Profile: ``+actor_rollout_ref.model.override_config.rla_profile=vllm-eager`` (verl copies
