@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("rla.commands.doctor", "static precision hazards of a model, each with its fix"),
     "bench": ("rla.commands.bench", "benchmark the fused ops and an aligned training step (CUDA)"),
     "profiles": ("rla.commands.profiles", "print the rounding-profile table"),
+    "calibrate": ("rla.commands.calibrate", "measure where an engine rounds, from its own code, into a profile file"),
+    "verify": ("rla.commands.verify", "the aligned model against a twin built from the engine's own code, layer by layer"),
     "check-ops": ("rla.commands.check_ops", "run every region under every profile, show where outputs part"),
     "train": ("rla.commands.train", "GRPO / REINFORCE with an engine-profile rollout stack (rla.rl)"),
     "experiment": ("rla.commands.experiment", "models x arms x seeds of rla train, resumable, with summary and plots"),

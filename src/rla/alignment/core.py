@@ -20,6 +20,7 @@ from rla.alignment.report import AlignmentReport
 from rla.alignment.rmsnorm import align_layers, align_norms
 from rla.alignment.rope import align_attention, align_rotary
 from rla.alignment.swiglu import align_experts, align_mlps, check_activation, check_experts
+from rla import ops as _ops
 from rla.profiles import REGIONS, RoundingProfile, resolve
 
 __all__ = ["align", "unalign", "aligned", "alignment_of"]
@@ -55,6 +56,26 @@ def _check_regions(regions) -> tuple[str, ...]:
     if not regions:
         raise ValueError(f"regions is empty; pick a non-empty subset of {REGIONS} (or call rla.unalign)")
     return tuple(r for r in REGIONS if r in regions)
+
+
+def _check_ops(impl):
+    missing = [name for name in ("rope", "swiglu", "rms_norm", "add_rms_norm") if not callable(getattr(impl, name, None))]
+    if missing:
+        raise TypeError(f"ops={impl!r} lacks {missing}; it must provide rla.ops' rope, swiglu, rms_norm, add_rms_norm")
+    return impl
+
+
+def _check_ops_profile(impl, profile: RoundingProfile) -> None:
+    realised = getattr(impl, "profile", None)  # engine-backed ops realise one calibrated row
+    if realised is not None and not realised.same_rounding(profile):
+        diff = {p: (getattr(realised, p), getattr(profile, p)) for p in realised.points()
+                if getattr(realised, p) != getattr(profile, p)}
+        raise ValueError(f"{impl!r} rounds like {realised.name!r}, not {profile.name!r}: {diff}")
+    if realised is not None and profile.norm_residual == "fp32_sum":
+        raise ValueError(
+            f"{impl!r}: engine-backed ops need a rounded_sum profile; under fp32_sum the norm reads a sum "
+            "formed in the previous layer, which the engine forms inside its next fused add"
+        )
 
 
 def _find(model) -> tuple[Family, torch.nn.Module]:
@@ -139,14 +160,22 @@ def align(
     model: torch.nn.Module,
     profile: str | RoundingProfile = "vllm",
     regions=REGIONS,
+    ops=None,
 ) -> AlignmentReport:
     """Make ``model``'s training forward round where ``profile``'s engine rounds.
 
     Per instance and reversible (``rla.unalign``); aligning again replaces the alignment. See the
     ``rla.alignment`` package docstring for what changes in each region.
+
+    ``ops`` is the implementation of the four region ops (default :mod:`rla.ops`: the PyTorch
+    reference on CPU, rla's fused kernels on CUDA). :func:`rla.engines.backed.engine_ops` gives
+    one whose forward is the engine's own compiled kernels and whose backward is rla's gradient,
+    so the forward's arithmetic order (a norm's reduction tree, FMA) is the engine's too.
     """
     p = resolve(profile)
     regions = _check_regions(regions)
+    impl = _ops if ops is None else _check_ops(ops)
+    _check_ops_profile(impl, p)
     family, body = _find(model)
     found = _scan(body, family)
     if "swiglu" in regions:
@@ -162,18 +191,20 @@ def align(
         family=family.model_type,
         model_class=type(model).__name__,
         transformers_version=str(compat.TRANSFORMERS_VERSION),
+        ops=getattr(impl, "name", None) or getattr(impl, "__name__", None) or type(impl).__name__,
     )
+    report.__dict__["_ops_object"] = impl  # what aligned() re-applies; not part of the report's data
     # q/k norm -> RoPE as one fp32 chain (qk_norm_out='fp32'): needs both regions aligned; the
     # norms record the stack dtype in ``chain`` for RoPE's single rounding
     chain = {"lp": None} if p.qk_norm_out == "fp32" and found.qk_norms and {"rope", "rmsnorm"} <= set(regions) else None
     try:
         if "rope" in regions:
             report.hazards.extend(align_rotary(found.rotary, p, report))
-            align_attention(found.attentions, family, p, chain)
+            align_attention(found.attentions, family, p, chain, impl)
             report.counts["rope"] = {"rotary_emb": 1, "self_attn": len(found.attentions)}
         if "swiglu" in regions:
-            align_mlps(found.mlps + found.shared_experts, p)
-            align_experts(found.experts, p)
+            align_mlps(found.mlps + found.shared_experts, p, impl)
+            align_experts(found.experts, p, impl)
             counts = {"mlp": len(found.mlps)}
             if family.moe:
                 counts["experts"] = len(found.experts)
@@ -181,9 +212,9 @@ def align(
                     counts["shared_expert"] = len(found.shared_experts)
             report.counts["swiglu"] = counts
         if "rmsnorm" in regions:
-            align_layers(found.layers, found.layer_class, p)
-            align_norms(found.norms, p)
-            align_norms(found.qk_norms, p, chain)
+            align_layers(found.layers, found.layer_class, p, impl)
+            align_norms(found.norms, p, None, impl)
+            align_norms(found.qk_norms, p, chain, impl)
             counts = {"decoder layers": len(found.layers), "RMSNorm": len(found.norms)}
             if found.qk_norms:
                 counts["q_norm/k_norm"] = len(found.qk_norms)
@@ -238,16 +269,16 @@ def unalign(model: torch.nn.Module) -> AlignmentReport | None:
 
 
 @contextlib.contextmanager
-def aligned(model: torch.nn.Module, profile: str | RoundingProfile = "vllm", regions=REGIONS):
+def aligned(model: torch.nn.Module, profile: str | RoundingProfile = "vllm", regions=REGIONS, ops=None):
     """``with rla.aligned(model, "vllm") as report:`` aligns inside the block only.
 
     On exit the model returns to its state before the block: unaligned, or aligned as it was.
     """
     before = alignment_of(model)
-    report = align(model, profile, regions)
+    report = align(model, profile, regions, ops)
     try:
         yield report
     finally:
         unalign(model)
         if before is not None:
-            align(model, before.profile, before.regions)
+            align(model, before.profile, before.regions, before.__dict__.get("_ops_object"))

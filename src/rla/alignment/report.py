@@ -19,10 +19,12 @@ class FixedHazard:
 
 def _rounding(profile: RoundingProfile, region: str) -> str:
     if region == "rope":
-        return f"cos/sin {profile.rope_cos_sin}, apply {profile.rope_apply}"
+        return (f"cos/sin {profile.rope_cos_sin}, apply {profile.rope_apply}, inv_freq on "
+                f"{profile.rope_inv_freq}, q/k-norm out {profile.qk_norm_out}")
     if region == "swiglu":
         return profile.swiglu
-    return f"weight {profile.norm_weight}, residual {profile.norm_residual}"
+    return (f"weight {profile.norm_weight}, residual {profile.norm_residual}, "
+            f"stream {profile.residual_stream}")
 
 
 @dataclass
@@ -40,6 +42,8 @@ class AlignmentReport:
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     hazards: list[FixedHazard] = field(default_factory=list)
     transformers_version: str = ""
+    ops: str = "rla.ops"
+    """Which implementation runs the region ops' forward (``rla.ops``, or an engine's kernels)."""
     notes: list[str] = field(default_factory=list)
     """Things the user should know that are not hazards, e.g. that nothing can round yet."""
 

@@ -52,26 +52,26 @@ def stack_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
-def _make_norm_forward(profile: RoundingProfile, chain: dict | None):
+def _make_norm_forward(profile: RoundingProfile, chain: dict | None, impl=ops):
     if chain is None:
         def forward(self, hidden_states):
             lp = stack_dtype(hidden_states, self.weight)
-            return ops.rms_norm(hidden_states, self.weight, self.variance_epsilon, profile, dtype=lp)
+            return impl.rms_norm(hidden_states, self.weight, self.variance_epsilon, profile, dtype=lp)
     else:  # a q/k norm whose unrounded output RoPE reads (qk_norm_out='fp32')
         def forward(self, hidden_states):
             lp = stack_dtype(hidden_states, self.weight)
             chain["lp"] = lp
-            return ops.rms_norm(
+            return impl.rms_norm(
                 hidden_states, self.weight, self.variance_epsilon, profile, dtype=lp, out_dtype=torch.float32
             )
 
     return forward
 
 
-def align_norms(norms: list[torch.nn.Module], profile: RoundingProfile, chain: dict | None = None) -> None:
+def align_norms(norms: list[torch.nn.Module], profile: RoundingProfile, chain: dict | None = None, impl=ops) -> None:
     """Route every norm through ``rla.ops.rms_norm``; with ``chain`` (q/k norms under
     ``qk_norm_out='fp32'``) their output stays fp32 for RoPE (see ``rope.make_apply_rotary``)."""
-    forward = _make_norm_forward(profile, chain)
+    forward = _make_norm_forward(profile, chain, impl)
     for norm in norms:
         if not hasattr(norm, "variance_epsilon") or not isinstance(getattr(norm, "weight", None), torch.Tensor):
             raise NotImplementedError(
@@ -104,7 +104,7 @@ def _layer_parameters(forward) -> tuple[tuple[str, ...], tuple[tuple[str, object
     return names, defaults
 
 
-def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults):
+def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, impl=ops):
     fp32_sum = profile.norm_residual == "fp32_sum"
     carry = profile.residual_stream == "fp32_carry"
     # Only "first layer or not" enters the traced path: torch.compile guards on the closure values
@@ -132,7 +132,7 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults):
         # add + post-attention norm in one op: RN(x + r) handed on, the norm reading the sum the
         # profile says (the norm module's own weight and eps; its forward is rla's rms_norm)
         norm = self.post_attention_layernorm
-        h, rounded = ops.add_rms_norm(attn_out, residual, norm.weight, norm.variance_epsilon, profile)
+        h, rounded = impl.add_rms_norm(attn_out, residual, norm.weight, norm.variance_epsilon, profile)
         # fp32_carry: the MLP's add reads the fp32 a + r (rebuilt from the two lp tensors, as
         # Inductor recomputes it in the consumer kernel), not RN(a + r)
         carried = attn_out.float() + residual.float() if carry else rounded
@@ -156,9 +156,9 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults):
     return compat.with_layer_checkpointing(forward)
 
 
-def align_layers(layers: list[torch.nn.Module], layer_class: type, profile: RoundingProfile) -> None:
+def align_layers(layers: list[torch.nn.Module], layer_class: type, profile: RoundingProfile, impl=ops) -> None:
     """Replace each decoder layer's forward; ``layers`` in model order (index 0 reads embeddings)."""
     names, defaults = _layer_parameters(layer_class.forward)
     for index, layer in enumerate(layers):
-        forward = _make_layer_forward(profile, index, names, defaults)
+        forward = _make_layer_forward(profile, index, names, defaults, impl)
         install(layer, "layer", {"forward": types.MethodType(forward, layer)})

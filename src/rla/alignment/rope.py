@@ -97,7 +97,7 @@ def _aligned_rotary_forward(self, x, position_ids):
 ROTARY_FORWARD = compat.dynamic_rope_update(_aligned_rotary_forward)
 
 
-def make_apply_rotary(profile: RoundingProfile, chain: dict | None = None):
+def make_apply_rotary(profile: RoundingProfile, chain: dict | None = None, impl=ops):
     """``apply_rotary_pos_emb`` with HF's signature, running ``rla.ops.rope`` under ``profile``.
 
     ``chain`` is shared with the aligned q/k norms under ``qk_norm_out='fp32'``: they hand RoPE
@@ -106,7 +106,7 @@ def make_apply_rotary(profile: RoundingProfile, chain: dict | None = None):
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         dtype = chain["lp"] if chain is not None and q.dtype == torch.float32 else None
-        return ops.rope(q, k, cos, sin, profile, unsqueeze_dim=unsqueeze_dim, dtype=dtype)
+        return impl.rope(q, k, cos, sin, profile, unsqueeze_dim=unsqueeze_dim, dtype=dtype)
 
     apply_rotary_pos_emb.__doc__ = f"rla.ops.rope under profile {profile.name!r} (installed by rla.align)."
     return apply_rotary_pos_emb
@@ -173,11 +173,12 @@ def align_rotary(rotary: torch.nn.Module, profile: RoundingProfile, report) -> l
 
 
 def align_attention(
-    attentions: list[torch.nn.Module], family: Family, profile: RoundingProfile, chain: dict | None = None
+    attentions: list[torch.nn.Module], family: Family, profile: RoundingProfile, chain: dict | None = None,
+    impl=ops,
 ) -> None:
     """Give each attention instance a forward whose ``apply_rotary_pos_emb`` is ``rla.ops.rope``
     (``chain``: see :func:`make_apply_rotary`)."""
-    apply_rotary = make_apply_rotary(profile, chain)
+    apply_rotary = make_apply_rotary(profile, chain, impl)
     rebuilt: dict[type, types.FunctionType] = {}
     for attn in attentions:
         klass = class_named(attn, family.cls("attention"))

@@ -66,17 +66,17 @@ def check_experts(experts: torch.nn.Module) -> None:
         compat.experts_function(impl)  # raises for kernels that fuse the activation
 
 
-def _make_mlp_forward(profile: RoundingProfile):
+def _make_mlp_forward(profile: RoundingProfile, impl=ops):
     def forward(self, x):
-        return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x), profile))
+        return self.down_proj(impl.swiglu(self.gate_proj(x), self.up_proj(x), profile))
 
     return forward
 
 
-def _make_apply_gate(profile: RoundingProfile):
+def _make_apply_gate(profile: RoundingProfile, impl=ops):
     def _apply_gate(self, gate_up_out):
         gate, up = gate_up_out.chunk(2, dim=-1)
-        return ops.swiglu(gate, up, profile)
+        return impl.swiglu(gate, up, profile)
 
     return _apply_gate
 
@@ -104,14 +104,14 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
     return final_hidden_states
 
 
-def align_mlps(mlps: list[torch.nn.Module], profile: RoundingProfile) -> None:
-    forward = _make_mlp_forward(profile)
+def align_mlps(mlps: list[torch.nn.Module], profile: RoundingProfile, impl=ops) -> None:
+    forward = _make_mlp_forward(profile, impl)
     for mlp in mlps:
         install(mlp, "mlp", {"forward": types.MethodType(forward, mlp)})
 
 
-def align_experts(experts_list: list[torch.nn.Module], profile: RoundingProfile) -> None:
-    apply_gate = _make_apply_gate(profile)
+def align_experts(experts_list: list[torch.nn.Module], profile: RoundingProfile, impl=ops) -> None:
+    apply_gate = _make_apply_gate(profile, impl)
     for experts in experts_list:
         install(
             experts,

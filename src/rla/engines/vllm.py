@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from rla.engines.source import (
+    EngineCodeError,
     EnginePackage,
     EngineUnavailable,
     cache_dir,
@@ -184,6 +185,29 @@ class VllmEngine:
             obj.cos_sin_cache = obj._compute_cos_sin_cache()
         query = torch.empty(0, dtype=dtype, device=device)
         return obj._match_cos_sin_cache_dtype(query)
+
+    # -- facts read from the source -----------------------------------------------------------
+
+    def source_fact(self, point: str) -> dict[str, str]:
+        """A point's value as this vLLM version's source states it, for when running its code
+        cannot decide (evidence ``source``). Each fact is checked against the source text that
+        states it, so a version whose source no longer says so gets an error, not a stale fact.
+
+        ``rope_inv_freq``: ``_compute_inv_freq`` says, in vLLM's own comment, that the cache is
+        created on the GPU (vLLM builds its layers under the model's device context), not on the
+        CPU as HF does.
+        """
+        if point != "rope_inv_freq":
+            raise KeyError(f"no source fact for {point!r} in rla's vLLM adapter")
+        text = self.package.read_text(_ROPE_BASE)
+        phrase = "create the cache on GPU"
+        if phrase not in text:
+            raise EngineCodeError(
+                f"vllm {self.version}: {self.package.label(_ROPE_BASE)} no longer says {phrase!r} "
+                "in RotaryEmbeddingBase._compute_inv_freq; rope_inv_freq cannot be read from the source"
+            )
+        where = f"{self.package.label(_ROPE_BASE)}, RotaryEmbeddingBase._compute_inv_freq: '{phrase}'"
+        return {"choice": "device", "why": f"source: {where}", "where": where}
 
     # -- compiled kernels ----------------------------------------------------------------------
 

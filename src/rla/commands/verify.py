@@ -1,0 +1,118 @@
+"""``rla verify --model PATH --engine vllm``: the aligned model against the engine's twin."""
+
+from __future__ import annotations
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", required=True, help="HF checkpoint folder (Qwen2, Qwen3 or Llama; local files only)")
+    parser.add_argument("--engine", choices=["vllm"], default="vllm", help="the engine whose code the twin runs")
+    parser.add_argument("--mode", choices=["default", "eager", "native"], default="default",
+                        help="default: native ops under Inductor in pieces split at attention (vLLM V1); "
+                        "eager: vLLM's CUDA kernels (enforce_eager); native: native ops uncompiled")
+    parser.add_argument("--profile", default=None,
+                        help="profile to align to (a name, an alias, or a profile JSON file); default: the "
+                        "engine's newest calibrated row for the mode")
+    parser.add_argument("--wheel", default=None, help="the engine's wheel file, if the engine is not installed")
+    parser.add_argument("--library", default=None, help="vLLM's _C_stable_libtorch.abi3.so (or .xz) for --mode eager")
+    parser.add_argument("--tokens", type=int, default=512, help="tokens per sequence (default 512)")
+    parser.add_argument("--batch", type=int, default=2, help="sequences (default 2)")
+    parser.add_argument("--position-offset", type=int, default=0, help="first position (long-context phases)")
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="write the full result (per-layer rows too) to this file")
+    parser.add_argument("--expect-exact", action="store_true",
+                        help="exit 1 unless the aligned model's logits equal the twin's bit for bit")
+
+
+def _profile(args):
+    from pathlib import Path
+
+    from rla import profiles
+
+    if args.profile and Path(args.profile).suffix == ".json":
+        return profiles.load(args.profile)
+    name = args.profile or (args.engine if args.mode in ("default", "native") else f"{args.engine}-{args.mode}")
+    return profiles.get(name)
+
+
+def _check(args) -> None:
+    import torch
+
+    for flag in ("tokens", "batch"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    if args.position_offset < 0:
+        raise ValueError(f"--position-offset must be >= 0, got {args.position_offset}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda: this torch sees no CUDA device; use --device cpu (default and native modes)")
+    if args.mode == "eager" and not args.device.startswith("cuda"):
+        raise ValueError("--mode eager runs vLLM's CUDA kernels: it needs --device cuda")
+    if args.json is not None:
+        from pathlib import Path
+
+        parent = Path(args.json).resolve().parent
+        if not parent.is_dir():
+            raise FileNotFoundError(f"--json {args.json}: folder {parent} does not exist")
+
+
+def run(args) -> int:
+    import json
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from rla.diagnosis.verify import aligned_side, compare, hf_side
+    from rla.engines import vllm
+    from rla.engines.twin import VllmTwin
+    from rla.hf import load_model
+
+    _check(args)
+    profile = _profile(args)
+    engine = vllm.load(args.wheel)
+    model = load_model(args.model, dtype=torch.bfloat16, device=args.device)
+    limit = model.config.max_position_embeddings
+    if args.position_offset + args.tokens > limit:
+        raise ValueError(
+            f"positions {args.position_offset}..{args.position_offset + args.tokens - 1} pass the model's "
+            f"max_position_embeddings ({limit})"
+        )
+    console = Console()
+    console.print(f"twin: vLLM {engine.version} ({engine.package.origin}), mode {args.mode}; "
+                  f"aligned profile: {profile.name}", highlight=False)
+    twin = VllmTwin(model, engine, args.mode, args.library)
+    g = torch.Generator().manual_seed(args.seed)
+    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.tokens), generator=g).to(args.device)
+    positions = (torch.arange(args.tokens) + args.position_offset)[None].expand(args.batch, -1).to(args.device)
+    out = twin(ids, positions)
+    sides = {"hf eager (unaligned)": hf_side(model), f"aligned {profile.name}": aligned_side(model, profile)}
+    meta = {"engine": "vllm", "engine_version": engine.version, "mode": args.mode, "profile": profile.name,
+            "model": args.model, "tokens": args.tokens, "batch": args.batch,
+            "position_offset": args.position_offset, "device": args.device, "torch": torch.__version__,
+            "provenance": engine.provenance}
+    result = compare((out.logits, out.layers), sides, ids, positions, seed=args.seed, meta=meta)
+
+    table = Table(title=f"against the vLLM {engine.version} twin ({args.mode}), {result.tokens} tokens")
+    for col in ("training side", "logits bit-equal", "max |dlogit|", "k3", "max |dlogprob|", "KL", "first layer off"):
+        table.add_column(col)
+    for s in result.sides:
+        first = s.first_diverging_layer()
+        table.add_row(s.name, f"{s.logits_equal:.4%}", f"{s.logits_max_abs:.3g}", f"{s.k3:.3g}",
+                      f"{s.max_abs_delta:.3g}", f"{s.kl:.3g}", "none" if first is None else str(first))
+    console.print(table)
+    layers = Table(title="residual stream after each layer: fraction bit-equal to the twin")
+    layers.add_column("layer")
+    for s in result.sides:
+        layers.add_column(s.name)
+    for i in range(len(result.sides[0].layers)):
+        layers.add_row(str(i), *(f"{s.layers[i]['equal']:.4%}" for s in result.sides))
+    console.print(layers)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result.as_dict(), f, indent=2)
+    exact = result.sides[-1].logits_equal == 1.0
+    if args.expect_exact and not exact:
+        console.print(f"[bold red]not exact[/]: the aligned model differs from the twin from layer "
+                      f"{result.sides[-1].first_diverging_layer()}", highlight=False)
+        return 1
+    return 0

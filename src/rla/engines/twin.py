@@ -1,0 +1,255 @@
+"""The engine twin: an HF decoder's forward as vLLM runs it, with vLLM's own region code.
+
+Per-op conformance cannot see what an engine's compiler does *between* ops. The twin can: it
+takes an HF model's weights and runs the forward the way vLLM's model code lays it out, where
+every region (RMSNorm, residual-add + RMSNorm, SiluAndMul, rotary embedding and its cos/sin cache)
+is vLLM's own function, loaded from its package by :mod:`rla.engines.vllm`, while the GEMMs
+(``F.linear`` on the same weights) and the attention (the HF model's own attention function and
+mask) are the same on both sides. Any difference between the twin and ``rla.align(model,
+profile)`` is then a rounding location (or an arithmetic order) that the profile gets wrong.
+
+Layout (vLLM's ``Qwen2DecoderLayer`` / ``Qwen3DecoderLayer`` / ``LlamaDecoderLayer``): tokens are
+flattened to [T, hidden]; each layer starts with a fused add + norm of the previous layer's MLP
+output and residual (the first with a plain norm), attention is q/k/v projections, Qwen3's per-head
+q/k norms, rotary on [T, heads*head_dim] with the engine's cos/sin cache indexed by position, then
+o_proj, a fused add + norm, gate/up, SiluAndMul on cat(gate, up), down; the model ends with a
+fused add + final norm, and logits are ``F.linear`` in bf16 outside the compiled graph.
+
+Modes:
+
+- ``default``: vLLM V1's default. The native ops are compiled with Inductor the way vLLM compiles
+  a model: one graph split at attention into pieces, attention opaque between them. A piece is
+  [layer i after attention + layer i+1 up to attention], so Inductor fuses across the residual add
+  and the q/k-norm -> RoPE chain exactly where vLLM's compiled graph can. The weights are piece
+  inputs, so one compiled piece serves every middle layer.
+- ``eager``: ``enforce_eager``: vLLM's compiled CUDA kernels (``torch.ops._C``), no compiler.
+- ``native``: the native ops run eagerly (no compiler): every bf16 op rounds. Not an engine mode;
+  useful on machines without a GPU to separate what the compiler does from what the ops do.
+
+The per-layer trace is the residual stream entering each layer's attention (after the previous
+layer's MLP add), which crosses a piece boundary as a bf16 tensor in vLLM too: recording it does
+not change what Inductor fuses. The last entry is the stream the final norm reads, rounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["VllmTwin", "TwinOutput", "MODES", "SUPPORTED_FAMILIES", "capture_attention_mask"]
+
+MODES = ("default", "eager", "native")
+SUPPORTED_FAMILIES = ("qwen2", "qwen3", "llama")
+
+
+@dataclass
+class TwinOutput:
+    logits: torch.Tensor
+    """[B, S, vocab] in the model's dtype (vLLM computes bf16 logits by default)."""
+    layers: list[torch.Tensor] = field(default_factory=list)
+    """Residual stream after each decoder layer, [B, S, hidden] in the model's dtype."""
+
+
+def _linear(x, w, b=None):
+    return F.linear(x, w, b)
+
+
+def capture_attention_mask(model, input_ids, position_ids):
+    """The attention mask the HF model hands its first attention layer for these inputs (None
+    under SDPA's causal path): the twin runs the same attention function on the same mask, so
+    attention is not a difference between the two sides."""
+    attn = model.model.layers[0].self_attn
+    seen = {}
+
+    def hook(module, args, kwargs):
+        seen["mask"] = kwargs.get("attention_mask")
+        raise _Captured
+
+    handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(input_ids=input_ids, position_ids=position_ids)
+    except _Captured:
+        pass
+    finally:
+        handle.remove()
+    if "mask" not in seen:
+        raise RuntimeError("the HF model's first attention layer was never called")
+    return seen["mask"]
+
+
+class _Captured(Exception):
+    pass
+
+
+class VllmTwin:
+    """vLLM's forward of ``model`` (an HF Qwen2/Qwen3/Llama ``*ForCausalLM``) from ``engine``'s code.
+
+    ``engine`` is :func:`rla.engines.vllm.load`'s result; ``library`` (eager mode) names vLLM's
+    kernel library if it is not in the engine's package.
+    """
+
+    def __init__(self, model, engine, mode: str = "default", library: str | None = None):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        cfg = model.config
+        if cfg.model_type not in SUPPORTED_FAMILIES:
+            raise NotImplementedError(
+                f"the vLLM twin covers {', '.join(SUPPORTED_FAMILIES)}; this model is {cfg.model_type!r}"
+            )
+        body = model.model
+        self.model, self.engine, self.mode = model, engine, mode
+        self.dtype = body.embed_tokens.weight.dtype
+        self.device = body.embed_tokens.weight.device
+        self.eps = float(cfg.rms_norm_eps)
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        rp = dict(getattr(cfg, "rope_parameters", None) or {})
+        rope_type = rp.get("rope_type", "default")
+        scaling = None if rope_type == "default" else rp
+        rotary_dim = int(self.head_dim * rp.get("partial_rotary_factor", 1.0))
+        self.cos_sin_cache = engine.cos_sin_cache(
+            self.head_dim, rotary_dim, cfg.max_position_embeddings, rp["rope_theta"], scaling,
+            dtype=self.dtype, device=self.device,
+        )
+        self.layers = [self._weights(layer) for layer in body.layers]
+        self.final_norm = body.norm.weight
+        self.embed = body.embed_tokens.weight
+        self.lm_head = model.lm_head.weight
+        attn0 = body.layers[0].self_attn
+        self._attention_fn = _attention_function(model, attn0)
+        if mode == "eager":
+            k = engine.c_ops(library)
+            self.norm, self.add_norm, self.act = k.rms_norm, k.fused_add_rms_norm, k.silu_and_mul
+            self.rope = lambda pos, q, kk, d, cache: k.rotary_embedding(pos, q, kk, d, cache, True)
+        else:
+            self.norm, self.add_norm = engine.rms_norm_native, engine.fused_add_rms_norm_native
+            self.act = engine.silu_and_mul_native
+            self.rope = lambda pos, q, kk, d, cache: engine.rope_native(pos, q, kk, d, cache, True)
+        self._first, self._middle, self._last = self._first_piece, self._middle_piece, self._last_piece
+        if mode == "default":
+            compile_ = lambda fn: torch.compile(fn, backend="inductor", fullgraph=True)
+            self._first, self._middle, self._last = (
+                compile_(self._first_piece), compile_(self._middle_piece), compile_(self._last_piece)
+            )
+
+    @staticmethod
+    def _weights(layer):
+        a, m = layer.self_attn, layer.mlp
+        w = {
+            "in": layer.input_layernorm.weight,
+            "post": layer.post_attention_layernorm.weight,
+            "wq": a.q_proj.weight, "bq": a.q_proj.bias,
+            "wk": a.k_proj.weight, "bk": a.k_proj.bias,
+            "wv": a.v_proj.weight, "bv": a.v_proj.bias,
+            "wo": a.o_proj.weight,
+            "wg": m.gate_proj.weight, "wu": m.up_proj.weight, "wd": m.down_proj.weight,
+        }
+        if hasattr(a, "q_norm"):
+            w["qn"], w["kn"] = a.q_norm.weight, a.k_norm.weight
+        return w
+
+    # -- the layer, as vLLM's model code lays it out ---------------------------------------------
+
+    def _qkv(self, hidden, residual, w, positions):
+        """Layer start up to attention: (add +) input norm, q/k/v, q/k norms, rotary."""
+        if residual is None:
+            residual = hidden
+            hidden = self.norm(hidden, w["in"], self.eps)
+        else:
+            hidden, residual = self.add_norm(hidden, residual, w["in"], self.eps)
+        q = _linear(hidden, w["wq"], w["bq"])
+        k = _linear(hidden, w["wk"], w["bk"])
+        v = _linear(hidden, w["wv"], w["bv"])
+        if "qn" in w:  # Qwen3: per-head norms on [T, heads, head_dim]
+            t = q.shape[0]
+            q = self.norm(q.view(t, -1, self.head_dim), w["qn"], self.eps).view(q.shape)
+            k = self.norm(k.view(t, -1, self.head_dim), w["kn"], self.eps).view(k.shape)
+        q, k = self.rope(positions, q, k, self.head_dim, self.cos_sin_cache)
+        return q, k, v, residual
+
+    def _mlp(self, attn, residual, w):
+        """Layer after attention: o_proj, add + post-attention norm, gate/up, SiluAndMul, down."""
+        hidden = _linear(attn, w["wo"])
+        hidden, residual = self.add_norm(hidden, residual, w["post"], self.eps)
+        gate_up = torch.cat((_linear(hidden, w["wg"]), _linear(hidden, w["wu"])), dim=-1)
+        return _linear(self.act(gate_up), w["wd"]), residual
+
+    # -- the pieces vLLM compiles between attentions ----------------------------------------------
+
+    def _first_piece(self, ids, positions, w):
+        return self._qkv(F.embedding(ids, self.embed), None, w, positions)
+
+    def _middle_piece(self, attn, residual, positions, w, w_next):
+        hidden, residual = self._mlp(attn, residual, w)
+        return self._qkv(hidden, residual, w_next, positions)
+
+    def _last_piece(self, attn, residual, w, final):
+        hidden, residual = self._mlp(attn, residual, w)
+        return self.add_norm(hidden, residual, final, self.eps)
+
+    # -- the forward -------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> TwinOutput:
+        """Logits and per-layer residual stream for ``input_ids`` [B, S] at ``position_ids``."""
+        b, s = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(s, device=input_ids.device)[None].expand(b, s)
+        if int(position_ids.max()) >= self.cos_sin_cache.shape[0]:
+            raise ValueError(
+                f"position {int(position_ids.max())} is past the engine's cos/sin cache "
+                f"({self.cos_sin_cache.shape[0]} positions = max_position_embeddings)"
+            )
+        mask = capture_attention_mask(self.model, input_ids, position_ids)
+        ids, positions = input_ids.reshape(-1), position_ids.reshape(-1)
+        dynamic = self._mark_tokens if self.mode == "default" else (lambda *ts: None)
+        dynamic(ids, positions)
+        attn_mods = [layer.self_attn for layer in self.model.model.layers]
+        q, k, v, residual = self._first(ids, positions, self.layers[0])
+        streams = []
+        for i, w in enumerate(self.layers):
+            attn = self._attend(attn_mods[i], q, k, v, mask, b, s)
+            dynamic(attn, residual)
+            if i + 1 < len(self.layers):
+                q, k, v, residual = self._middle(attn, residual, positions, w, self.layers[i + 1])
+                streams.append(residual)
+            else:
+                hidden, residual = self._last(attn, residual, w, self.final_norm)
+                streams.append(residual)
+        logits = _linear(hidden, self.lm_head)
+        shape = (b, s, -1)
+        return TwinOutput(logits.view(shape), [t.view(shape) for t in streams])
+
+    __call__ = forward
+
+    @staticmethod
+    def _mark_tokens(*tensors):
+        """vLLM compiles the token dimension dynamic and every other one static: one graph per
+        piece serves every batch size, and the hidden size stays a constant of the kernels."""
+        for t in tensors:
+            if t.shape[0] > 1:  # Dynamo specialises sizes 0 and 1; a single token compiles its own graph
+                torch._dynamo.mark_dynamic(t, 0)
+
+    def _attend(self, module, q, k, v, mask, b, s):
+        """The HF model's own attention function on [B, heads, S, head_dim] views, as HF calls it."""
+        d = self.head_dim
+        q = q.view(b, s, -1, d).transpose(1, 2)
+        k = k.view(b, s, -1, d).transpose(1, 2)
+        v = v.view(b, s, -1, d).transpose(1, 2)
+        out, _ = self._attention_fn(module, q, k, v, mask, dropout=0.0, scaling=module.scaling)
+        return out.reshape(b * s, -1).contiguous()
+
+
+def _attention_function(model, attn_module):
+    """The attention function the HF attention module calls for this model's implementation."""
+    import sys
+
+    impl = model.config._attn_implementation
+    if impl == "eager":
+        return sys.modules[type(attn_module).__module__].eager_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS[impl]

@@ -1,0 +1,105 @@
+"""Calibration of vLLM 0.33 from its own code (its wheel), on the CPU.
+
+``default`` mode compiles vLLM's native ops with Inductor's CPU (C++) backend. What it decides
+here, measured 2026-11-30 (torch 2.13 CPU), is the ``vllm-0.33`` row that ROUNDING.md reports
+from the H200 for every point Inductor decides: rope_cos_sin=round, rope_apply=fused,
+swiglu=fused, norm_weight=fused, norm_residual=fp32_sum, and from the compiled chains
+residual_stream=fp32_carry and qk_norm_out=fp32 -- each at 100% of elements, with the other
+choice clearly below. ``rope_inv_freq`` cannot be decided on a CPU (host and device are the same
+place: both candidates match 100%); it is reported as ambiguous and taken from vLLM's source
+(``source`` evidence). If a rounding point of the spec or of vLLM changes, the point moves and
+these tests fail.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rla import profiles
+from rla.engines.calibrate import Experiment, _decide, calibrate
+from rla.engines.conformance import markdown, write
+
+#: Points Inductor decides on the CPU, and what the vllm-0.33 row says for them.
+COMPILED_POINTS = ("rope_cos_sin", "rope_apply", "swiglu", "norm_weight", "norm_residual",
+                   "residual_stream", "qk_norm_out")
+
+
+@pytest.fixture(scope="module")
+def default_run(vllm_wheel):
+    return calibrate("vllm", "default", wheel=str(vllm_wheel), device="cpu", command="pytest")
+
+
+def test_default_mode_on_cpu_finds_the_vllm_033_row(default_run):
+    row = profiles.get("vllm-0.33")
+    for point in COMPILED_POINTS:
+        r = default_run.points[point]
+        assert r.evidence == "native_compiled", point
+        assert r.choice == getattr(row, point), (point, r.fractions)
+        assert r.fractions[r.choice] == 1.0 and r.max_ulp == 0 and not r.ambiguous, (point, r.fractions)
+        other = next(c for c in r.fractions if c != r.choice)
+        assert r.fractions[other] < 0.99, (point, r.fractions)  # the probes tell the choices apart
+    inv = default_run.points["rope_inv_freq"]
+    assert inv.ambiguous and inv.fractions == {"host": 1.0, "device": 1.0}
+    assert (inv.choice, inv.evidence) == ("device", "source") and "create the cache on GPU" in inv.fallback
+
+
+def test_profile_and_reports_round_trip(default_run, tmp_path):
+    paths = write(default_run, tmp_path / "vllm.json")
+    loaded = profiles.load(paths["profile"])
+    assert loaded.name == "vllm-0.33" and loaded.same_rounding(profiles.get("vllm-0.33"))
+    cal = loaded.calibration
+    assert (cal.engine, cal.version, cal.mode, cal.torch) == ("vllm", "0.33.0", "default", torch.__version__)
+    assert cal.points["norm_weight"].matched == 1.0 and cal.points["rope_inv_freq"].evidence == "source"
+    report = json.loads(paths["report_json"].read_text())
+    assert report["command"] == "pytest" and "rms_norm" in report["provenance"]
+    md = paths["report_md"].read_text()
+    assert "| `residual_stream` | fp32_carry | native_compiled |" in md and "sha256" in md
+
+
+def test_eager_mode_without_cuda_falls_back_and_says_so(vllm_wheel):
+    if torch.cuda.is_available():
+        pytest.skip("with CUDA, eager mode runs the kernels")
+    conf = calibrate("vllm", "eager", wheel=str(vllm_wheel), device="cpu")
+    assert {r.evidence for p, r in conf.points.items() if p != "rope_inv_freq"} == {"native_eager"}
+    assert any("cannot run here" in n and "NOT the kernels" in n for n in conf.notes)
+    # vLLM's native ops run one bf16 op at a time round per op, and nothing fuses across ops
+    got = {p: conf.points[p].choice for p in ("rope_apply", "swiglu", "norm_weight", "residual_stream", "qk_norm_out")}
+    assert got == {"rope_apply": "per_op", "swiglu": "per_op", "norm_weight": "per_op",
+                   "residual_stream": "rounded", "qk_norm_out": "round"}
+    from rla.engines.conformance import to_profile
+
+    assert to_profile(conf).name == "vllm-0.33-eager-native"  # never mistaken for the kernels' row
+
+
+def test_ambiguity_is_reported_not_guessed():
+    exp = Experiment("x", ("swiglu",), {("per_op",): [10, 10, 0], ("fused",): [10, 10, 0]})
+    r = _decide("swiglu", [exp], "native_compiled")
+    assert r.ambiguous and r.choice is None and r.fractions == {"per_op": 1.0, "fused": 1.0}
+    exp = Experiment("y", ("swiglu",), {("per_op",): [7, 10, 3], ("fused",): [9, 10, 1]})
+    r = _decide("swiglu", [exp], "native_compiled")
+    assert (r.choice, r.ambiguous, r.max_ulp) == ("fused", False, 1)
+
+
+def test_undecided_point_writes_reports_but_no_profile(default_run, tmp_path):
+    import copy
+
+    conf = copy.deepcopy(default_run)
+    conf.points["swiglu"].choice = None
+    paths = write(conf, tmp_path / "p.json")
+    assert "profile" not in paths and paths["report_md"].exists()
+    assert "**undecided**" in markdown(conf)
+
+
+def test_unsupported_engine_and_cli_errors(capsys):
+    from rla.cli import main
+
+    with pytest.raises(NotImplementedError, match="sglang: not supported yet"):
+        calibrate("sglang")
+    assert main(["calibrate", "--engine", "sglang"]) == 2
+    assert "not supported yet" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["calibrate", "--device", "cuda"]) == 2
+        assert "sees no CUDA device" in capsys.readouterr().err
