@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("verl", reason="verl 0.7.1's fsdp_workers runs on the dependencies of the installed verl")
 LEGACY = Path(__file__).resolve().parents[1] / ".verl-0.7.1"
 pytestmark = pytest.mark.skipif(
     not (LEGACY / "verl" / "workers" / "fsdp_workers.py").exists(),
