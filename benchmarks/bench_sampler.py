@@ -1,4 +1,4 @@
-"""Rollout throughput: rla.sampler against plain HF generate, on one GPU.
+"""Rollout throughput: rla.rollout.sampler against plain HF generate, on one GPU.
 
 Qwen2.5-0.5B shapes (random init, bf16), a batch of prompts, a fixed number of new tokens with no
 early stop, sampling at temperature 1. Each arm runs once to warm up (and compile), then is timed.
@@ -47,13 +47,13 @@ def main():
     ap.add_argument("--model", default="0.5b", choices=["0.5b", "bundled"],
                     help="Qwen2.5-0.5B shapes (random init) or rla's bundled 4.15M-parameter Qwen2 (the GRPO experiments' model)")
     args = ap.parse_args()
-    from rla.sampler import Sampler, SamplingParams
+    from rla.rollout.sampler import Sampler, SamplingParams
 
     device = "cuda"
     if args.model == "bundled":
-        from rla.models import load_bundled
+        from rla.models import load_bundled_model
 
-        model, _ = load_bundled(dtype=torch.bfloat16, device=device)
+        model = load_bundled_model(dtype=torch.bfloat16, device=device)
         model.config.eos_token_id = None  # no early stop: every arm decodes --new tokens
     else:
         model = model_05b(device)
@@ -101,7 +101,7 @@ def main():
 
 
 def _write(args, rows):
-    from rla.bench.common import environment
+    from rla.environment import environment
 
     result = {
         "what": f"rollout throughput, {'Qwen2.5-0.5B shapes random init' if args.model == '0.5b' else 'bundled tiny Qwen2'} bf16",

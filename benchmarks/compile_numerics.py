@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 import rla
-from rla.bench.common import environment
+from rla.environment import environment
 
 
 def compare(a, b):

@@ -37,6 +37,7 @@ from rla.ops import fused, reference
 BF16 = torch.bfloat16
 DEV = "cuda"
 LAYERS, SCALE = 4, 1.0
+ONLY: list = []
 
 
 def stamp(args) -> dict:
@@ -173,6 +174,8 @@ def stage_twin(engine, modes, library, out, quick=False):
     }
     if quick:
         cases = {k: v[:1] for k, v in cases.items()}
+    if ONLY:
+        cases = {k: v for k, v in cases.items() if k in ONLY}
     rows = []
     backed = engine_ops(engine, "eager", library) if "eager" in modes else None
     for name, shapes in cases.items():
@@ -211,6 +214,9 @@ def stage_twin(engine, modes, library, out, quick=False):
 
 def main():
     global STAMP
+    if len(sys.argv) == 3 and sys.argv[1] == "--summarize":
+        print(summarize(sys.argv[2]))
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--stages", nargs="+", default=["tables", "order", "twin"])
     ap.add_argument("--modes", nargs="+", default=["default", "eager"])
@@ -219,11 +225,12 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--only", nargs="*", default=[], help="models of the twin stage to run (default all)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the models' widths (a CPU smoke test uses less)")
     args = ap.parse_args()
-    global DEV, LAYERS, SCALE
-    DEV, LAYERS, SCALE = args.device, args.layers, args.scale
+    global DEV, LAYERS, SCALE, ONLY
+    DEV, LAYERS, SCALE, ONLY = args.device, args.layers, args.scale, args.only
     STAMP = stamp(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -235,6 +242,31 @@ def main():
         stage_order(engine, kernels, out / "arithmetic_order.json")
     if "twin" in args.stages:
         stage_twin(engine, args.modes, args.library, out / "twin.json", args.quick)
+
+
+
+def summarize(folder: str) -> str:
+    """Markdown tables of a results folder's twin_*.json (the numbers its README quotes)."""
+    out = []
+    for mode in ("default", "eager"):
+        path = Path(folder) / f"twin_{mode}.json"
+        if not path.is_file():
+            continue
+        rows = json.loads(path.read_text())["rows"]
+        sides = list(dict.fromkeys(r["side"] for r in rows))
+        out.append(f"\n### {mode} mode (profile {rows[0]['profile']}): logits bit-equal / k3 of the sampled token\n")
+        out.append("| model | batch x tokens @ first position | " + " | ".join(sides) + " |")
+        out.append("|---|---|" + "---|" * len(sides))
+        cases = list(dict.fromkeys((r["model"], r["batch"], r["tokens"], r["position_offset"]) for r in rows))
+        for m, b, s, off in cases:
+            cells = []
+            for side in sides:
+                r = next(x for x in rows if (x["model"], x["batch"], x["tokens"], x["position_offset"], x["side"]) == (m, b, s, off, side))
+                cells.append(f"{r['logits_equal']:.2%} / {r['k3']:.2g}")
+            out.append(f"| {m} | {b}x{s} @ {off} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 
 
 if __name__ == "__main__":

@@ -444,7 +444,7 @@ def leg_cast_forward_inputs(args, rank, world, device, res: dict, keep: dict) ->
 
 
 def environment(args, world, device) -> dict:
-    from rla.bench.common import environment as bench_env
+    from rla.environment import environment as bench_env
 
     env = bench_env(device if device.type == "cuda" else None)  # versions, date, the fused kernels' launch parameters
     env["command"] = (f"torchrun --nproc_per_node {os.environ.get('LOCAL_WORLD_SIZE', world)} "

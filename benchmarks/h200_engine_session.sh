@@ -11,7 +11,27 @@ R=$OUT/r; mkdir -p $R
 finish() { tar czf $OUT/results.tgz -C $OUT r && rm -rf $R; }
 trap finish EXIT
 stamp() { echo "== $1 $(date -u +%FT%TZ)" | tee -a $R/commands.log; }
-if [ "$CALL" = call1 ]; then
+if [ "$CALL" = call4 ]; then  # device inv_freq for the default rope type on transformers 5.17
+  L=/tmp/vllm_C.so.xz
+  cat /tmp/vllm_a .engine/b > $L
+  stamp "benchmarks/engine_twin_h200.py --stages tables twin --modes eager default --only qwen2-h1536 qwen3-h2048 tiny-qwen2-trained"
+  timeout 400 python3 benchmarks/engine_twin_h200.py --stages tables twin --modes eager default --only qwen2-h1536 qwen3-h2048 tiny-qwen2-trained --wheel $W --library $L --out $R/call4 > $R/call4_twin.log 2>&1
+elif [ "$CALL" = call3 ]; then  # after the engine-backed fused-add fix and the merges
+  L=/tmp/vllm_C.so.xz
+  cat /tmp/vllm_a .engine/b > $L && (cd /tmp && sha256sum vllm_C.so.xz) > $R/library_sha256.txt
+  stamp "benchmarks/engine_twin_h200.py --stages twin --modes eager"
+  timeout 200 python3 benchmarks/engine_twin_h200.py --stages twin --modes eager --wheel $W --library $L --out $R/eager > $R/call3_twin.log 2>&1
+  stamp "pytest tests/test_fused_gpu.py"
+  timeout 130 python3 -m pytest -q -p no:cacheprovider tests/test_fused_gpu.py > $R/call3_fused_tests.log 2>&1
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
+  mkdir -p /tmp/old && tar xzf .engine/old_src.tar.gz -C /tmp/old
+  for side in new old new old; do
+    src=$PWD/src; [ $side = old ] && src=/tmp/old/src
+    stamp "rla bench e2e --variants hf-bf16 rla-vllm liger ($side code)"
+    PYTHONPATH=$src:/tmp/site timeout 80 python3 -m rla.cli bench e2e --variants hf-bf16 rla-vllm liger --out $R/e2e_$side > $R/call3_e2e_$side.log 2>&1
+    mv $R/e2e_$side $R/e2e_${side}_$(date +%s)
+  done
+elif [ "$CALL" = call1 ]; then
   nvidia-smi > $R/nvidia-smi.txt 2>&1
   python3 -c "import torch, triton, transformers; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" > $R/env.txt 2>&1
   stamp "pytest tests/test_fused_gpu.py"

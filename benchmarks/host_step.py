@@ -18,15 +18,15 @@ import pstats
 import torch
 
 from rla.bench import e2e
-from rla.bench.common import environment
-from rla.commands.bench import _shape
+from rla.environment import environment
+from rla.commands.bench import shape
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", required=True, choices=("hf-bf16", "rla-vllm", "rla-sglang", "liger"))
     ap.add_argument("--model", default="qwen2.5-1.5b", choices=tuple(e2e.MODELS))
-    ap.add_argument("--shape", type=_shape, default=(1, 512))
+    ap.add_argument("--shape", type=shape, default=(1, 512))
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--compile", default=None, choices=("default", "reduce-overhead"))
     ap.add_argument("--out", required=True)

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from rla.bench.common import environment
+from rla.environment import environment
 
 DEV = torch.device("cuda")
 LP = torch.bfloat16

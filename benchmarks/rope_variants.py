@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rla.bench.common import copy_bandwidth_gbs, environment, time_reps_ms
+from rla.bench.common import copy_bandwidth_gbs, time_reps_ms
+from rla.environment import environment
 from rla.bench.ops import _graph_ms
 from rla.ops import _triton_rope
 from rla.ops._triton_common import LAUNCH_OPTS

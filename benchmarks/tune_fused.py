@@ -1,8 +1,8 @@
 """Launch-parameter sweep of the fused kernels at Qwen2.5-7B shapes (16384 tokens), H200.
 
 Times the kernel launchers directly (no autograd), L2 flushed before each repetition, prints one
-line per configuration and writes the fastest to ``--out`` (JSON: module -> attribute -> value),
-which ``bench_ops.py --config`` applies. The defaults in ``rla/ops/_triton_*.py`` are the values
+line per configuration and writes the fastest to ``--out`` (JSON: ``rla.ops.launch_config()`` keys -> value), which
+``rla bench --config`` applies (``rla.ops.set_launch_config``). The defaults in ``rla/ops/_triton_*.py`` are the values
 this sweep picked on the H200 (see results/). Usage: python benchmarks/tune_fused.py --out F
 """
 
@@ -12,7 +12,7 @@ import json
 import torch
 
 from rla.bench.common import copy_bandwidth_gbs, time_ms
-from rla.ops import _triton_norm, _triton_rope, _triton_swiglu
+from rla.ops import _triton_norm, _triton_rope, _triton_swiglu, set_launch_config
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", default="tuned.json")
@@ -28,9 +28,9 @@ best: dict = {}
 
 def sweep(name, module, configs, fn, nbytes):
     results = []
+    kernel = module.__name__.rsplit("_", 1)[-1]  # _triton_swiglu -> swiglu: rla.ops.launch's keys
     for cfg in configs:
-        for k, v in cfg.items():
-            setattr(module, k, v)
+        set_launch_config({f"{kernel}.{k.lower()}": v for k, v in cfg.items()})
         try:
             ms = time_ms(lambda _: fn(), reps=15)
         except Exception as e:  # a configuration that does not compile is skipped
@@ -39,9 +39,8 @@ def sweep(name, module, configs, fn, nbytes):
         results.append((ms, cfg))
         print(f"{name:12s} {str(cfg):70s} {ms:.4f} ms {nbytes / ms / 1e6:6.0f} GB/s x{ms / (nbytes / bw / 1e6):.3f} of floor", flush=True)
     ms, cfg = min(results, key=lambda t: t[0])
-    for k, v in cfg.items():
-        setattr(module, k, v)
-    best.setdefault(module.__name__, {}).update(cfg)
+    best.update({f"{kernel}.{k.lower()}": v for k, v in cfg.items()})
+    set_launch_config(best)
     print(f"{name:12s} BEST {cfg} {ms:.4f} ms", flush=True)
 
 

@@ -1,4 +1,4 @@
-"""An independent expression of ROUNDING.md, written for the tests.
+"""An independent expression of docs/rounding.md, written for the tests.
 
 It shares no code with ``rla.ops``: per-op roundings are expressed the way eager PyTorch does them
 (arithmetic on low-precision tensors rounds every result), fused ones as fp32 arithmetic with one

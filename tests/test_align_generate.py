@@ -1,7 +1,7 @@
 """``model.generate`` on an aligned model runs its KV-cache decode steps through the aligned ops.
 
 Proof: every step's logits (prefill and each one-token decode against the cache) equal the
-ROUNDING.md oracle run incrementally on the same prefix with its own K/V cache, and differ from
+docs/rounding.md oracle run incrementally on the same prefix with its own K/V cache, and differ from
 what HF's own rounding gives for the same steps.
 """
 

@@ -1,4 +1,4 @@
-"""``rla.align`` on every family and every built-in profile equals the ROUNDING.md oracle bit for bit."""
+"""``rla.align`` on every family and every built-in profile equals the docs/rounding.md oracle bit for bit."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ def _rn(v):
 
 
 def _spec_norm(v, w, eps, per_op):
-    """ROUNDING.md written out: v is the fp32 value the norm reads, w the engine's (bf16) weight."""
+    """docs/rounding.md written out: v is the fp32 value the norm reads, w the engine's (bf16) weight."""
     rstd = torch.rsqrt((v * v).mean(-1, keepdim=True) + eps)
     wf = w.to(BF16).float()
     out = wf * _rn(v * rstd) if per_op else (v * rstd) * wf

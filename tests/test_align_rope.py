@@ -133,3 +133,14 @@ def test_tf32_hazard_is_reported_where_hf_uses_a_matmul():
         torch.set_float32_matmul_precision(before)
         rla.unalign(model)
     assert any(h.name == "TF32 RoPE angles" for h in report.hazards) == compat.HF_ROTARY_USES_MATMUL
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_default_rope_formula_is_the_models_own_init(family):
+    """compat evaluates the default frequencies itself where the model's init cannot be told the
+    device (5.24): on the CPU it must equal that init bit for bit."""
+    from rla.alignment import compat
+
+    rotary = tiny_model(family).model.rotary_emb
+    own, _ = rotary.compute_default_rope_parameters(rotary.config)
+    assert torch.equal(compat._default_rope_on(rotary.config, torch.device("cpu")), own.float())

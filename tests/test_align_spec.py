@@ -1,4 +1,4 @@
-"""The test oracle for ``rla.align``: a whole decoder forward written from ROUNDING.md.
+"""The test oracle for ``rla.align``: a whole decoder forward written from docs/rounding.md.
 
 Nothing here calls ``rla.ops`` or ``rla.align``. The forward reuses the model's weights and its
 (unpatched) MoE routers, and mirrors HF's eager attention op for op, so that under the ``hf``
@@ -31,7 +31,7 @@ def single_thread():
     torch.set_num_threads(before)
 
 # ---------------------------------------------------------------------------------------------
-# ROUNDING.md, "Built-in profiles", copied as data (checked against rla.profiles below).
+# docs/rounding.md, "Built-in profiles", copied as data (checked against rla.profiles below).
 # ---------------------------------------------------------------------------------------------
 POINTS = ("rope_cos_sin", "rope_apply", "rope_inv_freq", "swiglu", "norm_weight", "norm_residual",
           "residual_stream", "qk_norm_out")
@@ -283,7 +283,7 @@ def _mlp(mlp, h, pts):
 
 
 def spec_forward(model, input_ids, pts, cache: SpecCache | None = None, last_only=False):
-    """Logits of ``model`` under the rounding points ``pts``, from ROUNDING.md."""
+    """Logits of ``model`` under the rounding points ``pts``, from docs/rounding.md."""
     body, cfg = model.model, model.config
     lp = body.embed_tokens.weight.dtype
     eps = cfg.rms_norm_eps

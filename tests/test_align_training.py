@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 
 import pytest
@@ -157,8 +158,12 @@ def test_torch_compile_inductor_runs():
         eager = model(ids).logits
         got = torch.compile(model)(ids).logits
     # Inductor's CPU codegen (its own cos/exp/rsqrt, fused reductions) is not bitwise eager; the
-    # logits agree to a few bf16 ulps of their scale (|logit| ~ 4, bf16 ulp there 2**-6).
-    torch.testing.assert_close(got.float(), eager.float(), atol=0.1, rtol=0)
+    # logits agree to a few bf16 ulps of their scale. Measured (torch 2.13 CPU, 2026): |logit| <=
+    # 2.77, bf16 ulp there 2**-6; max difference 2 ulps (0.031), mean 0.0057 (0.36 ulp). Bounds:
+    # max 4 ulps, mean 1 ulp: an unaligned or mis-rounded compiled region moves most logits.
+    ulp = 2.0 ** (math.floor(math.log2(eager.float().abs().max().item())) - 7)
+    diff = (got.float() - eager.float()).abs()
+    assert diff.max().item() <= 4 * ulp and diff.mean().item() <= ulp, (diff.max().item(), diff.mean().item(), ulp)
     torch._dynamo.reset()
 
 

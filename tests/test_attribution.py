@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from rla.surgery.attribution import shapley, subsets
+from rla.diagnosis.attribution import shapley, subsets
 
 REGIONS = ("rope", "swiglu", "rmsnorm")
 

@@ -32,9 +32,9 @@ def test_bad_input_is_one_line_not_a_traceback(capsys):
 
 def test_top_level_entry_points_are_the_functions():
     import rla
-    import rla.surgery
-    import rla.train_logprobs
+    import rla.diagnosis
+    import rla.rollout.train_logprobs
 
-    assert rla.logprobs is rla.train_logprobs.logprobs
-    assert rla.diagnose is rla.surgery.diagnose and rla.doctor is rla.surgery.doctor
+    assert rla.logprobs is rla.rollout.train_logprobs.logprobs
+    assert rla.diagnose is rla.diagnosis.diagnose and rla.doctor is rla.diagnosis.doctor
     assert callable(rla.align) and callable(rla.detect_profile)

@@ -1,4 +1,4 @@
-"""Numerical surgery on the bundled model: attribution, detection, doctor, reports, CLI."""
+"""Diagnosis on the bundled model: attribution, detection, doctor, reports, CLI."""
 
 import dataclasses
 import json
@@ -8,12 +8,14 @@ import pytest
 import torch
 
 import rla
-from rla import profiles, rollouts
-from rla.surgery.core import detect_profile, diagnose
-from rla.surgery.doctor import doctor, inv_freq_angle_error
-from rla.surgery.report import to_markdown, write_report
-from rla.models import bundled_path, bundled_task, load_bundled
-from rla.sampler import Sampler, SamplingParams
+from rla import profiles
+from rla.rollout import rollouts
+from rla.diagnosis.core import detect_profile, diagnose
+from rla.diagnosis.doctor import doctor, inv_freq_angle_error
+from rla.diagnosis.report import to_markdown, write_report
+from rla.models import bundled_path
+from rla.rl.bundled import bundled_task, load_bundled
+from rla.rollout.sampler import Sampler, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +59,9 @@ def test_detection_names_the_rollout_profile(bundled):
     model, prompts = bundled
     for name in profiles.names():
         det = detect_profile(model, sample(model, prompts, name, seed=1))
-        assert name in det.best.split(" = "), f"rollouts from {name} detected as {det.best}: {det.ranking}"
+        assert name in det.best, f"rollouts from {name} detected as {det.best}: {det.ranking}"
         if name in ("sglang", "rla"):  # identical rounding points: reported together
-            assert det.best == "sglang = rla"
+            assert det.best == ("sglang", "rla") and det.best_label == "sglang = rla"
 
 
 def test_report_files_and_markdown(bundled, tmp_path):

@@ -139,7 +139,7 @@ def test_entropy_ignores_filtered_tokens():
 def test_chunked_forward_matches_full_logits_values_and_gradients(top_k):
     from rla import models
     from rla.rl.forward import PolicyForward, make_micro_batch
-    from rla.sampling import process_logits
+    from rla.rollout.sampling import process_logits
 
     model = models.build_model(models.tiny_config("qwen3", "micro"), dtype=torch.float64, seed=0)
     g = torch.Generator().manual_seed(1)
@@ -223,7 +223,7 @@ def test_collapse_signal_is_reported_on_the_step_it_fires():
     cfg = TrainConfig()
     steady = _history([1e-4] * 8, [0.5] * 8, [1.0] * 8)
     assert collapse_fields(steady, cfg) == {"collapse/fired": False, "collapse/kinds": []}
-    # k3 grows 20x while the 5-step mean reward falls from 0.8: METRICS.md's collapse signal
+    # k3 grows 20x while the 5-step mean reward falls from 0.8: docs/metrics.md's collapse signal
     k3 = [1e-4] * 6 + [2e-3] * 4
     reward = [0.8] * 6 + [0.5, 0.2, 0.1, 0.0]
     hist = _history(k3, reward, [1.0] * 10)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rla import models
+from rla.rl import bundled
 from rla.rl.tokenizer import build_tokenizer
 
 # (size, low, high) in parameters: the names promise these ranges
@@ -88,11 +89,11 @@ def test_load_bundled_missing_files(tmp_path, monkeypatch):
     monkeypatch.setattr(models, "bundled_path", lambda: tmp_path)
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="model.safetensors.*train_tiny_model.py"):
-        models.load_bundled()
+        models.load_bundled_model()
     for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "task.json"):
         (tmp_path / name).write_text("version https://git-lfs.github.com/spec/v1\n")
     with pytest.raises(ValueError, match="LFS"):
-        models.load_bundled()
+        models.load_bundled_model()
 
 
 BUNDLED = models.bundled_path()
@@ -104,13 +105,13 @@ HAVE_BUNDLED = (BUNDLED / "model.safetensors").is_file()
 def test_load_bundled_and_accuracy():
     from rla.rl.sft import evaluate
 
-    model, tok = models.load_bundled()
+    model, tok = bundled.load_bundled()
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert model.dtype == torch.bfloat16 and not model.training
     assert model.model.rotary_emb.inv_freq.dtype == torch.float32  # from_pretrained keeps it fp32
     assert (BUNDLED / "model.safetensors").stat().st_size <= 10e6
     assert "final training loss" in (BUNDLED / "TRAINING.md").read_text()
-    task = models.bundled_task()
+    task = bundled.bundled_task()
     assert json.loads((BUNDLED / "task.json").read_text())["task"] == task.spec()
     assert 100 <= task.expected_length() <= 200
     problems = task.sample(random.Random(2024), 16)

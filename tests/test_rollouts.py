@@ -1,4 +1,4 @@
-"""rla.rollouts: exact round trip, every validation rule, line-numbered errors, atomic save."""
+"""rla.rollout.rollouts: exact round trip, every validation rule, line-numbered errors, atomic save."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-import rla.rollouts as ro
-from rla.rollouts import FORMAT, RolloutFormatError, RolloutRecord, iter_load, load, save, to_padded
+import rla.rollout.rollouts as ro
+from rla.rollout.rollouts import FORMAT, RolloutFormatError, RolloutRecord, iter_load, load, save, to_padded
 
 
 def make_records(n: int = 5, seed: int = 0) -> list[RolloutRecord]:

@@ -96,7 +96,7 @@ def test_grpo_steps_end_to_end(uninterrupted):
     log = read_log(out / "log.jsonl")
     assert len(log) == 4
     for rec in log:
-        # the METRICS.md mismatch of the forward before the update, and the training figures
+        # the docs/metrics.md mismatch of the forward before the update, and the training figures
         for key in ("mismatch/k3", "mismatch/abs/mean", "mismatch/clip_leak/0.2", "mismatch/seq/chi2",
                     "reward/mean", "reward/std", "train/entropy", "train/grad_norm", "train/clip_frac",
                     "response/length/mean", "train/lr", "collapse/fired"):

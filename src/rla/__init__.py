@@ -6,12 +6,12 @@ The one-line entry points live here; ``import rla`` stays light, and each name i
 - ``rla.align(model, profile="vllm")``, ``rla.unalign``, ``rla.aligned``, ``rla.alignment_of``
   (:mod:`rla.alignment`);
 - ``rla.logprobs(model, records)``: training-side logprobs of recorded tokens
-  (:mod:`rla.train_logprobs`);
+  (:mod:`rla.rollout.train_logprobs`);
 - ``rla.diagnose(model, records, profile)``, ``rla.detect_profile``, ``rla.doctor(model)``
-  (:mod:`rla.surgery`).
+  (:mod:`rla.diagnosis`).
 
-Modules: :mod:`rla.profiles`, :mod:`rla.ops`, :mod:`rla.metrics`, :mod:`rla.rollouts`,
-:mod:`rla.sampler`, :mod:`rla.rl`.
+Modules: :mod:`rla.profiles`, :mod:`rla.ops`, :mod:`rla.metrics`, :mod:`rla.rollout.rollouts`,
+:mod:`rla.rollout.sampler`, :mod:`rla.rl`.
 """
 
 _LAZY = {
@@ -20,10 +20,10 @@ _LAZY = {
     "aligned": "rla.alignment",
     "alignment_of": "rla.alignment",
     "AlignmentReport": "rla.alignment",
-    "logprobs": "rla.train_logprobs",
-    "diagnose": "rla.surgery",
-    "detect_profile": "rla.surgery",
-    "doctor": "rla.surgery",
+    "logprobs": "rla.rollout.train_logprobs",
+    "diagnose": "rla.diagnosis",
+    "detect_profile": "rla.diagnosis",
+    "doctor": "rla.diagnosis",
 }
 
 __all__ = list(_LAZY)

@@ -7,6 +7,11 @@
 3. Diagnose the training forward as a trainer runs it (HF eager), with every subset of the
    three regions aligned: the table, the Shapley attribution, and the profile detection.
 4. Write the report folder (JSON, Markdown, plots) and the rollouts, and say what it means.
+
+The folder is written whole at the end (:func:`rla.diagnosis.output.staged`): a non-empty ``out``
+is refused unless ``overwrite``, and a kill leaves the old folder or the new one, never new
+rollouts beside an old report. ``report.json`` records the model, the rollouts file and their
+hashes. The default folder (``rla-demo``) is not ``rla diagnose``'s (``rla-report``).
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ __all__ = ["DemoConfig", "run_demo"]
 
 @dataclass(frozen=True)
 class DemoConfig:
-    out: str = "rla-report"
-    """Report folder (created)."""
+    out: str = "rla-demo"
+    """Report folder (created; refused if it is not empty, unless ``overwrite``)."""
+    overwrite: bool = False
     n: int = 128
     """Rollouts to sample."""
     max_new_tokens: int | None = None
@@ -44,14 +50,22 @@ def run_demo(cfg: DemoConfig, console=None):
     import torch
     from rich.console import Console
 
-    from rla import rollouts
-    from rla.surgery.core import diagnose
-    from rla.surgery.report import explain, rich_tables, write_report
-    from rla.models import bundled_task, load_bundled
+    from rla.rollout import rollouts
+    from rla.diagnosis.core import diagnose, group_label
+    from rla.diagnosis.output import check_out_dir, staged
+    from rla.diagnosis.provenance import inputs_record
+    from rla.diagnosis.report import explain, rich_tables, write_report_files
+    from rla.models import bundled_path
+    from rla.rl.bundled import bundled_task, load_bundled
     from rla.rl.tasks import get_task
-    from rla.sampler import Sampler, SamplingParams
+    from rla.rollout.sampler import Sampler, SamplingParams
 
     console = console or Console()
+    if cfg.n < 2:
+        raise ValueError(f"n must be at least 2, got {cfg.n}")
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be positive (or None for the task's), got {cfg.max_new_tokens}")
+    check_out_dir(cfg.out, overwrite=cfg.overwrite)
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     model, tok = load_bundled(dtype=torch.bfloat16, device=cfg.device)
@@ -80,8 +94,6 @@ def run_demo(cfg: DemoConfig, console=None):
         text = tok.decode(rec.response_ids, skip_special_tokens=True)
         rec.reward = task.reward(prob, text)
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rollouts.save(out / "rollouts.jsonl", records)
     lengths = [len(r.response_ids) for r in records]
     reward = sum(r.reward for r in records) / len(records)
     console.print(
@@ -95,11 +107,17 @@ def run_demo(cfg: DemoConfig, console=None):
     if d.detection is not None:
         console.print(
             "profile detection (k3 with all regions aligned to each): "
-            + ", ".join(f"{n} {k3:.2e}" for n, k3 in d.detection.ranking)
+            + ", ".join(f"{group_label(g)} {k3:.2e}" for g, k3 in d.detection.ranking)
         )
-    written = write_report(d, out)
+    with staged(out, overwrite=cfg.overwrite) as tmp:
+        rollouts.save(tmp / "rollouts.jsonl", records)
+        inputs = inputs_record(model_path=bundled_path(), rollouts_path=tmp / "rollouts.jsonl", profile=d.profile)
+        inputs["rollouts"]["path"] = str(out / "rollouts.jsonl")
+        written = [out / p.name for p in write_report_files(d, tmp, inputs)]
     console.print()
     console.print(explain(d))
+    if d.verdict is not None:
+        console.print(f"Verdict: {d.verdict.message}" if d.verdict.ok else f"[bold red]Not attributed:[/] {d.verdict.message}")
     console.print(
         f"\nReport: {', '.join(str(p) for p in written)}; rollouts: {out / 'rollouts.jsonl'} "
         f"({time.perf_counter() - t0:.0f} s)."

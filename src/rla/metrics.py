@@ -1,4 +1,4 @@
-"""Train/inference mismatch metrics, exactly as ``design/METRICS.md`` defines them.
+"""Train/inference mismatch metrics, exactly as ``docs/metrics.md`` defines them.
 
 For every response token, ``delta = log pi - log mu``: pi is the training forward's probability of
 the sampled token, mu the inference engine's. The metrics summarise ``delta`` per token, per
@@ -38,6 +38,10 @@ from typing import Any
 
 import numpy as np
 
+# Masked logprobs above this are rejected: the record format's rule (engines print -0.0 or tiny
+# positive rounding), one constant for records and metrics.
+from rla.rollout.rollouts import POSITIVE_LOGPROB_TOL
+
 __all__ = [
     "pad_rows",
     "k3_terms",
@@ -53,8 +57,6 @@ __all__ = [
 
 #: Interpolation used for ``mismatch/abs/p*`` (``numpy.percentile(method=...)``).
 PERCENTILE_METHOD = "linear"
-#: Masked logprobs above this are rejected (engines print -0.0 or tiny positive rounding).
-POSITIVE_LOGPROB_TOL = 1e-6
 _PERCENTILES = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0), ("p999", 99.9))
 _CLIP_EPS = (("0.2", 0.2), ("0.1", 0.1))
 #: mu buckets: [0, 1e-3), [1e-3, 0.1), [0.1, 0.9], (0.9, 1].
@@ -133,7 +135,7 @@ def mismatch(
     response_lengths: Any = None,
     nan_policy: str = "raise",
 ) -> dict[str, float]:
-    """All METRICS.md metrics for one batch, as ``{"mismatch/...": float}``.
+    """All docs/metrics.md metrics for one batch, as ``{"mismatch/...": float}``.
 
     Args:
         train_logprobs: ``[B, T]`` log pi of the sampled tokens (torch or NumPy, any float dtype).
@@ -290,7 +292,7 @@ def _lengths(response_lengths: Any, span: np.ndarray, rows: np.ndarray) -> np.nd
 def mismatch_from_records(
     records: Sequence[Any], train_logprobs: Sequence[Any]
 ) -> dict[str, float]:
-    """``mismatch`` for ``rla.rollouts.RolloutRecord`` objects and their training-side logprobs.
+    """``mismatch`` for ``rla.rollout.rollouts.RolloutRecord`` objects and their training-side logprobs.
 
     ``train_logprobs[i]`` is a 1-D float array/tensor of length ``len(records[i].response_ids)``.
     Both sides are right-padded into ``[B, R_max]`` fp64 arrays; the response lengths are passed on.
@@ -362,8 +364,8 @@ def names_as(metrics: dict[str, float], style: str) -> dict[str, float]:
     (``"openrlhf"``) keys.
 
     Values follow the target's sign convention (verl's ``rollout_corr/kl`` and OpenRLHF's
-    ``train/vllm_kl`` are ``-k1``); the
-    formulas are METRICS.md's, so a framework whose own estimator differs (e.g. verl's ESS on
+    ``train/vllm_kl`` are ``-k1``); the formulas are docs/metrics.md's, so a framework whose own
+    estimator differs (e.g. verl's ESS on
     truncated or sequence-level weights) can still log different numbers. Metrics without a
     counterpart, and keys outside ``mismatch/``, keep their names.
     """
@@ -403,7 +405,7 @@ def collapse_signal(
     window: int = 5,
     reward_drop: float = 0.05,
 ) -> list[CollapseEvent]:
-    """Steps where METRICS.md's collapse signal fires, in order; ``[]`` when it never does.
+    """Steps where docs/metrics.md's collapse signal fires, in order; ``[]`` when it never does.
 
     With ``t`` the step index (position in the series):
 

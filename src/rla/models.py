@@ -28,8 +28,8 @@ __all__ = [
     "param_count",
     "build_model",
     "bundled_path",
-    "bundled_task",
-    "load_bundled",
+    "check_bundled",
+    "load_bundled_model",
     "check_safetensors",
 ]
 
@@ -167,7 +167,8 @@ def check_safetensors(path: str | Path) -> dict:
     return header
 
 
-def _check_bundled(path: Path) -> None:
+def check_bundled(path: Path) -> None:
+    """The bundled model folder has every file and real (not Git LFS pointer) weights."""
     missing = [name for name in _REQUIRED if not (path / name).is_file()]
     if missing:
         raise FileNotFoundError(
@@ -176,28 +177,17 @@ def _check_bundled(path: Path) -> None:
     check_safetensors(path / "model.safetensors")
 
 
-def bundled_task():
-    """The task (``rla.rl.tasks``) and difficulty the bundled model was trained on."""
-    from rla.rl.tasks import get_task
-
-    path = bundled_path()
-    _check_bundled(path)
-    return get_task(**json.loads((path / "task.json").read_text())["task"])
-
-
-def load_bundled(dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"):
-    """Load the bundled tiny Qwen2 model and its tokenizer: ``(model, tokenizer)``, in eval mode.
+def load_bundled_model(dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu"):
+    """Load the bundled tiny Qwen2 model in eval mode (its tokenizer and task: :mod:`rla.rl.bundled`).
 
     Loaded with ``from_pretrained(dtype=...)``, which keeps RoPE's ``inv_freq`` in fp32 (a later
-    ``model.to(torch.bfloat16)`` would round it; see ROUNDING.md's hazards). Local files only.
+    ``model.to(torch.bfloat16)`` would round it; see docs/rounding.md's hazards). Local files only.
     """
     from transformers import AutoModelForCausalLM
 
-    from rla.rl.tokenizer import load_tokenizer
-
     path = bundled_path()
-    _check_bundled(path)
+    check_bundled(path)
     model = AutoModelForCausalLM.from_pretrained(
         str(path), dtype=dtype, local_files_only=True, attn_implementation="sdpa"
     )
-    return model.to(device).eval(), load_tokenizer(path)
+    return model.to(device).eval()

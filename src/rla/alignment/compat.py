@@ -133,15 +133,28 @@ def rope_init(rotary: torch.nn.Module, device=None, seq_len=None) -> tuple[torch
     rope_type = rotary.rope_type
     fn = rotary.compute_default_rope_parameters if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
     device = torch.device(device if device is not None else "cpu")
-    params = inspect.signature(fn).parameters
-    kwargs = {"device": device} if "device" in params else {}
-    if seq_len is not None:
-        kwargs["seq_len"] = seq_len
-    # The models' own default init (5.24) takes no device and evaluates on the default device:
-    # the context makes that the requested one too.
-    with torch.device(device):
+    kwargs = {} if seq_len is None else {"seq_len": seq_len}
+    if rope_type == "default" and device.type != "cpu":
+        # The models' own default init evaluates on the CPU whatever device it is told (5.17:
+        # ``arange`` on the default device, moved afterwards; 5.24: no device argument), and a
+        # default-device context cannot be traced by torch.compile: the same formula, on ``device``.
+        inv_freq, scaling = _default_rope_on(rotary.config, device), 1.0
+    elif "device" in inspect.signature(fn).parameters:
+        inv_freq, scaling = fn(rotary.config, device=device, **kwargs)
+    else:
         inv_freq, scaling = fn(rotary.config, **kwargs)
     return inv_freq.to(torch.float32), scaling
+
+
+def _default_rope_on(config, device) -> torch.Tensor:
+    """The default RoPE frequencies, ``1/(theta**(arange(0, d, 2)/d))``, evaluated on ``device``:
+    the expression every transformers release's default init (and vLLM's cache builder) uses,
+    op for op; equal to the model's own init on the CPU (tests/test_align_rope.py)."""
+    rp = config.rope_parameters
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+    return 1.0 / (rp["rope_theta"] ** exponent)
 
 
 def check_apply_rotary_signature(fn) -> None:
@@ -151,7 +164,7 @@ def check_apply_rotary_signature(fn) -> None:
         raise RuntimeError(
             f"transformers {TRANSFORMERS_VERSION}: apply_rotary_pos_emb{tuple(params)} no longer has "
             "the signature (q, k, cos, sin, unsqueeze_dim) that rla.align replaces; update "
-            "rla/align/compat.py"
+            "src/rla/alignment/compat.py"
         )
 
 

@@ -109,7 +109,7 @@ def _expect(module, family: Family, role: str, where: str) -> torch.nn.Module:
         raise NotImplementedError(
             f"rla.align: expected a {family.cls(role)} at {where}, found {type(module).__name__}. "
             f"transformers {compat.TRANSFORMERS_VERSION} may lay out {family.model_type} differently "
-            "from what rla/align/families.py describes."
+            "from what src/rla/alignment/families.py describes."
         )
     return module
 
@@ -193,14 +193,19 @@ def align(
         transformers_version=str(compat.TRANSFORMERS_VERSION),
         ops=getattr(impl, "name", None) or getattr(impl, "__name__", None) or type(impl).__name__,
     )
-    report.__dict__["_ops_object"] = impl  # what aligned() re-applies; not part of the report's data
-    # q/k norm -> RoPE as one fp32 chain (qk_norm_out='fp32'): needs both regions aligned; the
-    # norms record the stack dtype in ``chain`` for RoPE's single rounding
-    chain = {"lp": None} if p.qk_norm_out == "fp32" and found.qk_norms and {"rope", "rmsnorm"} <= set(regions) else None
+    if ops is not None:  # what aligned() re-applies (not part of the report's data)
+        report.__dict__["_ops_object"] = ops
+    # q/k norm -> RoPE as one fp32 chain (qk_norm_out='fp32'): needs both regions aligned
+    chain = p.qk_norm_out == "fp32" and bool(found.qk_norms) and {"rope", "rmsnorm"} <= set(regions)
+    if chain and p.rope_cos_sin == "fp32":
+        raise NotImplementedError(
+            f"profile {p.name!r}: qk_norm_out='fp32' with rope_cos_sin='fp32' (no engine calibrated so far "
+            "does both) is not implemented"
+        )
     try:
         if "rope" in regions:
-            report.hazards.extend(align_rotary(found.rotary, p, report))
-            align_attention(found.attentions, family, p, chain, impl)
+            report.hazards.extend(align_rotary(found.rotary, p, report, round_tables=chain))
+            align_attention(found.attentions, family, p, None if impl is _ops else impl)
             report.counts["rope"] = {"rotary_emb": 1, "self_attn": len(found.attentions)}
         if "swiglu" in regions:
             align_mlps(found.mlps + found.shared_experts, p, impl)
@@ -213,7 +218,9 @@ def align(
             report.counts["swiglu"] = counts
         if "rmsnorm" in regions:
             align_layers(found.layers, found.layer_class, p, impl)
-            align_norms(found.norms, p, None, impl)
+            after_add = {id(found.norms[0])} | {id(layer.input_layernorm) for layer in found.layers[1:]}
+            align_norms([n for n in found.norms if id(n) in after_add], p, False, impl, after_add=True)
+            align_norms([n for n in found.norms if id(n) not in after_add], p, False, impl)
             align_norms(found.qk_norms, p, chain, impl)
             counts = {"decoder layers": len(found.layers), "RMSNorm": len(found.norms)}
             if found.qk_norms:

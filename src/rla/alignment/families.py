@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Family", "FAMILIES", "get_family", "supported", "class_named"]
+__all__ = ["Family", "FAMILIES", "get_family", "class_named"]
 
 
 @dataclass(frozen=True)
@@ -67,11 +67,6 @@ FAMILIES: dict[str, Family] = {
         Family("mixtral", "Mixtral", moe=True),
     )
 }
-
-
-def supported() -> list[str]:
-    """The ``config.model_type`` values ``rla.align`` accepts."""
-    return list(FAMILIES)
 
 
 def get_family(model_type: str | None, what: str = "this model") -> Family:

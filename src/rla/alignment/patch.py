@@ -144,7 +144,7 @@ def with_globals(fn: types.FunctionType, module_globals: dict, replacements: dic
         raise RuntimeError(
             f"{getattr(fn, '__qualname__', fn)!r}: no function in its __wrapped__ chain is defined "
             "in the module whose globals rla.align replaces; transformers may have changed how "
-            "this forward is decorated (see rla/align/compat.py)"
+            "this forward is decorated (see src/rla/alignment/compat.py)"
         )
     return rebuilt
 

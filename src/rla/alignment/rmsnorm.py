@@ -52,31 +52,39 @@ def stack_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
-def _make_norm_forward(profile: RoundingProfile, chain: dict | None, impl=ops):
-    if chain is None:
+def _make_norm_forward(profile: RoundingProfile, fp32_out: bool, impl=ops, after_add: bool = False):
+    rms_norm = impl.rms_norm  # the function, not the module: closures torch.compile guards on
+    if after_add and hasattr(impl, "rms_norm_of_sum"):
+        # An engine whose layers start with a fused add + norm normalises the sum inside that
+        # kernel: engine-backed ops reduce it with the same kernel (see rla.engines.backed).
+        rms_norm = impl.rms_norm_of_sum
+    if not fp32_out:
         def forward(self, hidden_states):
             lp = stack_dtype(hidden_states, self.weight)
-            return impl.rms_norm(hidden_states, self.weight, self.variance_epsilon, profile, dtype=lp)
+            return rms_norm(hidden_states, self.weight, self.variance_epsilon, profile, dtype=lp)
     else:  # a q/k norm whose unrounded output RoPE reads (qk_norm_out='fp32')
         def forward(self, hidden_states):
             lp = stack_dtype(hidden_states, self.weight)
-            chain["lp"] = lp
-            return impl.rms_norm(
+            return rms_norm(
                 hidden_states, self.weight, self.variance_epsilon, profile, dtype=lp, out_dtype=torch.float32
             )
 
     return forward
 
 
-def align_norms(norms: list[torch.nn.Module], profile: RoundingProfile, chain: dict | None = None, impl=ops) -> None:
-    """Route every norm through ``rla.ops.rms_norm``; with ``chain`` (q/k norms under
-    ``qk_norm_out='fp32'``) their output stays fp32 for RoPE (see ``rope.make_apply_rotary``)."""
-    forward = _make_norm_forward(profile, chain, impl)
+def align_norms(
+    norms: list[torch.nn.Module], profile: RoundingProfile, fp32_out: bool = False, impl=ops, after_add: bool = False
+) -> None:
+    """Route every norm through ``rla.ops.rms_norm``; with ``fp32_out`` (q/k norms under
+    ``qk_norm_out='fp32'``) their output stays fp32 for RoPE (see ``rope.make_apply_rotary``).
+    ``after_add``: these norms read a residual sum the engine forms in a fused add + norm (every
+    layer's input norm but the first, the final norm)."""
+    forward = _make_norm_forward(profile, fp32_out, impl, after_add)
     for norm in norms:
         if not hasattr(norm, "variance_epsilon") or not isinstance(getattr(norm, "weight", None), torch.Tensor):
             raise NotImplementedError(
                 f"rla.align: {type(norm).__name__} has no `weight` / `variance_epsilon`; this "
-                "transformers release changed the RMSNorm module (see rla/align/compat.py)"
+                "transformers release changed the RMSNorm module (see src/rla/alignment/compat.py)"
             )
         install(norm, "norm", {"forward": types.MethodType(forward, norm)})
 
@@ -105,6 +113,7 @@ def _layer_parameters(forward) -> tuple[tuple[str, ...], tuple[tuple[str, object
 
 
 def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, impl=ops):
+    add_rms_norm = impl.add_rms_norm  # the function, not the module (see _make_norm_forward)
     fp32_sum = profile.norm_residual == "fp32_sum"
     carry = profile.residual_stream == "fp32_carry"
     # Only "first layer or not" enters the traced path: torch.compile guards on the closure values
@@ -132,18 +141,20 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, i
         # add + post-attention norm in one op: RN(x + r) handed on, the norm reading the sum the
         # profile says (the norm module's own weight and eps; its forward is rla's rms_norm)
         norm = self.post_attention_layernorm
-        h, rounded = impl.add_rms_norm(attn_out, residual, norm.weight, norm.variance_epsilon, profile)
+        h, rounded = add_rms_norm(attn_out, residual, norm.weight, norm.variance_epsilon, profile)
         # fp32_carry: the MLP's add reads the fp32 a + r (rebuilt from the two lp tensors, as
-        # Inductor recomputes it in the consumer kernel), not RN(a + r)
-        carried = attn_out.float() + residual.float() if carry else rounded
+        # Inductor recomputes it in the consumer kernel), not RN(a + r); in place on a fresh fp32
+        # copy, so no further temporaries (an add's backward saves nothing)
+        carried = attn_out.float().add_(residual) if carry else rounded
 
         mlp_out = self.mlp(h)
         extra = ()
         if isinstance(mlp_out, tuple):  # an MoE block that also returns router logits
             mlp_out, *extra = mlp_out
         mlp_out = mlp_out.to(lp)
-        if carry:  # h + (a + r) in fp32; rounded here unless the next norm reads the fp32 sum
-            out = mlp_out.float() + carried
+        if carry:  # (a + r) + h in fp32 (= h + (a + r): addition commutes exactly); rounded here
+            # unless the next norm reads the fp32 sum
+            out = carried.add_(mlp_out)
             if not fp32_sum:
                 out = out.to(lp)
         elif fp32_sum:  # x + r exactly in fp32 (r is promoted), for the next layer's norm; a copy

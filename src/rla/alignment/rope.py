@@ -9,7 +9,7 @@ Two per-instance patches:
   families' layers reads cos/sin. Angles are ``position * inv_freq`` multiplied elementwise in fp32,
   never through a matmul, so TF32 and autocast cannot touch them; ``attention_scaling`` and the
   ``dynamic_rope_update`` decorator behave as in HF. If ``model.to(torch.bfloat16)`` rounded the
-  ``inv_freq`` buffer (the phase-drift hazard of ROUNDING.md), it is recomputed in fp32 from the
+  ``inv_freq`` buffer (the phase-drift hazard of docs/rounding.md), it is recomputed in fp32 from the
   config with the module's own init function while aligned; unalign restores the old buffer.
 - Each attention instance gets a rebuilt copy of its class's ``forward`` whose globals bind
   ``apply_rotary_pos_emb`` to ``rla.ops.rope`` under the profile. No attention code is copied.
@@ -90,6 +90,11 @@ def _aligned_rotary_forward(self, x, position_ids):
     cos, sin = freqs.cos(), freqs.sin()
     if self.attention_scaling != 1.0:
         cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
+    if self.__dict__["_rla_rotary"]["round_tables"]:  # the q/k-norm -> RoPE chain reads the stack
+        lp = x.dtype  # dtype off the tables (see make_apply_rotary); the profile rounds them anyway
+        if lp == torch.float32 and torch.is_autocast_enabled(x.device.type):
+            lp = torch.get_autocast_dtype(x.device.type)
+        cos, sin = cos.to(lp), sin.to(lp)
     return cos, sin
 
 
@@ -97,16 +102,27 @@ def _aligned_rotary_forward(self, x, position_ids):
 ROTARY_FORWARD = compat.dynamic_rope_update(_aligned_rotary_forward)
 
 
-def make_apply_rotary(profile: RoundingProfile, chain: dict | None = None, impl=ops):
-    """``apply_rotary_pos_emb`` with HF's signature, running ``rla.ops.rope`` under ``profile``.
+def make_apply_rotary(profile: RoundingProfile, impl=None):
+    """``apply_rotary_pos_emb`` with HF's signature, running ``rla.ops.rope`` under ``profile``
+    (``impl`` replaces ``rla.ops``: engine-backed ops).
 
-    ``chain`` is shared with the aligned q/k norms under ``qk_norm_out='fp32'``: they hand RoPE
-    their unrounded fp32 output and record the stack dtype there, which RoPE rounds its output to.
+    Under ``qk_norm_out='fp32'`` the aligned q/k norms hand RoPE their unrounded fp32 output and
+    the aligned rotary hands it cos/sin already rounded to the stack dtype (the profile rounds
+    them anyway): RoPE reads the stack dtype off the tables and rounds its output to it once.
+
+    The function closes over the profile alone and reads ``ops`` as a module global: Dynamo names
+    a guard on any other closure cell of a function rebuilt around copied globals by the module
+    the globals came from, and fails to build it (torch 2.13).
     """
+    if impl is None:
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+            dtype = cos.dtype if q.dtype == torch.float32 and cos.dtype != torch.float32 else None
+            return ops.rope(q, k, cos, sin, profile, unsqueeze_dim=unsqueeze_dim, dtype=dtype)
+    else:
+        rope = impl.rope
 
-    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        dtype = chain["lp"] if chain is not None and q.dtype == torch.float32 else None
-        return impl.rope(q, k, cos, sin, profile, unsqueeze_dim=unsqueeze_dim, dtype=dtype)
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+            return rope(q, k, cos, sin, profile, unsqueeze_dim=unsqueeze_dim)
 
     apply_rotary_pos_emb.__doc__ = f"rla.ops.rope under profile {profile.name!r} (installed by rla.align)."
     return apply_rotary_pos_emb
@@ -124,14 +140,15 @@ def angle_error(used: torch.Tensor, reference: torch.Tensor, position: int) -> f
     return float((position * (used.detach().double().cpu() - reference.detach().double().cpu())).abs().max())
 
 
-def align_rotary(rotary: torch.nn.Module, profile: RoundingProfile, report) -> list[FixedHazard]:
+def align_rotary(rotary: torch.nn.Module, profile: RoundingProfile, report, round_tables: bool = False) -> list[FixedHazard]:
     """Patch one rotary module; returns the hazards it fixed (a rounded ``inv_freq``).
 
     ``report`` (the alignment's report) receives a hazard later if the model is cast after
     alignment (see :func:`_frequencies`)."""
     hazards: list[FixedHazard] = []
     buffers: dict[str, torch.Tensor] = {}
-    state = {"inv_freq": {}, "evaluate_on": profile.rope_inv_freq, "cast_seen": False, "report": report}
+    state = {"inv_freq": {}, "evaluate_on": profile.rope_inv_freq, "cast_seen": False, "report": report,
+             "round_tables": round_tables}
     attrs: dict[str, object] = {"forward": types.MethodType(ROTARY_FORWARD, rotary), "_rla_rotary": state}
     rounded = [n for n in ("inv_freq", "original_inv_freq") if n in rotary._buffers
                and rotary._buffers[n] is not None and rotary._buffers[n].dtype != torch.float32]
@@ -173,12 +190,10 @@ def align_rotary(rotary: torch.nn.Module, profile: RoundingProfile, report) -> l
 
 
 def align_attention(
-    attentions: list[torch.nn.Module], family: Family, profile: RoundingProfile, chain: dict | None = None,
-    impl=ops,
+    attentions: list[torch.nn.Module], family: Family, profile: RoundingProfile, impl=None,
 ) -> None:
-    """Give each attention instance a forward whose ``apply_rotary_pos_emb`` is ``rla.ops.rope``
-    (``chain``: see :func:`make_apply_rotary`)."""
-    apply_rotary = make_apply_rotary(profile, chain, impl)
+    """Give each attention instance a forward whose ``apply_rotary_pos_emb`` is ``rla.ops.rope``."""
+    apply_rotary = make_apply_rotary(profile, impl)
     rebuilt: dict[type, types.FunctionType] = {}
     for attn in attentions:
         klass = class_named(attn, family.cls("attention"))

@@ -67,16 +67,20 @@ def check_experts(experts: torch.nn.Module) -> None:
 
 
 def _make_mlp_forward(profile: RoundingProfile, impl=ops):
+    swiglu = impl.swiglu  # the function, not the module: closures torch.compile guards on
+
     def forward(self, x):
-        return self.down_proj(impl.swiglu(self.gate_proj(x), self.up_proj(x), profile))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), profile))
 
     return forward
 
 
 def _make_apply_gate(profile: RoundingProfile, impl=ops):
+    swiglu = impl.swiglu
+
     def _apply_gate(self, gate_up_out):
         gate, up = gate_up_out.chunk(2, dim=-1)
-        return impl.swiglu(gate, up, profile)
+        return swiglu(gate, up, profile)
 
     return _apply_gate
 

@@ -1,4 +1,4 @@
-"""Timing, environment stamp and result files shared by the benchmarks.
+"""Timing and result files shared by the benchmarks (the environment stamp is :mod:`rla.environment`).
 
 Timing follows the usual rules for memory-bound kernels: CUDA events around the timed region
 only, the L2 cache (60 MB on an H200) flushed before every repetition by writing a 256 MB
@@ -7,12 +7,8 @@ buffer, warm-up runs first (Triton and Inductor compile there), median of the re
 
 from __future__ import annotations
 
-import datetime
 import json
-import platform
-import shlex
 import statistics
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -80,65 +76,6 @@ def copy_bandwidth_gbs(device: torch.device, nbytes: int = 2 * 2**30, reps: int 
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
-def environment(device: torch.device | None = None) -> dict[str, Any]:
-    """GPU, versions, date and command line: the stamp every results file carries."""
-    env: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in sys.argv),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-    }
-    for mod in ("triton", "transformers", "liger_kernel"):
-        try:
-            m = __import__(mod)
-            env[mod] = getattr(m, "__version__", None) or _dist_version(mod)
-        except Exception:
-            env[mod] = None
-    env["rla_launch"] = launch_config()
-    if torch.cuda.is_available():
-        d = device or torch.device("cuda")
-        p = torch.cuda.get_device_properties(d)
-        env["gpu"] = p.name
-        env["gpu_memory_gib"] = round(p.total_memory / 2**30, 1)
-        env["sm_count"] = p.multi_processor_count
-    return env
-
-
-def launch_config() -> dict:
-    """The fused kernels' launch parameters in effect (module -> name -> value)."""
-    out = {}
-    try:
-        from rla.ops import _triton_norm, _triton_rope, _triton_swiglu
-    except ImportError:
-        return out
-    for mod in (_triton_swiglu, _triton_rope, _triton_norm):
-        out[mod.__name__] = {k: v for k, v in vars(mod).items() if k.isupper() and isinstance(v, (int, str, type(None)))}
-    return out
-
-
-def apply_launch_config(cfg: dict) -> None:
-    """Set fused-kernel launch parameters: ``{module: {NAME: value}}``, the shape
-    :func:`launch_config` reports and ``benchmarks/tune_fused.py`` writes."""
-    import importlib
-
-    for module, attrs in cfg.items():
-        mod = importlib.import_module(module)
-        for k, v in attrs.items():
-            if not hasattr(mod, k):
-                raise ValueError(f"launch config: {module} has no launch parameter {k!r}")
-            setattr(mod, k, v)
-
-
-def _dist_version(mod: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(mod.replace("_", "-"))
-    except PackageNotFoundError:
-        return None
-
-
 def write_results(out_dir: str | Path, stem: str, payload: dict, markdown: str) -> tuple[Path, Path]:
     """Write ``<stem>.json`` and ``<stem>.md`` under ``out_dir``; returns both paths."""
     out = Path(out_dir)
@@ -147,8 +84,3 @@ def write_results(out_dir: str | Path, stem: str, payload: dict, markdown: str) 
     jp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     mp.write_text(markdown)
     return jp, mp
-
-
-def env_markdown(env: dict) -> str:
-    keys = ("gpu", "date", "torch", "cuda", "triton", "transformers", "liger_kernel", "command")
-    return "\n".join(f"- {k}: `{env.get(k)}`" for k in keys) + "\n"

@@ -27,7 +27,8 @@ from typing import Callable
 
 import torch
 
-from rla.bench.common import env_markdown, environment, write_results
+from rla.bench.common import write_results
+from rla.environment import env_markdown, environment
 
 MODELS = {
     "qwen2.5-1.5b": dict(
@@ -68,26 +69,7 @@ def build_model(name: str, dtype: torch.dtype, device="cuda"):
     return model
 
 
-# ---- region implementations the fallback patch plugs in ------------------------------------
-
-
-class _RlaRegions:
-    def __init__(self, profile: str):
-        from rla import ops
-
-        self.ops, self.profile = ops, profile
-
-    def rope(self, q, k, cos, sin):
-        return self.ops.rope(q, k, cos, sin, self.profile)
-
-    def swiglu(self, g, u):
-        return self.ops.swiglu(g, u, self.profile)
-
-    def rms_norm(self, x, w, eps):
-        return self.ops.rms_norm(x, w, eps, self.profile)
-
-    def add_rms_norm(self, x, r, w, eps):
-        return self.ops.add_rms_norm(x, r, w, eps, self.profile)
+# ---- the naive-upcast baseline: hand-written fp32 upcasts, patched in by the benchmark itself
 
 
 class _NaiveRegions:
@@ -114,7 +96,10 @@ class _NaiveRegions:
 
 
 def _patch_qwen2(model, regions) -> Callable[[], None]:
-    """Benchmark-only patch of a Qwen2ForCausalLM onto ``regions``; returns the undo function."""
+    """Benchmark-only patch of a Qwen2ForCausalLM onto ``regions``; returns the undo function.
+
+    Only the ``naive-upcast`` baseline uses it (what a team would write by hand: every fp32
+    intermediate in memory); the ``rla-*`` variants go through :func:`rla.alignment.align`."""
     import transformers.models.qwen2.modeling_qwen2 as mq
 
     inner = model.model
@@ -194,19 +179,11 @@ def _align(model, variant: str) -> tuple[Callable[[], None], str]:
         return _liger(model)
     if variant == "naive-upcast":
         return _patch_qwen2(model, _NaiveRegions()), "benchmark patch (naive fp32 upcasts)"
-    profile = variant.split("-", 1)[1]
-    try:
-        import rla
+    from rla.alignment import align, unalign
 
-        align = getattr(rla, "align", None)
-        align = getattr(align, "align", align)
-        unalign = getattr(rla, "unalign", None)
-        if callable(align) and callable(unalign):
-            align(model, profile)
-            return (lambda: unalign(model)), f"rla.align(model, {profile!r})"
-    except ImportError:
-        pass
-    return _patch_qwen2(model, _RlaRegions(profile)), f"benchmark patch onto rla.ops ({profile})"
+    profile = variant.split("-", 1)[1]
+    align(model, profile)
+    return (lambda: unalign(model)), f"rla.align(model, {profile!r})"
 
 
 def training_step(model, ids: torch.Tensor) -> Callable[[], torch.Tensor]:

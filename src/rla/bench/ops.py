@@ -36,9 +36,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from rla.bench.common import (
-    apply_launch_config, copy_bandwidth_gbs, env_markdown, environment, time_ms, write_results,
-)
+from rla.bench.common import copy_bandwidth_gbs, time_ms, write_results
+from rla.environment import env_markdown, environment
+from rla.ops import set_launch_config
 
 LP = torch.bfloat16
 EPS = 1e-6
@@ -332,9 +332,9 @@ def run(
 ) -> dict:
     """``impls``: run only these implementations, in this order (default: every one, rla last).
     ``isolate``: time each implementation in its own process (``_measure_isolated``).
-    ``launch``: fused-kernel launch parameters to set first (``apply_launch_config``)."""
+    ``launch``: fused-kernel launch parameters to set first (``rla.ops.set_launch_config``)."""
     if launch:
-        apply_launch_config(launch)
+        set_launch_config(launch)
     device = torch.device("cuda")
     env = environment(device)
     env["isolated_processes"] = isolate
@@ -445,10 +445,10 @@ def _main(argv=None) -> None:  # pragma: no cover  (GPU)
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--json", required=True)
-    p.add_argument("--launch", default=None, help="launch parameters as JSON (apply_launch_config)")
+    p.add_argument("--launch", default=None, help="launch parameters as JSON (rla.ops.set_launch_config)")
     a = p.parse_args(argv)
     if a.launch:
-        apply_launch_config(json.loads(a.launch))
+        set_launch_config(json.loads(a.launch))
     _worker(*a.worker, a.tokens, a.reps, a.json)
 
 

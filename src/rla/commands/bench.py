@@ -14,20 +14,12 @@ import argparse
 import json
 
 
-HELP = "benchmark the fused ops and an aligned training step (CUDA)"
 #: ``rla.bench.e2e.VARIANTS`` plus ``liger`` (kept here: importing rla.bench.e2e imports torch).
 E2E_VARIANTS = ("hf-bf16", "rla-vllm", "rla-sglang", "naive-upcast", "fp16", "fp32", "liger")
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``bench`` on an argparse subparsers object (for CLIs other than ``rla.cli``)."""
-    p = subparsers.add_parser("bench", help=HELP, description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return p
-
-
-def _shape(text: str) -> tuple[int, int]:
+def shape(text: str) -> tuple[int, int]:
+    """``BATCHxSEQ`` (e.g. ``1x512``) -> ``(batch, seq)``; the argparse type of ``--shape``."""
     try:
         batch, seq = (int(v) for v in text.lower().split("x"))
     except ValueError:
@@ -59,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
                    help="e2e: time torch.compile(model, mode=MODE) for every variant (MODE default: "
                         "default), compiled in the warm-up steps")
-    p.add_argument("--shape", type=_shape, default=None, metavar="BxS",
+    p.add_argument("--shape", type=shape, default=None, metavar="BxS",
                    help="e2e: batch x sequence for every variant (default: per model, e.g. 4x4096 at 1.5B)")
 
 
@@ -71,11 +63,11 @@ def run(args) -> int:
         return 2
     launch = None
     if args.config:  # for this process (e2e) and handed to the ops benchmark's workers
-        from rla.bench.common import apply_launch_config
+        from rla.ops import set_launch_config
 
         with open(args.config) as f:
             launch = json.load(f)
-        apply_launch_config(launch)
+        set_launch_config(launch)
     if args.what in ("ops", "all"):
         from rla.bench import ops
 

@@ -1,37 +1,57 @@
-"""``rla diagnose --model PATH --rollouts FILE``: attribute a user's mismatch to regions."""
+"""``rla diagnose --model PATH --rollouts FILE``: attribute a user's mismatch to regions, if it is rounding.
+
+Exit status: 0 when the mismatch is rounding and is attributed; 3 when the verdict is that it is
+not (beyond rounding, or the profile increases it), with the reason printed; 2 for bad input.
+"""
 
 from __future__ import annotations
+
+from rla.commands._args import positive_int
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", required=True, help="HF checkpoint folder (local files only)")
     parser.add_argument("--rollouts", required=True, help="rollout records, JSONL (docs/rollouts.md)")
     parser.add_argument("--profile", default="auto", help="engine profile of the rollouts, or 'auto' (default)")
-    parser.add_argument("--out", default="rla-report", help="report folder (default rla-report/)")
+    parser.add_argument("--out", default="rla-report", help="report folder (default rla-report/; must be new or empty)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--max-tokens", type=int, default=16384, help="tokens per micro-batch")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--max-tokens", type=positive_int, default=16384, help="tokens per micro-batch")
 
 
 def run(args) -> int:
+    from pathlib import Path
+
     import torch
     from rich.console import Console
 
-    from rla import rollouts
-    from rla.surgery.core import diagnose
-    from rla.surgery.report import explain, rich_tables, write_report
+    from rla.rollout import rollouts
+    from rla.commands._args import check_device
+    from rla.diagnosis.core import diagnose
+    from rla.diagnosis.output import check_out_dir
+    from rla.diagnosis.provenance import inputs_record
+    from rla.diagnosis.report import explain, rich_tables, write_report
     from rla.hf import load_model
     from rla.profiles import get
 
     if args.profile != "auto":
         get(args.profile)
+    check_device(args.device)
+    check_out_dir(args.out, overwrite=args.overwrite)
+    if not Path(args.rollouts).is_file():
+        raise FileNotFoundError(f"--rollouts {args.rollouts}: no such file")
     model = load_model(args.model, dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float16, device=args.device)
     records = rollouts.load(args.rollouts, vocab_size=model.config.vocab_size)
     console = Console()
     d = diagnose(model, records, args.profile, max_tokens=args.max_tokens, progress=True)
     for t in rich_tables(d):
         console.print(t)
-    write_report(d, args.out)
+    inputs = inputs_record(model_path=args.model, rollouts_path=args.rollouts, profile=d.profile)
+    write_report(d, args.out, inputs=inputs, overwrite=args.overwrite)
     console.print(explain(d))
     console.print(f"report written to {args.out}/")
+    if d.verdict is not None and not d.verdict.ok:
+        console.print(f"[bold red]rla diagnose: not attributed:[/] {d.verdict.message}", highlight=False)
+        return 3
     return 0

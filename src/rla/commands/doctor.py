@@ -16,7 +16,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from rla.surgery.doctor import doctor
+    from rla.diagnosis.doctor import doctor
     from rla.hf import load_model
     from rla.models import bundled_path
 

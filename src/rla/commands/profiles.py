@@ -19,7 +19,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps([{"name": p.name, **p.points(), "description": p.description} for p in rows], indent=2))
         return 0
-    table = Table(title="Rounding profiles (ROUNDING.md): where each stack rounds fp32 to bf16")
+    table = Table(title="Rounding profiles (docs/rounding.md): where each stack rounds fp32 to bf16")
     for col in ("profile", "rope.cos_sin", "rope.apply", "swiglu", "norm.weight", "norm.residual"):
         table.add_column(col, no_wrap=True)
     for p in rows:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rla.commands._args import positive_int
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("config", nargs="?", help="YAML config file (fields: rla train --help-config)")
@@ -9,7 +11,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in out_dir from its last checkpoint (starts fresh if it has none)")
     parser.add_argument("--help-config", action="store_true", help="list every config field with its default and help")
-    parser.add_argument("--until-step", type=int, default=None, help="stop (checkpointed) after this step")
+    parser.add_argument("--until-step", type=positive_int, default=None, help="stop (checkpointed) after this step (>= 1)")
 
 
 def run(args) -> int:
@@ -19,9 +21,17 @@ def run(args) -> int:
         print(config_help())
         return 0
     config, overrides = args.config, list(args.overrides)
-    if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
+    if config is None:
+        raise ValueError("rla train needs a config file, e.g. `rla train configs/grpo_tiny.yaml` (fields: rla train "
+                         "--help-config); it does not start a default run on its own")
+    if "=" in config and not config.endswith((".yaml", ".yml")):
         config, overrides = None, [config, *overrides]  # only overrides, no file
+        if not any(o.split("=", 1)[0].strip() == "out_dir" for o in overrides):
+            raise ValueError("rla train with overrides only (no config file) needs out_dir=FOLDER among them, so a run "
+                             "never lands in a default folder by accident")
     cfg = load_config(config, overrides)
+    if args.until_step is not None and args.until_step > cfg.steps:
+        raise ValueError(f"--until-step {args.until_step} is past the run's last step ({cfg.steps} steps)")
     from rla.rl.trainer import train
 
     result = train(cfg, resume=args.resume, until_step=args.until_step)

@@ -72,6 +72,9 @@ class EngineOps:
     def __repr__(self) -> str:
         return f"EngineOps({self.name}, profile {self.profile.name})"
 
+    def __deepcopy__(self, memo):  # stateless: a copied aligned model shares the engine's kernels
+        return self
+
     def _check(self, profile, *tensors):
         if not profile.same_rounding(self.profile):
             raise ValueError(f"{self.name} realise profile {self.profile.name!r}, not {profile.name!r}")
@@ -90,6 +93,21 @@ class EngineOps:
         self._check(profile, x)
         return _apply(
             lambda x_, w_: self.kernels.rms_norm(x_, w_.to(x_.dtype), float(eps)),
+            lambda x_, w_: rla_ops.rms_norm(x_, w_, eps, profile, lp),
+            x, weight,
+        )
+
+    def rms_norm_of_sum(self, x, weight, eps, profile, dtype=None, out_dtype=None):
+        """RMSNorm of a residual sum ``x`` that the engine normalises inside its fused add + norm
+        kernel (every layer's input norm but the first, the final norm): that kernel on (0, x).
+        Adding zero is exact, and the kernel's reduction (its block size differs from the plain
+        norm kernel's) is the engine's."""
+        lp = dtype or x.dtype
+        if x.dtype != lp or (out_dtype is not None and out_dtype != lp):
+            return self.rms_norm(x, weight, eps, profile, dtype, out_dtype)  # raises with the reason
+        self._check(profile, x)
+        return _apply(
+            lambda x_, w_: self.kernels.fused_add_rms_norm(torch.zeros_like(x_), x_, w_.to(x_.dtype), float(eps))[0],
             lambda x_, w_: rla_ops.rms_norm(x_, w_, eps, profile, lp),
             x, weight,
         )

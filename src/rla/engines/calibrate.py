@@ -1,5 +1,5 @@
 """Calibration: run an engine's own region code on probes and find, point by point, the rounding
-choice of ``ROUNDING.md`` that reproduces it bit for bit.
+choice of ``docs/rounding.md`` that reproduces it bit for bit.
 
 For every experiment the engine's output is computed once; the spec's output is computed with
 ``rla.ops.reference`` (the PyTorch reference of the spec, on the probes' device) for every
@@ -483,9 +483,10 @@ def calibrate(
         version=eng.version,
         mode=mode,
         device=str(dev),
-        gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "",
+        gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "none (CPU)",
         torch=torch_v,
         triton=triton_v,
+        transformers=importlib.metadata.version("transformers"),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command=command,
         scale=scale,

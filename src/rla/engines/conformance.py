@@ -52,6 +52,7 @@ class Conformance:
     gpu: str
     torch: str
     triton: str
+    transformers: str
     date: str
     command: str
     scale: str

@@ -4,7 +4,8 @@
 low-precision dtype is the input's (bf16 or fp16); on fp32 inputs nothing is rounded. All four ops
 are differentiable. On CUDA they run the fused kernels of ``rla.ops.fused`` when Triton is
 available; everywhere else the PyTorch reference of ``rla.ops.reference``, which is the oracle
-the fused kernels are tested against.
+the fused kernels are tested against. ``launch_config()`` / ``set_launch_config(dict)`` read and
+set the fused kernels' launch parameters (:mod:`rla.ops.launch`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import torch
 
 from rla.ops import reference
 from rla.ops._checks import check_norm, check_rope, check_swiglu
+from rla.ops.launch import launch_config, set_launch_config
 from rla.profiles import RoundingProfile, resolve
 
-__all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm", "backend"]
+__all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm", "backend", "launch_config", "set_launch_config"]
 
 
 def backend(*tensors: torch.Tensor):

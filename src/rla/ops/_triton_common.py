@@ -1,6 +1,6 @@
 """Shared pieces of the Triton kernels: exact fp32 math and launch helpers.
 
-The spec (ROUNDING.md) writes every fp32 step as one IEEE operation. Three Triton defaults would
+The spec (docs/rounding.md) writes every fp32 step as one IEEE operation. Three Triton defaults would
 break that, so every kernel here is compiled and called through this module:
 
 - contraction: LLVM/ptxas fuse ``a*b + c`` into one FMA (a single rounding instead of two) unless

@@ -6,7 +6,7 @@ backward. Backward: a persistent grid of a few programs per multiprocessor; each
 the rows, writes d_x (for add+norm, d_x = d_r, the same tensor is handed to both inputs) and keeps
 its share of d_weight in registers, summed over programs afterwards in fp32.
 
-Numerics (ROUNDING.md, ``norm.weight`` and ``norm.residual``):
+Numerics (docs/rounding.md, ``norm.weight`` and ``norm.residual``):
   v    = x                      (rms_norm)
        = RN(x + r) or x + r      (add_rms_norm, rounded_sum or fp32_sum; the residual handed on
                                   is RN(x + r) in both)

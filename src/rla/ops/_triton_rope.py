@@ -9,7 +9,7 @@ the rotate-half convention repeats (``HALF_TABLE``; a quarter of the fp32 table'
 Program ``b * S + s`` reads the cos/sin row once and rotates every head of q and k at that token
 (``TOKENS`` tokens per program). Bytes: q and k read and written once, cos/sin read once per token.
 
-Numerics (ROUNDING.md, ``rope.cos_sin`` and ``rope.apply``), with x1, x2 the halves of a head and
+Numerics (docs/rounding.md, ``rope.cos_sin`` and ``rope.apply``), with x1, x2 the halves of a head and
 rot(x) = cat(-x2, x1):
   out1 = x1*c1 - x2*s1,  out2 = x2*c2 + x1*s2            (fused: one rounding at the store)
   out1 = RN(x1*c1) - RN(x2*s1), out2 = RN(x2*c2) + RN(x1*s2)  (per_op)
@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from rla.ops._triton_common import LAUNCH_OPTS, cdiv, next_pow2
-from rla.ops.fused import output_like
+from rla.ops._layout import output_like
 
 NUM_WARPS = 4
 #: Tokens per program (rows of the [TOKENS, heads, head_dim / 2] blocks one program rotates).

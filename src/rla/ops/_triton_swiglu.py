@@ -4,7 +4,7 @@ Elementwise over the flattened (contiguous) tensors, one block of ``BLOCK`` elem
 Bytes: forward reads gate and up and writes out (3 lp elements per element); backward reads
 gate, up and dy and writes d_gate and d_up (5). Nothing is saved but the inputs.
 
-Numerics (ROUNDING.md, ``swiglu``): silu(g) = g / (1 + exp(-g)) with libdevice ``expf`` and an
+Numerics (docs/rounding.md, ``swiglu``): silu(g) = g / (1 + exp(-g)) with libdevice ``expf`` and an
 IEEE division, exactly PyTorch's CUDA ``F.silu`` on fp32; per_op rounds it to lp before the
 product, fused does not; one rounding at the store. The backward mirrors the reference
 (``sig * (1 + g * (1 - sig))``), one IEEE op at a time, each gradient rounded once.

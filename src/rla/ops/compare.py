@@ -20,7 +20,8 @@ from rla import profiles as _profiles
 # Qwen2.5-1.5B: hidden 1536, MLP 8960, 12 query heads and 2 KV heads of dim 128, rope theta 1e6.
 QWEN_SHAPES = dict(hidden=1536, intermediate=8960, heads=12, kv_heads=2, head_dim=128, theta=1e6)
 
-REGIONS = ("rope", "swiglu", "rmsnorm", "add_rmsnorm")
+#: The ops compared: the three regions of ``rla.profiles.REGIONS``, the norm in both its forms.
+OPS = (*_profiles.REGIONS, "add_rmsnorm")
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def compare_profiles(
     names = names or _profiles.names()
     t = _inputs(tokens, dtype, device, seed, position_offset)
     results = []
-    for region in REGIONS:
+    for region in OPS:
         oracle = _oracle(region, t)
         hf = _run(region, t, "hf")
         for name in names:

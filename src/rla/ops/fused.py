@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from rla.ops import reference
+from rla.ops._layout import output_like
 from rla.profiles import RoundingProfile
 
 __all__ = ["available", "rope", "swiglu", "rms_norm", "add_rms_norm"]
@@ -61,15 +62,6 @@ def _compiling() -> bool:
 # --------------------------------------------------------------------------------------------
 # RoPE
 # --------------------------------------------------------------------------------------------
-
-
-def output_like(x: Tensor) -> Tensor:
-    """A new tensor for the rotation of ``x``: dense, in x's dimension order (x's own strides
-    when x is dense), last stride 1. The kernel addresses an input and its output with one set of
-    strides, so an input without that layout (with gaps, e.g. q sliced out of a fused qkv
-    projection) is first copied into it. The fake implementations return the same."""
-    out = torch.empty_like(x)
-    return out if out.stride(-1) == 1 else torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 def _rope_launch(q, k, cos, sin, round_cos_sin, per_op, backward, head_axis):

@@ -1,4 +1,4 @@
-"""The PyTorch reference of the three regions: ROUNDING.md written as code, one fp32 op at a time.
+"""The PyTorch reference of the three regions: docs/rounding.md written as code, one fp32 op at a time.
 
 This file is the single source of truth for the numerics. Every fast path (``fused.py``) and the
 model patch (``rla.align``) are tested against it, bit for bit where the spec says so; the CPU

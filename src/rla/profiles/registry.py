@@ -10,7 +10,6 @@ tomorrow -- and :func:`alias_target` says which.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
@@ -91,8 +90,7 @@ def load(path: str | Path) -> RoundingProfile:
     return from_dict(data, str(path))
 
 
-@lru_cache(maxsize=1)
-def _table() -> dict[str, RoundingProfile]:
+def _load_table() -> dict[str, RoundingProfile]:
     rows = {}
     for entry in resources.files("rla.profiles").joinpath("data").iterdir():
         if entry.name.endswith(".json"):
@@ -112,11 +110,9 @@ def _version(p: RoundingProfile) -> Version:
         return Version("0")
 
 
-@lru_cache(maxsize=1)
-def aliases() -> dict[str, str]:
-    """alias -> versioned row: ``vllm`` -> the newest calibrated vLLM default-mode row, etc."""
+def _load_aliases(table) -> dict[str, str]:
     newest: dict[str, RoundingProfile] = {}
-    for p in _table().values():
+    for p in table.values():
         cal = p.calibration
         if cal is None or cal.engine in ("transformers", "rla"):
             continue
@@ -124,6 +120,21 @@ def aliases() -> dict[str, str]:
         if alias not in newest or _version(p) > _version(newest[alias]):
             newest[alias] = p
     return {alias: p.name for alias, p in newest.items()}
+
+
+# Read once at import (five small files): lookups are then plain dict reads, which torch.compile
+# traces (a name resolved inside a compiled region must not call into importlib or a cache).
+_TABLE = _load_table()
+_ALIASES = _load_aliases(_TABLE)
+
+
+def _table() -> dict[str, RoundingProfile]:
+    return _TABLE
+
+
+def aliases() -> dict[str, str]:
+    """alias -> versioned row: ``vllm`` -> the newest calibrated vLLM default-mode row, etc."""
+    return dict(_ALIASES)
 
 
 def all_profiles() -> dict[str, RoundingProfile]:
@@ -138,16 +149,16 @@ def names() -> list[str]:
 
 def alias_target(name: str) -> str | None:
     """The versioned row an alias resolves to (``"vllm"`` -> ``"vllm-0.33"``), None for a row name."""
-    return aliases().get(name)
+    return _ALIASES.get(name)
 
 
 def get(name: str) -> RoundingProfile:
     """The built-in row called ``name``, or the row an alias resolves to; unknown names list both."""
-    table = _table()
     if isinstance(name, str):
-        name = aliases().get(name, name)
-        if name in table:
-            return table[name]
+        name = _ALIASES.get(name, name)
+        if name in _TABLE:
+            return _TABLE[name]
+    table = _TABLE
     known = ", ".join(list(table) + [f"{a} (= {t})" for a, t in aliases().items()])
     raise KeyError(
         f"unknown rounding profile {name!r}; known profiles: {known}. Load a calibrated file with "

@@ -18,7 +18,6 @@ left by a kill are ignored and removed by the next save. Optimizer state is keye
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rla._fsync import fsync_dir, fsync_path
+from rla.atomic import fsync_path, publish_dir
 
 __all__ = ["save", "load", "latest", "list_checkpoints", "rng_state", "set_rng_state", "CheckpointError"]
 
@@ -137,13 +136,7 @@ def save(
     flat = {f"{name}/{key}": t for name, st in optimizer_state.items() for key, t in st.items()}
     save_file(_tensor_dict(flat) if flat else {"_empty": torch.zeros(1)}, str(tmp / "optimizer.safetensors"))
     (tmp / "state.json").write_text(json.dumps(state, indent=1, allow_nan=True))
-    for f in tmp.iterdir():
-        fsync_path(f)
-    fsync_dir(tmp)
-    if final.exists():  # a re-run of the same step: replace it
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    fsync_dir(root)
+    publish_dir(tmp, final)  # a re-run of the same step replaces it
     for _, old in list_checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     for stale in root.glob(f".tmp_{_PREFIX}*"):

@@ -41,7 +41,7 @@ def _f(default, help: str, **kw):
 
 @dataclass
 class TrainConfig:
-    """One GRPO / REINFORCE run with decoupled rollout (``rla.sampler``) and training stacks."""
+    """One GRPO / REINFORCE run with decoupled rollout (``rla.rollout.sampler``) and training stacks."""
 
     # ---------------------------------------------------------------- model and task
     arch: str = _f("qwen2", "model family for rla.models.tiny_config: qwen2, qwen3 or llama")
@@ -129,7 +129,7 @@ class TrainConfig:
     train_inv_freq: str = _f(
         "fp32",
         "RoPE inv_freq of the training forward: fp32 (what from_pretrained(dtype=bf16) keeps and engines use) or "
-        "rounded (to the compute dtype, what model.to(torch.bfloat16) does: ROUNDING.md's phase-drift hazard, "
+        "rounded (to the compute dtype, what model.to(torch.bfloat16) does: docs/rounding.md's phase-drift hazard, "
         "as a condition to study; bf16/fp16 arms only)",
     )
     loss_scale_init: float = _f(2.0**16, "initial dynamic loss scale (fp16 only)")
@@ -158,7 +158,7 @@ class TrainConfig:
     collapse_k3_factor: float = _f(10.0, "collapse signal: k3 above this times its step-0 value ...")
     collapse_grad_factor: float = _f(10.0, "... or grad norm above this times its running median ...")
     collapse_window: int = _f(5, "... together with the reward (mean over this many steps) ...")
-    collapse_reward_drop: float = _f(0.05, "... falling this far below its best (METRICS.md)")
+    collapse_reward_drop: float = _f(0.05, "... falling this far below its best (docs/metrics.md)")
 
     def __post_init__(self) -> None:
         self._coerce_types()
@@ -379,7 +379,17 @@ def read_yaml_mapping(path: str | Path, kind: str, shape: str) -> dict[str, Any]
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{kind} {path} does not exist")
-    loaded = yaml.safe_load(path.read_text()) or {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: {kind} is not UTF-8 text (byte {e.start}); is it the right file?") from None
+    try:
+        loaded = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = " ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
+        raise ValueError(f"{where}: {kind} is not valid YAML: {problem}") from None
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: {shape}, got {type(loaded).__name__}")
     return loaded

@@ -8,7 +8,7 @@ Mixed precision is ``MixedPrecisionPolicy(param_dtype=lp, reduce_dtype=fp32,
 cast_forward_inputs=False)``: parameters are all-gathered as RN(fp32 shard), the same numbers a
 bf16 engine loads, gradients are reduced in fp32 into the fp32 sharded master weights.
 ``cast_forward_inputs=False`` matters: ``rla.align`` passes fp32 cos/sin and fp32 residual sums
-between modules, and casting module inputs would round them (ROUNDING.md's hazards).
+between modules, and casting module inputs would round them (docs/rounding.md's hazards).
 
 Sharding units: every decoder layer, then the root ``PolicyForward`` wrapper holding the
 embedding, final norm and LM head (tied or not), which stay unsharded for the whole forward and
@@ -55,13 +55,6 @@ class Dist:
         out = [None] * self.world if self.main else None
         torch.distributed.gather_object(obj, out, dst=0)
         return out if self.main else []
-
-    def broadcast_object(self, obj):
-        if not self.active:
-            return obj
-        box = [obj]
-        torch.distributed.broadcast_object_list(box, src=0)
-        return box[0]
 
     def barrier(self) -> None:
         if self.active:

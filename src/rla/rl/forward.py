@@ -11,7 +11,7 @@ time, and each chunk runs under activation checkpointing, so at most one chunk's
 logits exist at any time, in the forward and in the backward. Right padding with plain causal
 attention and no mask is exact: a real token never attends to a later position.
 
-Logprobs follow the engines' convention (``rla.sampling.process_logits``: fp32 logits divided by
+Logprobs follow the engines' convention (``rla.rollout.sampling.process_logits``: fp32 logits divided by
 the temperature, top-k / top-p, log_softmax), the same function the rollout sampler calls, so the
 ratio measures the forward pass and nothing else. The entropy is that of the same processed
 distribution, computed from the same chunks and detached.
@@ -26,7 +26,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rla.rl.grpo import entropy_from_logprobs
-from rla.sampling import process_logits
+from rla.rollout.sampling import process_logits
 
 __all__ = ["PolicyForward", "MicroBatch", "make_micro_batch"]
 

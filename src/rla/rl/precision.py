@@ -4,7 +4,7 @@ Every arm keeps **fp32 master weights** in AdamW. What differs is the copy the f
 
 ============  ==============================================================================
 ``bf16``      A bf16 *compute copy* ``RN(master)``, forward and backward in bf16 with HF's
-              eager rounding (ROUNDING.md's ``hf`` profile): the usual training stack, and the
+              eager rounding (docs/rounding.md's ``hf`` profile): the usual training stack, and the
               baseline. Parameter gradients come out in bf16 and are added into fp32 master
               gradients after every micro-batch (what FSDP2 with ``reduce_dtype=fp32`` does).
 ``aligned``   The same bf16 copy with ``rla.align(copy, profile=rollout_profile,
@@ -111,7 +111,7 @@ class Policy:
     def __init__(self, master: torch.nn.Module, *, precision: str, rollout_profile: str,
                  align_regions, temperature: float, top_k: int, top_p: float, chunk: int, dist: Dist,
                  loss_scale_init: float = 2.0**16, loss_scale_growth_interval: int = 200, inv_freq: str = "fp32"):
-        import rla
+        from rla.alignment import align
 
         if any(p.dtype != torch.float32 for p in master.parameters()):
             raise ValueError("the master model must be fp32 (AdamW keeps fp32 master weights)")
@@ -122,7 +122,7 @@ class Policy:
         fwd_kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, chunk=chunk)
         if dist.fsdp:
             if precision == "aligned":
-                self.alignment = rla.align(master, profile=rollout_profile, regions=tuple(align_regions))
+                self.alignment = align(master, profile=rollout_profile, regions=tuple(align_regions))
             self.forward = PolicyForward(master, **fwd_kw)
             fsdp_shard(self.forward, master.get_decoder().layers, self.lp_dtype)
             self.compute = master
@@ -136,7 +136,7 @@ class Policy:
                 self.compute = AutoModelForCausalLM.from_config(copy.deepcopy(master.config), dtype=self.lp_dtype)
                 self.compute.to(next(master.parameters()).device)
             if precision == "aligned":
-                self.alignment = rla.align(self.compute, profile=rollout_profile, regions=tuple(align_regions))
+                self.alignment = align(self.compute, profile=rollout_profile, regions=tuple(align_regions))
             self.forward = PolicyForward(self.compute, **fwd_kw)
         if inv_freq == "rounded":
             round_inv_freq(self.compute, self.lp_dtype)

@@ -1,6 +1,6 @@
 """Per-step JSONL logs (flushed and fsync'ed every step), optional TensorBoard, run summaries.
 
-``log.jsonl`` holds one JSON object per RL step: ``step`` (0-based), the METRICS.md mismatch
+``log.jsonl`` holds one JSON object per RL step: ``step`` (0-based), the docs/metrics.md mismatch
 metrics of the training forward *before the step's first update* against the rollout logprobs
 (``mismatch/...``), reward, entropy, grad norm, clip fraction, response length, learning rate,
 the collapse signal (``collapse/...``), and wall-clock / memory figures under ``time/`` and
@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from rla.atomic import atomic_file
 from rla.metrics import pad_rows
 
 __all__ = ["RunLog", "read_log", "deterministic_part", "summarize", "collapse_fields", "padded", "Progress",
@@ -83,13 +84,9 @@ class RunLog:
         kept = [r for r in read_log(self.path) if r["step"] < start_step]
         self.history = kept
         # rewrite atomically without the lines of steps that will run again
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        with open(tmp, "w") as f:
+        with atomic_file(self.path) as f:
             for r in kept:
                 f.write(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
         self._f = open(self.path, "a")
         self._tb = None
         if tensorboard:
@@ -168,7 +165,7 @@ def summarize(records: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:
 
 
 def collapse_fields(history: list[dict[str, Any]], cfg) -> dict[str, Any]:
-    """METRICS.md's collapse signal for the last record of ``history`` (the current step).
+    """docs/metrics.md's collapse signal for the last record of ``history`` (the current step).
 
     ``rla.metrics.collapse_signal`` over the run's k3, grad-norm and reward series; the signal is
     reported on the step it fires. Grad norms of steps whose updates were all skipped (fp16

@@ -18,7 +18,7 @@ tokens never attend to it and attention runs in its plain causal form with no ma
 
 Evaluation (``evaluate``) is greedy and sampled (temperature 1, no top-k/top-p) exact match on a
 held-out set, through HF ``generate`` with a KV cache: a plain evaluation helper, not the
-profile-following rollout sampler of ``rla.sampler``.
+profile-following rollout sampler of ``rla.rollout.sampler``.
 """
 
 from __future__ import annotations

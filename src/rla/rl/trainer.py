@@ -43,7 +43,7 @@ from rla.rl.distributed import Dist, init_distributed
 from rla.rl.forward import make_micro_batch
 from rla.rl.grpo import aggregation_weights, group_advantages, importance_weights, per_token_loss
 from rla.rl.precision import Policy
-from rla.bench.common import environment
+from rla.environment import environment
 from rla.rl.runlog import Progress, RunLog, collapse_fields, padded, summarize
 from rla.rl.warm_start import build_task, initial_model
 
@@ -93,7 +93,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, *, resume: bool = False, log=print):
         from rla.rl.tokenizer import build_tokenizer
-        from rla.sampler import Sampler
+        from rla.rollout.sampler import Sampler
 
         self.cfg = cfg = config
         self.say = log if log is not None else (lambda *a, **k: None)
@@ -249,7 +249,7 @@ class Trainer:
 
     # -------------------------------------------------------------------------------- one step
     def _rollout(self, k: int) -> Rollouts:
-        from rla.sampler import SamplingParams
+        from rla.rollout.sampler import SamplingParams
 
         cfg, G = self.cfg, self.cfg.group_size
         n_prompts = cfg.prompts_per_step // self.dist.world
@@ -274,7 +274,7 @@ class Trainer:
 
     def _micro_groups(self, idx: list[int], ro: Rollouts) -> list[list[int]]:
         """Token-budget micro-batches of ``idx``; padded with empty ones to the same count on every rank."""
-        from rla.train_logprobs import micro_batches
+        from rla.rollout.train_logprobs import micro_batches
 
         lengths = [len(ro.prompts[i]) + len(ro.responses[i]) for i in idx]
         groups = [[idx[j] for j in g] for g in micro_batches(lengths, self.cfg.max_tokens)]

@@ -42,15 +42,15 @@ def _atomic_save_pretrained(model, folder: Path, extra: dict[str, str]) -> None:
     import os
     import shutil
 
+    from rla.atomic import publish_dir
+
     tmp = folder.with_name(f".tmp_{folder.name}_{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     model.save_pretrained(str(tmp), safe_serialization=True)
     for name, text in extra.items():
         (tmp / name).write_text(text)
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.rename(tmp, folder)
+    publish_dir(tmp, folder)
 
 
 def warm_start(cfg: TrainConfig, folder: str | Path, device: torch.device | str = "cpu", log=print) -> Path:
@@ -92,7 +92,7 @@ def initial_model(cfg: TrainConfig, dist: Dist, device: torch.device, log) -> to
     from rla import models
 
     if cfg.init == "bundled":
-        model, _ = models.load_bundled(dtype=torch.float32)
+        model = models.load_bundled_model(dtype=torch.float32)
         return model.train()
     if cfg.init == "random":
         return models.build_model(models.tiny_config(cfg.arch, cfg.size), dtype=torch.float32, seed=cfg.init_seed)

@@ -2,8 +2,8 @@
 
 vLLM (``logprobs_mode="processed_logprobs"``) and SGLang report the logprob of the sampled token
 after the logits were upcast to fp32, divided by the temperature and filtered by top-k / top-p;
-the filtered distribution is renormalised. The rollout sampler (``rla.sampler``) and the
-training-side recomputation (``rla.logprobs``, in ``rla.train_logprobs``) both call :func:`process_logits`, so any
+the filtered distribution is renormalised. The rollout sampler (``rla.rollout.sampler``) and the
+training-side recomputation (``rla.logprobs``, in ``rla.rollout.train_logprobs``) both call :func:`process_logits`, so any
 difference between their logprobs comes from the forward pass, not from this step.
 """
 

@@ -55,17 +55,14 @@ Producing records from SGLang
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import stat
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rla._fsync import fsync_dir
+from rla.atomic import atomic_file
 
 __all__ = [
     "FORMAT", "RolloutRecord", "RolloutFormatError", "save", "load", "iter_load", "to_padded",
@@ -215,31 +212,16 @@ def _to_line(rec: RolloutRecord, index: int) -> str:
 def save(path: str | os.PathLike[str], records: Iterable[RolloutRecord]) -> None:
     """Write records atomically: a crash leaves the old file (or none), never a half file.
 
-    Lines go to a temporary file in the destination folder (so the rename stays on one file
-    system), which is flushed and fsync'ed, then ``os.replace``'d over ``path``; the folder is
-    fsync'ed after the rename so the new name survives a power cut. On any error the temporary
-    file is removed. An existing file keeps its permission bits; a new one gets 0o644.
+    Lines go to a temporary file in the destination folder, which is fsync'ed and then renamed over
+    ``path`` (:func:`rla.atomic.atomic_file`). On any error the temporary file is removed. An
+    existing file keeps its permission bits; a new one gets 0o644.
     """
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o644
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        count = 0
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            for count, rec in enumerate(records, start=1):
-                f.write(_to_line(rec, count - 1) + "\n")
-            if count == 0:
-                raise RolloutFormatError("no records to save (an empty rollout file is invalid)")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(folder)
+    count = 0
+    with atomic_file(path) as f:
+        for count, rec in enumerate(records, start=1):
+            f.write(_to_line(rec, count - 1) + "\n")
+        if count == 0:
+            raise RolloutFormatError("no records to save (an empty rollout file is invalid)")
 
 
 def _reject_constant(name: str) -> Any:
@@ -306,7 +288,9 @@ def load(path: str | os.PathLike[str], vocab_size: int | None = None) -> list[Ro
     return list(iter_load(path, vocab_size))
 
 
-def to_padded(records: list[RolloutRecord], pad_id: int = 0) -> dict[str, Any]:
+def to_padded(
+    records: list[RolloutRecord], pad_id: int = 0, vocab_size: int | None = None
+) -> dict[str, Any]:
     """Batch records for a training-side forward; responses are aligned at one column.
 
     Layout: prompts are **left**-padded to ``P = max prompt length`` and responses **right**-padded
@@ -319,6 +303,10 @@ def to_padded(records: list[RolloutRecord], pad_id: int = 0) -> dict[str, Any]:
     ``rollout_logprobs`` [B, R] (float64, the recorded values exactly, 0 in padding),
     ``temperature``/``top_p`` [B] (float64), ``top_k`` [B] (long, -1 = disabled), and the plain
     int ``response_start`` = P.
+
+    With ``vocab_size`` (the model's), every prompt and response id and ``pad_id`` must be
+    ``< vocab_size``: an embedding lookup past the table is an index error on CPU and undefined
+    on some GPU paths, and records built in memory were never checked against a vocabulary.
     """
     import torch  # keeps load/save usable without importing torch
 
@@ -326,6 +314,17 @@ def to_padded(records: list[RolloutRecord], pad_id: int = 0) -> dict[str, Any]:
         raise ValueError("to_padded needs at least one record")
     if not _is_int(pad_id) or pad_id < 0:
         raise ValueError(f"pad_id must be a non-negative int, got {pad_id!r}")
+    if vocab_size is not None:
+        if not _is_int(vocab_size) or vocab_size <= 0:
+            raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+        if pad_id >= vocab_size:
+            raise ValueError(f"pad_id {pad_id} >= vocab_size {vocab_size}")
+        for i, rec in enumerate(records):
+            for name in ("prompt_ids", "response_ids"):
+                try:
+                    _ids(name, getattr(rec, name), vocab_size)
+                except RolloutFormatError as err:
+                    raise RolloutFormatError(err.problem, field=name, record=i) from None
     B = len(records)
     P = max(len(r.prompt_ids) for r in records)
     R = max(len(r.response_ids) for r in records)

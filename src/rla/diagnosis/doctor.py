@@ -1,4 +1,4 @@
-"""``rla doctor``: static precision hazards of a model, each with its fix (ROUNDING.md, hazards).
+"""``rla doctor``: static precision hazards of a model, each with its fix (docs/rounding.md, hazards).
 
 These are problems no rounding profile fixes because they sit outside the five rounding points:
 a RoPE ``inv_freq`` buffer rounded by ``model.to(torch.bfloat16)`` (phase drift that grows with
@@ -103,9 +103,9 @@ def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16
 
 
 def _is_aligned(model) -> bool:
-    import rla
+    from rla.alignment import alignment_of
 
-    return rla.alignment_of(model) is not None
+    return alignment_of(model) is not None
 
 
 def _fsdp_mp_policy(module):

@@ -3,7 +3,7 @@
 What it reproduces: the engine's rounding locations in RoPE, SwiGLU and residual-add + RMSNorm
 (its own copy of the weights in the engine dtype, aligned to the engine's profile with
 :func:`rla.align`), the engine's logprob convention (fp32 logits / temperature, top-k / top-p,
-log_softmax of what is left; see :mod:`rla.sampling`), and its decode structure (one prefill,
+log_softmax of what is left; see :mod:`rla.rollout.sampling`), and its decode structure (one prefill,
 then one token per step against a KV cache, so the rollout forward differs from the training
 forward the way a decode kernel differs from a prefill one).
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import torch
 
 from rla.profiles import RoundingProfile, resolve
-from rla.sampling import check_sampling_params, process_logits
-from rla.static_decode import StaticDecoder, bucket, next_token_logits
+from rla.rollout.sampling import check_sampling_params, process_logits
+from rla.rollout.static_decode import StaticDecoder, bucket, next_token_logits
 
 __all__ = ["SamplingParams", "Sampler"]
 
@@ -91,10 +91,10 @@ class Sampler:
     ):
         """``cache="auto"`` is ``"static"`` on a CUDA device and ``"dynamic"`` elsewhere.
         ``cache="static"`` preallocates the KV cache (prompt + max_new_tokens, rounded up to
-        :data:`rla.static_decode.BUCKET`), so every decode step has the same shapes, and on GPU
+        :data:`rla.rollout.static_decode.BUCKET`), so every decode step has the same shapes, and on GPU
         captures the decode step as a CUDA graph (``cuda_graph``: None = on GPU, True = required,
         False = eager). The throughput of each path is in ``benchmarks/results/``."""
-        import rla
+        from rla.alignment import align
 
         if cache not in ("auto", "dynamic", "static"):
             raise ValueError(f"cache must be 'auto', 'dynamic' or 'static', got {cache!r}")
@@ -111,7 +111,7 @@ class Sampler:
         engine.to(device=self.device)
         self.model = engine
         self.load_weights(model)
-        self.alignment = rla.align(engine, profile=self.profile)
+        self.alignment = align(engine, profile=self.profile)
         self.model.eval()
         self._cache_kw = _cache_kwarg(engine)
         self._decoders: dict[tuple[int, int], StaticDecoder] = {}
@@ -176,12 +176,12 @@ class Sampler:
 
     @torch.no_grad()
     def generate(self, prompts, params: SamplingParams = SamplingParams(), *, metadata=None):
-        """Sample one response per prompt -> list of :class:`rla.rollouts.RolloutRecord`.
+        """Sample one response per prompt -> list of :class:`rla.rollout.rollouts.RolloutRecord`.
 
         ``prompts`` are token-id lists (variable lengths are left-padded). Each record holds the
         response ids and, per response token, the processed logprob of the sampled token.
         """
-        from rla.rollouts import RolloutRecord
+        from rla.rollout.rollouts import RolloutRecord
 
         prompts = self._check_prompts(prompts)
         batch = self._left_pad(prompts)

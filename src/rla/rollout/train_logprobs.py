@@ -4,7 +4,7 @@ Memory stays bounded for long sequences: records are packed into micro-batches b
 budget, the decoder runs without grad, and the LM head is applied only at response positions,
 ``chunk`` tokens at a time, so full-vocab fp32 logits never exist for a whole batch at once.
 Temperature and top-k / top-p are applied exactly as the rollout engine applied them
-(:func:`rla.sampling.process_logits`, with each record's own settings), so the comparison
+(:func:`rla.rollout.sampling.process_logits`, with each record's own settings), so the comparison
 measures the forward pass and nothing else.
 
 Padding is on the right with plain causal attention and no mask: a real token never attends to a
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rla.sampling import process_logits
+from rla.rollout.sampling import process_logits
 
 __all__ = ["logprobs", "micro_batches"]
 
@@ -61,7 +61,7 @@ def logprobs(
 ) -> list[torch.Tensor]:
     """Per record, the training forward's logprob of each recorded response token (fp32, CPU).
 
-    ``records``: :class:`rla.rollouts.RolloutRecord` objects. ``max_tokens`` bounds rows x length
+    ``records``: :class:`rla.rollout.rollouts.RolloutRecord` objects. ``max_tokens`` bounds rows x length
     of a micro-batch; ``chunk`` bounds the response positions sent through the LM head at once.
     ``apply_filters=False`` ignores recorded top-k / top-p (the full tempered distribution, as
     most trainers compute it). ``progress``: optional callable(done, total) for progress bars.

@@ -1,0 +1,317 @@
+"""Diagnosis: which region explains how much of the train/rollout mismatch, once it is rounding.
+
+Order of work, cheapest refusal first:
+
+1. The records are checked against the model (:mod:`.inputs`): positions past
+   ``max_position_embeddings`` are refused, exact duplicates counted once.
+2. The fully aligned forward under every known profile and an fp32 forward of the same weights
+   give the rounding scale (:mod:`.scale`) and, for free, the profile detection.
+3. The verdict (:mod:`.verdict`): a mismatch far beyond the scale is explained by what is wrong with
+   the input (raw logprobs, a wrong temperature, corrupt logprobs, a different model), a profile
+   that increases the mismatch is said to, and only otherwise is the mismatch attributed.
+4. For every subset of the regions (eight training forwards for three regions) the model is aligned
+   to the profile in that subset only, its logprobs of the recorded tokens are computed
+   (:func:`rla.logprobs`, batched and memory bounded) and compared with the rollout logprobs. The
+   docs/metrics.md metrics of each subset give the attribution (:mod:`.attribution`), the share that full
+   alignment leaves unexplained, per-position curves and by-probability strata.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+import rla.metrics as M
+from rla.diagnosis.attribution import shapley, subsets
+from rla.diagnosis.inputs import check_records
+from rla.diagnosis.passes import Progress, forward_pass, per_sequence_k3
+from rla.diagnosis.scale import RoundingScale, fp32_reference, rounding_scale
+from rla.diagnosis.verdict import Verdict, judge
+from rla.profiles import REGIONS, RoundingProfile, names as profile_names, get as get_profile, resolve
+
+__all__ = ["Diagnosis", "Detection", "diagnose", "detect_profile", "subset_label", "MIN_DETECT_SEQUENCES"]
+
+ATTRIBUTED = ("mismatch/k3", "mismatch/abs/mean")
+
+MIN_DETECT_SEQUENCES = 8
+"""Detection is not called on fewer distinct sequences: the standard error of a per-sequence
+k3 difference from fewer is itself too uncertain to trust a two-standard-error rule."""
+
+
+def subset_label(s) -> str:
+    s = tuple(s)
+    if not s:
+        return "none"
+    if len(s) == len(REGIONS) and set(s) == set(REGIONS):
+        return "all"
+    return "+".join(s)
+
+
+def group_label(group) -> str:
+    """Display name of a group of profiles with identical rounding: ``"sglang = rla"``."""
+    return " = ".join(group)
+
+
+@dataclass
+class Detection:
+    """Which profile's rounding explains the rollouts best, as data."""
+
+    ranking: list[tuple[tuple[str, ...], float]]
+    """(group of profiles with identical rounding, k3 with all regions aligned to it), best first."""
+    best: tuple[str, ...]
+    """The lowest-k3 group: profiles in it round identically and cannot be told apart."""
+    called: bool
+    """True when ``best`` beats the second by more than two standard errors over at least
+    :data:`MIN_DETECT_SEQUENCES` distinct sequences."""
+    z: float
+    """How many standard errors of the per-sequence k3 difference separate best from second."""
+    n_sequences: int
+    note: str
+
+    @property
+    def too_close(self) -> bool:
+        return not self.called
+
+    @property
+    def best_label(self) -> str:
+        return group_label(self.best)
+
+    def to_dict(self) -> dict:
+        return {
+            "ranking": [{"profiles": list(g), "k3": k3} for g, k3 in self.ranking],
+            "best": list(self.best),
+            "called": self.called,
+            "z": self.z,
+            "n_sequences": self.n_sequences,
+            "note": self.note,
+        }
+
+
+@dataclass
+class Diagnosis:
+    profile: str
+    regions: tuple[str, ...]
+    n_sequences: int
+    """Distinct sequences used (exact duplicates counted once)."""
+    n_tokens: int
+    metrics: dict[str, dict[str, float]]
+    """subset label -> docs/metrics.md metrics of the training forward with that subset aligned."""
+    attribution: dict[str, dict[str, float]]
+    """metric -> region -> Shapley value (mismatch removed by aligning that region)."""
+    unexplained: dict[str, float]
+    """metric -> m(all) / m(none): the share of the mismatch left with every region aligned."""
+    per_position: dict[str, list[tuple[float, float]]]
+    """subset label -> [(bin centre position, mean |delta|)]."""
+    deltas: dict[str, np.ndarray] = field(repr=False, default_factory=dict)
+    """subset label -> flat delta = log pi - log mu of every response token (for plots)."""
+    detection: Detection | None = None
+    verdict: Verdict | None = None
+    scale: RoundingScale | None = None
+    n_input: int = 0
+    """Records given, duplicates included."""
+    duplicates: int = 0
+    input_notes: list[str] = field(default_factory=list)
+
+    def ranked_regions(self, metric: str = "mismatch/k3") -> list[tuple[str, float]]:
+        return sorted(self.attribution[metric].items(), key=lambda kv: -kv[1])
+
+    def to_dict(self) -> dict:
+        d = {
+            "profile": self.profile,
+            "regions": list(self.regions),
+            "n_sequences": self.n_sequences,
+            "n_input_records": self.n_input,
+            "duplicates": self.duplicates,
+            "n_tokens": self.n_tokens,
+            "verdict": self.verdict.to_dict() if self.verdict is not None else None,
+            "rounding_scale": self.scale.to_dict() if self.scale is not None else None,
+            "input_notes": self.input_notes,
+            "metrics": self.metrics,
+            "attribution": self.attribution,
+            "unexplained": self.unexplained,
+            "per_position": {k: [list(p) for p in v] for k, v in self.per_position.items()},
+        }
+        if self.detection is not None:
+            d["detection"] = self.detection.to_dict()
+        return d
+
+
+def _per_position(delta: np.ndarray, mask: np.ndarray, bins: int = 20) -> list[tuple[float, float]]:
+    width = max(1, math.ceil(mask.shape[1] / bins))
+    curve = []
+    for start in range(0, mask.shape[1], width):
+        m = mask[:, start : start + width]
+        if m.any():
+            curve.append((start + (width - 1) / 2, float(np.abs(delta[:, start : start + width][m]).mean())))
+    return curve
+
+
+def _check_unaligned(model):
+    from rla.alignment import alignment_of
+
+    state = alignment_of(model)
+    if state is not None:
+        raise ValueError(
+            "diagnose needs the model as the trainer runs it without rla; it is aligned now "
+            f"({state}). Call rla.unalign(model) first."
+        )
+
+
+def profile_groups() -> list[tuple[RoundingProfile, ...]]:
+    """The built-in profiles, grouped by identical rounding points, in table order."""
+    groups: list[list[RoundingProfile]] = []
+    for name in profile_names():
+        p = get_profile(name)
+        for g in groups:
+            if g[0].same_rounding(p):
+                g.append(p)
+                break
+        else:
+            groups.append([p])
+    return [tuple(g) for g in groups]
+
+
+def _aligned_by_group(model, records, max_tokens, bar) -> dict[tuple[str, ...], np.ndarray]:
+    groups = profile_groups()
+    task = bar.add(f"every profile, all regions aligned: {len(groups)} forwards", len(groups))
+    out = {}
+    for g in groups:
+        names = tuple(p.name for p in g)
+        out[names] = forward_pass(model, records, g[0], REGIONS, max_tokens, bar, group_label(names))
+        bar.advance(task)
+    return out
+
+
+def _detection(by_group: dict[tuple[str, ...], np.ndarray], mu, mask) -> Detection:
+    n = mask.shape[0]
+    scored = sorted(
+        ((g, M.mismatch(pi, mu, mask)["mismatch/k3"], per_sequence_k3(pi, mu, mask)) for g, pi in by_group.items()),
+        key=lambda s: s[1],
+    )
+    best = scored[0]
+    ranking = [(g, k3) for g, k3, _ in scored]
+    same = " Profiles joined by '=' round identically and cannot be told apart." if len(best[0]) > 1 else ""
+    if len(scored) == 1:
+        return Detection(ranking, best[0], n >= MIN_DETECT_SEQUENCES, float("inf"), n, f"only one candidate.{same}")
+    second = scored[1]
+    diff = second[2] - best[2]
+    se = diff.std(ddof=1) / math.sqrt(n) if n > 1 else float("inf")
+    z = float(diff.mean() / se) if se > 0 else (float("inf") if diff.mean() > 0 else 0.0)
+    b, s2 = group_label(best[0]), group_label(second[0])
+    if n < MIN_DETECT_SEQUENCES:
+        return Detection(ranking, best[0], False, z, n, (
+            f"not called: {n} distinct sequences, detection needs at least {MIN_DETECT_SEQUENCES} "
+            f"({b} has the lowest k3, {best[1]:.3e}, {z:.1f} standard errors below {s2}); sample more rollouts.{same}"))
+    if not z > 2:
+        return Detection(ranking, best[0], False, z, n, (
+            f"too close to call: {b} (k3 {best[1]:.3e}) and {s2} (k3 {second[1]:.3e}) differ by "
+            f"{z:.1f} standard errors (two needed) over {n} sequences; sample more rollouts.{same}"))
+    return Detection(ranking, best[0], True, z, n, (
+        f"{b} explains the rollouts best (lowest k3 with all regions aligned), {z:.1f} standard errors below "
+        f"{s2} over {n} sequences.{same}"))
+
+
+def diagnose(
+    model: torch.nn.Module,
+    records,
+    profile: str | RoundingProfile = "vllm",
+    *,
+    regions: tuple[str, ...] = REGIONS,
+    detect: bool = True,
+    max_tokens: int = 16384,
+    progress: bool = False,
+) -> Diagnosis:
+    """Attribute the mismatch between ``model`` and the rollout ``records`` to regions, if it is rounding.
+
+    ``model`` is the training model as the trainer runs it without rla (HF eager rounding);
+    ``profile`` is the engine the records came from (``"auto"`` detects it first). The returned
+    :class:`Diagnosis` carries a :class:`~rla.diagnosis.verdict.Verdict`: when it is not ``ok``,
+    the attribution is computed but must not be read as an explanation (the report does not).
+    """
+    records = list(records)
+    if not records:
+        raise ValueError("diagnose needs at least one rollout record")
+    bad = [r for r in regions if r not in REGIONS]
+    if bad or not regions:
+        raise ValueError(f"regions must be a non-empty subset of {REGIONS}, got {regions}")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    prof = None if profile == "auto" else resolve(profile)
+    _check_unaligned(model)
+    check = check_records(model, records)
+    records = check.records
+    mu, mask = M.pad_rows([np.asarray(r.logprobs, dtype=np.float64) for r in records])
+    bar = Progress(progress)
+    try:
+        by_group = _aligned_by_group(model, records, max_tokens, bar)
+        scale = rounding_scale(fp32_reference(model, records, max_tokens, bar),
+                               {group_label(g): v for g, v in by_group.items()}, mask)
+        detection = _detection(by_group, mu, mask)
+        if prof is None:
+            prof = get_profile(detection.best[0])
+        elif not detect:
+            detection = None
+        combos = subsets(tuple(regions))
+        task = bar.add(f"diagnosing against {prof.name}: {len(combos)} training forwards", len(combos))
+        metrics, deltas, curves, values, seq = {}, {}, {}, {}, {}
+        for s in combos:
+            label = subset_label(s)
+            same = [g for g in by_group if set(s) == set(REGIONS) and get_profile(g[0]).same_rounding(prof)]
+            pi = by_group[same[0]] if same else forward_pass(model, records, prof, s, max_tokens, bar, label)
+            delta = np.where(mask, pi - mu, 0.0)
+            metrics[label] = M.mismatch(pi, mu, mask)
+            deltas[label] = delta[mask]
+            curves[label] = _per_position(delta, mask)
+            values[frozenset(s)] = metrics[label]
+            if not s or set(s) == set(regions):
+                seq[frozenset(s)] = per_sequence_k3(pi, mu, mask)
+            bar.advance(task)
+        attribution = {m: shapley({k: v[m] for k, v in values.items()}, tuple(regions)) for m in ATTRIBUTED}
+        none, full = values[frozenset()], values[frozenset(regions)]
+        unexplained = {m: (full[m] / none[m] if none[m] > 0 else float("nan")) for m in ATTRIBUTED}
+        verdict = judge(model, records, check.indices, mu, mask, scale, {group_label(g): v for g, v in by_group.items()},
+                        prof.name, seq[frozenset()], seq[frozenset(regions)], tuple(regions),
+                        max_tokens=max_tokens, bar=bar)
+    finally:
+        bar.close()
+    return Diagnosis(
+        profile=prof.name,
+        regions=tuple(regions),
+        n_sequences=len(records),
+        n_tokens=int(mask.sum()),
+        metrics=metrics,
+        attribution=attribution,
+        unexplained=unexplained,
+        per_position=curves,
+        deltas=deltas,
+        detection=detection,
+        verdict=verdict,
+        scale=scale,
+        n_input=check.n_input,
+        duplicates=check.duplicates,
+        input_notes=[n for n in (check.note(),) if n],
+    )
+
+
+def detect_profile(model, records, *, max_tokens=16384, progress: bool = False) -> Detection:
+    """Rank the built-in profiles by k3 with all regions aligned to each (lowest explains best).
+
+    Profiles with the same rounding points give the same forward and are reported together. The
+    call is made only over at least :data:`MIN_DETECT_SEQUENCES` distinct sequences (exact
+    duplicates counted once) and when the best beats the second by more than two standard errors
+    of the per-sequence k3 difference; ``Detection.z`` states that confidence either way.
+    """
+    records = list(records)
+    if not records:
+        raise ValueError("detect_profile needs at least one rollout record")
+    _check_unaligned(model)
+    records = check_records(model, records).records
+    mu, mask = M.pad_rows([np.asarray(r.logprobs, dtype=np.float64) for r in records])
+    bar = Progress(progress)
+    try:
+        return _detection(_aligned_by_group(model, records, max_tokens, bar), mu, mask)
+    finally:
+        bar.close()

@@ -1,0 +1,155 @@
+"""The verdict: is the mismatch rounding (then attribute it), or something rounding cannot produce?
+
+Given the rounding scale (:mod:`.scale`) and the fully aligned forward under every profile:
+
+1. **Beyond rounding.** The best profile's k3 against the rollouts is more than ``FAR`` times the
+   scale, or single sequences are beyond ``FAR`` times their own scale. Then the worst of them
+   (at most ``TESTED``) are re-scored under hypotheses of what went wrong, cheapest first:
+
+   - *raw logprobs*: the records' sampling settings are not 1/none, and the logprobs fit the raw
+     distribution (temperature 1, no top-k/top-p): the engine returned raw logprobs;
+   - *temperature*: the logprobs fit another temperature from :data:`TEMPERATURES`;
+   - *corrupt logprobs*: on average the rollout logprobs are below the model's,
+     ``mean(log mu - log pi) < 0`` beyond three standard errors. A sampler's own logprobs of its
+     own samples cannot be: ``E_mu[log mu - log pi] = KL(mu || pi) >= 0``;
+   - otherwise *a different model*: the tokens are less likely under this model than under the
+     policy that sampled them (KL > 0), by far more than rounding: another checkpoint, an unmerged
+     LoRA, another tokenizer or chat template.
+
+   A hypothesis fits a sequence when it brings its k3 under the sequence's bound.
+2. **The profile makes it worse.** Aligning every region to the diagnosed profile raises k3: the
+   rollouts were not sampled under it. The verdict names the profile that fits best.
+3. **Rounding.** Otherwise the attribution stands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rla.diagnosis.passes import forward_pass, per_sequence_k3
+from rla.diagnosis.scale import FAR, RoundingScale
+
+__all__ = ["Verdict", "judge", "TEMPERATURES", "TESTED"]
+
+TEMPERATURES = (0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0)
+TESTED = 8
+"""Sequences re-scored under each hypothesis (the worst ones): a bounded cost on any input."""
+
+
+@dataclass
+class Verdict:
+    kind: str
+    """"rounding" (attribution stands), "profile_increases", or "beyond_rounding"."""
+    cause: str | None
+    """None, "wrong_profile", "raw_logprobs", "temperature", "corrupt_logprobs" or "different_model"."""
+    message: str
+    ratio: float
+    """k3 of the best-fitting profile against the rollouts, over the rounding scale."""
+    flagged: list[int] = field(default_factory=list)
+    """0-based input indices of the sequences beyond rounding."""
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "rounding"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"ok": self.ok}
+
+
+def _fits(model, records, sub, mu, mask, bound, max_tokens, bar, change, what):
+    recs = [dataclasses.replace(records[i], **change(records[i])) for i in sub]
+    pi = forward_pass(model, recs, None, (), max_tokens, bar, what)
+    k3 = per_sequence_k3(pi, mu[sub][:, : pi.shape[1]], mask[sub][:, : pi.shape[1]])
+    return k3, k3 <= bound[sub]
+
+
+def _beyond(model, records, indices, mu, mask, scale, best_pi, best_k3, ratio, flagged, max_tokens, bar) -> Verdict:
+    bound = scale.bound()
+    seq_best = np.min(best_pi, axis=0)
+    order = flagged[np.argsort(-(seq_best[flagged] / bound[flagged]))]
+    sub = order[:TESTED]
+    shown = ", ".join(str(indices[i]) for i in order[:10]) + (", ..." if len(order) > 10 else "")
+    head = (
+        f"The mismatch is far beyond rounding: the best-fitting profile leaves k3 = {best_k3:.3e}, "
+        f"{ratio:.3g}x the rounding scale {scale.k3:.3e} (the largest k3 between this model's bf16 forward under "
+        f"any profile and its fp32 forward; two rounding stacks differ by at most about 4x that), and "
+        f"{len(flagged)} of {len(records)} sequences are beyond {FAR:g}x their own scale (records {shown}; 0-based). "
+        "It is not attributed to regions. "
+    )
+    n = len(sub)
+    raw = [i for i in sub if (records[i].temperature, records[i].top_k, records[i].top_p) != (1.0, -1, 1.0)]
+    if raw:
+        _, ok = _fits(model, records, np.array(raw), mu, mask, bound, max_tokens, bar,
+                      lambda r: dict(temperature=1.0, top_k=-1, top_p=1.0), "raw-logprob hypothesis")
+        if ok.sum() * 2 > len(raw):
+            return Verdict("beyond_rounding", "raw_logprobs", head + (
+                f"Likely cause: raw logprobs. In {int(ok.sum())} of {len(raw)} tested sequences the logprobs fit the raw "
+                "distribution (temperature 1, no top-k/top-p), not the recorded sampling settings. Record processed "
+                "logprobs (vLLM: LLM(..., logprobs_mode='processed_logprobs'); SGLang: leave "
+                "SGLANG_RETURN_ORIGINAL_LOGPROB unset), or record the settings the logprobs were computed with."),
+                ratio, [indices[i] for i in order])
+    k3s = []
+    for t in TEMPERATURES:
+        k3, _ = _fits(model, records, sub, mu, mask, bound, max_tokens, bar, lambda r, t=t: dict(temperature=t),
+                      f"temperature {t} hypothesis")
+        k3s.append(k3)
+    k3s = np.array(k3s)  # [T, n]
+    best_t = np.array(TEMPERATURES)[k3s.argmin(axis=0)]
+    fit = k3s.min(axis=0) <= bound[sub]
+    moved = fit & (best_t != np.array([records[i].temperature for i in sub]))
+    if moved.sum() * 2 > n:
+        pairs = sorted({(records[i].temperature, float(best_t[j])) for j, i in enumerate(sub) if moved[j]})
+        said = "; ".join(f"recorded {a:g}, fits {b:g}" for a, b in pairs)
+        return Verdict("beyond_rounding", "temperature", head + (
+            f"Likely cause: a wrong temperature in the records. {int(moved.sum())} of {n} tested sequences fit another "
+            f"temperature ({said}; grid {', '.join(f'{t:g}' for t in TEMPERATURES)}): the records do not carry the "
+            "temperature the tokens were sampled and scored with."), ratio, [indices[i] for i in order])
+    pi = forward_pass(model, [records[i] for i in sub], None, (), max_tokens, bar, "model logprobs")
+    m = mask[sub][:, : pi.shape[1]]
+    d = (mu[sub][:, : pi.shape[1]] - pi)[m]
+    k1, se = float(d.mean()), float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else float("inf")
+    if k1 < -3 * se:
+        return Verdict("beyond_rounding", "corrupt_logprobs", head + (
+            f"Likely cause: corrupt rollout logprobs. In the tested sequences they are {-k1:.3g} nats per token below this "
+            f"model's ({abs(k1) / se:.0f} standard errors); a sampler's own logprobs of its own samples cannot be lower on "
+            "average (E[log mu - log pi] = KL(mu || pi) >= 0). Check the logprob field: placeholders, another field, "
+            "or shifted by one token."), ratio, [indices[i] for i in order])
+    return Verdict("beyond_rounding", "different_model", head + (
+        f"Likely cause: a different model. The sampled tokens are less likely under this model than under the policy that "
+        f"sampled them (KL ~ {k1:.3g} nats per token in the tested sequences), and no temperature or logprob mode explains "
+        "it: the rollouts likely come from another checkpoint (an older policy, an unmerged LoRA adapter, another "
+        "tokenizer or chat template)."), ratio, [indices[i] for i in order])
+
+
+def judge(model, records, indices, mu, mask, scale: RoundingScale, by_profile: dict[str, np.ndarray],
+          profile_name: str, seq_none: np.ndarray, seq_all: np.ndarray, regions=("rope", "swiglu", "rmsnorm"), *,
+          max_tokens: int, bar=None) -> Verdict:
+    """The verdict (module docstring). ``by_profile``: group label -> fully aligned logprobs [B, R];
+    ``seq_none`` / ``seq_all``: per-sequence k3 with no region / all diagnosed ``regions`` aligned."""
+    labels = list(by_profile)
+    k3_by = {lab: float(np.sum(per_sequence_k3(by_profile[lab], mu, mask) * mask.sum(1)) / mask.sum()) for lab in labels}
+    best_label = min(k3_by, key=k3_by.get)
+    best_k3 = k3_by[best_label]
+    ratio = best_k3 / scale.k3 if scale.k3 > 0 else float("inf")
+    per_seq = np.array([per_sequence_k3(by_profile[lab], mu, mask) for lab in labels])
+    flagged = np.flatnonzero(per_seq.min(axis=0) > scale.bound())
+    if ratio > FAR and flagged.size == 0:
+        flagged = np.argsort(-per_seq.min(axis=0))[:TESTED]
+    if flagged.size:
+        return _beyond(model, records, indices, mu, mask, scale, per_seq, best_k3, ratio, flagged, max_tokens, bar)
+    w = mask.sum(1)
+    k3_none, k3_all = float(seq_none @ w / w.sum()), float(seq_all @ w / w.sum())
+    diff = seq_all - seq_none
+    se = diff.std(ddof=1) / np.sqrt(diff.size) if diff.size > 1 else float("inf")
+    if k3_all > k3_none and diff.mean() > 2 * se:  # an increase beyond two standard errors, not noise
+        return Verdict("profile_increases", "wrong_profile", (
+            f"Aligning {'+'.join(regions)} to {profile_name} increases the mismatch: k3 {k3_none:.3e} -> {k3_all:.3e} "
+            f"({k3_all / k3_none:.3g}x, {diff.mean() / se:.1f} standard errors over {diff.size} sequences). The rollouts were likely not sampled under {profile_name}; {best_label} fits "
+            f"them best (k3 {best_k3:.3e} with all regions aligned). Rerun with that profile or --profile auto."), ratio)
+    return Verdict("rounding", None, (
+        f"The mismatch is within what rounding produces: k3 {best_k3:.3e} with the best-fitting profile, "
+        f"{ratio:.2g}x the rounding scale {scale.k3:.3e} (the largest k3 between this model's bf16 forward under any "
+        f"profile and its fp32 forward)."), ratio)

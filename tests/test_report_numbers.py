@@ -1,0 +1,75 @@
+"""The diagnosis report's derived numbers: "share of k3", "X% less", "left unexplained".
+
+A hand-made Diagnosis whose numbers are chosen so that every derived figure is a round,
+distinct percentage: a share divided by the wrong denominator (the k3 removed instead of the
+unaligned total, or the aligned total) prints a different number and fails.
+
+none: k3 = 1.0e-3; all regions aligned: 2.0e-4 (unexplained 20%, so "80% less").
+Shapley values (they sum to none - all = 8.0e-4): rope 5.0e-4 (50% of k3), swiglu 2.0e-4
+(20%), rmsnorm 1.0e-4 (10%). Removed k3 is 8.0e-4, so dividing by it would print 62%/25%/12%.
+"""
+
+import re
+
+import pytest
+
+from rla.diagnosis.core import Diagnosis
+from rla.diagnosis.report import explain, rich_tables, to_markdown
+
+
+def _metrics(k3, absmean):
+    return {
+        "mismatch/k3": k3,
+        "mismatch/abs/mean": absmean,
+        "mismatch/abs/p99": 3 * absmean,
+        "mismatch/abs/max": 10 * absmean,
+        "mismatch/clip_leak/0.2": 0.0125,
+        "mismatch/seq/log_ratio/std": 0.5 * absmean,
+        "mismatch/bitwise/equal": 0.25,
+    }
+
+
+@pytest.fixture
+def diagnosis():
+    phi_k3 = {"rope": 5.0e-4, "swiglu": 2.0e-4, "rmsnorm": 1.0e-4}
+    phi_abs = {"rope": 4.0e-3, "swiglu": 1.0e-3, "rmsnorm": 1.0e-3}
+    return Diagnosis(
+        profile="vllm",
+        regions=("rope", "swiglu", "rmsnorm"),
+        n_sequences=3,
+        n_tokens=40,
+        metrics={"none": _metrics(1.0e-3, 8.0e-3), "all": _metrics(2.0e-4, 2.0e-3)},
+        attribution={"mismatch/k3": phi_k3, "mismatch/abs/mean": phi_abs},
+        unexplained={"mismatch/k3": 0.2, "mismatch/abs/mean": 0.25},
+        per_position={},
+    )
+
+
+def test_markdown_shares_are_of_the_unaligned_k3(diagnosis):
+    md = to_markdown(diagnosis)
+    rows = {m[0]: m[1:] for m in re.findall(r"^\| (\w[\w ]*?) \| ([^|]+) \| ([^|]+) \|", md, re.M)}
+    assert rows["rope"] == ("5.000e-04", "50.0%")
+    assert rows["swiglu"] == ("2.000e-04", "20.0%")
+    assert rows["rmsnorm"] == ("1.000e-04", "10.0%")
+    # what is left: k3(all) itself, and its share of k3(none)
+    assert rows["left unexplained"] == ("2.000e-04", "20.0%")
+    # the order is the ranking by k3 removed
+    assert md.index("| rope |") < md.index("| swiglu |") < md.index("| rmsnorm |")
+
+
+def test_explain_states_reduction_and_top_share(diagnosis):
+    text = explain(diagnosis)
+    assert "k3 = 1.00e-03" in text
+    assert "brings k3 to 2.00e-04, 80% less" in text
+    assert "rope accounts for the largest part (50% of k3 by Shapley value)" in text
+    assert "The remaining 20% comes from" in text
+    assert "1.25% of tokens" in text
+
+
+def test_rich_table_shares_match_markdown(diagnosis):
+    pytest.importorskip("rich")
+    _, attr = rich_tables(diagnosis)
+    cols = {c.header: list(c._cells) for c in attr.columns}
+    assert cols["region"][:3] == ["rope", "swiglu", "rmsnorm"]
+    assert cols["share of k3"] == ["50.0%", "20.0%", "10.0%", "20.0%"]
+    assert cols["k3 removed"] == ["5.000e-04", "2.000e-04", "1.000e-04", "2.000e-04"]
