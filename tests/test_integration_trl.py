@@ -1,7 +1,7 @@
 """rla.integrations.trl against the real TRL package: a few GRPO steps of the bundled tiny Qwen2.
 
 Everything here runs TRL's own ``GRPOTrainer`` on CPU (TRL 1.16, the version the README names).
-The "rollout engine" is :class:`rla.sampler.Sampler` under the vLLM profile, handed to TRL as a
+The "rollout engine" is :class:`rla.rollout.sampler.Sampler` under the vLLM profile, handed to TRL as a
 ``rollout_func`` that returns per-token logprobs, exactly the path a vLLM server takes into
 TRL's batch (``sampling_per_token_logps``).
 """
@@ -22,7 +22,7 @@ from transformers import AutoTokenizer  # noqa: E402
 
 import rla  # noqa: E402
 from rla.integrations import trl as rla_trl  # noqa: E402
-from rla.sampler import Sampler, SamplingParams  # noqa: E402
+from rla.rollout.sampler import Sampler, SamplingParams  # noqa: E402
 
 MODEL = str(files("rla") / "assets" / "tiny-qwen2")
 PROMPTS = ["1+1=", "2+3=", "4+4=", "7+1=", "9+9=", "3+5=", "6+2=", "8+1="]
