@@ -6,8 +6,8 @@ its own Ray worker. ``Actor.__init__`` loads the HF model (``from_pretrained(...
 torch_dtype=bf16)``), applies LoRA, and only afterwards does DeepSpeed wrap it; there is no hook
 between. :func:`patch` wraps ``Actor.__init__`` so that the HF model inside (``actor.model``, PEFT
 included) is aligned as the constructor returns, before ``strategy.prepare`` hands it to DeepSpeed.
-DeepSpeed's bf16 engine casts the module afterwards (``module.bfloat16()``); the aligned rotary
-keeps its fp32 frequencies through that cast. The report is kept as ``actor.rla_alignment``.
+A later cast of the module (by DeepSpeed or anyone) keeps the aligned rotary's fp32 frequencies.
+The report is kept as ``actor.rla_alignment``.
 
 Patching a class is global to the process, so it is explicit and reversible (:func:`unpatch`),
 never done on import. The workers are separate processes: run :func:`setup_worker` in each, which
