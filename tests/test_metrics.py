@@ -368,8 +368,68 @@ def test_names_as():
     assert trl["sampling/sampling_logp_difference/mean"] == m["mismatch/abs/mean"]
     assert trl["sampling/sampling_logp_difference/max"] == m["mismatch/abs/max"]
     assert trl["mismatch/k3"] == m["mismatch/k3"] and "mismatch/abs/mean" not in trl
-    with pytest.raises(ValueError, match="known styles: trl, verl"):
-        names_as(m, "openrlhf")
+    orl = names_as(m, "openrlhf")
+    assert orl["train/vllm_kl"] == -m["mismatch/k1"] and "mismatch/k1" not in orl
+    assert len(orl) == len(m) and orl["mismatch/k3"] == m["mismatch/k3"]
+    with pytest.raises(ValueError, match="known styles: openrlhf, trl, verl"):
+        names_as(m, "slime")
+
+
+def test_openrlhf_vllm_kl_matches_its_definition():
+    """OpenRLHF 0.11.2's ``vllm_kl = masked_mean(rollout_log_probs - old_log_probs, mask)``
+    (models/loss.py), written out independently: a token mean over the masked positions."""
+    train, roll, mask = random_batch(seed=11)
+    expected = float(np.where(mask, roll - train, 0.0).sum() / mask.sum())
+    got = names_as(mismatch(train, roll, mask), "openrlhf")["train/vllm_kl"]
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-15)  # fp64 sums in another order
+
+
+def test_nan_policy_mask_drops_nan_tokens_only():
+    """TRL marks tokens vLLM could not score with NaN. ``nan_policy="mask"`` equals the oracle on
+    the mask without those tokens; by_position keeps the full response geometry."""
+    train, roll, mask = random_batch(seed=12)
+    rng = np.random.default_rng(12)
+    nan_at = mask & (rng.random(mask.shape) < 0.1)
+    for i in range(mask.shape[0]):  # every row's first token stays (it anchors the positions) ...
+        if mask[i].any():
+            nan_at[i, np.argmax(mask[i])] = False
+    nan_at[0] = mask[0]  # ... except row 0, which is NaN throughout and leaves the seq metrics
+    assert nan_at.sum() >= 10 and (mask & ~nan_at).any(axis=1).sum() >= 4
+    t2, r2 = train.copy(), roll.copy()
+    t2[nan_at & (rng.random(mask.shape) < 0.5)] = np.nan
+    r2[nan_at] = np.nan
+    got = mismatch(t2, r2, mask, nan_policy="mask")
+    assert got["mismatch/n_nan_masked"] == float(nan_at.sum())
+    keep = mask & ~nan_at
+    want = oracle(train, roll, keep)
+    position_keys = [k for k in want if k.startswith("mismatch/by_position") or "drift" in k]
+    assert_matches({k: v for k, v in got.items() if k not in position_keys},
+                   {k: v for k, v in want.items() if k not in position_keys}, rtol=1e-10)
+    # Positions are measured against the original response span (NaN tokens included).
+    lengths = mask.sum(axis=1)
+    ref = mismatch(train, roll, keep, response_lengths=lengths)
+    for k in position_keys:
+        if k in ref:
+            assert got[k] == pytest.approx(ref[k], rel=1e-12), k
+    with pytest.raises(MetricsInputError, match="train_logprobs has .* non-finite"):
+        mismatch(t2, r2, mask)  # the default still refuses NaN
+
+
+def test_nan_policy_keeps_other_bad_values_errors():
+    roll = np.full((2, 4), -1.0)
+    mask = np.ones((2, 4), dtype=bool)
+    train = roll.copy()
+    train[0, 0] = np.nan
+    train[1, 2] = np.inf
+    with pytest.raises(MetricsInputError, match=r"train_logprobs has 1 non-finite.*\[1, 2\] = inf"):
+        mismatch(train, roll, mask, nan_policy="mask")
+    train[1, 2] = 1e-3
+    with pytest.raises(MetricsInputError, match="1 positive"):
+        mismatch(train, roll, mask, nan_policy="mask")
+    with pytest.raises(MetricsInputError, match="every one of the 8 masked"):
+        mismatch(np.full((2, 4), np.nan), roll, mask, nan_policy="mask")
+    with pytest.raises(MetricsInputError, match="nan_policy must be one of"):
+        mismatch(roll, roll, mask, nan_policy="omit")
 
 
 def _healthy(n=60, seed=8):

@@ -2,7 +2,7 @@
 
 For every response token, ``delta = log pi - log mu``: pi is the training forward's probability of
 the sampled token, mu the inference engine's. The metrics summarise ``delta`` per token, per
-sequence and per bucket; ``names_as`` renames them to verl's or TRL's dashboard keys, and
+sequence and per bucket; ``names_as`` renames them to verl's, TRL's or OpenRLHF's dashboard keys, and
 ``collapse_signal`` watches per-step series for the pattern that precedes an RL collapse.
 
 Numerics. Inputs are usually bf16/fp32 logprobs, but the statistics are computed in fp64: every
@@ -61,6 +61,7 @@ _PERCENTILES = (("p50", 50.0), ("p95", 95.0), ("p99", 99.0), ("p999", 99.9))
 _CLIP_EPS = (("0.2", 0.2), ("0.1", 0.1))
 #: mu buckets: [0, 1e-3), [1e-3, 0.1), [0.1, 0.9], (0.9, 1].
 _PROB_BUCKETS = ("lt1e-3", "1e-3..0.1", "0.1..0.9", "gt0.9")
+_NAN_POLICIES = ("raise", "mask")
 
 
 class MetricsInputError(ValueError):
@@ -132,6 +133,7 @@ def mismatch(
     mask: Any,
     *,
     response_lengths: Any = None,
+    nan_policy: str = "raise",
 ) -> dict[str, float]:
     """All docs/metrics.md metrics for one batch, as ``{"mismatch/...": float}``.
 
@@ -145,6 +147,13 @@ def mismatch(
             tokens for the usual contiguous mask). Pass it when the mask has holes (e.g. tool
             output excluded in multi-turn) and positions should be measured against the full
             response; it must be at least that span.
+        nan_policy: ``"raise"`` (default): a NaN logprob on a masked position is an error.
+            ``"mask"``: a masked position where either logprob is NaN is left out of every
+            statistic, for frameworks that mark tokens the engine could not score with NaN (TRL
+            1.16 keeps them in ``sampling_per_token_logps``). The token still counts for the
+            response's geometry (its span and ``by_position`` quarters), and
+            ``mismatch/n_nan_masked`` says how many were left out. Infinities and positive
+            logprobs stay errors under both policies: they are bad values, not "unscored".
 
     Token metrics average over all masked tokens. Sequence metrics (``seq/*``) use rows with at
     least one masked token; rows that are entirely masked out are excluded from them (and
@@ -154,12 +163,16 @@ def mismatch(
     ``[0.1, 0.9]``, ``(0.9, 1]``. Percentiles use NumPy's ``linear`` interpolation. ``seq/std`` is
     the population std (ddof=0). ``drift_per_1k`` is the least-squares slope of ``S_i`` on ``L_i``
     times 1000. Keys for empty buckets or undefined statistics are omitted, never NaN. Extra keys
-    beyond the spec: ``mismatch/n_tokens``, ``mismatch/n_seqs``, ``mismatch/seq/log_mean_rho2``.
+    beyond the spec: ``mismatch/n_tokens``, ``mismatch/n_seqs``, ``mismatch/seq/log_mean_rho2``,
+    and with ``nan_policy="mask"`` ``mismatch/n_nan_masked``.
 
     Raises:
         MetricsInputError: shapes differ or are not 2-D, non-float logprobs, a mask that is not
-            0/1 or selects no token, NaN/inf or positive (> 1e-6) logprobs on masked positions.
+            0/1 or selects no token (also after NaN masking), NaN (under ``nan_policy="raise"``),
+            inf or positive (> 1e-6) logprobs on masked positions, an unknown ``nan_policy``.
     """
+    if nan_policy not in _NAN_POLICIES:
+        raise MetricsInputError(f"nan_policy must be one of {_NAN_POLICIES}, got {nan_policy!r}")
     train = _as_float64(train_logprobs, "train_logprobs")
     roll = _as_float64(rollout_logprobs, "rollout_logprobs")
     m = _as_mask(mask)
@@ -170,6 +183,16 @@ def mismatch(
         )
     if not m.any():
         raise MetricsInputError("mask selects no token: there is nothing to measure")
+    geometry = m  # the response layout: spans and position quarters, NaN tokens included
+    n_nan = 0
+    if nan_policy == "mask":
+        nan = m & (np.isnan(train) | np.isnan(roll))
+        n_nan = int(nan.sum())
+        m = m & ~nan
+        if not m.any():
+            raise MetricsInputError(
+                f"every one of the {n_nan} masked token(s) has a NaN logprob: nothing is left to measure"
+            )
     _check_logprobs(train, m, "train_logprobs")
     _check_logprobs(roll, m, "rollout_logprobs")
 
@@ -178,6 +201,8 @@ def mismatch(
     n = d.size
     ad = np.abs(d)
     out: dict[str, float] = {"mismatch/n_tokens": float(n)}
+    if nan_policy == "mask":
+        out["mismatch/n_nan_masked"] = float(n_nan)
 
     # ---- token metrics
     out["mismatch/k1"] = float(np.mean(d))
@@ -222,8 +247,8 @@ def mismatch(
     except OverflowError:  # only when the value itself exceeds float64 (log > ~709.78)
         out["mismatch/seq/chi2"] = math.inf
 
-    first = np.argmax(m, axis=1)
-    span = m.shape[1] - np.argmax(m[:, ::-1], axis=1) - first
+    first = np.argmax(geometry, axis=1)
+    span = m.shape[1] - np.argmax(geometry[:, ::-1], axis=1) - first
     lengths = span if response_lengths is None else _lengths(response_lengths, span, rows)
     L = lengths[rows].astype(np.float64)
     if rows.size >= 2 and np.ptp(L) > 0:
@@ -326,14 +351,21 @@ _RENAMES: dict[str, dict[str, tuple[str, float]]] = {
         "mismatch/abs/mean": ("sampling/sampling_logp_difference/mean", 1.0),
         "mismatch/abs/max": ("sampling/sampling_logp_difference/max", 1.0),
     },
+    # OpenRLHF 0.11.2 (models/loss.py): vllm_kl = masked_mean(rollout_log_probs - old_log_probs),
+    # a token mean of log mu - log pi, logged as ``train/vllm_kl``.
+    "openrlhf": {
+        "mismatch/k1": ("train/vllm_kl", -1.0),
+    },
 }
 
 
 def names_as(metrics: dict[str, float], style: str) -> dict[str, float]:
-    """Rename ``mismatch/...`` keys to verl's (``style="verl"``) or TRL's (``"trl"``) keys.
+    """Rename ``mismatch/...`` keys to verl's (``style="verl"``), TRL's (``"trl"``) or OpenRLHF's
+    (``"openrlhf"``) keys.
 
-    Values follow the target's sign convention (verl's ``rollout_corr/kl`` is ``-k1``); the
-    formulas are docs/metrics.md's, so a framework whose own estimator differs (e.g. verl's ESS on
+    Values follow the target's sign convention (verl's ``rollout_corr/kl`` and OpenRLHF's
+    ``train/vllm_kl`` are ``-k1``); the formulas are docs/metrics.md's, so a framework whose own
+    estimator differs (e.g. verl's ESS on
     truncated or sequence-level weights) can still log different numbers. Metrics without a
     counterpart, and keys outside ``mismatch/``, keep their names.
     """

@@ -1,7 +1,8 @@
 """Everything ``rla.align`` knows about differences between transformers releases, in one place.
 
-Supported: transformers 5.17 (the GPU machine) and 5.24. What differs between them and matters
-here:
+Supported: transformers 5.5.3 (verl 0.9.1 needs <5.11) through 5.24; CI runs the align tests at
+5.5.3 and at the newest release (5.24); 5.17 is the GPU machine's. What differs between them and
+matters here ("5.17" below stands for every release before 5.24 unless a line says otherwise):
 
 - Gradient checkpointing. 5.17's ``GradientCheckpointingLayer`` checkpoints in ``__call__``, so a
   per-instance ``forward`` is checkpointed for free. 5.24 wraps each subclass's ``forward`` at class
@@ -14,10 +15,15 @@ here:
   mask (``one_hot(num_experts)`` vs ``num_experts + 1`` for expert-parallel sentinels) need no
   switch: the aligned decoder layer passes keywords through untouched, and the aligned experts
   loop uses the 5.24 mask, which is also right for 5.17's routing.
+- Dynamic-NTK RoPE. 5.5-5.10 store the cached length under a wrong name, so scaled frequencies
+  are never reset for short sequences; :func:`dynamic_rope_update` puts it back where HF reads it.
+- Outside the regions, and left as each release has it: 5.5-5.10 hand Qwen3-MoE's experts fp32
+  routing weights (5.24: bf16), so grouped/batched experts sum differently from the eager loop.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from functools import partial
 
@@ -25,7 +31,8 @@ import torch
 import transformers
 from packaging.version import Version
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.modeling_rope_utils import dynamic_rope_update as _hf_dynamic_rope_update
 
 __all__ = [
     "TRANSFORMERS_VERSION",
@@ -79,6 +86,39 @@ def with_layer_checkpointing(inner):
     forward.__wrapped__ = inner
     forward.__doc__ = inner.__doc__
     return forward
+
+
+#: Where transformers < 5.11 stores the dynamic-NTK cached length by mistake (``layer_type`` None).
+_MISPLACED_CACHED_LEN = "None_max_seq_len_cached"
+
+
+def _sync_cached_len(rotary: torch.nn.Module) -> None:
+    misplaced = rotary.__dict__.pop(_MISPLACED_CACHED_LEN, None)
+    if misplaced is not None:
+        rotary.max_seq_len_cached = misplaced
+
+
+def dynamic_rope_update(rope_forward):
+    """HF's ``dynamic_rope_update`` decorator, with the cached length kept where HF reads it.
+
+    transformers 5.5-5.10 write the dynamic-NTK cached length to ``None_max_seq_len_cached``
+    (``f"{layer_type}_max_seq_len_cached"`` with ``layer_type=None``) while reading
+    ``max_seq_len_cached``: after one sequence longer than ``original_max_seq_len`` the scaled
+    frequencies are never reset for short sequences again. 5.24 writes ``max_seq_len_cached``.
+    Moving the value to its place before and after HF's update gives every release 5.24's
+    behaviour (grow past the original length, reset below it); HF's own update code does the rest.
+    """
+    inner = _hf_dynamic_rope_update(rope_forward)
+
+    @functools.wraps(inner)
+    def wrapper(self, x, position_ids, *args, **kwargs):
+        _sync_cached_len(self)
+        try:
+            return inner(self, x, position_ids, *args, **kwargs)
+        finally:
+            _sync_cached_len(self)
+
+    return wrapper
 
 
 def rope_init(rotary: torch.nn.Module, device=None, seq_len=None) -> tuple[torch.Tensor, float]:

@@ -230,8 +230,33 @@ def align(
         for m in body.modules():
             uninstall(m)
         raise
+    report.notes.extend(_nothing_to_round(model))
     body.__dict__[_STATE_ATTR] = report
     return report
+
+
+def _nothing_to_round(model: torch.nn.Module) -> list[str]:
+    """A note when the model computes in fp32 with autocast off: the aligned ops round to the
+    dtype their inputs arrive in, so every rounding point is then the identity, and an alignment
+    that looks successful changes nothing. FSDP2 mixed precision (``param_dtype`` bf16/fp16)
+    or an autocast region active now makes the inputs low precision, so no note."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if not dtypes or not dtypes <= {torch.float32, torch.float64}:
+        return []
+    if any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
+        return []
+    for m in model.modules():
+        state = getattr(m, "_get_fsdp_state", None)
+        policy = getattr(getattr(state() if state else None, "_mp_policy", None), "param_dtype", None)
+        if policy in (torch.bfloat16, torch.float16):
+            return []
+    names = "/".join(sorted(str(d).replace("torch.", "") for d in dtypes))
+    return [
+        f"nothing to round: the weights are {names} and autocast is off, so every intermediate is "
+        f"already {names} and the aligned points are exact identities. Alignment takes effect when "
+        "the model runs in bf16: load it with dtype=torch.bfloat16, or run it under "
+        "torch.autocast(..., dtype=torch.bfloat16) or FSDP mixed precision (param_dtype=bf16)"
+    ]
 
 
 def unalign(model: torch.nn.Module) -> AlignmentReport | None:

@@ -44,6 +44,8 @@ class AlignmentReport:
     transformers_version: str = ""
     ops: str = "rla.ops"
     """Which implementation runs the region ops' forward (``rla.ops``, or an engine's kernels)."""
+    notes: list[str] = field(default_factory=list)
+    """Things the user should know that are not hazards, e.g. that nothing can round yet."""
 
     def modules(self, region: str) -> int:
         """Total modules aligned in ``region`` (0 when the region was not aligned)."""
@@ -82,6 +84,7 @@ class AlignmentReport:
             lines.extend(f"    - {h.name}: {h.detail}" for h in self.hazards)
         else:
             lines.append("  hazards fixed: none found")
+        lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
     def __rich__(self):
@@ -98,4 +101,4 @@ class AlignmentReport:
             "hazards fixed: "
             + ("none found" if not self.hazards else "; ".join(f"{h.name}: {h.detail}" for h in self.hazards))
         )
-        return Group(table, hazards)
+        return Group(table, hazards, *(Text(f"note: {n}") for n in self.notes))

@@ -1,0 +1,171 @@
+"""TRL: ``rla.integrations.trl.attach(trainer, profile="vllm")``, one line after building the trainer.
+
+What the one call does to a ``trl.GRPOTrainer`` (tested with TRL 1.16):
+
+- **Aligns the policy** (``trainer.model``, through accelerate/PEFT wrappers) and **the reference
+  model** TRL builds for itself when ``beta > 0`` (``trainer.ref_model``, loaded from the same
+  checkpoint in ``GRPOTrainer.__init__``). Aligning only the model passed in leaves the reference
+  on HF's own rounding, so the KL term is nonzero at step 1 although both hold the same weights.
+  With PEFT TRL has no reference model: the reference is the policy with its adapters disabled,
+  which is aligned with it.
+- **Logs rla's mismatch metrics** (:func:`rla.metrics.mismatch`) into TRL's own log, each step,
+  whenever a generation batch carries rollout logprobs (``use_vllm=True``, or a ``rollout_func``
+  that returns ``logprobs``). TRL keeps NaN for tokens vLLM could not score; those are masked
+  (``nan_policy="mask"``) and counted in ``mismatch/n_nan_masked``. The keys are rla's own
+  ``mismatch/...`` names; ``mismatch/abs/mean`` and ``mismatch/abs/max`` are left out whenever
+  TRL logs the same numbers itself (``sampling/sampling_logp_difference/{mean,max}`` with
+  vLLM importance-sampling correction on). The training-side logprobs are TRL's
+  ``old_per_token_logps`` when it computed them (always with vLLM); otherwise one extra no-grad
+  forward of the batch computes them, since the comparison needs the training stack's numbers
+  before any update. Without rollout logprobs (TRL sampling with the training model itself)
+  there is no second stack to compare and nothing is logged; :class:`Attachment` says so.
+
+Casts TRL makes after ``attach`` (``use_transformers_continuous_batching=True`` with ``bf16=True``
+calls ``model.to(torch.bfloat16)`` before each generation) keep the aligned rotary's fp32
+frequencies (``rla.alignment.rope``). A checkpoint holds plain HF weights; after
+``resume_from_checkpoint`` the trainer built by the same script is attached again by the same
+line, and its report says so.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+
+import torch
+
+from rla.alignment import AlignmentReport, align
+from rla.metrics import mismatch
+from rla.profiles import REGIONS, RoundingProfile
+
+__all__ = ["attach", "Attachment", "TRL_OWN_KEYS"]
+
+#: rla keys whose numbers TRL 1.16 logs itself, under its own names, when vLLM IS correction is on.
+TRL_OWN_KEYS = {
+    "mismatch/abs/mean": "sampling/sampling_logp_difference/mean",
+    "mismatch/abs/max": "sampling/sampling_logp_difference/max",
+}
+_HOOKS = ("model", "ref_model", "accelerator", "_metrics", "_generate_and_score_completions",
+          "_get_per_token_logps_and_entropies", "args")
+
+
+@dataclass
+class Attachment:
+    """What :func:`attach` did: the policy's and the reference's alignment, and the metrics hook."""
+
+    policy: AlignmentReport
+    reference: AlignmentReport | None
+    reference_note: str
+    metrics: str
+    logged_keys: set[str] = field(default_factory=set)
+
+    def __str__(self) -> str:
+        return "\n".join([
+            "rla.integrations.trl: attached",
+            f"policy: {self.policy}",
+            f"reference: {self.reference_note}",
+            f"metrics: {self.metrics}",
+        ])
+
+
+def _check_trainer(trainer) -> None:
+    missing = [name for name in _HOOKS if not hasattr(trainer, name)]
+    if missing:
+        raise TypeError(
+            f"rla.integrations.trl.attach needs a trl.GRPOTrainer (tested with TRL 1.16); "
+            f"{type(trainer).__name__} lacks {missing}"
+        )
+
+
+def attach(
+    trainer,
+    profile: str | RoundingProfile = "vllm",
+    *,
+    regions=REGIONS,
+    log_metrics: bool = True,
+) -> Attachment:
+    """Align ``trainer``'s policy and reference model to ``profile`` and log mismatch metrics.
+
+    Call once after ``GRPOTrainer(...)`` and before ``trainer.train()``. Calling it again
+    re-aligns both models (e.g. another profile) and keeps one metrics hook.
+    """
+    _check_trainer(trainer)
+    policy_model = trainer.accelerator.unwrap_model(trainer.model)
+    policy = align(policy_model, profile, regions)
+    reference = None
+    if trainer.ref_model is not None:
+        reference = align(trainer.accelerator.unwrap_model(trainer.ref_model), policy.profile, regions)
+        reference_note = f"TRL's reference model aligned ({reference.profile.name})"
+    elif getattr(trainer, "beta", None) == 0.0:
+        reference_note = "none (beta = 0: TRL builds no reference model)"
+    else:
+        reference_note = "the policy with its adapters disabled (PEFT), aligned with it"
+
+    previous = trainer.__dict__.get("_rla_attachment")
+    if not log_metrics:
+        metrics = "off (log_metrics=False)"
+        if previous is not None and "_generate_and_score_completions" in trainer.__dict__:
+            del trainer.__dict__["_generate_and_score_completions"]
+    else:
+        if getattr(trainer.args, "use_vllm", False) or getattr(trainer, "rollout_func", None) is not None:
+            metrics = "mismatch/* each step, from the rollout logprobs (NaN tokens masked)"
+        else:
+            metrics = ("nothing to log: TRL samples with the training model itself (no use_vllm, no "
+                       "rollout_func), so there are no rollout logprobs to compare")
+        if "_generate_and_score_completions" not in trainer.__dict__:
+            original = trainer._generate_and_score_completions
+
+            def _generate_and_score_completions(self, inputs):
+                output = original(inputs)
+                if output.get("sampling_per_token_logps") is not None:
+                    _log_mismatch(self, output)
+                return output
+
+            trainer._generate_and_score_completions = types.MethodType(_generate_and_score_completions, trainer)
+    attachment = Attachment(policy, reference, reference_note, metrics,
+                            previous.logged_keys if previous is not None else set())
+    trainer.__dict__["_rla_attachment"] = attachment
+    return attachment
+
+
+def _training_logprobs(trainer, output) -> torch.Tensor:
+    """TRL's ``old_per_token_logps`` if it computed them, else one no-grad forward of the batch."""
+    old = output.get("old_per_token_logps")
+    if old is not None:
+        return old
+    input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+    attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+    mode = "train" if trainer.model.training else "eval"
+    batch_size = trainer.args.per_device_train_batch_size if mode == "train" else trainer.args.per_device_eval_batch_size
+    with torch.no_grad():
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, input_ids, attention_mask, output["completion_ids"].size(1), batch_size=batch_size
+        )
+    return logps
+
+
+def _log_mismatch(trainer, output) -> None:
+    """Append rla's mismatch metrics of one generation batch to ``trainer._metrics[mode]``."""
+    attachment: Attachment = trainer.__dict__["_rla_attachment"]
+    mode = "train" if trainer.model.training else "eval"
+    mask = output["completion_mask"]
+    if output.get("tool_mask") is not None:
+        mask = mask * output["tool_mask"]
+    train = _training_logprobs(trainer, output)
+    roll = output["sampling_per_token_logps"]
+    acc = trainer.accelerator
+    # Every rank computes the metrics of the whole global batch, as TRL gathers its own.
+    train, roll, mask = (acc.gather(acc.pad_across_processes(t, dim=1, pad_index=0)) for t in (train, roll, mask))
+    metrics = mismatch(train.detach().float(), roll.detach().float(), mask.bool(), nan_policy="mask")
+    if getattr(trainer.args, "use_vllm", False) and getattr(trainer, "vllm_importance_sampling_correction", False):
+        for key in TRL_OWN_KEYS:
+            metrics.pop(key, None)
+    log = trainer._metrics[mode]
+    for key, value in metrics.items():
+        if key in log and key not in attachment.logged_keys:
+            raise RuntimeError(
+                f"rla.integrations.trl: TRL's log already holds {key!r}, which rla did not write; "
+                "refusing to mix two different numbers under one key"
+            )
+        attachment.logged_keys.add(key)
+        log[key].append(value)

@@ -1,0 +1,119 @@
+"""rla.integrations.openrlhf against OpenRLHF 0.11.2's own ``Actor`` (models/actor.py).
+
+OpenRLHF's wheel is installed without its dependencies (its pins need a GPU: flash-attn builds
+CUDA kernels, DeepSpeed ops); that ``pip install rla openrlhf==0.11.2`` resolves is checked by
+``pip install --dry-run`` (README). Two GPU-only modules that ``openrlhf.models`` imports at the
+top but never calls on the path tested here (``Actor.__init__`` without DeepSpeed ZeRO-3 or
+packing, ``Actor.forward`` with bf16 logits) is ``flash_attn``'s padding helpers (used only with
+``packing_samples``); it is registered as a module whose functions raise if called. DeepSpeed
+is the real package (pure Python, no ops built).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+import types
+from importlib.resources import files
+
+import pytest
+import torch
+
+pytest.importorskip("openrlhf", reason="the OpenRLHF integration is tested where openrlhf is installed (README)")
+
+
+def _empty_module(name, **attrs):
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)  # no distribution metadata
+    module.__dict__.update(attrs)
+    return module
+
+
+def _unavailable(*_, **__):
+    raise RuntimeError("GPU-only helper called in a CPU test")
+
+
+_STUBS = {
+    "flash_attn": {},
+    "flash_attn.bert_padding": dict(index_first_axis=_unavailable, pad_input=_unavailable,
+                                    rearrange=_unavailable, unpad_input=_unavailable),
+    "flash_attn.utils": {},
+    "flash_attn.utils.distributed": dict(all_gather=_unavailable),
+}
+_registered = []
+for _name, _attrs in _STUBS.items():
+    try:
+        __import__(_name)
+    except ImportError:
+        sys.modules[_name] = _empty_module(_name, **_attrs)
+        _registered.append(_name)
+
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+import rla  # noqa: E402
+from rla.integrations import openrlhf as rla_openrlhf  # noqa: E402
+
+from openrlhf.models import Actor  # noqa: E402
+
+for _name in _registered:  # OpenRLHF holds what it imported; nothing else in this process sees them
+    del sys.modules[_name]
+MODEL = str(files("rla") / "assets" / "tiny-qwen2")
+SEQ = torch.randint(3, 60, (2, 20), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture
+def patched():
+    rla_openrlhf.patch(profile="vllm")  # the README line
+    yield
+    rla_openrlhf.unpatch()
+
+
+def _reference_logits(profile):
+    """The checkpoint in bf16, aligned by hand."""
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16, attn_implementation="eager")
+    rla.align(model, profile)
+    with torch.no_grad():
+        return model(SEQ, attention_mask=torch.ones_like(SEQ)).logits
+
+
+def test_actor_built_from_a_path_is_aligned_and_its_logprobs_follow_the_profile(patched):
+    actor = Actor(MODEL, attn_implementation="eager", param_dtype="bf16")  # OpenRLHF's own loader
+    assert actor.rla_alignment.profile.name.startswith("vllm")
+    assert rla.alignment_of(actor.model) is actor.rla_alignment
+    action_mask = torch.ones(2, 8, dtype=torch.bool)
+    with torch.no_grad():
+        logprobs = actor(SEQ, action_mask=action_mask, attention_mask=torch.ones_like(SEQ))
+    reference = _reference_logits(actor.rla_alignment.profile)
+    with torch.no_grad():  # the model inside the Actor is the aligned one, bit for bit
+        assert torch.equal(actor.model(SEQ, attention_mask=torch.ones_like(SEQ)).logits, reference)
+    want = torch.log_softmax(reference[:, :-1].float(), -1).gather(-1, SEQ[:, 1:, None]).squeeze(-1)[:, -8:]
+    # OpenRLHF computes log_softmax of the bf16 logits in bf16, row by row (models/utils.py);
+    # the reference does it in fp32 from the same bf16 logits: they agree to bf16 resolution
+    # of the logprob itself (2^-8 relative), far tighter than any mismatch (k3 ~1e-5 is a
+    # statement about ~1e-3 logprob differences on a different stack).
+    assert torch.allclose(logprobs.float(), want, rtol=2**-7, atol=2**-7)
+
+
+def test_actor_wrapping_a_model_instance_and_unpatch(patched):
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16, attn_implementation="eager")
+    actor = Actor(model)
+    assert rla.alignment_of(actor.model) is not None
+    rla_openrlhf.patch("sglang")  # re-patching changes the profile, one wrapper
+    assert Actor(model).rla_alignment.profile.name.startswith("sglang")
+    rla_openrlhf.unpatch()
+    assert rla_openrlhf.patched() is None
+    fresh = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16, attn_implementation="eager")
+    actor = Actor(fresh)
+    assert not hasattr(actor, "rla_alignment") and rla.alignment_of(fresh) is None
+
+
+def test_setup_worker_reads_the_profile_from_the_environment(monkeypatch):
+    monkeypatch.delenv("RLA_PROFILE", raising=False)
+    with pytest.raises(RuntimeError, match="set RLA_PROFILE"):
+        rla_openrlhf.setup_worker()
+    monkeypatch.setenv("RLA_PROFILE", "vllm-eager")
+    try:
+        rla_openrlhf.setup_worker()
+        assert "eager" in rla_openrlhf.patched().name
+    finally:
+        rla_openrlhf.unpatch()

@@ -1,0 +1,157 @@
+"""rla.integrations.verl against the real verl package (0.9.1): its FSDP engine builds the model on
+CPU, in one process, without Ray.
+
+verl picks its device through a platform plugin and ships none for CPU; the test registers one
+(``verl.plugin.platform.set_platform``, verl's documented extension point) whose device is the
+CPU and whose collective backend is gloo. Everything else is verl's own code: ``HFModelConfig``
+(which imports ``external_lib``), ``FSDPEngine._build_module`` (load, monkey patches, dtype cast)
+and ``_build_fsdp_module`` (FSDP2 with verl's ``MixedPrecisionPolicy``).
+
+Not run here: the critic (verl's ``load_valuehead_model`` hard-codes flash_attention_2, which
+needs a GPU; it is built by the same ``_build_module`` hook) and the older ``fsdp_workers``
+layout (not in verl 0.9.1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from importlib.resources import files
+
+import pytest
+import torch
+
+pytest.importorskip("verl", reason="the verl integration is tested where verl is installed (README)")
+
+from verl.plugin.platform.platform_base import PlatformBase  # noqa: E402
+from verl.plugin.platform.platform_manager import set_platform  # noqa: E402
+
+
+class CPUPlatform(PlatformBase):
+    """The CPU as a verl platform: device "cpu", gloo collectives, no-op device management."""
+
+    device_name = "cpu"
+    vendor_name = "cpu"
+    device_module = torch.cpu
+
+    def is_available(self): return True
+    def current_device(self): return torch.device("cpu")
+    def device_count(self): return 1
+    def set_device(self, device_index): pass
+    def synchronize(self, device_index=None): pass
+    def manual_seed(self, seed): torch.manual_seed(seed)
+    def manual_seed_all(self, seed): torch.manual_seed(seed)
+    def set_allocator_settings(self, settings): pass
+    def empty_cache(self): pass
+    def get_device_capability(self, device_index=0): return (None, None)
+    def communication_backend_name(self): return "gloo"
+    def visible_devices_envvar(self): return "CPU_VISIBLE_DEVICES"
+    def nvtx_range(self, msg): return contextlib.nullcontext()
+    def profiler_start(self): pass
+    def profiler_stop(self): pass
+    def ray_resource_name(self): return "CPU"
+    def ray_noset_envvars(self): return []
+    def is_ipc_supported(self): return False
+    def cudart(self): return None
+
+
+set_platform(CPUPlatform())  # before verl's engine modules read the device name at import
+
+from transformers import AutoModelForCausalLM  # noqa: E402
+from verl.trainer.config import CheckpointConfig  # noqa: E402
+from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig  # noqa: E402
+from verl.workers.engine.fsdp import transformer_impl  # noqa: E402
+
+import rla  # noqa: E402
+
+MODEL = str(files("rla") / "assets" / "tiny-qwen2")
+EXTERNAL_LIB = "rla.integrations.verl"  # the README's config line: actor_rollout_ref.model.external_lib=...
+
+
+@pytest.fixture(scope="module", autouse=True)
+def process_group():
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29531", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _engine(forward_only=False, override=None, model_dtype=None):
+    model_config = HFModelConfig(
+        path=MODEL, external_lib=EXTERNAL_LIB,
+        override_config={"attn_implementation": "eager", **(override or {})},
+        use_remove_padding=False, enable_gradient_checkpointing=False,
+    )
+    engine_config = FSDPEngineConfig(strategy="fsdp2", forward_only=forward_only, model_dtype=model_dtype)
+    return transformer_impl.FSDPEngine(model_config, engine_config, FSDPOptimizerConfig(lr=1e-5), CheckpointConfig())
+
+
+def _reference_logits(profile, ids):
+    """The same checkpoint loaded in bf16 and aligned by hand: what verl's model must compute."""
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16, attn_implementation="eager")
+    rla.align(model, profile)
+    with torch.no_grad():
+        return model(ids).logits
+
+
+IDS = torch.randint(3, 60, (2, 24), generator=torch.Generator().manual_seed(0))
+
+
+def test_trainable_actor_is_aligned_and_fsdp2_stops_casting_inputs():
+    engine = _engine()
+    engine.initialize()  # verl's whole build: load fp32, cast, align (rla), FSDP2 wrap
+    report = rla.alignment_of(engine.module)
+    assert report is not None and report.profile.name.startswith("vllm")
+    from torch.distributed.fsdp import FSDPModule
+
+    policies = [m._get_fsdp_state()._mp_policy for m in engine.module.modules() if isinstance(m, FSDPModule)]
+    assert len(policies) >= 2 and all(not p.cast_forward_inputs for p in policies)
+    assert all(p.param_dtype == torch.bfloat16 for p in policies)  # verl's own choice, unchanged
+    with torch.no_grad():
+        logits = engine.module(IDS).logits
+    # FSDP2 (world size 1) hands each layer bf16 weights: bit for bit the bf16-loaded aligned model.
+    assert torch.equal(logits, _reference_logits(report.profile, IDS))
+
+
+def test_forward_only_reference_is_aligned_after_verls_bf16_cast():
+    """A forward-only (reference) engine loads and casts to bf16; the alignment comes after the
+    cast. (verl puts a reference under a pinned-memory CPU offload policy, which needs an
+    accelerator, so this test stops at ``_build_module``, verl's build up to FSDP wrapping.)"""
+    engine = _engine(forward_only=True)
+    module = engine._build_module()
+    assert {p.dtype for p in module.parameters()} == {torch.bfloat16}
+    report = rla.alignment_of(module)
+    assert report is not None and report.notes == []
+    with torch.no_grad():
+        assert torch.equal(module(IDS).logits, _reference_logits(report.profile, IDS))
+
+
+def test_profile_from_config_then_environment(monkeypatch):
+    module = _engine(model_dtype="bf16", override={"rla_profile": "sglang"})._build_module()
+    assert rla.alignment_of(module).profile.name.startswith("sglang")
+    monkeypatch.setenv("RLA_PROFILE", "vllm-eager")
+    module = _engine(model_dtype="bf16")._build_module()
+    assert rla.alignment_of(module).profile.name.startswith("vllm") and "eager" in rla.alignment_of(module).profile.name
+    monkeypatch.setenv("RLA_PROFILE", "no-such-engine")
+    with pytest.raises(Exception, match="no-such-engine"):
+        _engine(model_dtype="bf16")._build_module()
+
+
+def test_uninstall_restores_verls_code():
+    from rla.integrations import verl as rla_verl
+
+    assert rla_verl.installed()
+    patched_build = transformer_impl.FSDPEngine._build_module
+    rla_verl.uninstall()
+    try:
+        assert transformer_impl.FSDPEngine._build_module is not patched_build
+        policy = transformer_impl.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                                       cast_forward_inputs=True)
+        assert policy.cast_forward_inputs  # verl's own class again
+        module = _engine(model_dtype="bf16")._build_module()
+        assert rla.alignment_of(module) is None
+    finally:
+        rla_verl.install()
+    assert rla_verl.installed() and rla.alignment_of(_engine(model_dtype="bf16")._build_module()) is not None
