@@ -208,10 +208,10 @@ class Capture:
     def installed(self):
         rope0, swiglu0 = rla.ops.rope, rla.ops.swiglu
 
-        def rope(q, k, cos, sin, profile, unsqueeze_dim=1):
+        def rope(q, k, cos, sin, profile, unsqueeze_dim=1, dtype=None):
             self.rope_calls += 1
             self.cos_sin_dtypes.append((str(cos.dtype).replace("torch.", ""), str(sin.dtype).replace("torch.", "")))
-            out = rope0(q, k, cos, sin, profile, unsqueeze_dim=unsqueeze_dim)
+            out = rope0(q, k, cos, sin, profile, unsqueeze_dim=unsqueeze_dim, dtype=dtype)
             if self.keep:
                 self.rope.append((out[0].detach().clone(), out[1].detach().clone()))
             return out

@@ -4,12 +4,15 @@ from rla.cli import main
 
 
 def test_profiles_table_and_json(capsys):
-    assert main(["profiles"]) == 0
+    assert main(["profiles", "--evidence"]) == 0
     out = capsys.readouterr().out
-    assert "vllm-eager" in out and "fp32_sum" in out
+    assert "vllm-0.33-eager" in out and "fp32_sum" in out and "vllm-eager -> vllm-0.33-eager" in out
+    assert "vllm-0.33-eager: evidence per point" in out and "kernel" in out  # versions and evidence
     assert main(["profiles", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert [r["name"] for r in rows] == ["hf", "vllm", "vllm-eager", "sglang", "rla"]
+    data = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in data["profiles"]] == ["hf", "sglang-0.5.23", "vllm-0.33", "vllm-0.33-eager", "rla"]
+    assert data["aliases"]["vllm"] == "vllm-0.33"
+    assert data["profiles"][3]["calibration"]["points"]["swiglu"]["evidence"] == "kernel"
 
 
 def test_check_ops_reports_every_profile_and_region(capsys):
@@ -18,8 +21,8 @@ def test_check_ops_reports_every_profile_and_region(capsys):
     assert len(rows) == 5 * 4
     by = {(r["profile"], r["region"]): r for r in rows}
     assert all(by[("hf", reg)]["differs_from_hf"] == 0 for reg in ("rope", "swiglu", "rmsnorm", "add_rmsnorm"))
-    assert by[("vllm", "swiglu")]["differs_from_hf"] > 0.1
-    assert by[("vllm", "swiglu")]["max_abs_error"] < by[("hf", "swiglu")]["max_abs_error"]
+    assert by[("vllm-0.33", "swiglu")]["differs_from_hf"] > 0.1
+    assert by[("vllm-0.33", "swiglu")]["max_abs_error"] < by[("hf", "swiglu")]["max_abs_error"]
     assert main(["check-ops", "--tokens", "16"]) == 0
     assert "differs from hf" in capsys.readouterr().out
 

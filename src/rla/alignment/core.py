@@ -20,7 +20,6 @@ from rla.alignment.report import AlignmentReport
 from rla.alignment.rmsnorm import align_layers, align_norms
 from rla.alignment.rope import align_attention, align_rotary
 from rla.alignment.swiglu import align_experts, align_mlps, check_activation, check_experts
-from rla import ops as _ops
 from rla.profiles import REGIONS, RoundingProfile, resolve
 
 __all__ = ["align", "unalign", "aligned", "alignment_of"]
@@ -174,8 +173,9 @@ def align(
     """
     p = resolve(profile)
     regions = _check_regions(regions)
-    impl = _ops if ops is None else _check_ops(ops)
-    _check_ops_profile(impl, p)
+    impl = None if ops is None else _check_ops(ops)  # None: rla.ops, looked up at call time
+    if impl is not None:
+        _check_ops_profile(impl, p)
     family, body = _find(model)
     found = _scan(body, family)
     if "swiglu" in regions:
@@ -191,7 +191,7 @@ def align(
         family=family.model_type,
         model_class=type(model).__name__,
         transformers_version=str(compat.TRANSFORMERS_VERSION),
-        ops=getattr(impl, "name", None) or getattr(impl, "__name__", None) or type(impl).__name__,
+        ops="rla.ops" if impl is None else (getattr(impl, "name", None) or getattr(impl, "__name__", None) or type(impl).__name__),
     )
     if ops is not None:  # what aligned() re-applies (not part of the report's data)
         report.__dict__["_ops_object"] = ops
@@ -205,7 +205,7 @@ def align(
     try:
         if "rope" in regions:
             report.hazards.extend(align_rotary(found.rotary, p, report, round_tables=chain))
-            align_attention(found.attentions, family, p, None if impl is _ops else impl)
+            align_attention(found.attentions, family, p, impl)
             report.counts["rope"] = {"rotary_emb": 1, "self_attn": len(found.attentions)}
         if "swiglu" in regions:
             align_mlps(found.mlps + found.shared_experts, p, impl)

@@ -52,9 +52,10 @@ def stack_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
-def _make_norm_forward(profile: RoundingProfile, fp32_out: bool, impl=ops, after_add: bool = False):
-    rms_norm = impl.rms_norm  # the function, not the module: closures torch.compile guards on
-    if after_add and hasattr(impl, "rms_norm_of_sum"):
+def _make_norm_forward(profile: RoundingProfile, fp32_out: bool, impl=None, after_add: bool = False):
+    # rla.ops (impl None) is looked up at call time, so a profiler or test can wrap rla.ops.rms_norm
+    rms_norm = impl.rms_norm if impl is not None else (lambda *a, **k: ops.rms_norm(*a, **k))
+    if after_add and impl is not None and hasattr(impl, "rms_norm_of_sum"):
         # An engine whose layers start with a fused add + norm normalises the sum inside that
         # kernel: engine-backed ops reduce it with the same kernel (see rla.engines.backed).
         rms_norm = impl.rms_norm_of_sum
@@ -73,7 +74,7 @@ def _make_norm_forward(profile: RoundingProfile, fp32_out: bool, impl=ops, after
 
 
 def align_norms(
-    norms: list[torch.nn.Module], profile: RoundingProfile, fp32_out: bool = False, impl=ops, after_add: bool = False
+    norms: list[torch.nn.Module], profile: RoundingProfile, fp32_out: bool = False, impl=None, after_add: bool = False
 ) -> None:
     """Route every norm through ``rla.ops.rms_norm``; with ``fp32_out`` (q/k norms under
     ``qk_norm_out='fp32'``) their output stays fp32 for RoPE (see ``rope.make_apply_rotary``).
@@ -112,8 +113,8 @@ def _layer_parameters(forward) -> tuple[tuple[str, ...], tuple[tuple[str, object
     return names, defaults
 
 
-def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, impl=ops):
-    add_rms_norm = impl.add_rms_norm  # the function, not the module (see _make_norm_forward)
+def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, impl=None):
+    add_rms_norm = impl.add_rms_norm if impl is not None else (lambda *a: ops.add_rms_norm(*a))
     fp32_sum = profile.norm_residual == "fp32_sum"
     carry = profile.residual_stream == "fp32_carry"
     # Only "first layer or not" enters the traced path: torch.compile guards on the closure values
@@ -167,7 +168,7 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, i
     return compat.with_layer_checkpointing(forward)
 
 
-def align_layers(layers: list[torch.nn.Module], layer_class: type, profile: RoundingProfile, impl=ops) -> None:
+def align_layers(layers: list[torch.nn.Module], layer_class: type, profile: RoundingProfile, impl=None) -> None:
     """Replace each decoder layer's forward; ``layers`` in model order (index 0 reads embeddings)."""
     names, defaults = _layer_parameters(layer_class.forward)
     for index, layer in enumerate(layers):

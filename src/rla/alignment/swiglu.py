@@ -66,8 +66,9 @@ def check_experts(experts: torch.nn.Module) -> None:
         compat.experts_function(impl)  # raises for kernels that fuse the activation
 
 
-def _make_mlp_forward(profile: RoundingProfile, impl=ops):
-    swiglu = impl.swiglu  # the function, not the module: closures torch.compile guards on
+def _make_mlp_forward(profile: RoundingProfile, impl=None):
+    # rla.ops (impl None) is looked up at call time, so a profiler or test can wrap rla.ops.swiglu
+    swiglu = impl.swiglu if impl is not None else (lambda *a: ops.swiglu(*a))
 
     def forward(self, x):
         return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), profile))
@@ -75,8 +76,8 @@ def _make_mlp_forward(profile: RoundingProfile, impl=ops):
     return forward
 
 
-def _make_apply_gate(profile: RoundingProfile, impl=ops):
-    swiglu = impl.swiglu
+def _make_apply_gate(profile: RoundingProfile, impl=None):
+    swiglu = impl.swiglu if impl is not None else (lambda *a: ops.swiglu(*a))
 
     def _apply_gate(self, gate_up_out):
         gate, up = gate_up_out.chunk(2, dim=-1)
@@ -108,13 +109,13 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
     return final_hidden_states
 
 
-def align_mlps(mlps: list[torch.nn.Module], profile: RoundingProfile, impl=ops) -> None:
+def align_mlps(mlps: list[torch.nn.Module], profile: RoundingProfile, impl=None) -> None:
     forward = _make_mlp_forward(profile, impl)
     for mlp in mlps:
         install(mlp, "mlp", {"forward": types.MethodType(forward, mlp)})
 
 
-def align_experts(experts_list: list[torch.nn.Module], profile: RoundingProfile, impl=ops) -> None:
+def align_experts(experts_list: list[torch.nn.Module], profile: RoundingProfile, impl=None) -> None:
     apply_gate = _make_apply_gate(profile, impl)
     for experts in experts_list:
         install(

@@ -1,10 +1,11 @@
-"""``rla profiles``: the rounding-profile table."""
+"""``rla profiles``: the rounding-profile table, versioned rows with their evidence, and aliases."""
 
 from __future__ import annotations
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--json", action="store_true", help="print JSON (every row with its calibration) instead of tables")
+    parser.add_argument("--evidence", action="store_true", help="also print, per row, each point's evidence and fraction matched")
 
 
 def run(args) -> int:
@@ -15,17 +16,37 @@ def run(args) -> int:
 
     from rla import profiles
 
-    rows = [profiles.get(n) for n in profiles.names()]
+    rows = list(profiles.all_profiles().values())
+    aliases = profiles.aliases()
     if args.json:
-        print(json.dumps([{"name": p.name, **p.points(), "description": p.description} for p in rows], indent=2))
+        print(json.dumps({"profiles": [profiles.to_dict(p) for p in rows], "aliases": aliases}, indent=2))
         return 0
-    table = Table(title="Rounding profiles (docs/rounding.md): where each stack rounds fp32 to bf16")
-    for col in ("profile", "rope.cos_sin", "rope.apply", "swiglu", "norm.weight", "norm.residual"):
-        table.add_column(col, no_wrap=True)
-    for p in rows:
-        table.add_row(p.name, *p.points().values())
     console = Console()
-    console.print(table)
+    table = Table(title="Rounding profiles (docs/rounding.md): where each stack rounds fp32 to bf16")
+    table.add_column("profile", no_wrap=True)
+    table.add_column("engine, mode", no_wrap=True)
+    for point in profiles.POINTS:
+        table.add_column(point.replace("_", "."), no_wrap=True)
     for p in rows:
-        console.print(f"  [bold]{p.name}[/]: {p.description}", highlight=False)
+        cal = p.calibration
+        where = f"{cal.engine} {cal.version}, {cal.mode}" if cal else "hand-made"
+        table.add_row(p.name, where, *p.points().values())
+    console.print(table)
+    console.print("aliases (the newest calibrated row of each engine and mode): "
+                  + ", ".join(f"{a} -> {t}" for a, t in aliases.items()), highlight=False)
+    for p in rows:
+        cal = p.calibration
+        measured = f" Measured on {cal.gpu}, torch {cal.torch}, {cal.date[:10]} ({cal.results})." if cal and cal.gpu else ""
+        console.print(f"  [bold]{p.name}[/]: {p.description}.{measured}", highlight=False)
+    if args.evidence:
+        for p in rows:
+            if p.calibration is None:
+                continue
+            ev = Table(title=f"{p.name}: evidence per point")
+            for col in ("point", "choice", "evidence", "matched", "note"):
+                ev.add_column(col)
+            for point, e in p.calibration.points.items():
+                matched = "-" if e.matched is None else f"{e.matched:.6%}"
+                ev.add_row(point, getattr(p, point), e.evidence, matched, e.note)
+            console.print(ev)
     return 0

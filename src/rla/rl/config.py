@@ -174,7 +174,7 @@ class TrainConfig:
         self.align_regions = list(self.align_regions)
 
     def _validate(self) -> None:
-        from rla.profiles import REGIONS, names as profile_names
+        from rla.profiles import REGIONS, aliases as profile_aliases, names as profile_names
 
         def need(cond: bool, msg: str) -> None:
             if not cond:
@@ -199,8 +199,9 @@ class TrainConfig:
             f"RoPE region recomputes inv_freq in fp32), got {self.train_precision}",
         )
         need(
-            self.rollout_profile in profile_names(),
-            f"rollout_profile={self.rollout_profile!r} is not a built-in profile ({', '.join(profile_names())})",
+            self.rollout_profile in profile_names() or self.rollout_profile in profile_aliases(),
+            f"rollout_profile={self.rollout_profile!r} is not a built-in profile "
+            f"({', '.join(profile_names() + list(profile_aliases()))})",
         )
         bad = [r for r in self.align_regions if r not in REGIONS]
         need(not bad, f"align_regions has unknown region(s) {bad}; the regions are {', '.join(REGIONS)}")
