@@ -201,3 +201,27 @@ def test_reference_ops_through_align_keep_the_qk_chain(vllm_engine):
     got = model(ids).logits
     rla.unalign(model)
     assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_rla_verify_cli_on_the_bundled_model(vllm_wheel, tmp_path, capsys):
+    """`rla verify` end to end on the CPU: the twin (default mode, Inductor's C++ backend) against
+    HF and the aligned bundled model, per layer, into a JSON file; bad arguments are refused first."""
+    import json
+
+    from rla.cli import main
+    from rla.models import bundled_path
+
+    out = tmp_path / "verify.json"
+    args = ["verify", "--model", str(bundled_path()), "--wheel", vllm_wheel, "--device", "cpu",
+            "--tokens", "24", "--batch", "1", "--json", str(out)]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "aligned profile: vllm-0.33" in text and "fraction bit-equal" in text
+    result = json.loads(out.read_text())
+    hf, aligned = result["sides"]
+    assert hf["name"].startswith("hf") and aligned["name"] == "aligned vllm-0.33"
+    assert aligned["k3"] < hf["k3"] and len(aligned["layers"]) == 6
+    assert main(args[:-2] + ["--tokens", "0"]) == 2
+    assert "--tokens must be at least 1" in capsys.readouterr().err
+    assert main(args[:-2] + ["--mode", "eager"]) == 2
+    assert "needs --device cuda" in capsys.readouterr().err
