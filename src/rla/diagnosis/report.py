@@ -235,7 +235,9 @@ def _plots(d: Diagnosis, out: Path) -> list[Path]:
 def write_report_files(d: Diagnosis, folder: str | os.PathLike, inputs: dict | None = None) -> list[Path]:
     """Write report.json (with ``inputs``), report.md and the plots into an existing ``folder``."""
     out = Path(folder)
-    data = {"inputs": inputs, **d.to_dict()}
+    from rla.environment import environment
+
+    data = {"environment": environment(), "inputs": inputs, **d.to_dict()}
     written = []
     for name, text in (("report.json", json.dumps(data, indent=2)), ("report.md", to_markdown(d))):
         (out / name).write_text(text)
