@@ -44,7 +44,8 @@ def environment(device: torch.device | None = None) -> dict[str, Any]:
         env["gpu_memory_gib"] = round(p.total_memory / 2**30, 1)
         env["sm_count"] = p.multi_processor_count
     else:  # named, never left out: a results file says which machine made it
-        env["gpu"] = f"none (CPU: {platform.machine()}, {torch.get_num_threads()} threads)"
+        env["gpu"] = "none (CPU)"
+        env["cpu"] = f"{platform.machine()}, {torch.get_num_threads()} threads"
     return env
 
 
