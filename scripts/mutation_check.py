@@ -53,7 +53,7 @@ MUTATIONS = [
              "dgate = (dyf * uf * (sig * (1.0 + gf * (1.0 - sig))) * (1 + 2**-11)).to(gate.dtype)",
              OPS_TESTS, "a 2^-11 relative bias in SwiGLU's gate gradient (issue #21)"),
     Mutation("rope-backward-ignores-cos-sin-rounding", "src/rla/ops/reference.py",
-             "c, s = _rope_tables(cos, sin, lp, ctx.round_cos_sin)", "c, s = cos.float(), sin.float()",
+             "c, s = _rope_tables(cos, sin, ctx.lp, ctx.round_cos_sin)", "c, s = cos.float(), sin.float()",
              OPS_TESTS, "RoPE backward with the fp32 tables where the forward rounded them (issue #21)"),
     Mutation("swiglu-up-grad-uses-rounded-silu", "src/rla/ops/reference.py",
              "dup = (dyf * silu).to(up.dtype)", "dup = (dyf * silu.to(dy.dtype).float()).to(up.dtype)",
@@ -105,8 +105,8 @@ MUTATIONS = [
              "    for m in patched:\n        uninstall(m)", "    for m in patched[1:]:\n        uninstall(m)",
              ("tests/test_align_models.py",), "unalign restores all but one patched module"),
     Mutation("aligned-swiglu-hf-profile", "src/rla/alignment/swiglu.py",
-             "return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x), profile))",
-             "return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x), \"hf\"))",
+             "return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), profile))",
+             "return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), \"hf\"))",
              ("tests/test_align_spec.py", "tests/test_align_models.py"), "the dense MLP ignores the profile"),
 ]
 
