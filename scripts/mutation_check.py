@@ -108,6 +108,15 @@ MUTATIONS = [
              "return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), profile))",
              "return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), \"hf\"))",
              ("tests/test_align_spec.py", "tests/test_align_models.py"), "the dense MLP ignores the profile"),
+    # --- the points added with the calibrated profiles
+    Mutation("fp32-carry-reads-the-rounded-sum", "src/rla/alignment/rmsnorm.py",
+             "carried = attn_out.float().add_(residual) if carry else rounded",
+             "carried = rounded.float() if carry else rounded",
+             ("tests/test_align_models.py",), "residual_stream='fp32_carry' silently carries RN(a + r)"),
+    Mutation("qk-chain-rounds-the-norm-output", "src/rla/ops/reference.py",
+             "return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op, out_dtype)",
+             "return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op, out_dtype).to(lp).to(out_dtype or lp)",
+             ("tests/test_align_models.py",), "qk_norm_out='fp32' rounds the q/k-norm output before RoPE anyway"),
 ]
 
 
