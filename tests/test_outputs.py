@@ -169,3 +169,37 @@ def test_kill_9_of_the_demo_leaves_old_or_new_never_a_mix(tmp_path):
         stray = [x.name for x in tmp_path.iterdir() if x.name != "demo"]
         for s in stray:  # a kill between the two renames: both parts whole under hidden names
             assert s.startswith(".demo.rla-"), stray
+
+
+@pytest.mark.slow
+def test_kill_9_of_diagnose_leaves_old_or_new_never_a_mix(tmp_path):
+    """SIGKILL ``rla diagnose --overwrite`` at random moments over an existing report: the folder
+    holds the old report or the new one (whole, naming the rollouts it read), never a mix."""
+    demo = tmp_path / "demo"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    subprocess.run([sys.executable, "-m", "rla.cli", "demo", "-n", "2", "--max-new-tokens", "8", "--no-detect",
+                    "--out", str(demo)], check=True, env=env, capture_output=True)
+    rollouts = demo / "rollouts.jsonl"
+    out = tmp_path / "report"
+    cmd = [sys.executable, "-m", "rla.cli", "diagnose", "--model", str(bundled_path()), "--rollouts", str(rollouts),
+           "--profile", "vllm", "--out", str(out)]
+    t0 = time.monotonic()
+    subprocess.run(cmd, check=True, env=env, capture_output=True)
+    full = time.monotonic() - t0
+    want = {"report.json", "report.md", "per_position.png", "ratio_hist.png", "attribution.png"}
+
+    def whole():
+        assert {p.name for p in out.iterdir()} == want
+        rep = json.loads((out / "report.json").read_text())
+        assert rep["inputs"]["rollouts"]["sha256"] == file_sha256(rollouts)
+        assert rep["inputs"]["model"]["weights_sha256"] == weights_sha256(bundled_path())
+
+    rng = random.Random(1)
+    for delay in sorted(rng.uniform(0.3, 1.1) * full for _ in range(3)):
+        p = subprocess.Popen(cmd + ["--overwrite"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        whole()
+        stray = [x.name for x in tmp_path.iterdir() if x.name not in ("demo", "report")]
+        assert all(s.startswith(".report.rla-") for s in stray), stray
