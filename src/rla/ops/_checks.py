@@ -30,18 +30,21 @@ def _same_device(names: str, *ts: torch.Tensor) -> None:
         raise ValueError(f"{names} must be on one device, got {', '.join(str(t.device) for t in ts)}")
 
 
+def _stack_dtype(name: str, t: torch.Tensor, dtype, fp32_is: str) -> torch.dtype:
+    """The stack dtype (``dtype``, default ``t``'s); ``t`` must be in it, or fp32 meaning ``fp32_is``."""
+    lp = t.dtype if dtype is None else dtype
+    if lp not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype}")
+    if t.dtype not in (lp, torch.float32):
+        raise TypeError(f"{name} is {t.dtype} but the stack dtype is {lp}: {name} must be {lp}, or {fp32_is}")
+    return lp
+
+
 def check_rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int, dtype=None) -> None:
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         _float(name, t)
     _same_dtype("q and k", q, k)
-    lp = q.dtype if dtype is None else dtype
-    if lp not in FLOAT_DTYPES:
-        raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype}")
-    if q.dtype not in (lp, torch.float32):
-        raise TypeError(
-            f"q is {q.dtype} but the stack dtype is {lp}: q must be {lp}, or the fp32 output of a "
-            "q/k norm (qk_norm_out='fp32')"
-        )
+    lp = _stack_dtype("q", q, dtype, "the fp32 output of a q/k norm (qk_norm_out='fp32')")
     _same_device("q, k, cos and sin", q, k, cos, sin)
     d = q.shape[-1]
     if d % 2:
@@ -99,13 +102,7 @@ def check_swiglu(gate, up) -> None:
 
 def check_norm(x, residual, weight, eps, dtype=None) -> None:
     _float("x", x)
-    lp = x.dtype if dtype is None else dtype
-    if lp not in FLOAT_DTYPES:
-        raise TypeError(f"dtype must be one of {FLOAT_DTYPES}, got {dtype}")
-    if x.dtype not in (lp, torch.float32):
-        raise TypeError(
-            f"x is {x.dtype} but the stack dtype is {lp}: x must be {lp}, or an fp32 residual sum"
-        )
+    lp = _stack_dtype("x", x, dtype, "an fp32 residual sum")
     _float("weight", weight)
     tensors = [x, weight]
     if residual is not None:
