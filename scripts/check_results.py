@@ -264,7 +264,7 @@ def invfreq_collapse(root):
 
 def invfreq_reward(root):
     runs = [r for r in grpo_runs(root) if r["arm"] == "bf16-invfreq"]
-    return [_mean([r["reward_first"] for r in runs]), _mean([r["final_reward"] for r in runs])]
+    return [_mean([r["reward_first"] for r in runs]), _mean([r["final_reward"] for r in runs]), len(runs)]
 
 
 def reward_gap(root):
@@ -413,7 +413,7 @@ CHECKS: list[Check] = [
     Check("GRPO rounded inv_freq: within ~10 steps", "README", r"within (~10) steps", f"{GRPO}/runs/*bf16-invfreq*/log.jsonl.gz", "",
           why_not="'~10 steps' names no statistic in the files (it reads the reward curve); the collapse signal "
                   "itself (runlog.summarize) first fires at steps 36, 84, 57 (qwen2-tiny) and 11, 23, 16 (qwen3-10m)"),
-    Check("GRPO rounded inv_freq reward", "README", r"with reward ([\d.]+) -> ([\d.]+)\.",
+    Check("GRPO rounded inv_freq reward", "README", r"with reward ([\d.]+) -> ([\d.]+) \(mean over the (\d+) runs",
           f"{GRPO}/runs/*bf16-invfreq*/log.jsonl.gz", "mean over the 6 runs of reward_first (first 5-step mean) and final_reward (last 5 steps)",
           invfreq_reward),
     Check("GRPO final-reward gap", "README",
