@@ -1,0 +1,48 @@
+"""scripts/check_results.py: every README number recomputes from its files, and an edit is caught."""
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _checker():
+    spec = importlib.util.spec_from_file_location("check_results", ROOT / "scripts" / "check_results.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["check_results"] = mod  # dataclasses look their module up by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_no_claim_mismatches_its_files():
+    rows = _checker().run_all(ROOT)
+    bad = [r for r in rows if r["status"] != "ok" and not r["status"].startswith("not recomputable")]
+    assert not bad, "\n".join(f"{r['claim']}: written {r['written']}, recomputed {r['recomputed']} ({r['status']})" for r in bad)
+    # not an empty pass: most claims are recomputed, and each not-recomputable one says why
+    assert sum(r["status"] == "ok" for r in rows) >= 30
+    assert all(len(r["status"]) > len("not recomputable: ") for r in rows if r["status"] != "ok")
+
+
+def test_an_altered_readme_number_is_a_mismatch(tmp_path):
+    mod = _checker()
+    readme = (ROOT / "README.md").read_text()
+    assert "22.5x (qwen3-10m) at step 0" in readme
+    (tmp_path / "README.md").write_text(readme.replace("22.5x (qwen3-10m) at step 0", "25.5x (qwen3-10m) at step 0"))
+    for rel in ("benchmarks/results/README.md", "experiments/README.md"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, tmp_path / rel)
+    texts = mod.readme_texts(tmp_path)
+    rows = {r["claim"]: r for r in mod.run_all(ROOT, texts)}
+    row = rows["GRPO step-0 k3 ratio"]
+    assert row["status"] == "MISMATCH" and row["written"] == "18.8, 25.5" and row["recomputed"] == "18.8, 22.5"
+    assert sum(r["status"].startswith("MISMATCH") for r in rows.values()) == 1
+
+
+def test_a_removed_claim_text_is_a_mismatch_not_a_skip():
+    mod = _checker()
+    texts = mod.readme_texts(ROOT)
+    texts["README"] = texts["README"].replace("collapsed in 6 of 6 runs", "collapsed in every run")
+    row = next(r for r in mod.run_all(ROOT, texts) if r["claim"] == "GRPO rounded inv_freq collapses")
+    assert row["status"].startswith("MISMATCH")
