@@ -26,6 +26,7 @@ and software stack; ``time/`` and ``memory/`` fields excepted).
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import signal
@@ -45,6 +46,7 @@ from rla.rl.grpo import aggregation_weights, group_advantages, importance_weight
 from rla.rl.precision import Policy
 from rla.environment import environment
 from rla.rl.runlog import Progress, RunLog, collapse_fields, padded, summarize
+from rla.rl.schedule import lr_factor
 from rla.rl.warm_start import build_task, initial_model
 
 __all__ = ["Trainer", "train", "derive_seed", "resolve_device"]
@@ -131,7 +133,10 @@ class Trainer:
             self.policy.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay,
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            functools.partial(lr_factor, steps=cfg.steps, warmup=cfg.warmup_steps, schedule=cfg.lr_schedule),
+        )
         self.step = 0
         self.elapsed = 0.0
         if resume:
@@ -145,15 +150,6 @@ class Trainer:
         self._stop = False
 
     # -------------------------------------------------------------------------------- setup
-    def _lr_factor(self, step: int) -> float:
-        cfg = self.cfg
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.lr_schedule == "cosine":
-            progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-        return 1.0
-
     def _check_run_folder(self, resume: bool) -> None:
         import yaml
 
