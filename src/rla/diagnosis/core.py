@@ -27,7 +27,8 @@ import torch
 import rla.metrics as M
 from rla.diagnosis.attribution import shapley, subsets
 from rla.diagnosis.inputs import check_records
-from rla.diagnosis.passes import Progress, forward_pass, per_sequence_k3
+from rla.diagnosis.passes import forward_pass, per_sequence_k3
+from rla.progress import Progress
 from rla.diagnosis.scale import RoundingScale, fp32_reference, rounding_scale
 from rla.diagnosis.verdict import Verdict, judge
 from rla.profiles import REGIONS, RoundingProfile, names as profile_names, get as get_profile, resolve
@@ -244,7 +245,7 @@ def diagnose(
     check = check_records(model, records)
     records = check.records
     mu, mask = M.pad_rows([np.asarray(r.logprobs, dtype=np.float64) for r in records])
-    bar = Progress(progress)
+    bar = Progress(progress, transient=True)
     try:
         by_group = _aligned_by_group(model, records, max_tokens, bar)
         scale = rounding_scale(fp32_reference(model, records, max_tokens, bar),
@@ -310,7 +311,7 @@ def detect_profile(model, records, *, max_tokens=16384, progress: bool = False) 
     _check_unaligned(model)
     records = check_records(model, records).records
     mu, mask = M.pad_rows([np.asarray(r.logprobs, dtype=np.float64) for r in records])
-    bar = Progress(progress)
+    bar = Progress(progress, transient=True)
     try:
         return _detection(_aligned_by_group(model, records, max_tokens, bar), mu, mask)
     finally:

@@ -13,45 +13,10 @@ import contextlib
 import numpy as np
 
 import rla.metrics as M
+from rla.progress import Progress
 from rla.rollout.train_logprobs import logprobs as train_logprobs
 
-__all__ = ["Progress", "forward_pass", "per_sequence_k3"]
-
-
-class Progress:
-    """A rich progress bar when asked for, silent otherwise."""
-
-    def __init__(self, enabled: bool):
-        self._p = None
-        if enabled:
-            from rich.progress import Progress as RichProgress
-
-            self._p = RichProgress(transient=True)
-            self._p.start()
-
-    def add(self, description, total):
-        return self._p.add_task(description, total=total) if self._p else None
-
-    def advance(self, task):
-        if self._p:
-            self._p.advance(task)
-
-    def callback(self, description):
-        """A ``progress(done, total)`` callable for :func:`rla.logprobs`; its task ends with the pass."""
-        if not self._p:
-            return None
-        task = self._p.add_task(description, total=None)
-
-        def update(done, total):
-            self._p.update(task, completed=done, total=total)
-            if done >= total:
-                self._p.remove_task(task)
-
-        return update
-
-    def close(self):
-        if self._p:
-            self._p.stop()
+__all__ = ["forward_pass", "per_sequence_k3"]
 
 
 @contextlib.contextmanager

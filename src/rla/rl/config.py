@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rla.rl.schedule import SCHEDULES
+
 __all__ = ["TrainConfig", "load_config", "apply_overrides", "config_help", "RESUME_SAFE_FIELDS"]
 
 PRECISIONS = ("bf16", "aligned", "fp32", "fp16")
@@ -189,7 +191,7 @@ class TrainConfig:
         choice("scale_rewards", ("group", "none"))
         choice("loss_agg", ("token-mean", "seq-mean-token-mean"))
         choice("is_correction", ("none", "tis", "mis"))
-        choice("lr_schedule", ("constant", "cosine"))
+        choice("lr_schedule", SCHEDULES)
         choice("rollout_dtype", ("auto", "bf16", "fp16", "fp32"))
         choice("rollout_cache", ("auto", "static", "dynamic"))
         choice("train_inv_freq", ("fp32", "rounded"))

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from rla.progress import Progress
 from rla.rl.experiment_summary import summarize_grid
 from rla.rl.grid import Grid, RunSpec, is_finished, load_grid
 from rla.rl.scheduler import Job, run_jobs
@@ -110,27 +111,22 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
 
 
 class _ProgressBar:
+    """Steps done over a grid's runs, read from their logs at most every 2 s."""
+
     def __init__(self, enabled: bool, specs: list[RunSpec]):
         self.specs = specs
-        self.bar = None
-        if enabled and specs:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(TextColumn("[bold]experiment[/] steps"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn())
-            self.task = self.bar.add_task("steps", total=sum(s.config.steps for s in specs))
-            self.bar.start()
-            self._last = 0.0
+        self.bar = Progress(enabled and bool(specs), "[bold]experiment[/] steps")
+        self.task = self.bar.add("steps", total=sum(s.config.steps for s in specs))
+        self._last = 0.0
 
     def refresh(self) -> None:
-        if self.bar is not None and time.monotonic() - self._last > 2.0:
+        if self.bar.enabled and time.monotonic() - self._last > 2.0:
             self._last = time.monotonic()
             done = sum(min(_steps_done(Path(s.config.out_dir)), s.config.steps) for s in self.specs)
             self.bar.update(self.task, completed=done)
 
     def close(self) -> None:
-        if self.bar is not None:
+        if self.bar.enabled:
             self._last = 0.0
             self.refresh()
-            self.bar.stop()
-
+            self.bar.close()

@@ -13,7 +13,9 @@ attention and no mask is exact: a real token never attends to a later position.
 
 Logprobs follow the engines' convention (``rla.rollout.sampling.process_logits``: fp32 logits divided by
 the temperature, top-k / top-p, log_softmax), the same function the rollout sampler calls, so the
-ratio measures the forward pass and nothing else. The entropy is that of the same processed
+ratio measures the forward pass and nothing else. The head-to-logprob step is
+``rla.rollout.train_logprobs.token_logprobs``, shared with ``rla.logprobs`` (which measures without
+grad, per record's settings); see its docstring for why the batching stays apart. The entropy is that of the same processed
 distribution, computed from the same chunks and detached.
 """
 
@@ -26,7 +28,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rla.rl.grpo import entropy_from_logprobs
-from rla.rollout.sampling import process_logits
+from rla.rollout.train_logprobs import decoder_and_head, token_logprobs
 
 __all__ = ["PolicyForward", "MicroBatch", "make_micro_batch"]
 
@@ -80,14 +82,13 @@ class PolicyForward(torch.nn.Module):
     def __init__(self, lm: torch.nn.Module, *, temperature: float, top_k: int = -1, top_p: float = 1.0,
                  chunk: int = 1024):
         super().__init__()
-        if lm.get_decoder() is None or lm.get_output_embeddings() is None:
-            raise TypeError(f"{type(lm).__name__} is not an HF causal LM with a decoder and an LM head")
+        decoder_and_head(lm)  # an HF causal LM, or a TypeError now rather than at the first step
         self.lm = lm
         self.temperature, self.top_k, self.top_p, self.chunk = temperature, top_k, top_p, chunk
 
     def _head(self, h: torch.Tensor, targets: torch.Tensor):
-        logp = process_logits(self.lm.get_output_embeddings()(h), self.temperature, self.top_k, self.top_p)
-        token_logp = logp.gather(-1, targets[:, None]).squeeze(-1)
+        token_logp, logp = token_logprobs(self.lm.get_output_embeddings(), h, targets, self.temperature, self.top_k,
+                                          self.top_p)
         with torch.no_grad():
             entropy = entropy_from_logprobs(logp.detach())
         return token_logp, entropy

@@ -21,6 +21,7 @@ import numpy as np
 
 from rla.atomic import atomic_file
 from rla.metrics import pad_rows
+from rla.progress import Progress as _Bar
 
 __all__ = ["RunLog", "read_log", "deterministic_part", "summarize", "collapse_fields", "padded", "Progress",
            "NONDETERMINISTIC_PREFIXES"]
@@ -206,25 +207,18 @@ def _fill_forward(xs: list[float]) -> list[float]:
 
 
 class Progress:
-    """A rich progress bar over steps with the latest reward and k3 (a no-op when disabled)."""
+    """The training bar (``rla.progress.Progress``) over steps with the latest reward and k3."""
 
     def __init__(self, enabled: bool, start: int, end: int):
-        self.bar = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.bar = Progress(TextColumn("[bold]train[/]"), BarColumn(), MofNCompleteColumn(),
-                                TimeRemainingColumn(), TextColumn("{task.fields[info]}"), transient=False)
-            self.task = self.bar.add_task("train", total=end, completed=start, info="")
-            self.bar.start()
+        self.bar = _Bar(enabled, "[bold]train[/]", eta=True, info=True)
+        self.task = self.bar.add("train", total=end, completed=start, info="")
 
     def update(self, step: int, rec: dict) -> None:
-        if self.bar is not None:
+        if self.bar.enabled:
             info = f"reward {rec['reward/mean']:.3f}  k3 {rec.get('mismatch/k3', float('nan')):.2e}"
             if rec.get("collapse/fired"):
                 info += "  [red]collapse signal[/]"
             self.bar.update(self.task, completed=step, info=info)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        self.bar.close()

@@ -23,7 +23,6 @@ profile-following rollout sampler of ``rla.rollout.sampler``.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rla.rl.schedule import lr_factor
 from rla.rl.tasks import Problem, Task
 from rla.rl.tokenizer import char_table
 
@@ -174,13 +174,6 @@ def evaluate(
     return result
 
 
-def _lr_factor(step: int, steps: int, warmup: int, min_ratio: float) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-
 def sft_train(
     model,
     tokenizer,
@@ -246,7 +239,7 @@ def sft_train(
         betas=(0.9, 0.95),
         fused=device.type == "cuda",
     )
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, steps, warmup, min_lr_ratio))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps=steps, warmup=warmup, min_ratio=min_lr_ratio))
 
     hist = SFTHistory()
     loss_sum = torch.zeros((), device=device)

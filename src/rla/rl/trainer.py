@@ -26,6 +26,7 @@ and software stack; ``time/`` and ``memory/`` fields excepted).
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import signal
@@ -41,10 +42,12 @@ from rla.rl import checkpoint as ckpt
 from rla.rl.config import RESUME_SAFE_FIELDS, TrainConfig
 from rla.rl.distributed import Dist, init_distributed
 from rla.rl.forward import make_micro_batch
+from rla.rl.fsdp_state import load_optimizer_state_by_name, optimizer_state_by_name
 from rla.rl.grpo import aggregation_weights, group_advantages, importance_weights, per_token_loss
 from rla.rl.precision import Policy
 from rla.environment import environment
 from rla.rl.runlog import Progress, RunLog, collapse_fields, padded, summarize
+from rla.rl.schedule import lr_factor
 from rla.rl.warm_start import build_task, initial_model
 
 __all__ = ["Trainer", "train", "derive_seed", "resolve_device"]
@@ -131,7 +134,10 @@ class Trainer:
             self.policy.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay,
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            functools.partial(lr_factor, steps=cfg.steps, warmup=cfg.warmup_steps, schedule=cfg.lr_schedule),
+        )
         self.step = 0
         self.elapsed = 0.0
         if resume:
@@ -145,15 +151,6 @@ class Trainer:
         self._stop = False
 
     # -------------------------------------------------------------------------------- setup
-    def _lr_factor(self, step: int) -> float:
-        cfg = self.cfg
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.lr_schedule == "cosine":
-            progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
-            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-        return 1.0
-
     def _check_run_folder(self, resume: bool) -> None:
         import yaml
 
@@ -178,21 +175,6 @@ class Trainer:
                 )
 
     # -------------------------------------------------------------------------------- checkpoints
-    def _optimizer_state_by_name(self) -> tuple[dict, list]:
-        if self.dist.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-            sd = get_optimizer_state_dict(self.policy.forward, self.optimizer,
-                                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            if not sd:  # full state dicts with cpu_offload live on rank 0 only
-                return {}, []
-            state = {k[len("lm."):]: v for k, v in sd["state"].items()}
-            return state, sd["param_groups"]
-        sd = self.optimizer.state_dict()
-        names = [n for n, _ in self.policy.named_parameters()]
-        state = {names[i]: v for i, v in sd["state"].items()}
-        return state, sd["param_groups"]
-
     def save_checkpoint(self) -> Path | None:
         meta, tensors = ckpt.rng_state()
         if self.dist.main:
@@ -200,7 +182,7 @@ class Trainer:
         self.dist.barrier()
         ckpt.write_rng(self.ckpt_root, self.step, self.dist.rank, meta, tensors)
         model = self.policy.full_state_dict()
-        opt_state, groups = self._optimizer_state_by_name()
+        opt_state, groups = optimizer_state_by_name(self.policy, self.optimizer, self.dist.fsdp)
         self.dist.barrier()
         path = None
         if self.dist.main:
@@ -225,20 +207,8 @@ class Trainer:
             self.say(f"note: {path} was written by {st.get('world')} rank(s), resuming on {self.dist.world}: "
                      "prompts and sampling seeds are per rank, so the run continues differently")
         self.policy.load_full_state_dict(data["model"])
-        names = [n for n, _ in self.policy.named_parameters()]
-        groups = st["optimizer_param_groups"]
-        if self.dist.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-            sd = {"state": {"lm." + k: v for k, v in data["optimizer_state"].items()},
-                  "param_groups": [{**g, "params": ["lm." + n for n in names]} for g in groups]}
-            set_optimizer_state_dict(self.policy.forward, self.optimizer, sd,
-                                     options=StateDictOptions(full_state_dict=True))
-        else:
-            state = {i: {k: v.to(self.device) if k != "step" else v for k, v in data["optimizer_state"][n].items()}
-                     for i, n in enumerate(names) if n in data["optimizer_state"]}
-            self.optimizer.load_state_dict({"state": state,
-                                            "param_groups": [{**g, "params": list(range(len(names)))} for g in groups]})
+        load_optimizer_state_by_name(self.policy, self.optimizer, self.dist.fsdp, data["optimizer_state"],
+                                     st["optimizer_param_groups"], self.device)
         self.scheduler.load_state_dict(st["scheduler"])
         self.policy.scaler.load_state_dict(st["loss_scaler"])
         self.step, self.elapsed = int(st["step"]), float(st["elapsed_s"])

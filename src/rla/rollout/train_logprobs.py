@@ -19,7 +19,7 @@ import torch
 
 from rla.rollout.sampling import process_logits
 
-__all__ = ["logprobs", "micro_batches"]
+__all__ = ["logprobs", "micro_batches", "token_logprobs", "decoder_and_head"]
 
 
 def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -38,15 +38,36 @@ def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return groups
 
 
-def _parts(model):
+def decoder_and_head(model):
+    """``(decoder, lm_head)`` of an HF causal LM: both logprob paths run them apart."""
     decoder = model.get_decoder()
     head = model.get_output_embeddings()
     if decoder is None or head is None:
         raise TypeError(
             f"{type(model).__name__} does not expose get_decoder()/get_output_embeddings(); "
-            "rla.logprobs needs an HF causal LM"
+            "rla.logprobs and the training forward need an HF causal LM"
         )
     return decoder, head
+
+
+def token_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, top_k: int,
+                   top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logprob of each target, the processed full-vocab logprobs)`` for one chunk of hidden states.
+
+    The one place a hidden state becomes a training logprob: the LM head, then the engines'
+    processing (:func:`rla.rollout.sampling.process_logits`: fp32, temperature, top-k / top-p,
+    log_softmax), then the target's entry. Two callers, apart on purpose:
+
+    - :func:`logprobs` (here): measurement. No grad (``inference_mode``), each record's own
+      sampling settings, chunks taken per record, results on CPU.
+    - :class:`rla.rl.forward.PolicyForward`: the loss. Gradients through activation-checkpointed
+      chunks of a flat token layout (one root module for FSDP2), one run's fixed settings, and
+      the entropy from the same processed logprobs.
+
+    They share the numerics (this function), not the batching.
+    """
+    logp = process_logits(head(hidden), temperature, top_k, top_p)
+    return logp.gather(-1, targets[:, None]).squeeze(-1), logp
 
 
 @torch.inference_mode()
@@ -71,7 +92,7 @@ def logprobs(
         raise ValueError("no records given")
     if max_tokens < 1 or chunk < 1:
         raise ValueError(f"max_tokens and chunk must be positive, got {max_tokens} and {chunk}")
-    decoder, head = _parts(model)
+    decoder, head = decoder_and_head(model)
     vocab = model.config.vocab_size
     device = next(model.parameters()).device
     for n, r in enumerate(records):
@@ -101,8 +122,8 @@ def logprobs(
             top_p = r.top_p if apply_filters else 1.0
             pieces = []
             for s in range(0, n_resp, chunk):
-                logp = process_logits(head(h[s : s + chunk]), r.temperature, top_k, top_p)
-                pieces.append(logp.gather(-1, target[s : s + chunk, None]).squeeze(-1))
+                pieces.append(token_logprobs(head, h[s : s + chunk], target[s : s + chunk], r.temperature, top_k,
+                                             top_p)[0])
             out[i] = torch.cat(pieces).float().cpu()
         if progress is not None:
             progress(done + 1, len(groups))
