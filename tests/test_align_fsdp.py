@@ -82,6 +82,9 @@ def _worker(rank, world, port, out_dir):
             result["cast_error"] = None
         except RuntimeError as e:
             result["cast_error"] = str(e)
+        # FSDP2 issued the next layer's all-gather before the error: wait for every rank's pending
+        # collectives, or destroying the group under them aborts the process (seen under load)
+        dist.barrier()
         if rank == 0:
             torch.save(result, os.path.join(out_dir, "result.pt"))
     finally:
