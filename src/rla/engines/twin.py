@@ -52,10 +52,6 @@ class TwinOutput:
     """Residual stream after each decoder layer, [B, S, hidden] in the model's dtype."""
 
 
-def _linear(x, w, b=None):
-    return F.linear(x, w, b)
-
-
 def capture_attention_mask(model, input_ids, position_ids):
     """The attention mask the HF model hands its first attention layer for these inputs (None
     under SDPA's causal path): the twin runs the same attention function on the same mask, so
@@ -160,9 +156,9 @@ class VllmTwin:
             hidden = self.norm(hidden, w["in"], self.eps)
         else:
             hidden, residual = self.add_norm(hidden, residual, w["in"], self.eps)
-        q = _linear(hidden, w["wq"], w["bq"])
-        k = _linear(hidden, w["wk"], w["bk"])
-        v = _linear(hidden, w["wv"], w["bv"])
+        q = F.linear(hidden, w["wq"], w["bq"])
+        k = F.linear(hidden, w["wk"], w["bk"])
+        v = F.linear(hidden, w["wv"], w["bv"])
         if "qn" in w:  # Qwen3: per-head norms on [T, heads, head_dim]
             t = q.shape[0]
             q = self.norm(q.view(t, -1, self.head_dim), w["qn"], self.eps).view(q.shape)
@@ -172,10 +168,10 @@ class VllmTwin:
 
     def _mlp(self, attn, residual, w):
         """Layer after attention: o_proj, add + post-attention norm, gate/up, SiluAndMul, down."""
-        hidden = _linear(attn, w["wo"])
+        hidden = F.linear(attn, w["wo"])
         hidden, residual = self.add_norm(hidden, residual, w["post"], self.eps)
-        gate_up = torch.cat((_linear(hidden, w["wg"]), _linear(hidden, w["wu"])), dim=-1)
-        return _linear(self.act(gate_up), w["wd"]), residual
+        gate_up = torch.cat((F.linear(hidden, w["wg"]), F.linear(hidden, w["wu"])), dim=-1)
+        return F.linear(self.act(gate_up), w["wd"]), residual
 
     # -- the pieces vLLM compiles between attentions ----------------------------------------------
 
@@ -219,7 +215,7 @@ class VllmTwin:
             else:
                 hidden, residual = self._last(attn, residual, w, self.final_norm)
                 streams.append(residual)
-        logits = _linear(hidden, self.lm_head)
+        logits = F.linear(hidden, self.lm_head)
         shape = (b, s, -1)
         return TwinOutput(logits.view(shape), [t.view(shape) for t in streams])
 
