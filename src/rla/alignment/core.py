@@ -67,8 +67,8 @@ def _check_ops(impl):
 def _check_ops_profile(impl, profile: RoundingProfile) -> None:
     realised = getattr(impl, "profile", None)  # engine-backed ops realise one calibrated row
     if realised is not None and not realised.same_rounding(profile):
-        diff = {p: (getattr(realised, p), getattr(profile, p)) for p in realised.points()
-                if getattr(realised, p) != getattr(profile, p)}
+        a, b = realised.points(), profile.points()
+        diff = {p: (a[p], b[p]) for p in a if a[p] != b[p]}
         raise ValueError(f"{impl!r} rounds like {realised.name!r}, not {profile.name!r}: {diff}")
     if realised is not None and profile.norm_residual == "fp32_sum":
         raise ValueError(
