@@ -11,7 +11,7 @@ __all__ = ["AlignmentReport", "FixedHazard"]
 
 @dataclass(frozen=True)
 class FixedHazard:
-    """A precision hazard outside the five rounding points that aligning fixed (docs/rounding.md)."""
+    """A precision hazard outside the rounding points that aligning fixed (docs/rounding.md)."""
 
     name: str
     detail: str

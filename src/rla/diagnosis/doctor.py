@@ -1,6 +1,6 @@
 """``rla doctor``: static precision hazards of a model, each with its fix (docs/rounding.md, hazards).
 
-These are problems no rounding profile fixes because they sit outside the five rounding points:
+These are problems no rounding profile fixes because they sit outside the rounding points:
 a RoPE ``inv_freq`` buffer rounded by ``model.to(torch.bfloat16)`` (phase drift that grows with
 position), TF32 matmuls that touch the angles, fp32 norm weights facing a bf16 engine, and FSDP2
 casting the fp32 tensors that alignment passes between modules.
