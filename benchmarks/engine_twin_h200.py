@@ -121,7 +121,9 @@ def stage_order(engine, kernels, out):
     dflt, eager = profiles.get("vllm-0.33"), profiles.get("vllm-0.33-eager")
     rows = []
     eq = lambda a, b: float((a == b).double().mean())
-    for rows_n, n in ((4096, 1536), (4096, 2048), (4096, 3584), (4096, 4096), (65536, 128)):
+    unpinned = eager.replace(name="vllm-0.33-eager-unpinned", norm_reduction="unpinned")
+    for rows_n, n in ((4096, 1536), (17, 1536), (4096, 2048), (4096, 3584), (64, 3584), (4096, 4096),
+                      (1024, 5120), (65536, 128), (1269, 92)):
         x = torch.randn(rows_n, n, device=DEV).to(BF16)
         r = torch.randn(rows_n, n, device=DEV).to(BF16)
         w = (1 + 0.2 * torch.randn(n, device=DEV)).to(BF16)
@@ -133,7 +135,8 @@ def stage_order(engine, kernels, out):
                "reference_vs_inductor": eq(ref_d, ind), "triton_vs_inductor": eq(tri, ind), "reference_vs_triton": eq(ref_d, tri)}
         if kernels is not None:
             k = kernels.rms_norm(x, w, 1e-6)
-            row.update({"reference_vs_vllm_kernel": eq(ref_e, k), "triton_vs_vllm_kernel": eq(fused.rms_norm(x, w, 1e-6, eager), k)})
+            row.update({"reference_vs_vllm_kernel": eq(ref_e, k), "triton_vs_vllm_kernel": eq(fused.rms_norm(x, w, 1e-6, eager), k),
+                        "triton_unpinned_vs_vllm_kernel": eq(fused.rms_norm(x, w, 1e-6, unpinned), k)})
         rows.append(row)
         a_ref = reference.add_rms_norm(x, r, w, 1e-6, dflt)[0]
         a_tri = fused.add_rms_norm(x, r, w, 1e-6, dflt)[0]
@@ -143,7 +146,11 @@ def stage_order(engine, kernels, out):
         if kernels is not None:
             k = kernels.fused_add_rms_norm(x, r, w, 1e-6)[0]
             row.update({"reference_vs_vllm_kernel": eq(reference.add_rms_norm(x, r, w, 1e-6, eager)[0], k),
-                        "triton_vs_vllm_kernel": eq(fused.add_rms_norm(x, r, w, 1e-6, eager)[0], k)})
+                        "triton_vs_vllm_kernel": eq(fused.add_rms_norm(x, r, w, 1e-6, eager)[0], k),
+                        "triton_unpinned_vs_vllm_kernel": eq(fused.add_rms_norm(x, r, w, 1e-6, unpinned)[0], k),
+                        "triton_after_add_vs_vllm_kernel_zero_residual": eq(
+                            fused.rms_norm(x, w, 1e-6, eager, after_add=True),
+                            kernels.fused_add_rms_norm(x, torch.zeros_like(x), w, 1e-6)[0])})
         rows.append(row)
         print(rows[-2], rows[-1], flush=True)
     for rows_n, n in ((4096, 8960), (4096, 18944)):

@@ -43,8 +43,59 @@ def swiglu(g, u, prof):
     return (a * u.to(f32)).to(lp)
 
 
-def _norm(v, w, eps, prof, lp):
-    rstd = torch.rsqrt(torch.mean(v * v, dim=-1, keepdim=True) + eps)
+def vllm_mean_square(v: torch.Tensor, call_rows: int, after_add: bool) -> torch.Tensor:
+    """sum(v*v)/n of fp32 rows ``v`` [m, n] in vLLM's CUDA kernel order (docs/rounding.md,
+    "Reduction order"), written as the kernel runs it: scalar float32 arithmetic, one thread's
+    partial at a time, then cub's warp shuffles (lane i adds lane i+offset while that lane is in
+    the block, offsets 1..16) and the warps' sums in order. ``call_rows``: the rows of the call,
+    which pick the block size. Slow; for small rows and for checking rla.ops.reduction."""
+    import math
+
+    import numpy as np
+
+    f = np.float32
+    rows = v.reshape(-1, v.shape[-1]).numpy()
+    n = rows.shape[1]
+    most = 1024 if call_rows < 256 else 256
+    if after_add:  # fused_add_rms_norm: 16-byte vectors of pair sums, or single elements
+        vec = 8 if n % 8 == 0 else 1
+        threads = min(n, most)
+    else:  # rms_norm: vectors of gcd(8, n) elements, each square into the partial
+        vec = math.gcd(8, n)
+        threads = min(n // vec, most)
+    out = []
+    for row in rows:
+        partial = [f(0.0)] * threads
+        for t in range(threads):
+            for i in range(t, n // vec, threads):
+                chunk = row[i * vec:(i + 1) * vec]
+                if after_add and vec == 8:
+                    s = f(0.0)
+                    for j in range(0, 8, 2):
+                        s = f(s + f(f(chunk[j] * chunk[j]) + f(chunk[j + 1] * chunk[j + 1])))
+                    partial[t] = f(partial[t] + s)
+                else:
+                    for x in chunk:
+                        partial[t] = f(partial[t] + f(x * x))
+        total = None
+        for first in range(0, threads, 32):
+            lanes = list(partial[first:first + 32])
+            last = len(lanes) - 1
+            offset = 1
+            while offset < 32:
+                lanes = [f(lanes[i] + lanes[i + offset]) if i + offset <= last else lanes[i] for i in range(len(lanes))]
+                offset *= 2
+            total = lanes[0] if total is None else f(total + lanes[0])
+        out.append(f(total / f(n)))
+    return torch.from_numpy(np.array(out, dtype=np.float32)).reshape(v.shape[:-1] + (1,))
+
+
+def _norm(v, w, eps, prof, lp, after_add=False):
+    if prof.norm_reduction == "vllm_block":
+        mean_square = vllm_mean_square(v, v.numel() // v.shape[-1], after_add)
+    else:
+        mean_square = torch.mean(v * v, dim=-1, keepdim=True)
+    rstd = torch.rsqrt(mean_square + eps)
     w = engine_weight(w, lp)
     if prof.norm_weight == "per_op":
         return w * (v * rstd).to(lp)
@@ -59,4 +110,4 @@ def add_rms_norm(x, r, w, eps, prof):
     lp = x.dtype
     new_residual = x + r  # eager lp add: RN(x + r)
     v = x.to(f32) + r.to(f32) if prof.norm_residual == "fp32_sum" else new_residual.to(f32)
-    return _norm(v, w, eps, prof, lp), new_residual
+    return _norm(v, w, eps, prof, lp, after_add=True), new_residual

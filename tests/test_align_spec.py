@@ -16,6 +16,8 @@ import torch.nn.functional as F
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from spec import vllm_mean_square
+
 BF16 = torch.bfloat16
 
 
@@ -34,13 +36,13 @@ def single_thread():
 # docs/rounding.md, "Built-in profiles", copied as data (checked against rla.profiles below).
 # ---------------------------------------------------------------------------------------------
 POINTS = ("rope_cos_sin", "rope_apply", "rope_inv_freq", "swiglu", "norm_weight", "norm_residual",
-          "residual_stream", "qk_norm_out")
+          "residual_stream", "qk_norm_out", "norm_reduction")
 SPEC = {
-    "hf": ("round", "per_op", "host", "per_op", "per_op", "rounded_sum", "rounded", "round"),
-    "sglang-0.5.23": ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round"),
-    "vllm-0.33": ("round", "fused", "device", "fused", "fused", "fp32_sum", "fp32_carry", "fp32"),
-    "vllm-0.33-eager": ("round", "fused", "device", "per_op", "fused", "rounded_sum", "rounded", "round"),
-    "rla": ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round"),
+    "hf": ("round", "per_op", "host", "per_op", "per_op", "rounded_sum", "rounded", "round", "unpinned"),
+    "sglang-0.5.23": ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round", "unpinned"),
+    "vllm-0.33": ("round", "fused", "device", "fused", "fused", "fp32_sum", "fp32_carry", "fp32", "unpinned"),
+    "vllm-0.33-eager": ("round", "fused", "device", "per_op", "fused", "rounded_sum", "rounded", "round", "vllm_block"),
+    "rla": ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round", "unpinned"),
 }
 SPEC = {name: dict(zip(POINTS, row)) for name, row in SPEC.items()}
 SPEC["vllm"], SPEC["vllm-eager"], SPEC["sglang"] = SPEC["vllm-0.33"], SPEC["vllm-0.33-eager"], SPEC["sglang-0.5.23"]
@@ -48,7 +50,7 @@ PROFILES = ("hf", "sglang-0.5.23", "vllm-0.33", "vllm-0.33-eager", "rla")
 REGION_POINTS = {
     "rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq", "qk_norm_out"),
     "swiglu": ("swiglu",),
-    "rmsnorm": ("norm_weight", "norm_residual", "residual_stream"),
+    "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction"),
 }
 
 
@@ -189,10 +191,15 @@ def spec_swiglu(g, u, pts):
     return (a * u.float()).to(lp)
 
 
-def spec_norm(v, weight, eps, pts, lp, out=None):
+def spec_norm(v, weight, eps, pts, lp, out=None, after_add=False):
     """v: the fp32 value the norm reads; weight: the engine's copy is RN(weight); ``out``: the
-    output dtype (fp32 = unrounded, the q/k norm of the qk_norm_out='fp32' chain)."""
-    rstd = torch.rsqrt((v * v).mean(-1, keepdim=True) + eps)
+    output dtype (fp32 = unrounded, the q/k norm of the qk_norm_out='fp32' chain); ``after_add``:
+    the norm reads a residual sum (the engine's add + norm kernel, for ``norm_reduction``)."""
+    if pts.get("norm_reduction", "unpinned") == "vllm_block":
+        mean_square = vllm_mean_square(v, v.numel() // v.shape[-1], after_add)
+    else:
+        mean_square = (v * v).mean(-1, keepdim=True)
+    rstd = torch.rsqrt(mean_square + eps)
     w = rn(weight.float(), lp)
     if pts["norm_weight"] == "per_op":
         return (w * rn(v * rstd, lp)).to(out or lp)
@@ -301,18 +308,18 @@ def spec_forward(model, input_ids, pts, cache: SpecCache | None = None, last_onl
     residual = F.embedding(input_ids, body.embed_tokens.weight)
     read = residual.float()  # what the next norm reads
     for i, layer in enumerate(body.layers):
-        h = spec_norm(read, layer.input_layernorm.weight, eps, pts, lp)
+        h = spec_norm(read, layer.input_layernorm.weight, eps, pts, lp, after_add=i > 0)
         x = _attention(layer.self_attn, h, cos, sin, mask, pts, lp, eps, cache, i)
         total = x.float() + residual.float()
         residual = total.to(lp)
         read = total if fp32_sum else residual.float()
-        h = spec_norm(read, layer.post_attention_layernorm.weight, eps, pts, lp)
+        h = spec_norm(read, layer.post_attention_layernorm.weight, eps, pts, lp, after_add=True)
         x = _mlp(layer.mlp, h, pts)
         # fp32_carry: the MLP's add reads the unrounded a + r
         total = x.float() + (total if carry else residual.float())
         residual = total.to(lp)
         read = total if fp32_sum else residual.float()
-    h = spec_norm(read, body.norm.weight, eps, pts, lp)
+    h = spec_norm(read, body.norm.weight, eps, pts, lp, after_add=True)
     if last_only:
         h = h[:, -1:]
     return F.linear(h, model.lm_head.weight)

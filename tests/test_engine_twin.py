@@ -71,7 +71,9 @@ def test_aligned_model_equals_the_compiled_twin_bit_for_bit(twin_run):
 def test_every_point_that_matters_is_needed(twin_run):
     case, model, ids, positions, out = twin_run
     base = profiles.get("vllm-0.33")
-    points = [p for p in profiles.POINTS if p != "rope_inv_freq"]  # host == device on a CPU
+    # host == device on a CPU; and the norms' reduction order is an arithmetic order that rows of
+    # 64 do not tell apart (tests/test_reduction.py pins it; the H200 twin measures it)
+    points = [p for p in profiles.POINTS if p not in ("rope_inv_freq", "norm_reduction")]
     if case != "qwen3":
         points.remove("qk_norm_out")  # no q/k norms
     if case == "qwen3":  # fp32 tables under the q/k-norm -> RoPE chain: refused (no engine does it)

@@ -417,16 +417,20 @@ def _opcheck_cases():
         ("swiglu", (rq(gate), rq(up), True)),
         ("swiglu", (rq(gate), rq(up), False)),
         ("swiglu_backward", (up, gate, up)),
-        ("rms_norm", (rq(x), rq(w), 1e-6, False, lp)),
-        ("rms_norm", (rq(x.float()), rq(w32), 1e-6, True, lp)),
-        ("add_rms_norm", (rq(x), rq(r), rq(w), 1e-6, False, True)),
-        ("add_rms_norm", (rq(x), rq(r), rq(w), 1e-6, True, False)),
-        ("rms_norm_backward", (x, r, x, r, w, torch.rand(16, device=DEV) + 0.5, True)),
-        ("rms_norm_backward", (x, None, x, None, w32, torch.rand(16, device=DEV) + 0.5, False)),
+        ("rms_norm", (rq(x), rq(w), 1e-6, False, lp, lp, "unpinned", False)),
+        ("rms_norm", (rq(x.float()), rq(w32), 1e-6, True, lp, lp, "unpinned", False)),
+        ("rms_norm", (rq(x), rq(w), 1e-6, False, lp, torch.float32, "vllm_block", False)),
+        ("rms_norm", (rq(x), rq(w), 1e-6, True, lp, lp, "vllm_block", True)),
+        ("add_rms_norm", (rq(x), rq(r), rq(w), 1e-6, False, True, "unpinned")),
+        ("add_rms_norm", (rq(x), rq(r), rq(w), 1e-6, True, False, "vllm_block")),
+        ("rms_norm_backward", (x, r, x, r, w, torch.rand(16, device=DEV) + 0.5, True, lp)),
+        ("rms_norm_backward", (x, None, x, None, w32, torch.rand(16, device=DEV) + 0.5, False, lp)),
+        ("carry_add", (rq(x), rq(r), rq(x), lp)),
+        ("carry_add", (rq(x), rq(r), rq(x), torch.float32)),
     ]
 
 
-@pytest.mark.parametrize("i", range(15))
+@pytest.mark.parametrize("i", range(19))
 def test_opcheck(i):
     from rla.ops import fused  # noqa: F401  (registers the ops)
 
@@ -509,3 +513,67 @@ def test_cuda_graph_capture_and_replay():
     ref = _block(*eager, *consts)
     _backward(ref)
     _assert_same_block(outs, static, ref, eager, "graph")
+
+
+# ------------------------------------------------------------------ vLLM's reduction order, fp32 chains
+
+TREE_SHAPES = [(65536, 128), (17, 1536), (300, 1536), (255, 2048), (4096, 3584), (64, 3584), (1024, 5120), (1269, 92)]
+
+
+@pytest.mark.parametrize("rows,hidden", TREE_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", LPS)
+def test_vllm_block_kernel_equals_reference_bitwise(rows, hidden, dtype):
+    """norm_reduction='vllm_block': the Triton kernel adds in the reference's (= vLLM's) order,
+    so every output is bit-equal, plain norm, norm after an add, and add + norm."""
+    from rla import ops
+    from rla.ops import reference
+
+    prof = profiles.get("vllm-0.33-eager")
+    x, r, w = norm_inputs(rows, hidden, dtype, dtype, rows + hidden)
+    tag = f"{rows}x{hidden} {dtype}"
+    assert_bitwise(ops.rms_norm(x, w, 1e-6, prof), reference.rms_norm(x, w, 1e-6, prof), f"rms_norm {tag}")
+    assert_bitwise(ops.rms_norm(x, w, 1e-6, prof, after_add=True),
+                   reference.rms_norm(x, w, 1e-6, prof, after_add=True), f"rms_norm after add {tag}")
+    y, res = ops.add_rms_norm(x, r, w, 1e-6, prof)
+    ry, rres = reference.add_rms_norm(x, r, w, 1e-6, prof)
+    assert_bitwise(res, rres, f"residual {tag}")
+    assert_bitwise(y, ry, f"add_rms_norm {tag}")
+
+
+@pytest.mark.parametrize("reduction", ["unpinned", "vllm_block"])
+def test_qk_norm_fp32_output_is_fused(reduction):
+    """out_dtype=fp32 (the qk_norm_out='fp32' chain) runs the kernel, not the reference: same
+    forward as the reference up to the reduction order, gradients as the reference's."""
+    from rla.ops import fused, reference
+
+    prof = profiles.get("vllm-0.33").replace(name="t", norm_reduction=reduction)
+    x, _, w = norm_inputs(4096 * 8, 128, torch.bfloat16, torch.bfloat16, 3)
+    x.requires_grad_(True)
+    y = fused.rms_norm(x, w, 1e-6, prof, out_dtype=torch.float32)
+    ry = reference.rms_norm(x, w, 1e-6, prof, out_dtype=torch.float32)
+    assert y.dtype == torch.float32 and type(y.grad_fn).__name__ == "_RMSNormFnBackward"  # the kernel ran
+    if reduction == "vllm_block":
+        assert_bitwise(y, ry, "fp32 q/k norm")
+    else:
+        assert float((y == ry).double().mean()) > 0.999
+    dy = torch.randn_like(y)
+    (g,) = torch.autograd.grad(y, x, dy)
+    (rg,) = torch.autograd.grad(ry, x, dy)
+    assert torch.allclose(g.float(), rg.float(), rtol=1e-2, atol=1e-2)
+    assert float((g == rg).double().mean()) > 0.99
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_carry_add_bitwise(out_dtype):
+    from rla import ops
+    from rla.ops import reference
+
+    g = torch.Generator(device=DEV).manual_seed(0)
+    a, r, m = (torch.randn(3, 1000, 1536, device=DEV, generator=g).to(torch.bfloat16).requires_grad_(True) for _ in range(3))
+    out = ops.carry_add(a, r, m, out_dtype)
+    ref = reference.carry_add(a, r, m, out_dtype)
+    assert_bitwise(out, ref, f"carry_add {out_dtype}")
+    assert not torch.equal(out.float(), ((a + r) + m).float())  # not the rounded chain
+    dy = torch.randn_like(out)
+    assert all(torch.equal(x, y) for x, y in zip(torch.autograd.grad(out, (a, r, m), dy),
+                                                 torch.autograd.grad(ref, (a, r, m), dy)))

@@ -54,10 +54,11 @@ def stack_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
 
 def _make_norm_forward(profile: RoundingProfile, fp32_out: bool, impl=None, after_add: bool = False):
     # rla.ops (impl None) is looked up at call time, so a profiler or test can wrap rla.ops.rms_norm
-    rms_norm = impl.rms_norm if impl is not None else (lambda *a, **k: ops.rms_norm(*a, **k))
+    rms_norm = impl.rms_norm if impl is not None else (lambda *a, **k: ops.rms_norm(*a, after_add=after_add, **k))
     if after_add and impl is not None and hasattr(impl, "rms_norm_of_sum"):
         # An engine whose layers start with a fused add + norm normalises the sum inside that
-        # kernel: engine-backed ops reduce it with the same kernel (see rla.engines.backed).
+        # kernel: engine-backed ops reduce it with the same kernel (see rla.engines.backed); rla's
+        # own ops take ``after_add`` for the same reason (rla.ops.reduction).
         rms_norm = impl.rms_norm_of_sum
     if not fp32_out:
         def forward(self, hidden_states):
@@ -115,6 +116,7 @@ def _layer_parameters(forward) -> tuple[tuple[str, ...], tuple[tuple[str, object
 
 def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, impl=None):
     add_rms_norm = impl.add_rms_norm if impl is not None else (lambda *a: ops.add_rms_norm(*a))
+    carry_add = getattr(impl, "carry_add", None) or (lambda *a: ops.carry_add(*a))
     fp32_sum = profile.norm_residual == "fp32_sum"
     carry = profile.residual_stream == "fp32_carry"
     # Only "first layer or not" enters the traced path: torch.compile guards on the closure values
@@ -143,21 +145,15 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, i
         # profile says (the norm module's own weight and eps; its forward is rla's rms_norm)
         norm = self.post_attention_layernorm
         h, rounded = add_rms_norm(attn_out, residual, norm.weight, norm.variance_epsilon, profile)
-        # fp32_carry: the MLP's add reads the fp32 a + r (rebuilt from the two lp tensors, as
-        # Inductor recomputes it in the consumer kernel), not RN(a + r); in place on a fresh fp32
-        # copy, so no further temporaries (an add's backward saves nothing)
-        carried = attn_out.float().add_(residual) if carry else rounded
-
         mlp_out = self.mlp(h)
         extra = ()
         if isinstance(mlp_out, tuple):  # an MoE block that also returns router logits
             mlp_out, *extra = mlp_out
         mlp_out = mlp_out.to(lp)
-        if carry:  # (a + r) + h in fp32 (= h + (a + r): addition commutes exactly); rounded here
-            # unless the next norm reads the fp32 sum
-            out = carried.add_(mlp_out)
-            if not fp32_sum:
-                out = out.to(lp)
+        if carry:  # fp32_carry: the MLP's add reads the fp32 a + r, rebuilt from the two lp
+            # tensors in one fused read (as Inductor recomputes it in the consumer kernel):
+            # (a + r) + h, rounded here unless the next norm reads the fp32 sum
+            out = carry_add(attn_out, residual, mlp_out, torch.float32 if fp32_sum else lp)
         elif fp32_sum:  # x + r exactly in fp32 (r is promoted), for the next layer's norm; a copy
             # even when mlp_out is already fp32, so the add never writes into the MLP's output
             out = mlp_out.to(torch.float32, copy=True).add_(rounded)

@@ -47,7 +47,10 @@ BATCH = {
     "qwen2.5-7b": {"default": (1, 4096), "fp32": (1, 2048)},
 }
 
-VARIANTS = ("hf-bf16", "rla-vllm", "rla-sglang", "naive-upcast", "fp16", "fp32")
+VARIANTS = ("hf-bf16", "rla-vllm", "rla-vllm-eager", "rla-sglang", "naive-upcast", "fp16", "fp32")
+#: Also accepted: ``rla-vllm-eager-kernels``, the engine-backed mode (vLLM's own CUDA norm, SwiGLU
+#: and RoPE kernels in the forward, rla's backward); it needs the engine, named by
+#: ``RLA_ENGINE_WHEEL`` (default: the installed vllm) and ``RLA_ENGINE_LIBRARY`` (its kernel library).
 #: Variants that patch their model for good: each runs on a model built for it alone.
 OWN_MODEL = {"fp16": torch.float16, "fp32": torch.float32, "liger": torch.bfloat16}
 
@@ -181,6 +184,16 @@ def _align(model, variant: str) -> tuple[Callable[[], None], str]:
         return _patch_qwen2(model, _NaiveRegions()), "benchmark patch (naive fp32 upcasts)"
     from rla.alignment import align, unalign
 
+    if variant.endswith("-kernels"):  # engine-backed: the engine's forward kernels
+        import os
+
+        from rla.engines import vllm
+        from rla.engines.backed import engine_ops
+
+        profile = variant[len("rla-"):-len("-kernels")]
+        impl = engine_ops(vllm.load(os.environ.get("RLA_ENGINE_WHEEL")), "eager", os.environ.get("RLA_ENGINE_LIBRARY"))
+        align(model, profile, ops=impl)
+        return (lambda: unalign(model)), f"rla.align(model, {profile!r}, ops=engine_ops(vllm, 'eager'))"
     profile = variant.split("-", 1)[1]
     align(model, profile)
     return (lambda: unalign(model)), f"rla.align(model, {profile!r})"

@@ -204,7 +204,7 @@ def _per_op_experiments(eng, ops: _EngineOps, device, scale, seed) -> list[Exper
     ropes = P.rope_probes(device, scale, seed + 2)
     out = []
     out.append(_run(
-        Experiment("rms_norm", ("norm_weight",)), norms,
+        Experiment("rms_norm", ("norm_weight", "norm_reduction")), norms,
         lambda c: [ops.ops["rms_norm"](c.x, c.weight, c.eps)],
         lambda c, p: [ref.rms_norm(c.x, c.weight, c.eps, p)], {},
     ))
@@ -217,7 +217,8 @@ def _per_op_experiments(eng, ops: _EngineOps, device, scale, seed) -> list[Exper
         out_, res = ref.add_rms_norm(c.x, c.residual, c.weight, c.eps, p)
         return [out_, res]
 
-    out.append(_run(Experiment("fused_add_rms_norm", ("norm_weight", "norm_residual")), norms, add_engine, add_spec, {}))
+    out.append(_run(Experiment("fused_add_rms_norm", ("norm_weight", "norm_residual", "norm_reduction")), norms,
+                    add_engine, add_spec, {}))
 
     def swiglu_spec(c, p):
         d = c.x.shape[-1] // 2
@@ -286,7 +287,8 @@ def _residual_experiment(ops: _EngineOps, device, scale, seed, fixed) -> Experim
         if p.residual_stream == "fp32_carry":  # the next add reads the fp32 a + r
             total = m.float() + (a.float() + r.float())
             new_residual = total.to(_LP)
-            h2 = ref.rms_norm(total if p.norm_residual == "fp32_sum" else new_residual.float(), w2, eps, p, dtype=_LP)
+            h2 = ref.rms_norm(total if p.norm_residual == "fp32_sum" else new_residual.float(), w2, eps, p, dtype=_LP,
+                              after_add=True)
             return [h2, new_residual]
         h2, new_residual = ref.add_rms_norm(m, rounded, w2, eps, p)
         return [h2, new_residual]
@@ -399,6 +401,24 @@ def _inv_freq_point(eng, device, scale, seed) -> PointResult:
 # ------------------------------------------------------------------------------------------
 
 
+def _settle_reduction(red: PointResult, notes: list[str]) -> None:
+    """``norm_reduction`` names an order rla reproduces; it is chosen only when that order alone
+    reproduces every probe element. Otherwise the engine's order is not one rla reproduces (or
+    the probes do not tell the orders apart) and the point is ``unpinned``, which says so."""
+    reproduced = [c for c, f in red.fractions.items() if c != "unpinned" and f == 1.0]
+    if len(reproduced) == 1 and red.fractions.get("unpinned", 0.0) < 1.0:
+        red.choice, red.ambiguous = reproduced[0], False
+        return
+    red.choice, red.ambiguous = "unpinned", False
+    red.max_ulp = None
+    red.fallback = (
+        "the probes do not tell the orders apart" if reproduced
+        else "no order rla reproduces matched every element: the engine's own order is left unpinned"
+    )
+    notes.append(f"norm_reduction: {red.fallback} (fractions: "
+                 + ", ".join(f"{c} {100 * f:.4f}%" for c, f in red.fractions.items()) + ")")
+
+
 def _stamp_versions():
     try:
         triton = importlib.metadata.version("triton")
@@ -450,7 +470,7 @@ def calibrate(
     with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=64):
         per_op = _per_op_experiments(eng, ops, dev, scale, seed)
         points = {p: _decide(p, per_op, ops.evidence) for p in
-                  ("rope_cos_sin", "rope_apply", "swiglu", "norm_weight", "norm_residual")}
+                  ("rope_cos_sin", "rope_apply", "swiglu", "norm_weight", "norm_residual", "norm_reduction")}
         fixed = {p: r.choice or POINTS[p][0] for p, r in points.items()}
         chains = [_residual_experiment(ops, dev, scale, seed + 3, fixed),
                   _qk_experiment(eng, ops, dev, scale, seed + 4, fixed)]
@@ -461,6 +481,7 @@ def calibrate(
         points["qk_norm_out"] = _decide("qk_norm_out", chains, ops.evidence, chain_note)
         points["rope_inv_freq"] = _inv_freq_point(eng, dev, scale, seed)
 
+    _settle_reduction(points["norm_reduction"], notes)
     inv = points["rope_inv_freq"]
     if inv.ambiguous:
         fact = eng.source_fact("rope_inv_freq")

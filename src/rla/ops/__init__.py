@@ -17,7 +17,7 @@ from rla.ops._checks import check_norm, check_rope, check_swiglu
 from rla.ops.launch import launch_config, set_launch_config
 from rla.profiles import RoundingProfile, resolve
 
-__all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm", "backend", "launch_config", "set_launch_config"]
+__all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm", "carry_add", "backend", "launch_config", "set_launch_config"]
 
 
 def backend(*tensors: torch.Tensor):
@@ -59,7 +59,7 @@ def swiglu(gate, up, profile: str | RoundingProfile):
 
 def rms_norm(
     x, weight, eps: float, profile: str | RoundingProfile, dtype: torch.dtype | None = None,
-    out_dtype: torch.dtype | None = None,
+    out_dtype: torch.dtype | None = None, after_add: bool = False,
 ):
     """RMSNorm over the last dim; an fp32 ``weight`` is first rounded to the low-precision dtype.
 
@@ -67,13 +67,16 @@ def rms_norm(
     ``x`` with ``dtype=torch.bfloat16`` reads ``x`` as the fp32 residual sum of a fused add + norm
     (the ``fp32_sum`` point across a decoder-layer boundary) and returns a bf16 result.
     ``out_dtype=torch.float32`` returns the norm unrounded (a q/k norm feeding RoPE under
-    ``qk_norm_out='fp32'``).
+    ``qk_norm_out='fp32'``). ``after_add=True`` says ``x`` is a residual sum that the engine
+    normalises inside its fused add + norm kernel (every decoder layer's input norm but the
+    first, the final norm); it matters only under ``norm_reduction='vllm_block'``, whose add + norm
+    kernel adds the squares in another order than its plain norm (``rla.ops.reduction``).
     """
     p = resolve(profile)
     check_norm(x, None, weight, eps, dtype)
     if out_dtype not in (None, torch.float32) and out_dtype != (dtype or x.dtype):
         raise TypeError(f"out_dtype must be None (the stack dtype) or torch.float32, got {out_dtype}")
-    return backend(x, weight).rms_norm(x, weight, eps, p, dtype, out_dtype)
+    return backend(x, weight).rms_norm(x, weight, eps, p, dtype, out_dtype, bool(after_add))
 
 
 def add_rms_norm(x, residual, weight, eps: float, profile: str | RoundingProfile):
@@ -85,3 +88,22 @@ def add_rms_norm(x, residual, weight, eps: float, profile: str | RoundingProfile
     p = resolve(profile)
     check_norm(x, residual, weight, eps)
     return backend(x, residual, weight).add_rms_norm(x, residual, weight, eps, p)
+
+
+def carry_add(x, residual, m, out_dtype: torch.dtype | None = None):
+    """(x + residual) + m in fp32, rounded once to ``out_dtype`` (default x's dtype).
+
+    The MLP's residual add under ``residual_stream='fp32_carry'``: it reads the attention's
+    unrounded sum x + residual (an engine's compiler recomputes it in the consumer kernel) instead
+    of RN(x + residual). One fused kernel on CUDA reads the three tensors once; no fp32 copy of
+    x + residual is kept across the MLP. ``out_dtype=torch.float32`` keeps the sum for a next norm
+    that reads the fp32 sum (``norm_residual='fp32_sum'``).
+    """
+    for name, t in (("x", x), ("residual", residual), ("m", m)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise TypeError(f"carry_add: {name} must be a bf16, fp16 or fp32 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if not (x.shape == residual.shape == m.shape):
+        raise ValueError(f"carry_add: shapes differ: x {tuple(x.shape)}, residual {tuple(residual.shape)}, m {tuple(m.shape)}")
+    if len({x.device, residual.device, m.device}) != 1:
+        raise ValueError("carry_add: x, residual and m must be on one device")
+    return backend(x, residual, m).carry_add(x, residual, m, out_dtype or x.dtype)

@@ -84,3 +84,21 @@ def sm_count(device) -> int:
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SM_COUNT[idx]
+
+
+def lp_kind(dtype) -> int:
+    """The stack dtype as a constexpr for :func:`to_lp` (a kernel whose output is fp32 still
+    rounds its intermediates to the stack dtype)."""
+    import torch
+
+    return {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}[dtype]
+
+
+@triton.jit
+def to_lp(v, LP: tl.constexpr):
+    """RN: fp32 ``v`` rounded to the stack dtype ``LP`` (:func:`lp_kind`) and back to fp32."""
+    if LP == 1:
+        v = v.to(tl.bfloat16).to(tl.float32)
+    elif LP == 2:
+        v = v.to(tl.float16).to(tl.float32)
+    return v

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rla.ops._triton_common import LAUNCH_OPTS, cdiv, next_pow2, rsqrt, sm_count
+from rla.ops._triton_common import LAUNCH_OPTS, cdiv, lp_kind, next_pow2, rsqrt, sm_count, to_lp
 
 MAX_COLS = 65536
 #: Launch parameters, from benchmarks/tune_fused.py on an H200 at 16384 x 3584 bf16 (2026-11-29):
@@ -53,9 +53,8 @@ def _norm_fwd_kernel(
     x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, rstd_ptr,
     M, N, inv_n, eps, sx, sr,
     HAS_RES: tl.constexpr, FP32_SUM: tl.constexpr, PER_OP: tl.constexpr, ROUND_W: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr,
+    LP: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr,
 ):
-    lp: tl.constexpr = y_ptr.dtype.element_ty
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     rm = rows < M
@@ -66,40 +65,39 @@ def _norm_fwd_kernel(
     if HAS_RES:
         r = tl.load(r_ptr + r2 * sr + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
         total = v + r
-        new_res = total.to(lp)
-        tl.store(res_ptr + r2 * N + c2, new_res, mask=mask)  # outputs are new, contiguous
+        new_res = to_lp(total, LP)
+        tl.store(res_ptr + r2 * N + c2, new_res.to(res_ptr.dtype.element_ty), mask=mask)  # new, contiguous
         if FP32_SUM:
             v = total
         else:
-            v = new_res.to(tl.float32)
+            v = new_res
     w = tl.load(w_ptr + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
     if ROUND_W:
-        w = w.to(lp).to(tl.float32)
+        w = to_lp(w, LP)
     rstd = rsqrt(tl.sum(v * v, axis=1) * inv_n + eps)
     tl.store(rstd_ptr + rows, rstd, mask=rm)
     n = v * rstd[:, None]
     if PER_OP:
-        y = w[None, :] * n.to(lp).to(tl.float32)
+        y = w[None, :] * to_lp(n, LP)
     else:
         y = n * w[None, :]
-    tl.store(y_ptr + r2 * N + c2, y.to(lp), mask=mask)
+    tl.store(y_ptr + r2 * N + c2, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _norm_bwd_kernel(
     dy_ptr, dres_ptr, a_ptr, b_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
     M, N, inv_n, rows_per_program, sdy, sdres, sa, sb,
-    HAS_DRES: tl.constexpr, HAS_B: tl.constexpr, ROUND_W: tl.constexpr, NEED_DW: tl.constexpr,
+    HAS_DRES: tl.constexpr, HAS_B: tl.constexpr, ROUND_W: tl.constexpr, LP: tl.constexpr, NEED_DW: tl.constexpr,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr, STAGES: tl.constexpr,
 ):
-    lp: tl.constexpr = dy_ptr.dtype.element_ty  # the stack dtype (x may be an fp32 sum)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     cm = cols < N
     c2 = cols[None, :]
     w = tl.load(w_ptr + cols, mask=cm, other=0.0).to(tl.float32)
     if ROUND_W:
-        w = w.to(lp).to(tl.float32)
+        w = to_lp(w, LP)
     w = w[None, :]
     dw = tl.zeros([BLOCK], dtype=tl.float32)
     first = pid.to(tl.int64) * rows_per_program
@@ -138,15 +136,16 @@ def _check_cols(n: int) -> int:
     return next_pow2(max(n, 1))
 
 
-def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, lp=None):
+def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, lp=None, out_dtype=None):
     """-> (y, new_residual or None, rstd [M] fp32). ``residual`` None means plain RMSNorm; ``lp``
-    (default x's dtype) is the output dtype, so an fp32 x can be read as an fp32 residual sum."""
+    (default x's dtype) is the stack dtype, so an fp32 x can be read as an fp32 residual sum;
+    ``out_dtype`` (default lp) is y's: fp32 for a q/k norm whose output RoPE reads unrounded."""
     lp = lp or x.dtype
     N = x.shape[-1]
     block = _check_cols(N)
     x2 = _rows(x)
     M = x2.shape[0]
-    y = torch.empty(x.shape, dtype=lp, device=x.device)
+    y = torch.empty(x.shape, dtype=out_dtype or lp, device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     has_res = residual is not None
     if has_res:
@@ -159,15 +158,16 @@ def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, lp=No
         _norm_fwd_kernel[(cdiv(M, rows),)](
             x2, r2, weight, y, new_res, rstd, M, N, 1.0 / N, eps, x2.stride(0), r2.stride(0),
             HAS_RES=has_res, FP32_SUM=fp32_sum, PER_OP=per_op,
-            ROUND_W=weight.dtype == torch.float32 and lp != torch.float32,
+            ROUND_W=weight.dtype == torch.float32 and lp != torch.float32, LP=lp_kind(lp),
             ROWS=rows, BLOCK=block, EV=EVICT, num_warps=_fwd_warps(block * rows), **LAUNCH_OPTS,
         )
     return y, (new_res if has_res else None), rstd
 
 
-def backward(dy, dres, a, b, weight, rstd, need_dw: bool):
+def backward(dy, dres, a, b, weight, rstd, need_dw: bool, lp=None):
     """d_v (in a's dtype) and d_weight (weight's dtype, or None) for v = a (+ b); the stack
-    dtype is dy's."""
+    dtype ``lp`` defaults to dy's (an fp32 dy is the gradient of an unrounded q/k norm output)."""
+    lp = lp or dy.dtype
     N = a.shape[-1]
     block = _check_cols(N)
     dy2, a2 = _rows(dy), _rows(a)
@@ -186,7 +186,7 @@ def backward(dy, dres, a, b, weight, rstd, need_dw: bool):
             M, N, 1.0 / N, rows_per_program,
             dy2.stride(0), dres2.stride(0), a2.stride(0), b2.stride(0),
             HAS_DRES=dres is not None, HAS_B=b is not None,
-            ROUND_W=weight.dtype == torch.float32 and dy.dtype != torch.float32,
+            ROUND_W=weight.dtype == torch.float32 and lp != torch.float32, LP=lp_kind(lp),
             NEED_DW=need_dw, ROWS=rows, BLOCK=block, EV=EVICT, STAGES=BWD_STAGES,
             num_warps=_bwd_warps(block * rows), **LAUNCH_OPTS,
         )

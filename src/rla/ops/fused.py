@@ -41,7 +41,7 @@ from rla.ops import reference
 from rla.ops._layout import output_like
 from rla.profiles import RoundingProfile
 
-__all__ = ["available", "rope", "swiglu", "rms_norm", "add_rms_norm"]
+__all__ = ["available", "rope", "swiglu", "rms_norm", "add_rms_norm", "carry_add"]
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
 _ENABLED = os.environ.get("RLA_FUSED", "1") != "0"
@@ -222,40 +222,51 @@ def swiglu(gate, up, profile: RoundingProfile):
 # --------------------------------------------------------------------------------------------
 
 
-def _norm_fwd(x, residual, weight, eps, per_op, fp32_sum, lp=None):
+def _norm_fwd(x, residual, weight, eps, per_op, fp32_sum, lp=None, out_dtype=None, reduction="unpinned", after_add=False):
+    """The forward launcher of ``reduction``'s order: Triton's own tree, or vLLM's block
+    reduction (``rla.ops.reduction``) for a norm after a residual add (``residual`` given, or
+    ``after_add``: the sum was formed by the previous layer) or a plain one."""
+    if reduction == "vllm_block":
+        from rla.ops import _triton_norm_tree
+        from rla.ops.reduction import vllm_block_tree
+
+        n = x.shape[-1]
+        tree = vllm_block_tree(n, x.numel() // n, fused_add=residual is not None or after_add)
+        return _triton_norm_tree.forward(x, residual, weight.contiguous(), eps, per_op, fp32_sum, tree, lp, out_dtype)
     from rla.ops import _triton_norm
 
-    return _triton_norm.forward(x, residual, weight.contiguous(), eps, per_op, fp32_sum, lp)
+    return _triton_norm.forward(x, residual, weight.contiguous(), eps, per_op, fp32_sum, lp, out_dtype)
 
 
-def _norm_bwd(dy, dresidual, a, b, weight, rstd, need_dw):
+def _norm_bwd(dy, dresidual, a, b, weight, rstd, need_dw, lp=None):
     from rla.ops import _triton_norm
 
-    return _triton_norm.backward(dy, dresidual, a, b, weight.contiguous(), rstd, need_dw)
+    return _triton_norm.backward(dy, dresidual, a, b, weight.contiguous(), rstd, need_dw, lp)
 
 
 @torch.library.custom_op("rla::rms_norm", mutates_args=())
 def _rms_norm_op(
-    x: Tensor, weight: Tensor, eps: float, per_op: bool, lp: torch.dtype
+    x: Tensor, weight: Tensor, eps: float, per_op: bool, lp: torch.dtype, out_dtype: torch.dtype,
+    reduction: str, after_add: bool,
 ) -> tuple[Tensor, Tensor]:
-    y, _, rstd = _norm_fwd(x, None, weight, eps, per_op, False, lp)
+    y, _, rstd = _norm_fwd(x, None, weight, eps, per_op, False, lp, out_dtype, reduction, after_add)
     return y, rstd
 
 
 @_rms_norm_op.register_fake
-def _(x, weight, eps, per_op, lp):
-    return x.new_empty(x.shape, dtype=lp), x.new_empty(x.shape[:-1], dtype=torch.float32)
+def _(x, weight, eps, per_op, lp, out_dtype, reduction, after_add):
+    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("rla::add_rms_norm", mutates_args=())
 def _add_rms_norm_op(
-    x: Tensor, residual: Tensor, weight: Tensor, eps: float, per_op: bool, fp32_sum: bool
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, per_op: bool, fp32_sum: bool, reduction: str
 ) -> tuple[Tensor, Tensor, Tensor]:
-    return _norm_fwd(x, residual, weight, eps, per_op, fp32_sum)
+    return _norm_fwd(x, residual, weight, eps, per_op, fp32_sum, reduction=reduction)
 
 
 @_add_rms_norm_op.register_fake
-def _(x, residual, weight, eps, per_op, fp32_sum):
+def _(x, residual, weight, eps, per_op, fp32_sum, reduction):
     return (
         x.new_empty(x.shape),
         x.new_empty(x.shape),
@@ -272,27 +283,29 @@ def _norm_bwd_op(
     weight: Tensor,
     rstd: Tensor,
     need_dw: bool,
+    lp: torch.dtype,
 ) -> tuple[Tensor, Tensor]:
     """(d_v, d_weight) for v = a (+ b); d_weight is empty when ``need_dw`` is False."""
-    dx, dw = _norm_bwd(dy, dresidual, a, b, weight, rstd, need_dw)
+    dx, dw = _norm_bwd(dy, dresidual, a, b, weight, rstd, need_dw, lp)
     return dx, (dw if dw is not None else weight.new_empty(0))
 
 
 @_norm_bwd_op.register_fake
-def _(dy, dresidual, a, b, weight, rstd, need_dw):
+def _(dy, dresidual, a, b, weight, rstd, need_dw, lp):
     return a.new_empty(a.shape), weight.new_empty(weight.shape if need_dw else (0,))
 
 
 def _rms_norm_setup(ctx, inputs, output):
-    x, weight, _, _, _ = inputs
+    x, weight, _, _, lp, _, _, _ = inputs
     ctx.save_for_backward(x, weight, output[1])
+    ctx.lp = lp
 
 
 def _rms_norm_backward(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
     need_dw = ctx.needs_input_grad[1]
-    dx, dw = _norm_bwd_op(dy, None, x, None, weight, rstd, need_dw)
-    return dx, (dw if need_dw else None), None, None, None
+    dx, dw = _norm_bwd_op(dy, None, x, None, weight, rstd, need_dw, ctx.lp)
+    return dx, (dw if need_dw else None), None, None, None, None, None, None
 
 
 _rms_norm_op.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
@@ -314,16 +327,16 @@ def _add_rms_norm_saved(ctx):
 
 
 def _add_rms_norm_setup(ctx, inputs, output):
-    x, residual, weight, _, _, fp32_sum = inputs
+    x, residual, weight, _, _, fp32_sum, _ = inputs
     _add_rms_norm_save(ctx, x, residual, weight, output[1], output[2], fp32_sum)
 
 
 def _add_rms_norm_backward(ctx, dnormed, dresidual, _drstd):
     a, b, weight, rstd = _add_rms_norm_saved(ctx)
     need_dw = ctx.needs_input_grad[2]
-    dv, dw = _norm_bwd_op(dnormed, dresidual, a, b, weight, rstd, need_dw)
+    dv, dw = _norm_bwd_op(dnormed, dresidual, a, b, weight, rstd, need_dw, a.dtype)
     # d_x = d_r: one tensor handed to both inputs, as autograd's own add does.
-    return dv, dv, (dw if need_dw else None), None, None, None
+    return dv, dv, (dw if need_dw else None), None, None, None, None
 
 
 _add_rms_norm_op.register_autograd(_add_rms_norm_backward, setup_context=_add_rms_norm_setup)
@@ -331,23 +344,25 @@ _add_rms_norm_op.register_autograd(_add_rms_norm_backward, setup_context=_add_rm
 
 class _RMSNormFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps: float, per_op: bool, lp: torch.dtype):
-        y, _, rstd = _norm_fwd(x, None, weight, eps, per_op, False, lp)
+    def forward(ctx, x, weight, eps: float, per_op: bool, lp: torch.dtype, out_dtype: torch.dtype,
+                reduction: str, after_add: bool):
+        y, _, rstd = _norm_fwd(x, None, weight, eps, per_op, False, lp, out_dtype, reduction, after_add)
         ctx.save_for_backward(x, weight, rstd)
+        ctx.lp = lp
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
         need_dw = ctx.needs_input_grad[1]
-        dx, dw = _norm_bwd(dy, None, x, None, weight, rstd, need_dw)
-        return dx, dw, None, None, None
+        dx, dw = _norm_bwd(dy, None, x, None, weight, rstd, need_dw, ctx.lp)
+        return dx, dw, None, None, None, None, None, None
 
 
 class _AddRMSNormFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, residual, weight, eps: float, per_op: bool, fp32_sum: bool):
-        y, new_residual, rstd = _norm_fwd(x, residual, weight, eps, per_op, fp32_sum)
+    def forward(ctx, x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, reduction: str):
+        y, new_residual, rstd = _norm_fwd(x, residual, weight, eps, per_op, fp32_sum, reduction=reduction)
         _add_rms_norm_save(ctx, x, residual, weight, new_residual, rstd, fp32_sum)
         return y, new_residual
 
@@ -355,26 +370,72 @@ class _AddRMSNormFn(torch.autograd.Function):
     def backward(ctx, dnormed, dresidual):
         a, b, weight, rstd = _add_rms_norm_saved(ctx)
         need_dw = ctx.needs_input_grad[2]
-        dv, dw = _norm_bwd(dnormed, dresidual, a, b, weight, rstd, need_dw)
-        return dv, dv, dw, None, None, None
+        dv, dw = _norm_bwd(dnormed, dresidual, a, b, weight, rstd, need_dw, a.dtype)
+        return dv, dv, dw, None, None, None, None
 
 
-def rms_norm(x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype | None = None, out_dtype=None):
-    """Fused RMSNorm; see ``rla.ops.rms_norm`` (``dtype``: the stack dtype, default x's). An
-    unrounded fp32 output (``out_dtype``, the ``qk_norm_out='fp32'`` chain) runs the reference."""
+def rms_norm(x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype | None = None, out_dtype=None,
+             after_add: bool = False):
+    """Fused RMSNorm; see ``rla.ops.rms_norm`` (``dtype``: the stack dtype, default x's;
+    ``out_dtype``: fp32 for the unrounded output of the ``qk_norm_out='fp32'`` chain)."""
     lp = x.dtype if dtype is None else dtype
-    if out_dtype is not None and out_dtype != lp:
-        return reference.rms_norm(x, weight, eps, profile, lp, out_dtype)
-    per_op = profile.norm_weight == "per_op"
+    args = (float(eps), profile.norm_weight == "per_op", lp, out_dtype or lp, profile.norm_reduction, after_add)
     if _compiling():
-        return _rms_norm_op(x, weight, float(eps), per_op, lp)[0]
-    return _RMSNormFn.apply(x, weight, float(eps), per_op, lp)
+        return _rms_norm_op(x, weight, *args)[0]
+    return _RMSNormFn.apply(x, weight, *args)
 
 
 def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile):
     """Fused residual add + RMSNorm -> (normed, new_residual); see ``rla.ops.add_rms_norm``."""
-    flags = (float(eps), profile.norm_weight == "per_op", profile.norm_residual == "fp32_sum")
+    flags = (float(eps), profile.norm_weight == "per_op", profile.norm_residual == "fp32_sum", profile.norm_reduction)
     if _compiling():
         normed, new_residual, _ = _add_rms_norm_op(x, residual, weight, *flags)
         return normed, new_residual
     return _AddRMSNormFn.apply(x, residual, weight, *flags)
+
+
+# --------------------------------------------------------------------------------------------
+# The fp32_carry residual add
+# --------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("rla::carry_add", mutates_args=())
+def _carry_add_op(x: Tensor, residual: Tensor, m: Tensor, out_dtype: torch.dtype) -> Tensor:
+    from rla.ops import _triton_add
+
+    return _triton_add.forward(x, residual, m, out_dtype)
+
+
+@_carry_add_op.register_fake
+def _(x, residual, m, out_dtype):
+    return x.new_empty(x.shape, dtype=out_dtype)
+
+
+def _carry_add_setup(ctx, inputs, output):
+    x, residual, m, _ = inputs
+    ctx.dtypes = (x.dtype, residual.dtype, m.dtype)
+
+
+def _carry_add_backward(ctx, g):
+    return tuple(g.to(d) for d in ctx.dtypes) + (None,)
+
+
+_carry_add_op.register_autograd(_carry_add_backward, setup_context=_carry_add_setup)
+
+
+class _CarryAddFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, m, out_dtype: torch.dtype):
+        from rla.ops import _triton_add
+
+        ctx.dtypes = (x.dtype, residual.dtype, m.dtype)
+        return _triton_add.forward(x, residual, m, out_dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return tuple(g.to(d) for d in ctx.dtypes) + (None,)
+
+
+def carry_add(x, residual, m, out_dtype: torch.dtype):
+    """Fused (x + residual) + m, one read of each, one rounding; see ``rla.ops.carry_add``."""
+    return (_carry_add_op if _compiling() else _CarryAddFn.apply)(x, residual, m, out_dtype)

@@ -22,9 +22,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rla.ops.reduction import block_sum_squares, vllm_block_tree
 from rla.profiles import RoundingProfile
 
-__all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm"]
+__all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm", "carry_add"]
 
 
 def _rn(v: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
@@ -154,9 +155,16 @@ def _engine_weight(weight: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
     return weight.float()
 
 
-def _rstd(v: torch.Tensor, eps: float) -> torch.Tensor:
-    # Same ops, same order as HF's Qwen2RMSNorm / LlamaRMSNorm: pow(2).mean(-1) + eps, rsqrt.
-    return torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+def _rstd(v: torch.Tensor, eps: float, tree: bool = False, fused_add: bool = False) -> torch.Tensor:
+    """rstd of fp32 rows ``v``. ``tree`` False (``norm_reduction='unpinned'``): the same ops in
+    the same order as HF's Qwen2RMSNorm / LlamaRMSNorm, pow(2).mean(-1) + eps, rsqrt. True
+    (``vllm_block``): the sum of squares in vLLM's kernel order, an IEEE division by n, + eps,
+    rsqrt (``rla.ops.reduction``)."""
+    if not tree:
+        return torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+    n = v.shape[-1]
+    total = block_sum_squares(v, vllm_block_tree(n, v.numel() // n, fused_add))
+    return torch.rsqrt(total.unsqueeze(-1) / n + eps)
 
 
 def _norm_fwd(v, rstd, w, lp, per_op, out_dtype=None):
@@ -177,9 +185,10 @@ def _norm_bwd(dy, v, rstd, w, need_w, w_dtype):
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps: float, per_op: bool, lp: torch.dtype, out_dtype: torch.dtype):
+    def forward(ctx, x, weight, eps: float, per_op: bool, lp: torch.dtype, out_dtype: torch.dtype, tree: bool,
+                after_add: bool):
         v = x.float()
-        rstd = _rstd(v, eps)
+        rstd = _rstd(v, eps, tree, fused_add=after_add)
         ctx.save_for_backward(x, weight, rstd)
         ctx.lp = lp
         return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op, out_dtype)
@@ -190,17 +199,17 @@ class _RMSNorm(torch.autograd.Function):
         w = _engine_weight(weight, ctx.lp)
         dv, dw = _norm_bwd(dy, x.float(), rstd, w, ctx.needs_input_grad[1], weight.dtype)
         dx = dv.to(x.dtype) if ctx.needs_input_grad[0] else None
-        return dx, dw, None, None, None, None
+        return dx, dw, None, None, None, None, None, None
 
 
 class _AddRMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, residual, weight, eps: float, per_op: bool, fp32_sum: bool):
+    def forward(ctx, x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, tree: bool):
         lp = x.dtype
         total = x.float() + residual.float()
         new_residual = total.to(lp)
         v = total if fp32_sum else new_residual.float()
-        rstd = _rstd(v, eps)
+        rstd = _rstd(v, eps, tree, fused_add=True)
         # fp32_sum needs x and r to rebuild the fp32 sum; rounded_sum only the rounded sum, which
         # is the output handed on as the next residual anyway.
         if fp32_sum:
@@ -230,14 +239,15 @@ class _AddRMSNorm(torch.autograd.Function):
             dv = dv + dresidual.float()
         dx = dv.to(x_dtype) if ctx.needs_input_grad[0] else None
         dr = dv.to(r_dtype) if ctx.needs_input_grad[1] else None
-        return dx, dr, dw, None, None, None
+        return dx, dr, dw, None, None, None, None
 
 
 def rms_norm(
     x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype | None = None,
-    out_dtype: torch.dtype | None = None,
+    out_dtype: torch.dtype | None = None, after_add: bool = False,
 ):
-    """RMSNorm of ``x`` under ``profile``'s ``norm_weight`` point (inputs already validated).
+    """RMSNorm of ``x`` under ``profile``'s ``norm_weight`` and ``norm_reduction`` points (inputs
+    already validated; ``after_add``: see ``rla.ops.rms_norm``).
 
     ``dtype`` is the stack's low-precision dtype (default ``x.dtype``). An fp32 ``x`` with
     ``dtype=torch.bfloat16`` is an fp32 residual sum that the norm reads (``fp32_sum``): the norm
@@ -246,11 +256,15 @@ def rms_norm(
     weight is still the engine's ``lp`` copy and a ``per_op`` product still rounds x*rstd.
     """
     lp = x.dtype if dtype is None else dtype
-    return _RMSNorm.apply(x, weight, float(eps), profile.norm_weight == "per_op", lp, out_dtype or lp)
+    return _RMSNorm.apply(
+        x, weight, float(eps), profile.norm_weight == "per_op", lp, out_dtype or lp,
+        profile.norm_reduction == "vllm_block", after_add,
+    )
 
 
 def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile):
-    """(norm(x + residual), RN(x + residual)) under ``profile`` (inputs already validated)."""
+    """(norm(x + residual), RN(x + residual)) under ``profile`` (inputs already validated); the
+    norm's reduction is the add + norm kernel's (``after_add``)."""
     return _AddRMSNorm.apply(
         x,
         residual,
@@ -258,4 +272,27 @@ def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile):
         float(eps),
         profile.norm_weight == "per_op",
         profile.norm_residual == "fp32_sum",
+        profile.norm_reduction == "vllm_block",
     )
+
+
+# --------------------------------------------------------------------------------------------
+# The fp32_carry residual add
+# --------------------------------------------------------------------------------------------
+
+
+class _CarryAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, m, out_dtype: torch.dtype):
+        ctx.dtypes = (x.dtype, residual.dtype, m.dtype)
+        return ((x.float() + residual.float()) + m.float()).to(out_dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return tuple(g.to(d) for d in ctx.dtypes) + (None,)
+
+
+def carry_add(x, residual, m, out_dtype: torch.dtype):
+    """(x + residual) + m in fp32, rounded once to ``out_dtype`` (``residual_stream='fp32_carry'``:
+    the MLP's add reads the attention's unrounded sum x + residual)."""
+    return _CarryAdd.apply(x, residual, m, out_dtype)

@@ -1,9 +1,10 @@
-"""The rounding model: eight points that say where a stack rounds fp32 intermediates to ``lp``.
+"""The rounding model: nine points that say where a stack rounds fp32 intermediates to ``lp``
+(eight rounding locations and one arithmetic order, the norms' reduction).
 
 A :class:`RoundingProfile` answers the questions of ``docs/rounding.md`` about three regions of a
 transformer block (RoPE, SwiGLU, residual-add + RMSNorm) and the two places where an engine's
 compiler fuses across them (the residual carried past the attention add, the q/k-norm output
-read by RoPE). Everything else in ``rla`` -- the ops, the model patch, the sampler, the
+read by RoPE), plus the order in which a norm adds its sum of squares. Everything else in ``rla`` -- the ops, the model patch, the sampler, the
 diagnosis -- reads a profile and never asks which engine it came from.
 
 Notation: ``lp`` is the stack's low-precision dtype (bf16 or fp16) and ``RN(v)`` rounds an fp32
@@ -36,6 +37,7 @@ POINTS: dict[str, tuple[str, str]] = {
     "norm_residual": ("rounded_sum", "fp32_sum"),
     "residual_stream": ("rounded", "fp32_carry"),
     "qk_norm_out": ("round", "fp32"),
+    "norm_reduction": ("unpinned", "vllm_block"),
 }
 
 #: The region whose alignment realises each point. ``qk_norm_out='fp32'`` is a chain from the
@@ -44,7 +46,7 @@ POINTS: dict[str, tuple[str, str]] = {
 REGION_POINTS: dict[str, tuple[str, ...]] = {
     "rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq", "qk_norm_out"),
     "swiglu": ("swiglu",),
-    "rmsnorm": ("norm_weight", "norm_residual", "residual_stream"),
+    "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction"),
 }
 
 #: Evidence strengths, strongest first: the engine's compiled kernels run on a GPU; its Python
@@ -144,6 +146,12 @@ class RoundingProfile:
     qk_norm_out: Literal["round", "fp32"] = "round"
     """Qwen3-style per-head q/k norms: ``round`` = RoPE reads RN(norm(q)); ``fp32`` = RoPE reads
     the unrounded norm output (one fused chain, rounded once at RoPE's store)."""
+
+    norm_reduction: Literal["unpinned", "vllm_block"] = "unpinned"
+    """The order a norm adds its sum of squares (an arithmetic order, not a rounding location, but
+    it moves rstd by an ulp just the same): ``unpinned`` = whichever kernel runs (PyTorch's for
+    the reference, Triton's tree for the fused kernels); ``vllm_block`` = vLLM's CUDA norm
+    kernels' per-thread partials and block reduction (``rla.ops.reduction``)."""
 
     description: str = field(default="", compare=False)
     """One line on which stack this profile describes and why."""

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Device calls of the reduction-order session (norm_reduction='vllm_block', the fp32_carry add
+# kernel, the fp32 q/k-norm kernel), one H200. vLLM's kernel library (stripped, xz'd: 63 MB)
+# travels in two pieces: callA carries .engine/a (and runs the GPU tests meanwhile), callB
+# .engine/b on the still-warm machine; callC reuses the library left in /tmp.
+# Everything lands in $OUT/results.tgz (the tool returns at most 8 files).
+set -u
+CALL=$1
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 RLA_ENGINE_CACHE=$PWD/.engine/mini
+W=$PWD/.engine/mini/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
+L=/tmp/vllm_C.so.xz
+R=$OUT/r; mkdir -p $R
+finish() { tar czf $OUT/results.tgz -C $OUT r && rm -rf $R; }
+trap finish EXIT
+stamp() { echo "== $1 $(date -u +%FT%TZ)" | tee -a $R/commands.log; }
+if [ "$CALL" = callA ]; then
+  cp .engine/a /tmp/vllm_a
+  nvidia-smi > $R/nvidia-smi.txt 2>&1
+  python3 -c "import torch, triton, transformers; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" > $R/env.txt 2>&1
+  stamp "pytest tests/test_fused_gpu.py tests/test_reduction.py tests/test_ops.py"
+  timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_fused_gpu.py tests/test_reduction.py tests/test_ops.py > $R/callA_gpu_tests.log 2>&1
+elif [ "$CALL" = callB ]; then
+  cat /tmp/vllm_a .engine/b > $L && (cd /tmp && sha256sum vllm_C.so.xz) > $R/library_sha256.txt
+  stamp "rla calibrate --engine vllm --mode eager --device cuda --scale full"
+  timeout 120 python3 -m rla.cli calibrate --engine vllm --mode eager --device cuda --scale full --wheel $W --library $L --out $R/vllm-0.33-eager.json > $R/callB_calibrate.log 2>&1
+  stamp "benchmarks/engine_twin_h200.py --stages order twin --modes eager"
+  timeout 400 python3 benchmarks/engine_twin_h200.py --stages order twin --modes eager --wheel $W --library $L --out $R/eager > $R/callB_twin.log 2>&1
+elif [ "$CALL" = callC ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
+  mkdir -p /tmp/old && tar xzf .engine/old_src.tar.gz -C /tmp/old
+  export RLA_ENGINE_WHEEL=$W RLA_ENGINE_LIBRARY=$L
+  for side in new old new; do
+    src=$PWD/src; [ $side = old ] && src=/tmp/old/src
+    variants="hf-bf16 rla-vllm rla-vllm-eager liger rla-vllm-eager-kernels"; [ $side = old ] && variants="hf-bf16 rla-vllm"
+    stamp "rla bench e2e --variants $variants ($side code)"
+    PYTHONPATH=$src:/tmp/site timeout 150 python3 -m rla.cli bench e2e --variants $variants --out $R/e2e_$side > $R/callC_e2e_$side.log 2>&1
+    mv $R/e2e_$side $R/e2e_${side}_$(date +%s)
+  done
+fi
