@@ -107,12 +107,13 @@ def stage_tables(engine, out):
                 "bf16_max_abs": float((ours32.to(BF16).float() - eng16.float()).abs().max()),
             })
             print(rows[-1], flush=True)
-    out.write_text(json.dumps({"stamp": STAMP, "rows": rows}, indent=2))
+    out.write_text(json.dumps({"environment": STAMP, "rows": rows}, indent=2))
 
 
 def stage_order(engine, kernels, out):
     """Fraction of bit-equal outputs between implementations of the same profile point."""
     torch.manual_seed(0)
+    torch._dynamo.config.recompile_limit = 64  # one compiled native op per probe shape
     compiled = {
         "norm": torch.compile(engine.rms_norm_native, fullgraph=True, dynamic=False),
         "add_norm": torch.compile(engine.fused_add_rms_norm_native, fullgraph=True, dynamic=False),
@@ -165,7 +166,7 @@ def stage_order(engine, kernels, out):
                         "triton_vs_vllm_kernel": eq(fused.swiglu(g, u, eager), k)})
         rows.append(row)
         print(row, flush=True)
-    out.write_text(json.dumps({"stamp": STAMP, "rows": rows}, indent=2))
+    out.write_text(json.dumps({"environment": STAMP, "rows": rows}, indent=2))
 
 
 def stage_twin(engine, modes, library, out, quick=False):
@@ -216,7 +217,7 @@ def stage_twin(engine, modes, library, out, quick=False):
                 print(f"  ({time.time() - t0:.1f}s)", flush=True)
         del model
         torch.cuda.empty_cache()
-    out.write_text(json.dumps({"stamp": STAMP, "provenance": engine.provenance, "rows": rows}, indent=2))
+    out.write_text(json.dumps({"environment": STAMP, "provenance": engine.provenance, "rows": rows}, indent=2))
 
 
 def main():

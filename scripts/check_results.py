@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 TWIN = "benchmarks/results/vllm033_calibration_twin_h200_2026-11-30"
+ORDER = "benchmarks/results/vllm033_reduction_order_h200_2026-11-30"
 GRPO = "experiments/grpo_h200_2026-11-29"
 D29 = "benchmarks/results/h200_2026-11-29d"
 
@@ -170,14 +171,55 @@ def _e2e(path, model, variant):
 
 
 def e2e_cost(root):
+    """1 - new/old rla-vllm tok/s on the 1.5B model, per pair, in percent: min-max."""
     r15 = [_e2e(n, "qwen2.5-1.5b", "rla-vllm")["tok_s"] / _e2e(o, "qwen2.5-1.5b", "rla-vllm")["tok_s"]
            for o, n in _e2e_pairs(root)]
-    r7 = [_e2e(n, "qwen2.5-7b", "rla-vllm")["tok_s"] / _e2e(o, "qwen2.5-7b", "rla-vllm")["tok_s"]
-          for o, n in _e2e_pairs(root)]
-    same_mem = all(round(_e2e(n, m, "rla-vllm")["peak_gib"], 1) == round(_e2e(o, m, "rla-vllm")["peak_gib"], 1)
-                   for o, n in _e2e_pairs(root) for m in ("qwen2.5-1.5b", "qwen2.5-7b"))
-    return [100 * (1 - max(r15)), 100 * (1 - min(r15)), min(r7), max(r7),
-            "the same peak memory" if same_mem else "a different peak memory"]
+    return [100 * (1 - max(r15)), 100 * (1 - min(r15))]
+
+
+def e2e_old_miss(root):
+    r15 = [_e2e(n, "qwen2.5-1.5b", "rla-vllm")["tok_s"] / _e2e(o, "qwen2.5-1.5b", "rla-vllm")["tok_s"]
+           for o, n in _e2e_pairs(root)]
+    return [min(r15), max(r15)]
+
+
+# -- reduction order session
+
+def order_twin_exact(root):
+    rows = [r for r in _json(root, f"{ORDER}/twin_eager.json")["rows"] if r["side"] == "rla-fused"]
+    exact = [r for r in rows if r["logits_equal"] == 1.0 and all(x == 1.0 for x in r["layers_equal"])]
+    return [len(exact), len(rows)]
+
+
+def order_calibration(root):
+    rep = _json(root, f"{ORDER}/calibration_eager.report.json")
+    chosen = [p["fractions"][p["choice"]] for p in rep["points"].values()]
+    return [100 * min(chosen), len(chosen)]
+
+
+def _order_e2e(root, stem):
+    return root / f"{ORDER}/{stem}.json"
+
+
+def order_e2e_ratios(root):
+    """tokens/s vs hf-bf16 of one variant per model, min-max over the two new-code runs."""
+    out = []
+    for variant in ("rla-vllm-eager", "liger", "rla-vllm-eager-kernels"):
+        for model in ("qwen2.5-1.5b", "qwen2.5-7b"):
+            vals = [_e2e(_order_e2e(root, s), model, variant)["tok_s"] / _e2e(_order_e2e(root, s), model, "hf-bf16")["tok_s"]
+                    for s in ("e2e_new_code_1", "e2e_new_code_2")]
+            out += [min(vals), max(vals)]
+    mem = [_e2e(_order_e2e(root, "e2e_new_code_1"), m, "rla-vllm-eager")["peak_gib"]
+           / _e2e(_order_e2e(root, "e2e_new_code_1"), m, "hf-bf16")["peak_gib"] for m in ("qwen2.5-1.5b", "qwen2.5-7b")]
+    # the README order: eager 1.5B, eager 7B, memory 1.5B / 7B, liger 1.5B, liger 7B, kernels 1.5B, kernels 7B
+    return out[0:4] + mem + out[4:12]
+
+
+def order_carry_vs_old(root):
+    old = _order_e2e(root, "e2e_old_code")
+    r = {m: [_e2e(_order_e2e(root, s), m, "rla-vllm")["tok_s"] / _e2e(old, m, "rla-vllm")["tok_s"]
+             for s in ("e2e_new_code_1", "e2e_new_code_2")] for m in ("qwen2.5-1.5b", "qwen2.5-7b")}
+    return [min(r["qwen2.5-1.5b"]), max(r["qwen2.5-1.5b"]), min(r["qwen2.5-7b"]), max(r["qwen2.5-7b"])]
 
 
 # -- attribution
@@ -394,17 +436,30 @@ CHECKS: list[Check] = [
           twin_shapes),
     Check("twin eager: engine kernels bit-equal", "README", r"the aligned model's logits and every layer are bit-equal in (every case)",
           f"{TWIN}/twin_eager.json", "all vllm-kernels rows: logits_equal == 1 and every layers_equal == 1", twin_eager_engine_kernels),
-    Check("twin eager: rla's kernels", "README", r"with rla's own kernels, (\d+)-(\d+)% of logits are \(k3 ([\d.]+)-([\d.]+)x below HF's\)",
+    Check("twin eager: rla's kernels", "README", r"with rla's own kernels of that session, (\d+)-(\d+)% of logits were \(k3 ([\d.]+)-([\d.]+)x below HF's\)",
           f"{TWIN}/twin_eager.json", "min-max over random-init models, >1 token, rla-fused and rla-reference: logits_equal; HF k3 / side k3",
           lambda root: _multi_token_rla(root, "eager")),
     Check("twin default: rla", "README", r"In default mode (\d+)-(\d+)% are \(k3 ([\d.]+)-([\d.]+)x below HF's\)",
           f"{TWIN}/twin_default.json", "as above, default mode", lambda root: _multi_token_rla(root, "default")),
     Check("twin: one token bit-exact", "README", r"one token is bit-exact (in both)",
           f"{TWIN}/twin_{{default,eager}}.json", "1x1 rows of rla-fused and rla-reference: logits_equal == 1", twin_one_token),
-    Check("new points' e2e cost", "README",
-          r"cost the aligned Qwen2\.5-1\.5B step ([\d.]+)-([\d.]+)% of its tokens/s \(a miss of the 0\.98x target; 7B: ([\d.]+)-([\d.]+)x\), with (the same peak memory)",
-          f"{TWIN}/e2e_{{old,new}}_code.json, call3_e2e_*.json", "per pair (old, new in run order): 1 - new/old rla-vllm tok/s, min-max; 7B new/old min-max; peak_gib equal at 0.1 GiB",
-          e2e_cost),
+    Check("earlier e2e miss", "README", r"the earlier\s+session's ([\d.]+)-([\d.]+)x miss",
+          f"{TWIN}/e2e_{{old,new}}_code.json, call3_e2e_*.json", "per pair (old, new in run order): new/old rla-vllm tok/s, 1.5B, min-max",
+          e2e_old_miss),
+    # ---- README: reduction order session
+    Check("reduction order: calibration", "README", r"matches vLLM's kernels in (\d+)% of probe elements at all (\w+)\s+points",
+          f"{ORDER}/calibration_eager.report.json", "min over points of the chosen choice's fraction; number of points",
+          lambda root: [order_calibration(root)[0], {9: "nine"}.get(order_calibration(root)[1], str(order_calibration(root)[1]))]),
+    Check("reduction order: twin", "README", r"in logits and every layer in all (\d+) cases",
+          f"{ORDER}/twin_eager.json", "rla-fused rows with logits_equal == 1 and every layer == 1 (must be all rows)",
+          lambda root: [order_twin_exact(root)[0]] if order_twin_exact(root)[0] == order_twin_exact(root)[1] else [-1]),
+    Check("reduction order: e2e", "README",
+          r"`vllm-eager` ([\d.]+)-([\d.]+)x / ([\d.]+)-([\d.]+)x at ([\d.]+) / ([\d.]+) of its peak\s+memory, Liger ([\d.]+)-([\d.]+)x / ([\d.]+)-([\d.]+)x in the same runs; engine-backed \(vLLM's kernels in the\s+forward\) ([\d.]+)-([\d.]+)x / ([\d.]+)-([\d.]+)x",
+          f"{ORDER}/e2e_new_code_{{1,2}}.json", "tok_s / hf-bf16 tok_s in the same run, min-max over the two runs; peak_gib / hf-bf16 (run 1)",
+          order_e2e_ratios),
+    Check("fp32_carry add vs the step before", "README", r"with the fused `fp32_carry` add is\s+([\d.]+)x / ([\d.]+)-([\d.]+)x of the step before",
+          f"{ORDER}/e2e_{{new_code_1,new_code_2,old_code}}.json", "rla-vllm tok/s new / old (same call), 1.5B (min) and 7B (min-max)",
+          lambda root: [order_carry_vs_old(root)[0], *order_carry_vs_old(root)[2:4]]),
     # ---- README: attribution
     Check("attribution at ~123 tokens", "README",
           r"aligning all three regions removes (\d+)% of k3 at ~(\d+)-token responses \(RoPE's Shapley share (\d+)%\)",
@@ -471,7 +526,12 @@ CHECKS: list[Check] = [
     Check("[bench] default mode", "benchmarks/results/README", r"default mode (\d+)-(\d+)% bit-equal logits",
           f"{TWIN}/twin_default.json", "as above", lambda root: _multi_token_rla(root, "default")[:2]),
     Check("[bench] e2e cost", "benchmarks/results/README", r"new points cost 1\.5B ([\d.]+)-([\d.]+)% tokens/s",
-          f"{TWIN}/e2e_*", "as above", lambda root: e2e_cost(root)[:2]),
+          f"{TWIN}/e2e_*", "as above", e2e_cost),
+    Check("[bench] reduction order headline", "benchmarks/results/README",
+          r"every eager point (\d+)%; aligned model with rla's kernels bit-equal to the vLLM-eager twin in (\d+) of (\d+) cases; step ([\d.]+)-([\d.]+)x HF \(1\.5B\), Liger ([\d.]+)-([\d.]+)x; fused fp32_carry add: ([\d.]+)x of the step before",
+          f"{ORDER}/*", "as the README checks above",
+          lambda root: [order_calibration(root)[0], *order_twin_exact(root), *order_e2e_ratios(root)[0:2],
+                        *order_e2e_ratios(root)[6:8], order_carry_vs_old(root)[0]]),
     Check("[bench] sampler", "benchmarks/results/README", r"(\d+)k tok/s on the bundled model, ([\d.]+)x plain HF generate in one call per arm \(an earlier call: ([\d.]+)x\)",
           "benchmarks/results/h200_2026-11-29b_sampler_bundled.json, logs/s2_call1_sampler_bundled_prefix.json", "as above",
           lambda root: sampler(root) + sampler_earlier(root)),

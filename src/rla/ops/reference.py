@@ -163,8 +163,9 @@ def _rstd(v: torch.Tensor, eps: float, tree: bool = False, fused_add: bool = Fal
     if not tree:
         return torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
     n = v.shape[-1]
-    total = block_sum_squares(v, vllm_block_tree(n, v.numel() // n, fused_add))
-    return torch.rsqrt(total.unsqueeze(-1) / n + eps)
+    total = block_sum_squares(v, vllm_block_tree(n, v.numel() // n, fused_add)).unsqueeze(-1)
+    # a tensor divisor: PyTorch's CUDA division by a Python scalar multiplies by its reciprocal
+    return torch.rsqrt(total / torch.full_like(total, n) + eps)
 
 
 def _norm_fwd(v, rstd, w, lp, per_op, out_dtype=None):
