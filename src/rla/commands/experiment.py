@@ -14,6 +14,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--gpus", default=None, help="comma-separated GPU ids to spread runs over (default: all see the same)")
     parser.add_argument("--only", default=None, help="run only runs whose name contains this (model__arm__sSEED)")
     parser.add_argument("--summarize-only", action="store_true", help="write summary and plots from the logs; run nothing")
+    parser.add_argument("--probe", action="store_true",
+                        help="measure every arm's step-0 mismatch (one rollout batch per model and seed, no training) "
+                        "into OUT/probe.md and OUT/probe.json; run nothing else (rla.rl.probe)")
+    parser.add_argument("--probe-seeds", default=None, help="with --probe: comma-separated seeds instead of the grid's")
 
 
 def run(args) -> int:
@@ -28,6 +32,13 @@ def run(args) -> int:
         raise ValueError(f"--parallel must be >= 1, got {args.parallel}")
     grid = load_grid(args.grid)
     say = lambda msg: console.print(msg, highlight=False)  # noqa: E731
+    if args.probe:
+        from rla.rl.probe import probe_step0
+
+        seeds = [int(x) for x in args.probe_seeds.split(",")] if args.probe_seeds else None
+        probe_step0(grid, args.out, only=args.only, seeds=seeds, say=say)
+        say(f"step-0 mismatch per arm: {Path(args.out) / 'probe.md'}")
+        return 0
     if args.summarize_only:
         summary = summarize_grid(args.out, grid)
     else:
