@@ -66,8 +66,8 @@ class TrainConfig:
         "sft_eval_every steps); 0 trains all sft_steps. RL needs a warm start inside the accuracy jump",
     )
     sft_eval_every: int = _f(10, "SFT steps between held-out evaluations when sft_stop_sampled > 0")
-    task: str = _f("addition", "task of rla.rl.tasks: addition or sorting")
-    difficulty: int = _f(3, "the task's difficulty knob (digits for addition, list size for sorting); sets response length")
+    task: str = _f("addition", "task of rla.rl.tasks: addition, sorting or counting")
+    difficulty: int = _f(3, "the task's difficulty knob (digits for addition, list size for sorting, counts for counting); sets response length")
     task_args: dict = _f({}, "extra keyword arguments of the task (e.g. {digits: 2} for sorting)")
 
     # ---------------------------------------------------------------- rollouts
