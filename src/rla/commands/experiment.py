@@ -12,7 +12,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--grace", type=float, default=30.0,
                         help="seconds runs get to checkpoint and exit after the time limit (then killed)")
     parser.add_argument("--gpus", default=None, help="comma-separated GPU ids to spread runs over (default: all see the same)")
-    parser.add_argument("--only", default=None, help="run only runs whose name contains this (model__arm__sSEED)")
+    parser.add_argument("--only", default=None, help="run only runs whose name (model__arm__sSEED) contains this; comma-separated parts must all "
+                        "occur (qwen2-50m__,__s0: that model's seed-0 runs)")
     parser.add_argument("--summarize-only", action="store_true", help="write summary and plots from the logs; run nothing")
     parser.add_argument("--collapse", default="reward", choices=("reward", "signal", "either"),
                         help="collapse criterion of the dose report (grids with train_dose_bits arms; rla.rl.dose_report): "

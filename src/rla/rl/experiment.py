@@ -34,7 +34,7 @@ import yaml
 
 from rla.progress import Progress
 from rla.rl.experiment_summary import summarize_grid
-from rla.rl.grid import Grid, RunSpec, is_finished, load_grid
+from rla.rl.grid import Grid, RunSpec, is_finished, load_grid, matches_only
 from rla.rl.scheduler import Job, run_jobs
 
 __all__ = ["Grid", "RunSpec", "load_grid", "run_grid", "summarize", "summarize_grid"]
@@ -58,7 +58,7 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
     deadline = time.monotonic() + time_limit_s if time_limit_s else None
     specs = grid.runs(out)
     if only:
-        specs = [s for s in specs if only in s.name]
+        specs = [s for s in specs if matches_only(s.name, only)]
     (out / "grid.yaml").write_text(yaml.safe_dump(
         {"base": grid.base, "models": grid.models, "arms": grid.arms, "seeds": grid.seeds}, sort_keys=False))
 

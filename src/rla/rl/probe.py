@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rla.rl.grid import Grid, RunSpec
+from rla.rl.grid import Grid, RunSpec, matches_only
 
 __all__ = ["probe_step0", "probe_markdown"]
 
@@ -75,7 +75,7 @@ def _score(trainer, spec: RunSpec, ro) -> dict[str, Any]:
 
 def probe_step0(grid: Grid, out: str | Path, *, only: str | None = None, seeds: list[int] | None = None,
                 say=print) -> dict[str, Any]:
-    """Step-0 mismatch of every run of ``grid`` (optionally ``only`` those whose name contains it,
+    """Step-0 mismatch of every run of ``grid`` (optionally ``only`` those ``rla.rl.grid.matches_only`` admits,
     and ``seeds`` instead of the grid's), written to ``out/probe.json`` and ``out/probe.md``."""
     from rla.environment import environment
     from rla.rl.trainer import Trainer
@@ -84,7 +84,7 @@ def probe_step0(grid: Grid, out: str | Path, *, only: str | None = None, seeds: 
     out.mkdir(parents=True, exist_ok=True)
     g = Grid(models=grid.models, arms=grid.arms, seeds=list(seeds) if seeds else grid.seeds, base=grid.base,
              source=grid.source)
-    specs = [s for s in g.runs(out) if not only or only in s.name]
+    specs = [s for s in g.runs(out) if matches_only(s.name, only)]
     groups: dict[str, list[RunSpec]] = {}
     for s in specs:
         groups.setdefault(_rollout_key(s), []).append(s)
