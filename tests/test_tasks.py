@@ -56,7 +56,7 @@ def test_registry_and_errors():
     assert set(T.TASKS) >= {"addition", "sorting"}
     for name in T.TASKS:
         assert isinstance(T.get_task(name), T.Task)
-    with pytest.raises(ValueError, match="known tasks: addition, sorting"):
+    with pytest.raises(ValueError, match="known tasks: addition, counting, sorting"):
         T.get_task("countdwon")
     with pytest.raises(ValueError, match="sorting"):
         T.get_task("sorting", digitz=2)

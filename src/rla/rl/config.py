@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -65,8 +66,8 @@ class TrainConfig:
         "sft_eval_every steps); 0 trains all sft_steps. RL needs a warm start inside the accuracy jump",
     )
     sft_eval_every: int = _f(10, "SFT steps between held-out evaluations when sft_stop_sampled > 0")
-    task: str = _f("addition", "task of rla.rl.tasks: addition or sorting")
-    difficulty: int = _f(3, "the task's difficulty knob (digits for addition, list size for sorting); sets response length")
+    task: str = _f("addition", "task of rla.rl.tasks: addition, sorting or counting")
+    difficulty: int = _f(3, "the task's difficulty knob (digits for addition, list size for sorting, counts for counting); sets response length")
     task_args: dict = _f({}, "extra keyword arguments of the task (e.g. {digits: 2} for sorting)")
 
     # ---------------------------------------------------------------- rollouts
@@ -134,6 +135,18 @@ class TrainConfig:
         "rounded (to the compute dtype, what model.to(torch.bfloat16) does: docs/rounding.md's phase-drift hazard, "
         "as a condition to study; bf16/fp16 arms only)",
     )
+    train_dose_bits: int | None = _f(
+        None,
+        "dose of the dose-response experiment (issue #19; rla.rl.dose): with train_precision=aligned, round "
+        "the output of every aligned region (RoPE q/k, SwiGLU, RMSNorm) to this many explicit mantissa bits "
+        "(round to nearest even, bf16 exponent range; 7 = bf16 = the aligned arm), on top of the profile's "
+        "rounding, so the training forward departs from the engine by a set amount. None disables",
+    )
+    train_dose_scale: float = _f(
+        1.0,
+        "with train_dose_bits: the region output is x + scale * (RN_bits(x) - x), stored in bf16 (1 = the rounding "
+        "itself); places doses between whole bits (k3 grows ~ scale^2)",
+    )
     loss_scale_init: float = _f(2.0**16, "initial dynamic loss scale (fp16 only)")
     loss_scale_growth_interval: int = _f(200, "updates without overflow before the loss scale doubles (fp16 only)")
 
@@ -199,6 +212,17 @@ class TrainConfig:
             self.train_inv_freq == "fp32" or self.train_precision in ("bf16", "fp16"),
             f"train_inv_freq=rounded needs train_precision bf16 or fp16 (fp32 has nothing to round to; aligned's "
             f"RoPE region recomputes inv_freq in fp32), got {self.train_precision}",
+        )
+        need(
+            self.train_dose_bits is None or (self.train_precision == "aligned" and 1 <= self.train_dose_bits <= 7),
+            f"train_dose_bits={self.train_dose_bits} needs train_precision=aligned (it rounds the aligned regions' "
+            f"outputs further, got {self.train_precision}) and a value in [1, 7] (7 = bf16, the aligned arm itself)",
+        )
+        need(
+            self.train_dose_scale > 0 and math.isfinite(self.train_dose_scale)
+            and (self.train_dose_scale == 1.0 or self.train_dose_bits is not None),
+            f"train_dose_scale={self.train_dose_scale} must be a finite number > 0, and other than 1 only with "
+            "train_dose_bits",
         )
         need(
             self.rollout_profile in profile_names() or self.rollout_profile in profile_aliases(),

@@ -19,7 +19,8 @@ With ``init: sft`` in the base config, each model's supervised warm start runs o
 (``DIR/init/<model>``) and every arm and seed of that model starts from it.
 
 At the end (and with ``--summarize-only``) ``DIR/summary.json``, ``DIR/summary.md`` and
-``DIR/plots/<model>.png`` are written from the runs' logs.
+``DIR/plots/<model>.png`` are written from the runs' logs; a grid with dose arms
+(``train_dose_bits``) also gets the dose-response report (``rla.rl.dose_report``).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ import yaml
 
 from rla.progress import Progress
 from rla.rl.experiment_summary import summarize_grid
-from rla.rl.grid import Grid, RunSpec, is_finished, load_grid
+from rla.rl.grid import Grid, RunSpec, is_finished, load_grid, matches_only
 from rla.rl.scheduler import Job, run_jobs
 
-__all__ = ["Grid", "RunSpec", "load_grid", "run_grid", "summarize_grid"]
+__all__ = ["Grid", "RunSpec", "load_grid", "run_grid", "summarize", "summarize_grid"]
 
 
 def _steps_done(run_dir: Path) -> int:
@@ -50,14 +51,14 @@ def _steps_done(run_dir: Path) -> int:
 
 def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: float | None = None,
              gpus: list[str] | None = None, only: str | None = None, say=print, show_progress: bool = True,
-             grace_s: float = 30.0) -> dict:
+             grace_s: float = 30.0, dose_criterion: str = "reward") -> dict:
     """Warm starts, then every unfinished run; then ``summarize_grid``. Returns the summary."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + time_limit_s if time_limit_s else None
     specs = grid.runs(out)
     if only:
-        specs = [s for s in specs if only in s.name]
+        specs = [s for s in specs if matches_only(s.name, only)]
     (out / "grid.yaml").write_text(yaml.safe_dump(
         {"base": grid.base, "models": grid.models, "arms": grid.arms, "seeds": grid.seeds}, sort_keys=False))
 
@@ -107,7 +108,20 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
         run_jobs(todo, parallel, deadline, say, progress=bar.refresh, grace_s=grace_s)
     finally:
         bar.close()
-    return summarize_grid(out, grid)
+    return summarize(out, grid, dose_criterion=dose_criterion)
+
+
+def summarize(out: str | Path, grid: Grid | None = None, dose_criterion: str = "reward") -> dict:
+    """``summarize_grid`` (summary.json / summary.md / plots), and for a grid with dose arms
+    (``train_dose_bits``) also ``dose_report.md`` / ``.json`` and ``plots/dose_response.png``
+    (``rla.rl.dose_report``, collapse judged by ``dose_criterion``). Returns the grid summary."""
+    from rla.rl.dose_report import dose_report, is_dose_grid
+
+    grid = grid if grid is not None else load_grid(Path(out) / "grid.yaml")
+    summary = summarize_grid(out, grid)
+    if is_dose_grid(grid):
+        summary["dose_report"] = dose_report(out, grid, summary, criterion=dose_criterion)
+    return summary
 
 
 class _ProgressBar:

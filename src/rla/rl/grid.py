@@ -28,7 +28,7 @@ from typing import Any
 
 from rla.rl.config import TrainConfig, _check_keys, read_yaml_mapping
 
-__all__ = ["Grid", "RunSpec", "load_grid", "is_finished"]
+__all__ = ["Grid", "RunSpec", "load_grid", "is_finished", "matches_only"]
 
 
 @dataclass
@@ -115,3 +115,9 @@ def is_finished(run_dir: Path, steps: int) -> bool:
         return int(json.loads((run_dir / "summary.json").read_text()).get("step", 0)) >= steps
     except (OSError, ValueError):
         return False
+
+
+def matches_only(name: str, only: str | None) -> bool:
+    """``--only``: True when ``only`` is empty or ``name`` contains every comma-separated part of it
+    (``qwen2-50m__,__s0``: model qwen2-50m, seed 0)."""
+    return not only or all(part in name for part in only.split(",") if part)

@@ -110,7 +110,8 @@ class Policy:
 
     def __init__(self, master: torch.nn.Module, *, precision: str, rollout_profile: str,
                  align_regions, temperature: float, top_k: int, top_p: float, chunk: int, dist: Dist,
-                 loss_scale_init: float = 2.0**16, loss_scale_growth_interval: int = 200, inv_freq: str = "fp32"):
+                 loss_scale_init: float = 2.0**16, loss_scale_growth_interval: int = 200, inv_freq: str = "fp32",
+                 dose_bits: int | None = None, dose_scale: float = 1.0):
         from rla.alignment import align
 
         if any(p.dtype != torch.float32 for p in master.parameters()):
@@ -119,10 +120,17 @@ class Policy:
         self.lp_dtype = LOW_PRECISION[precision]
         self.master = master
         self.alignment = None
+        if dose_bits is not None and precision != "aligned":
+            raise ValueError(f"dose_bits needs precision='aligned' (it rounds the aligned regions), got {precision!r}")
+        region_ops = None
+        if dose_bits is not None:
+            from rla.rl.dose import DoseOps
+
+            region_ops = DoseOps(dose_bits, dose_scale)
         fwd_kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, chunk=chunk)
         if dist.fsdp:
             if precision == "aligned":
-                self.alignment = align(master, profile=rollout_profile, regions=tuple(align_regions))
+                self.alignment = align(master, profile=rollout_profile, regions=tuple(align_regions), ops=region_ops)
             self.forward = PolicyForward(master, **fwd_kw)
             fsdp_shard(self.forward, master.get_decoder().layers, self.lp_dtype)
             self.compute = master
@@ -136,7 +144,8 @@ class Policy:
                 self.compute = AutoModelForCausalLM.from_config(copy.deepcopy(master.config), dtype=self.lp_dtype)
                 self.compute.to(next(master.parameters()).device)
             if precision == "aligned":
-                self.alignment = align(self.compute, profile=rollout_profile, regions=tuple(align_regions))
+                self.alignment = align(self.compute, profile=rollout_profile, regions=tuple(align_regions),
+                                       ops=region_ops)
             self.forward = PolicyForward(self.compute, **fwd_kw)
         if inv_freq == "rounded":
             round_inv_freq(self.compute, self.lp_dtype)

@@ -19,6 +19,10 @@ Tasks:
   ~150, 100 gives ~1,000, 300 gives ~3,000.
 - ``sorting``: ``difficulty`` numbers of ``digits`` digits (zero padded), answered in ascending
   order; ``difficulty * (digits + 1) + 1`` tokens.
+- ``counting``: count up ``difficulty`` times from a ``digits``-digit number, one step
+  ``counter:value;`` per count, the counter running down to 0: a long response made of short,
+  local steps (each step is the step before it, changed by one), so that a small model learns it
+  at any length. ``difficulty = 102`` gives 1,027 tokens (``digits = 5``), 12 gives 115.
 
 Everything is deterministic from the ``random.Random`` (or int seed) given to ``sample``.
 """
@@ -35,6 +39,7 @@ __all__ = [
     "Task",
     "AdditionTask",
     "SortingTask",
+    "CountingTask",
     "TASKS",
     "get_task",
     "extract_answer",
@@ -211,7 +216,45 @@ class SortingTask(_TaskBase):
         return {"name": self.name, "difficulty": self.difficulty, "digits": self.digits}
 
 
-TASKS: dict[str, type] = {"addition": AdditionTask, "sorting": SortingTask}
+class CountingTask(_TaskBase):
+    """Count up ``difficulty`` times from a ``digits``-digit number, with a countdown.
+
+    ``count:04998+3=`` -> ``2:04999;1:05000;0:05001;>05001``. Step k (k = 1..n) writes the
+    counter n - k and the value (x + k) mod 10^digits, both zero padded to fixed widths (the counter
+    to the width of n), so step k is step k - 1 with one number decremented and one incremented:
+    every token depends on the few before it at a fixed distance, at any length. The answer is the
+    last value. Length: ``n * (width(n) + digits + 2)`` for the steps, ``1 + digits`` for the answer,
+    ``+ 1`` ``<eos>``: n = 12 gives 115 tokens, n = 102 gives 1,027 (``digits = 5``).
+    """
+
+    name = "counting"
+    _answer_chars = frozenset("0123456789")
+
+    def __init__(self, difficulty: int = 12, digits: int = 5):
+        self.difficulty = _check_int("difficulty (counts)", difficulty, 1, 100_000)
+        self.digits = _check_int("digits", digits, 1, 18)
+
+    def _one(self, rng: random.Random) -> Problem:
+        return self.make(rng.randrange(10**self.digits))
+
+    def make(self, start: int) -> Problem:
+        """The problem that counts ``difficulty`` times from ``start`` (0 <= start < 10^digits)."""
+        if not 0 <= start < 10**self.digits:
+            raise ValueError(f"start must be in [0, 10^{self.digits}), got {start}")
+        n, d = self.difficulty, self.digits
+        w = len(str(n))
+        steps = [f"{n - k:0{w}d}:{(start + k) % 10**d:0{d}d};" for k in range(1, n + 1)]
+        answer = f"{(start + n) % 10**d:0{d}d}"
+        return Problem(f"count:{start:0{d}d}+{n:0{w}d}=", answer, "".join(steps) + ANSWER_MARK + answer)
+
+    def max_length(self) -> int:
+        return self.difficulty * (len(str(self.difficulty)) + self.digits + 2) + self.digits + 2
+
+    def spec(self) -> dict:
+        return {"name": self.name, "difficulty": self.difficulty, "digits": self.digits}
+
+
+TASKS: dict[str, type] = {"addition": AdditionTask, "sorting": SortingTask, "counting": CountingTask}
 
 
 def get_task(name: str, **kwargs) -> Task:

@@ -129,6 +129,7 @@ class Trainer:
             align_regions=cfg.align_regions, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
             chunk=cfg.logprob_chunk, dist=self.dist, loss_scale_init=cfg.loss_scale_init,
             loss_scale_growth_interval=cfg.loss_scale_growth_interval, inv_freq=cfg.train_inv_freq,
+            dose_bits=cfg.train_dose_bits, dose_scale=cfg.train_dose_scale,
         )
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
