@@ -2,7 +2,8 @@
 # Device calls of the reduction-order session (norm_reduction='vllm_block', the fp32_carry add
 # kernel, the fp32 q/k-norm kernel), one H200. vLLM's kernel library (stripped, xz'd: 63 MB)
 # travels in two pieces: callA carries .engine/a (and runs the GPU tests meanwhile), callB
-# .engine/b on the still-warm machine; callC reuses the library left in /tmp.
+# .engine/b on the still-warm machine; callC reuses the library left in /tmp. callD/callE need no
+# kernel library: the fp32 q/k chain's GPU tests and default-mode twin rows; the dose grid.
 # Everything lands in $OUT/results.tgz (the tool returns at most 8 files).
 set -u
 CALL=$1
@@ -36,4 +37,14 @@ elif [ "$CALL" = callC ]; then
     PYTHONPATH=$src:/tmp/site timeout 150 python3 -m rla.cli bench e2e --variants $variants --out $R/e2e_$side > $R/callC_e2e_$side.log 2>&1
     mv $R/e2e_$side $R/e2e_${side}_$(date +%s)
   done
+elif [ "$CALL" = callD ]; then  # the fp32 q/k chain through the kernels; default-mode twin rows with it
+  nvidia-smi > $R/nvidia-smi.txt 2>&1
+  stamp "pytest tests/test_fused_gpu.py"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_fused_gpu.py > $R/callD_gpu_tests.log 2>&1
+  stamp "benchmarks/engine_twin_h200.py --stages twin --modes default --only qwen3-h2048 qwen2-h1536"
+  timeout 300 python3 benchmarks/engine_twin_h200.py --stages twin --modes default --only qwen3-h2048 qwen2-h1536 --wheel $W --out $R/default > $R/callD_twin.log 2>&1
+elif [ "$CALL" = callE ]; then  # the dose-response small grid (issue #19), 21 runs at once
+  stamp "rla experiment configs/experiment_dose_h200_small.yaml --out /tmp/dose --parallel 21 --time-limit 480 --grace 15"
+  timeout 570 python3 -m rla.cli experiment configs/experiment_dose_h200_small.yaml --out /tmp/dose --parallel 21 --time-limit 480 --grace 15 > $R/callE_experiment.log 2>&1
+  tar czf $R/dose_runs.tgz -C /tmp/dose --exclude='*.pt' --exclude='*.safetensors' --exclude='checkpoints' --exclude='ckpt*' .
 fi

@@ -408,12 +408,14 @@ def _opcheck_cases():
     rq = lambda t: t.detach().clone().requires_grad_(True)  # noqa: E731
     cs = (cos, sin)
     return [
-        ("rope", (rq(q), rq(k), *cs, True, False, 1)),
-        ("rope", (rq(q), rq(k), *cs, False, True, 1)),
-        ("rope", (rq(qkv_q), rq(qkv_k), cos[:1], sin[:1], True, False, 1)),
-        ("rope", (rq(bq), rq(bk), *cs, True, False, 2)),
-        ("rope_backward", (q, k, *cs, True, 1)),
-        ("rope_backward", (bq, bk, *cs, False, 2)),
+        ("rope", (rq(q), rq(k), *cs, True, False, 1, lp)),
+        ("rope", (rq(q), rq(k), *cs, False, True, 1, lp)),
+        ("rope", (rq(qkv_q), rq(qkv_k), cos[:1], sin[:1], True, False, 1, lp)),
+        ("rope", (rq(bq), rq(bk), *cs, True, False, 2, lp)),
+        ("rope", (rq(q.float()), rq(k.float()), *cs, True, False, 1, lp)),
+        ("rope_backward", (q, k, *cs, True, 1, lp)),
+        ("rope_backward", (bq, bk, *cs, False, 2, lp)),
+        ("rope_backward", (q, k, *cs, True, 1, torch.float32)),
         ("swiglu", (rq(gate), rq(up), True)),
         ("swiglu", (rq(gate), rq(up), False)),
         ("swiglu_backward", (up, gate, up)),
@@ -430,7 +432,7 @@ def _opcheck_cases():
     ]
 
 
-@pytest.mark.parametrize("i", range(19))
+@pytest.mark.parametrize("i", range(21))
 def test_opcheck(i):
     from rla.ops import fused  # noqa: F401  (registers the ops)
 
@@ -578,3 +580,26 @@ def test_carry_add_bitwise(out_dtype):
     dy = torch.randn_like(out)
     assert all(torch.equal(x, y) for x, y in zip(torch.autograd.grad(out, (a, r, m), dy),
                                                  torch.autograd.grad(ref, (a, r, m), dy)))
+
+
+@pytest.mark.parametrize("name", ["vllm-0.33", "hf"])
+@pytest.mark.parametrize("layout", ["hf", "qkv", "bshd"])
+def test_rope_reads_fp32_qk_and_rounds_once(name, layout):
+    """The qk_norm_out='fp32' chain: fp32 q/k (unrounded q/k-norm outputs) with dtype=bf16 run the
+    kernel (no reference fallback) and equal the reference bit for bit, forward and backward."""
+    from rla.ops import fused, reference
+
+    prof = profiles.get(name)
+    q, k, cos, sin, ud = rope_inputs(2, 300, 16, 4, 128, torch.float32, layout, 1, 7)
+    q, k = (q / 8).requires_grad_(True), (k / 8).requires_grad_(True)
+    qo, ko = fused.rope(q, k, cos, sin, prof, ud, torch.bfloat16)
+    rq, rk = reference.rope(q, k, cos, sin, prof, ud, torch.bfloat16)
+    assert qo.dtype == torch.bfloat16 and type(qo.grad_fn).__name__ == "_RopeFnBackward"
+    assert_bitwise(qo, rq, f"rope fp32 q {name} {layout}")
+    assert_bitwise(ko, rk, f"rope fp32 k {name} {layout}")
+    gq, gk = torch.randn_like(qo), torch.randn_like(ko)
+    got = torch.autograd.grad((qo, ko), (q, k), (gq, gk))
+    want = torch.autograd.grad((rq, rk), (q, k), (gq, gk))
+    assert got[0].dtype == torch.float32
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rla.ops._triton_common import LAUNCH_OPTS, cdiv, next_pow2
+from rla.ops._triton_common import LAUNCH_OPTS, cdiv, lp_kind, next_pow2, to_lp
 from rla.ops._layout import output_like
 
 NUM_WARPS = 4
@@ -37,11 +37,10 @@ TOKENS = 1
 def _rotate_heads(
     x_ptr, o_ptr, base, tm, sh, c1, c2, s1, s2,
     H: tl.constexpr, H_P: tl.constexpr, HALF: tl.constexpr, HALF_P: tl.constexpr,
-    PER_OP: tl.constexpr, BACKWARD: tl.constexpr,
+    PER_OP: tl.constexpr, BACKWARD: tl.constexpr, LP: tl.constexpr,
 ):
     """Rotate every head of TOKENS tokens: ``base`` [TOKENS] offsets of each token's first head,
     ``tm`` [TOKENS] which tokens exist, c1..s2 [TOKENS, HALF_P] fp32."""
-    lp: tl.constexpr = o_ptr.dtype.element_ty
     h = tl.arange(0, H_P)[None, :, None]
     d = tl.arange(0, HALF_P)[None, None, :]
     mask = tm[:, None, None] & (h < H) & (d < HALF)
@@ -56,13 +55,13 @@ def _rotate_heads(
         o1 = x1 * c1 + x2 * s2
         o2 = x2 * c2 - x1 * s1
     elif PER_OP:
-        o1 = (x1 * c1).to(lp).to(tl.float32) - (x2 * s1).to(lp).to(tl.float32)
-        o2 = (x2 * c2).to(lp).to(tl.float32) + (x1 * s2).to(lp).to(tl.float32)
+        o1 = to_lp(x1 * c1, LP) - to_lp(x2 * s1, LP)
+        o2 = to_lp(x2 * c2, LP) + to_lp(x1 * s2, LP)
     else:
         o1 = x1 * c1 - x2 * s1
         o2 = x2 * c2 + x1 * s2
-    tl.store(o_ptr + off, o1.to(lp), mask=mask)
-    tl.store(o_ptr + off + HALF, o2.to(lp), mask=mask)
+    tl.store(o_ptr + off, o1.to(o_ptr.dtype.element_ty), mask=mask)
+    tl.store(o_ptr + off + HALF, o2.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -72,21 +71,20 @@ def _rope_kernel(
     HQ: tl.constexpr, HK: tl.constexpr, HQ_P: tl.constexpr, HK_P: tl.constexpr,
     HALF: tl.constexpr, HALF_P: tl.constexpr,
     ROUND_CS: tl.constexpr, PER_OP: tl.constexpr, BACKWARD: tl.constexpr, TOKENS: tl.constexpr,
-    HALF_TABLE: tl.constexpr,
+    HALF_TABLE: tl.constexpr, LP: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
     tm = tok < NT
     b = tok // S
     s = tok % S
-    lp: tl.constexpr = oq_ptr.dtype.element_ty
     d = tl.arange(0, HALF_P)[None, :]
     dm = tm[:, None] & (d < HALF)
     off = (b * scb + s * scs)[:, None] + d
     c1 = tl.load(cos_ptr + off, mask=dm, other=0.0).to(tl.float32)
     s1 = tl.load(sin_ptr + off, mask=dm, other=0.0).to(tl.float32)
     if ROUND_CS:
-        c1 = c1.to(lp).to(tl.float32)
-        s1 = s1.to(lp).to(tl.float32)
+        c1 = to_lp(c1, LP)
+        s1 = to_lp(s1, LP)
     if HALF_TABLE:
         c2 = c1
         s2 = s1
@@ -94,20 +92,20 @@ def _rope_kernel(
         c2 = tl.load(cos_ptr + off + HALF, mask=dm, other=0.0).to(tl.float32)
         s2 = tl.load(sin_ptr + off + HALF, mask=dm, other=0.0).to(tl.float32)
         if ROUND_CS:
-            c2 = c2.to(lp).to(tl.float32)
-            s2 = s2.to(lp).to(tl.float32)
+            c2 = to_lp(c2, LP)
+            s2 = to_lp(s2, LP)
     _rotate_heads(q_ptr, oq_ptr, b * sqb + s * sqs, tm, sqh,
-                  c1, c2, s1, s2, HQ, HQ_P, HALF, HALF_P, PER_OP, BACKWARD)
+                  c1, c2, s1, s2, HQ, HQ_P, HALF, HALF_P, PER_OP, BACKWARD, LP)
     _rotate_heads(k_ptr, ok_ptr, b * skb + s * sks, tm, skh,
-                  c1, c2, s1, s2, HK, HK_P, HALF, HALF_P, PER_OP, BACKWARD)
+                  c1, c2, s1, s2, HK, HK_P, HALF, HALF_P, PER_OP, BACKWARD, LP)
 
 
-def _with_output(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _with_output(x: torch.Tensor, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, out) with the same strides: x itself when it already has ``output_like``'s layout,
-    else a copy of x in it."""
-    out = output_like(x)
+    else a copy of x in it; out in ``dtype`` (default x's)."""
+    out = output_like(x, dtype)
     if x.stride() != out.stride():
-        x = torch.empty_like(out).copy_(x)
+        x = torch.empty_like(out, dtype=x.dtype).copy_(x)
     return x, out
 
 
@@ -117,14 +115,18 @@ def _table_strides(t: torch.Tensor, B: int, S: int) -> tuple[int, int]:
     return (sb if B > 1 and t.shape[0] > 1 else 0), (ss if S > 1 and t.shape[1] > 1 else 0)
 
 
-def launch(q, k, cos, sin, round_cos_sin: bool, per_op: bool, backward: bool, head_axis: int = 1):
+def launch(q, k, cos, sin, round_cos_sin: bool, per_op: bool, backward: bool, head_axis: int = 1, out_dtype=None):
     """Rotate q and k ([B, H, S, D] with ``head_axis=1``, [B, S, H, D] with 2) with cos/sin
-    [B or 1, S or 1, D or D/2]; new outputs in the inputs' layout.
+    [B or 1, S or 1, D or D/2]; new outputs in the inputs' layout, in ``out_dtype`` (default the
+    inputs'): fp32 q/k with a bf16 output is the unrounded q/k-norm output of the
+    ``qk_norm_out='fp32'`` chain, rounded once at this store (the tables and per_op products round
+    to the output's dtype, the stack's).
 
     Host time decides this op's eager speed (the kernel is ~70 us at 16K tokens of a 7B model),
     so the launch passes one set of strides per q/k and its output and one for cos and sin."""
-    q, oq = _with_output(q)
-    k, ok = _with_output(k)
+    lp = q.dtype if backward else (out_dtype or q.dtype)  # the stack dtype: the tables round to it
+    q, oq = _with_output(q, out_dtype)
+    k, ok = _with_output(k, out_dtype)
     if cos.stride(-1) != 1 or sin.stride() != cos.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
     seq_axis = 3 - head_axis
@@ -141,7 +143,7 @@ def launch(q, k, cos, sin, round_cos_sin: bool, per_op: bool, backward: bool, he
         HQ=HQ, HK=HK, HQ_P=next_pow2(max(HQ, 1)), HK_P=next_pow2(max(HK, 1)),
         HALF=half, HALF_P=next_pow2(half),
         ROUND_CS=round_cos_sin, PER_OP=per_op, BACKWARD=backward, TOKENS=TOKENS,
-        HALF_TABLE=cos.shape[-1] != D,
+        HALF_TABLE=cos.shape[-1] != D, LP=lp_kind(lp),
         num_warps=NUM_WARPS, **LAUNCH_OPTS,
     )
     return oq, ok

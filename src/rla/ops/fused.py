@@ -64,46 +64,47 @@ def _compiling() -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-def _rope_launch(q, k, cos, sin, round_cos_sin, per_op, backward, head_axis):
+def _rope_launch(q, k, cos, sin, round_cos_sin, per_op, backward, head_axis, out_dtype=None):
     from rla.ops import _triton_rope
 
-    return _triton_rope.launch(q, k, cos, sin, round_cos_sin, per_op, backward, head_axis)
+    return _triton_rope.launch(q, k, cos, sin, round_cos_sin, per_op, backward, head_axis, out_dtype)
 
 
 @torch.library.custom_op("rla::rope", mutates_args=())
 def _rope_op(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, round_cos_sin: bool, per_op: bool, head_axis: int
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, round_cos_sin: bool, per_op: bool, head_axis: int,
+    out_dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor]:
-    return _rope_launch(q, k, cos, sin, round_cos_sin, per_op, False, head_axis)
+    return _rope_launch(q, k, cos, sin, round_cos_sin, per_op, False, head_axis, out_dtype)
 
 
 @_rope_op.register_fake
-def _(q, k, cos, sin, round_cos_sin, per_op, head_axis):
-    return output_like(q), output_like(k)
+def _(q, k, cos, sin, round_cos_sin, per_op, head_axis, out_dtype):
+    return output_like(q, out_dtype), output_like(k, out_dtype)
 
 
 @torch.library.custom_op("rla::rope_backward", mutates_args=())
 def _rope_bwd_op(
-    gq: Tensor, gk: Tensor, cos: Tensor, sin: Tensor, round_cos_sin: bool, head_axis: int
+    gq: Tensor, gk: Tensor, cos: Tensor, sin: Tensor, round_cos_sin: bool, head_axis: int, out_dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
-    return _rope_launch(gq, gk, cos, sin, round_cos_sin, False, True, head_axis)
+    return _rope_launch(gq, gk, cos, sin, round_cos_sin, False, True, head_axis, out_dtype)
 
 
 @_rope_bwd_op.register_fake
-def _(gq, gk, cos, sin, round_cos_sin, head_axis):
-    return output_like(gq), output_like(gk)
+def _(gq, gk, cos, sin, round_cos_sin, head_axis, out_dtype):
+    return output_like(gq, out_dtype), output_like(gk, out_dtype)
 
 
 def _rope_setup(ctx, inputs, output):
-    _, _, cos, sin, round_cos_sin, _, head_axis = inputs
+    q, _, cos, sin, round_cos_sin, _, head_axis, _ = inputs
     ctx.save_for_backward(cos, sin)
-    ctx.flags = (round_cos_sin, head_axis)
+    ctx.flags = (round_cos_sin, head_axis, q.dtype)
 
 
 def _rope_backward(ctx, gq, gk):
     cos, sin = ctx.saved_tensors
     dq, dk = _rope_bwd_op(gq, gk, cos, sin, *ctx.flags)
-    return dq, dk, None, None, None, None, None
+    return dq, dk, None, None, None, None, None, None
 
 
 _rope_op.register_autograd(_rope_backward, setup_context=_rope_setup)
@@ -111,17 +112,17 @@ _rope_op.register_autograd(_rope_backward, setup_context=_rope_setup)
 
 class _RopeFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, round_cos_sin: bool, per_op: bool, head_axis: int):
+    def forward(ctx, q, k, cos, sin, round_cos_sin: bool, per_op: bool, head_axis: int, out_dtype: torch.dtype):
         ctx.save_for_backward(cos, sin)
-        ctx.flags = (round_cos_sin, head_axis)
-        return _rope_launch(q, k, cos, sin, round_cos_sin, per_op, False, head_axis)
+        ctx.flags = (round_cos_sin, head_axis, q.dtype)
+        return _rope_launch(q, k, cos, sin, round_cos_sin, per_op, False, head_axis, out_dtype)
 
     @staticmethod
     def backward(ctx, gq, gk):
         cos, sin = ctx.saved_tensors
-        round_cos_sin, head_axis = ctx.flags
-        dq, dk = _rope_launch(gq, gk, cos, sin, round_cos_sin, False, True, head_axis)
-        return dq, dk, None, None, None, None, None
+        round_cos_sin, head_axis, in_dtype = ctx.flags
+        dq, dk = _rope_launch(gq, gk, cos, sin, round_cos_sin, False, True, head_axis, in_dtype)
+        return dq, dk, None, None, None, None, None, None
 
 
 def _rope_head_axis(q: Tensor, k: Tensor, cos: Tensor, unsqueeze_dim: int) -> Optional[int]:
@@ -142,13 +143,14 @@ def _rope_head_axis(q: Tensor, k: Tensor, cos: Tensor, unsqueeze_dim: int) -> Op
 
 
 def rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int = 1, dtype=None):
-    """Fused RoPE of q and k (one launch); see ``rla.ops.rope``. Layouts the kernel does not
-    cover (not 4-D, cos/sin broadcasting over heads in another way) and an fp32 q/k rounded to
-    another output dtype (the ``qk_norm_out='fp32'`` chain, not fused yet) run the reference."""
+    """Fused RoPE of q and k (one launch); see ``rla.ops.rope``. An fp32 q/k with ``dtype`` the
+    stack's (the ``qk_norm_out='fp32'`` chain) is read in fp32 and rounded once at the store.
+    Layouts the kernel does not cover (not 4-D, cos/sin broadcasting over heads in another way)
+    run the reference."""
     axis = _rope_head_axis(q, k, cos, unsqueeze_dim)
-    if axis is None or (dtype is not None and dtype != q.dtype):
+    if axis is None:
         return reference.rope(q, k, cos, sin, profile, unsqueeze_dim, dtype)
-    flags = (profile.rope_cos_sin == "round", profile.rope_apply == "per_op", axis)
+    flags = (profile.rope_cos_sin == "round", profile.rope_apply == "per_op", axis, dtype or q.dtype)
     return (_rope_op if _compiling() else _RopeFn.apply)(q, k, cos, sin, *flags)
 
 
