@@ -22,6 +22,11 @@ Every arm keeps **fp32 master weights** in AdamW. What differs is the copy the f
               and halves S, ``loss_scale_growth_interval`` clean updates double it.
 ============  ==============================================================================
 
+``aligned`` with ``dose_bits`` (``train_dose_bits``, the dose-response experiment of
+docs/dose_response.md): the aligned copy whose region outputs are rounded further to that many
+mantissa bits (``rla.rl.dose.DoseOps``), so the training forward departs from the engine by a set
+amount.
+
 Why a compute copy rather than ``torch.autocast`` over fp32 parameters: under autocast the
 embedding output and hence the residual stream stay fp32, and HF's RMSNorm multiplies an fp32
 weight by the rounded normalised value (``RN(w32 * RN(x*rstd))``), neither of which any bf16
