@@ -440,8 +440,8 @@ PROSE: list = [
           r"the grad norm is exactly 0 in (\d+)% of its logged steps on qwen3-10m, (\d+)% on qwen2-tiny",
           f"{GRPO}/{LOGS}", "bf16-invfreq steps with train/grad_norm == 0 / logged steps (3 seeds pooled)", grpo_zero_grad),
     Check("GRPO: collapse steps", R(GRPO),
-          r"the 5-step mean reward fell below 0\.05 by step (\d+)-(\d+) \(the collapse signal fired at step (\d+)-(\d+)\)",
-          f"{GRPO}/{LOGS}", "as scripts/check_results.py (last step of the first trailing 5-step window below 0.05; first collapse event)",
+          r"the mean reward of the last 5 steps fell below 0\.05 by step (\d+)-(\d+) \(the collapse signal fired at step (\d+)-(\d+)\)",
+          f"{GRPO}/{LOGS}", "as scripts/check_results.py (first step N whose steps N-4..N mean reward < 0.05; first collapse event)",
           lambda root: check_results_module().invfreq_collapse_steps(root)),
     Check("GRPO: the aligned arm's spike", R(GRPO),
           r"\(qwen3-10m aligned, seed (\d+), step (\d+)\) is a single k3 spike to ([\d.e-]+) \((\d+)x its step-0 value of ([\d.e-]+)\)",
@@ -470,7 +470,7 @@ PROSE: list = [
           r"mean weight ([\d.]+)-([\d.]+) in its first 10 steps\), so its gradient norm was ([\d.]+)-([\d.]+)x smaller than TIS's",
           f"{INVFREQ_CPU}/runs/qwen2-tiny__{{mis,tis}}__s0", "min-max over steps 0-9 of train/is_weight/mean; of TIS / MIS train/grad_norm",
           invfreq_mis),
-    Check("IS CPU: the H200 collapse", R(INVFREQ_CPU), r"collapsed in (\d+)/(\d+) runs \(5-step mean reward below 0\.05 by step (\d+)-(\d+)\)",
+    Check("IS CPU: the H200 collapse", R(INVFREQ_CPU), r"collapsed in (\d+)/(\d+) runs \(the mean reward of the last 5 steps below 0\.05 by step (\d+)-(\d+)\)",
           f"{GRPO}/{LOGS}", "as scripts/check_results.py", lambda root: check_results_module().invfreq_collapse(root)
           + check_results_module().invfreq_collapse_steps(root)[:2]),
     # ---- demos

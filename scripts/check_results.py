@@ -269,13 +269,13 @@ def invfreq_collapse(root):
 
 
 def invfreq_collapse_steps(root):
-    """min-max over the bf16-invfreq runs of the first step whose 5-step mean reward is below 0.05,
-    and of the step the collapse signal (runlog.summarize) first fired."""
+    """min-max over the bf16-invfreq runs of the first step N whose trailing 5-step mean reward
+    (steps N-4..N) is below 0.05, and of the step the collapse signal (runlog.summarize) first fired."""
     fell, fired = [], []
     for d in sorted((root / GRPO / "runs").glob("*__bf16-invfreq__*")):
         with gzip.open(d / "log.jsonl.gz", "rt") as fh:
             rewards = [json.loads(line)["reward/mean"] for line in fh if line.strip()]
-        fell.append(next(i for i in range(len(rewards) - 4) if sum(rewards[i:i + 5]) / 5 < 0.05))
+        fell.append(next(i for i in range(4, len(rewards)) if sum(rewards[i - 4:i + 1]) / 5 < 0.05))
     for r in grpo_runs(root):
         if r["arm"] == "bf16-invfreq":
             fired.append(min(e["step"] for e in r["collapse_events"]))
@@ -431,9 +431,9 @@ CHECKS: list[Check] = [
     Check("GRPO rounded inv_freq collapses", "README", r"collapsed in (\d+) of (\d+) runs",
           f"{GRPO}/runs/*bf16-invfreq*/log.jsonl.gz", "runs of bf16-invfreq (both models) whose collapse signal fired / runs", invfreq_collapse),
     Check("GRPO rounded inv_freq: when it collapsed", "README",
-          r"the 5-step mean reward fell below 0.05 by step (\d+)-(\d+); the collapse signal of docs/metrics.md fired at step (\d+)-(\d+)",
+          r"the mean reward of the last 5 steps fell below 0\.05 by step (\d+)-(\d+); the collapse signal of docs/metrics.md fired at step (\d+)-(\d+)",
           f"{GRPO}/runs/*bf16-invfreq*/log.jsonl.gz",
-          "min-max over the 6 runs of the first step whose 5-step mean reward < 0.05, and of the first collapse event",
+          "min-max over the 6 runs of the first step N with mean reward over steps N-4..N < 0.05, and of the first collapse event",
           invfreq_collapse_steps),
     Check("GRPO rounded inv_freq reward", "README", r"with reward ([\d.]+) -> ([\d.]+) \(mean over the (\d+) runs",
           f"{GRPO}/runs/*bf16-invfreq*/log.jsonl.gz", "mean over the 6 runs of reward_first (first 5-step mean) and final_reward (last 5 steps)",
