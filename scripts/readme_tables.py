@@ -68,9 +68,11 @@ def _plain(cell: str) -> str:
 
 
 def find_table(text: str, header_start: str) -> tuple[list[str], list[list[str]]]:
-    """The header and body rows of the one table whose header row starts with ``header_start``."""
+    """The header and body rows of the one table whose header row starts with ``header_start`` (is
+    ``header_start``, when that ends with ``|``)."""
     lines = text.splitlines()
-    found = [i for i, l in enumerate(lines) if l.strip().startswith(header_start)]
+    whole = header_start.endswith("|")  # a complete header row: matched exactly
+    found = [i for i, l in enumerate(lines) if (l.strip() == header_start if whole else l.strip().startswith(header_start))]
     if len(found) != 1:
         raise LookupError(f"{len(found)} tables whose header starts with {header_start!r}")
     i = found[0]
