@@ -37,13 +37,15 @@ def check_results_module():
 
 # ---------------------------------------------------------------- numbers in text
 
-# a number starts where no letter, digit or dot precedes it ("bf16", "qwen3-10m" and range dashes
-# as in "0.20-0.60" give none, or a positive second end)
-NUM = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?")
+# a number starts where no letter, digit or dot precedes it; a minus counts only there, so a range
+# dash ("0.20-0.60") leaves the second end positive
+NUM = r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?"
+# a name that starts with a letter is read whole and dropped ("bf16", "qwen3-10m", "k3", "B4")
+TOKEN = re.compile(rf"[A-Za-z_][\w.-]*|{NUM}")
 
 
 def numbers(cell: str) -> list[str]:
-    return NUM.findall(cell)
+    return [t for t in TOKEN.findall(cell) if not (t[0].isalpha() or t[0] == "_")]
 
 
 def like(value: float, written: str) -> str:
