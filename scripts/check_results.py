@@ -32,6 +32,7 @@ TWIN = "benchmarks/results/vllm033_calibration_twin_h200_2026-11-30"
 ORDER = "benchmarks/results/vllm033_reduction_order_h200_2026-11-30"
 GRPO = "experiments/grpo_h200_2026-11-29"
 D29 = "benchmarks/results/h200_2026-11-29d"
+D29C = "benchmarks/results/h200_2026-11-29c"   # session 3 (its isolated per-op runs and e2e); the one place this path is named
 
 
 # ---------------------------------------------------------------- README text
@@ -69,10 +70,16 @@ def decimals(written: str) -> int:
 
 
 def like(value: float, written: str) -> str:
-    """``value`` with the written number's precision (thousands separators kept if written)."""
+    """``value`` with the written number's precision: its decimals, thousands separators if written,
+    scientific form with the written mantissa decimals and exponent width (``2.3e-4``, ``1.57e-04``)."""
+    if "e" in written.lower():
+        mant, exp = re.split("[eE]", written)
+        m2, e2 = f"{value:.{decimals(mant)}e}".split("e")
+        e = int(e2)
+        sign = "-" if e < 0 else ("+" if exp.startswith("+") else "")
+        return f"{m2}e{sign}{abs(e):0{len(exp.lstrip('+-'))}d}"
     d = decimals(written)
-    s = f"{value:,.{d}f}" if "," in written else f"{value:.{d}f}"
-    return s
+    return f"{value:,.{d}f}" if "," in written else f"{value:.{d}f}"
 
 
 # ---------------------------------------------------------------- checks
@@ -305,13 +312,13 @@ def invfreq_collapse(root):
 
 
 def invfreq_collapse_steps(root):
-    """min-max over the bf16-invfreq runs of the first step whose 5-step mean reward is below 0.05,
-    and of the step the collapse signal (runlog.summarize) first fired."""
+    """min-max over the bf16-invfreq runs of the first step N whose trailing 5-step mean reward
+    (steps N-4..N) is below 0.05, and of the step the collapse signal (runlog.summarize) first fired."""
     fell, fired = [], []
     for d in sorted((root / GRPO / "runs").glob("*__bf16-invfreq__*")):
         with gzip.open(d / "log.jsonl.gz", "rt") as fh:
             rewards = [json.loads(line)["reward/mean"] for line in fh if line.strip()]
-        fell.append(next(i for i in range(len(rewards) - 4) if sum(rewards[i:i + 5]) / 5 < 0.05))
+        fell.append(next(i for i in range(4, len(rewards)) if sum(rewards[i - 4:i + 1]) / 5 < 0.05))
     for r in grpo_runs(root):
         if r["arm"] == "bf16-invfreq":
             fired.append(min(e["step"] for e in r["collapse_events"]))
@@ -385,7 +392,7 @@ def e2e_29d_and_liger(root):
 
 
 def e2e_29c(root):
-    f = "benchmarks/results/h200_2026-11-29c/call5_e2e.json"
+    f = f"{D29C}/call5_e2e.json"
     return [_ratio(root, f, "rla-vllm", "tok_s", "qwen2.5-1.5b"), _ratio(root, f, "rla-vllm", "tok_s", "qwen2.5-7b")]
 
 
@@ -405,6 +412,51 @@ def rope_copy(root):
     copy = next(r for r in rows if r["arm"] == "copy")["fwd_bwd_ms"]
     liger = next(r for r in rows if "liger" in r["arm"].lower())["fwd_bwd_ms"]
     return [100 * (liger / copy - 1)]
+
+
+def _isolated(root, rel):
+    """{op: result} of an isolated per-op run (``rla bench ops --isolate``)."""
+    return {r["op"]: r for r in _json(root, rel)["results"]}
+
+
+OPS_ISOLATED = f"{D29C}/call5_ops_isolated.json"            # SwiGLU and add+RMSNorm: session 3's last run
+ROPE_ISOLATED = [f"{D29}/call1_ops_rope_rla_liger_hf.json",   # RoPE with the half tables: session 4, both orders
+                 f"{D29}/call1_ops_rope_liger_rla.json"]
+
+
+def per_op_vs_liger(root):
+    """GPU-only (CUDA-graph replay) fwd+bwd, rla / Liger: SwiGLU, add+RMSNorm from OPS_ISOLATED; RoPE as
+    the ratio of the means over ROPE_ISOLATED's two process orders. Forwards: min-max of GPU-only
+    forward / bandwidth floor over those four op runs."""
+    ops = _isolated(root, OPS_ISOLATED)
+    ropes = [_isolated(root, f)["rope"] for f in ROPE_ISOLATED]
+    g = lambda r, impl, k: r["impls"][impl][k]  # noqa: E731
+    ratios = [g(ops[o], "rla", "graph_fwd_bwd_ms") / g(ops[o], "liger", "graph_fwd_bwd_ms") for o in ("swiglu", "add_rms_norm")]
+    ratios.append(sum(g(r, "rla", "graph_fwd_bwd_ms") for r in ropes) / sum(g(r, "liger", "graph_fwd_bwd_ms") for r in ropes))
+    floors = [g(r, "rla", "graph_fwd_ms") / r["floor_fwd_ms"] for r in (ops["swiglu"], ops["add_rms_norm"], *ropes)]
+    return ratios + [min(floors), max(floors)]
+
+
+NORM_LOG = f"{D29}/logs/call1_fused_tests.log"   # the latest GPU test run that printed the norm comparisons
+ALIGN_CUDA = f"{D29}/call1_align_cuda.json"       # the latest family x profile run on CUDA
+
+
+def norm_ulps(root):
+    """From the norm lines of tests/test_fused_gpu.py's output ('NAME: F equal, max U ulp'): min-max
+    of U over the cases with a difference, 100 (1 - min F). From the CUDA align run: the families
+    whose every row is bit-equal (equal_fraction 1, max_abs_diff 0), named as the count of
+    rla.alignment.families.FAMILIES when they are all of them."""
+    lines = re.findall(r"rms_norm [^:\n]*: ([\d.]+) equal, max (\d+) ulp", (root / NORM_LOG).read_text())
+    if not lines:
+        raise ValueError(f"no norm comparison lines in {NORM_LOG}")
+    ulps = [int(u) for _, u in lines if int(u) > 0]
+    sys.path.insert(0, str(root / "src"))
+    from rla.alignment.families import FAMILIES
+    rows = _json(root, ALIGN_CUDA)["rows"]
+    exact = {r["family"] for r in rows} - {r["family"] for r in rows if r["equal_fraction"] != 1.0 or r["max_abs_diff"] != 0.0}
+    words = {7: "seven"}
+    families = words.get(len(exact), str(len(exact))) if exact == set(FAMILIES) else f"{sorted(exact)} of {sorted(FAMILIES)}"
+    return [min(ulps), max(ulps), 100 * (1 - min(float(f) for f, _ in lines)), families, len(rows), len(rows)]
 
 
 def fsdp2(root):
@@ -480,9 +532,9 @@ CHECKS: list[Check] = [
     Check("GRPO rounded inv_freq collapses", "README", r"collapsed in (\d+) of (\d+) runs",
           f"{GRPO}/runs/*bf16-invfreq*/log.jsonl.gz", "runs of bf16-invfreq (both models) whose collapse signal fired / runs", invfreq_collapse),
     Check("GRPO rounded inv_freq: when it collapsed", "README",
-          r"the 5-step mean reward fell below 0.05 by step (\d+)-(\d+); the collapse signal of docs/metrics.md fired at step (\d+)-(\d+)",
+          r"the mean reward of the last 5 steps fell below 0\.05 by step (\d+)-(\d+); the collapse signal of docs/metrics.md fired at step (\d+)-(\d+)",
           f"{GRPO}/runs/*bf16-invfreq*/log.jsonl.gz",
-          "min-max over the 6 runs of the first step whose 5-step mean reward < 0.05, and of the first collapse event",
+          "min-max over the 6 runs of the first step N with mean reward over steps N-4..N < 0.05, and of the first collapse event",
           invfreq_collapse_steps),
     Check("GRPO rounded inv_freq reward", "README", r"with reward ([\d.]+) -> ([\d.]+) \(mean over the (\d+) runs",
           f"{GRPO}/runs/*bf16-invfreq*/log.jsonl.gz", "mean over the 6 runs of reward_first (first 5-step mean) and final_reward (last 5 steps)",
@@ -510,12 +562,15 @@ CHECKS: list[Check] = [
     Check("Liger RoPE vs copy", "README", r"Liger's RoPE is itself within (\d+)% of a plain copy",
           f"{D29}/call1_rope_variants.json", "Liger fwd+bwd ms / copy fwd+bwd ms - 1", rope_copy),
     Check("per-op vs Liger, bandwidth floor", "README",
-          r"the kernels run at ([\d.]+)x \(SwiGLU\), ([\d.]+)x \(add\+RMSNorm\) and ([\d.]+)x \(RoPE\) of Liger's time, with forwards at ([\d.]+)-([\d.]+)x",
-          "benchmarks/results/h200_2026-11-29c/call5_ops_isolated.json", "",
-          why_not="no check written yet (the isolated per-op JSON's structure was not mapped in this pass)"),
-    Check("norm ulps, seven families", "README", r"norms within (\d+)-(\d+) ulps on <([\d.]+)% of elements\), and aligned models of all (seven) families",
-          "benchmarks/results/h200_2026-11-29_align_cuda.json, h200_2026-11-29_ops.json", "",
-          why_not="no check written yet (the ulp counts are in SUMMARY.md's prose; the JSONs were not mapped in this pass)"),
+          r"the kernels run at ([\d.]+)x \(SwiGLU\), ([\d.]+)x \(add\+RMSNorm\) and ([\d.]+)x \(RoPE\) of Liger's forward\+backward time, with forwards at ([\d.]+)-([\d.]+)x",
+          f"{OPS_ISOLATED}; RoPE: {', '.join(ROPE_ISOLATED)}",
+          "GPU-only fwd+bwd rla / liger (RoPE: ratio of the means over two process orders); min-max GPU-only fwd / floor",
+          per_op_vs_liger),
+    Check("norm ulps, seven families", "README",
+          r"norms within (\d+)-(\d+) ulps on at most ([\d.]+)% of elements in any case\), and aligned models of all (\w+) families equal the reference bit for bit on CUDA \((\d+)/(\d+) family x profile rows;",
+          f"{NORM_LOG}; {ALIGN_CUDA}",
+          "min-max max-ulp over norm cases with a difference, 100 (1 - min equal fraction); families all bit-equal vs "
+          "rla.alignment.families; rows", norm_ulps),
     Check("FSDP2", "README", r"at ([\d.]+)x the baseline's tokens/s and ([\d.]+)x its memory per GPU",
           "benchmarks/results/h200x2_2026-11-29_fsdp2/check/fsdp2_check.json", "aligned / baseline: tok/s per GPU (mean of ranks), peak GiB (max of ranks)",
           fsdp2),

@@ -6,9 +6,10 @@
 Each mutation below is one exact text replacement in one source file (a bug someone could write:
 a biased gradient, a wrong denominator, a check left out), paired with the test files that cover
 that module. The script copies ``src/``, ``tests/`` and ``pyproject.toml`` to a temporary folder
-(the working tree is never modified), applies one mutation at a time, runs
-``pytest -x -q -p no:cacheprovider`` on the paired test files and records whether the suite
-failed ("killed") or passed ("SURVIVED"). A replacement whose text is no longer in the file is
+(the working tree is never modified), first runs each set of paired test files on the unmutated copy (a set that fails there would
+"kill" every mutation: its mutations are reported "baseline fails", never counted as killed), then
+applies one mutation at a time, runs ``pytest -x -q -p no:cacheprovider`` on the paired test files
+and records whether the suite failed ("killed") or passed ("SURVIVED"). A replacement whose text is no longer in the file is
 reported as "stale" (the code moved; update the list), never skipped silently, and the script
 exits non-zero when any mutation survives or is stale.
 
@@ -117,6 +118,13 @@ MUTATIONS = [
              "return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op, out_dtype)",
              "return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op, out_dtype).to(lp).to(out_dtype or lp)",
              ("tests/test_align_models.py",), "qk_norm_out='fp32' rounds the q/k-norm output before RoPE anyway"),
+    # --- experiment summaries (issue #21: the table's ± was the population std)
+    Mutation("summary-std-population", "src/rla/rl/experiment_summary.py",
+             "std = float(vals.std(ddof=1)) if vals.size > 1 else None", "std = float(vals.std()) if vals.size > 1 else None",
+             ("tests/test_summary_stats.py",), "the std over seeds is the population std (ddof=0), not the sample std"),
+    Mutation("final-reward-window-short-by-one", "src/rla/rl/runlog.py",
+             '"final_reward": _mean(rewards[-window:]),', '"final_reward": _mean(rewards[-window + 1:]),',
+             ("tests/test_grpo.py",), "final reward averages the last window - 1 steps"),
 ]
 
 
@@ -145,7 +153,15 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copytree(ROOT / "tests", tree / "tests", ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy2(ROOT / "pyproject.toml", tree / "pyproject.toml")
+        baseline = {}
+        for tests in dict.fromkeys(m.tests for m in chosen):
+            failed, secs, tail = _run_pytest(tree, tests)
+            baseline[tests] = not failed
+            print(f"baseline {', '.join(tests)}: {'passes' if not failed else 'FAILS'} ({secs:.0f} s: {tail})", flush=True)
         for m in chosen:
+            if not baseline[m.tests]:
+                rows.append((m, "baseline fails", 0.0, ""))
+                continue
             target = tree / m.path
             original = target.read_text()
             count = original.count(m.old)
@@ -160,11 +176,11 @@ def main(argv: list[str] | None = None) -> int:
                 target.write_text(original)
             rows.append((m, "killed" if failed else "SURVIVED", secs, tail))
             print(f"{m.name}: {rows[-1][1]} ({secs:.0f} s: {tail})", flush=True)
-    _write_report(Path(args.report), rows, argv)
+    _write_report(Path(args.report), rows, argv, baseline)
     return 0 if all(r[1] == "killed" for r in rows) else 1
 
 
-def _write_report(path: Path, rows, argv) -> None:
+def _write_report(path: Path, rows, argv, baseline: dict) -> None:
     import torch
 
     try:
@@ -184,6 +200,8 @@ def _write_report(path: Path, rows, argv) -> None:
         "",
         f"{sum(r[1] == 'killed' for r in rows)} of {len(rows)} mutations killed; "
         + (f"surviving or stale: {', '.join(survived)}." if survived else "none survives."),
+        f"Baseline (each paired test set on the unmutated copy): {sum(baseline.values())} of {len(baseline)} pass"
+        + ("." if all(baseline.values()) else f"; failing: {'; '.join(', '.join(t) for t, ok in baseline.items() if not ok)}."),
         "",
         "| mutation | file | status | pytest time (s) | tests | what it breaks |",
         "|---|---|---|---|---|---|",

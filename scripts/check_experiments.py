@@ -1,0 +1,152 @@
+"""Recompute the headline numbers of every ``experiments/*/README.md`` from the files in its folder.
+
+    python scripts/check_experiments.py            # the table; exit 1 on any MISMATCH
+
+GRPO folders are read the way ``rla experiment GRID --out DIR --summarize-only`` reads them: the
+grid (``rla.rl.grid.load_grid``), each run's log (``rla.rl.runlog.read_log``), its summary
+(``rla.rl.runlog.summarize`` with the run's own ``collapse_window``) and the statistics over seeds
+(``rla.rl.experiment_summary.stats``: mean, **sample** std with ddof=1). Demo folders are read
+from their ``report.json``. Each check names its statistic; the written number is parsed out of
+the README (tables cell by cell, prose by one regex) and compared at its own precision
+(``scripts/readme_tables.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from experiment_numbers import (  # noqa: E402
+    DEMO_CPU, DEMO_H200, DEMO_SHORT, GRPO, INVFREQ_CPU,
+    LR3E5, OLD_DEMO, PILOT, SFT, demo_cpu_prose,
+    demo_cpu_vs_short, demo_h200_cpu_ref, demo_h200_prose, demo_h200_tokens, demo_h200_vs_cpu,
+    demo_short, demo_table, grpo_aligned_spike, grpo_bf16_gap, grpo_fp16_below_aligned,
+    grpo_invfreq_fall, grpo_k3_step0_ratios, grpo_memory, grpo_paired, grpo_rope_removes,
+    grpo_table, grpo_zero_grad, invfreq_k3, invfreq_mis, invfreq_ratio_max,
+    invfreq_table, lr3e5_table, old_demo_rope, pilot_ratios, pilot_reward,
+    pilot_table, sft_cpu, sft_table,
+)
+from readme_tables import TableCheck, check_results_module, main  # noqa: E402
+
+Check = check_results_module().Check
+
+# ---------------------------------------------------------------- the checks
+
+R = lambda folder: f"{folder}/README.md"  # noqa: E731
+LOGS = "runs/*/log.jsonl[.gz] via rla.rl.runlog.read_log/summarize"
+
+TABLES: list[TableCheck] = [
+    TableCheck("GRPO H200 table", R(GRPO), "| model | arm | step-0 k3", f"{GRPO}/{LOGS}",
+               "mean over seeds (step-0 k3, k3 over training, step-0 clip leak %, best 5-step reward); "
+               "final reward mean ± sample std (ddof=1); seeds whose collapse signal fired / seeds", grpo_table, key_cols=2),
+    TableCheck("GRPO pilot table", R(PILOT), "| arm (qwen2-tiny, 3 seeds)", f"{PILOT}/{LOGS}",
+               "means over seeds; final (last 5 steps) and best 5-step reward; collapse: runs fired / runs, seed and first step",
+               pilot_table),
+    TableCheck("inv_freq / IS CPU table", R(INVFREQ_CPU), "| arm | what the update does", f"{INVFREQ_CPU}/{LOGS}",
+               "seeds with logs; mean over seeds of the step-0 reward and the final (last 5 steps) reward; MIS: lowest trailing "
+               "5-step mean and its step; collapsed: a trailing 5-step mean reward below 0.05", invfreq_table),
+    TableCheck("lr 3e-5 probe table", R(LR3E5), "| step | bf16 reward", f"{LR3E5}/{{bf16,aligned}}/log.jsonl",
+               "per step: reward/mean, mismatch/k3, train/clip_frac of each arm's log", lr3e5_table),
+    TableCheck("demo 2k CPU table", R(DEMO_CPU), "| aligned regions | k3", f"{DEMO_CPU}/report.json",
+               "metrics[regions]: k3, abs/mean, 100 clip_leak/0.2", demo_table(DEMO_CPU)),
+    TableCheck("demo 2k H200 table", R(DEMO_H200), "| aligned regions | k3", f"{DEMO_H200}/report.json",
+               "metrics[regions]: k3, abs/mean, 100 clip_leak/0.2", demo_table(DEMO_H200)),
+    TableCheck("SFT warm-start table", R(SFT), "| run | params", f"{SFT}/runs/<run>.md",
+               "each run's record: parameters / 1e6, mean correct response tokens, steps done (and planned), calibrated "
+               "ms/step, final loss, held-out greedy / sampled (fp32 master; bf16 saved in parentheses)", sft_table),
+]
+
+PROSE: list = [
+    # ---- GRPO H200
+    Check("GRPO: step-0 k3 cut", R(GRPO), r"lowers step-0 k3 (\d+)x \(qwen2-tiny\) and (\d+)x \(qwen3-10m\)",
+          f"{GRPO}/{LOGS}", "ratio of means over seeds, bf16 / aligned", grpo_k3_step0_ratios),
+    Check("GRPO: RoPE alone", R(GRPO),
+          r"RoPE alone removes (\d+)% \(step 0\) and (\d+)% \(over training\) of it on qwen2-tiny and (\d+)% and (\d+)% on qwen3-10m",
+          f"{GRPO}/{LOGS}", "100 (1 - rope / bf16), ratio of means over seeds", grpo_rope_removes),
+    Check("GRPO: fp16 below aligned", R(GRPO), r"fp16 is another ([\d.]+)-([\d.]+)x lower than aligned",
+          f"{GRPO}/{LOGS}", "min-max over models x (step 0, over training) of aligned / fp16, ratio of means", grpo_fp16_below_aligned),
+    Check("GRPO: bf16 final-reward gap", R(GRPO),
+          r"but by ([\d.]+)-([\d.]+), ([\d.]+)-([\d.]+) sample stds of the bf16 arm",
+          f"{GRPO}/{LOGS}", "min-max over models x (aligned, rope, fp16) of mean final reward - bf16's; / bf16's sample std",
+          grpo_bf16_gap),
+    Check("GRPO: paired differences", R(GRPO),
+          r"aligned - bf16 are \+?(-?[\d.]+), \+?(-?[\d.]+), \+?(-?[\d.]+) \(qwen2-tiny\) and \+?(-?[\d.]+), \+?(-?[\d.]+), \+?(-?[\d.]+) \(qwen3-10m\)",
+          f"{GRPO}/{LOGS}", "final reward of the same seed, aligned - bf16, seeds 0-2", grpo_paired),
+    Check("GRPO: when the invfreq reward fell", R(GRPO),
+          r"Its reward then falls below 0\.05 by step (\d+)-(\d+) \(qwen2-tiny\) or (\d+)-(\d+) \(qwen3-10m\)",
+          f"{GRPO}/{LOGS}", "min-max per model of the first step whose mean reward is below 0.05", grpo_invfreq_fall),
+    Check("GRPO: zero gradients", R(GRPO),
+          r"the grad norm is exactly 0 in (\d+)% of its logged steps on qwen3-10m, (\d+)% on qwen2-tiny",
+          f"{GRPO}/{LOGS}", "bf16-invfreq steps with train/grad_norm == 0 / logged steps (3 seeds pooled)", grpo_zero_grad),
+    Check("GRPO: collapse steps", R(GRPO),
+          r"the mean reward of the last 5 steps fell below 0\.05 by step (\d+)-(\d+) \(the collapse signal fired at step (\d+)-(\d+)\)",
+          f"{GRPO}/{LOGS}", "as scripts/check_results.py (first step N whose steps N-4..N mean reward < 0.05; first collapse event)",
+          lambda root: check_results_module().invfreq_collapse_steps(root)),
+    Check("GRPO: the aligned arm's spike", R(GRPO),
+          r"\(qwen3-10m aligned, seed (\d+), step (\d+)\) is a single k3 spike to ([\d.e-]+) \((\d+)x its step-0 value of ([\d.e-]+)\)",
+          f"{GRPO}/{LOGS}", "the run whose signal fired: seed, first event step, k3 there, / its step-0 k3", grpo_aligned_spike),
+    Check("GRPO: peak memory", R(GRPO), r"\(qwen2-tiny ([\d,]+) MB vs ([\d,]+); qwen3-10m ([\d,]+) vs ([\d,]+)\)",
+          f"{GRPO}/{LOGS}", "peak_memory_mb mean over seeds, aligned vs bf16", grpo_memory),
+    # ---- pilot
+    Check("pilot: k3 ratios", R(PILOT),
+          r"lowers the step-0 k3 (\d+)x and keeps it ~(\d+)x lower through training; fp16 lowers it another (\d+)x",
+          f"{PILOT}/{LOGS}", "ratio of means: bf16 / aligned at step 0 and over training; aligned / fp16 at step 0", pilot_ratios),
+    Check("pilot: reward", R(PILOT),
+          r"all arms learn \(([\d.]+) -> ~([\d.]+)\); the bf16 baseline ends ~([\d.]+) below the others at step 50, ([\d.]+) sample stds",
+          f"{PILOT}/{LOGS}", "mean over the 12 runs of the step-0 and final reward; the other arms' mean final reward - bf16's; "
+          "/ bf16's sample std", pilot_reward),
+    Check("pilot: the demo's RoPE share", R(PILOT), r"`rla demo` attributed (\d+)% of k3 to RoPE on the same model \(`git show 15055fd",
+          f"git show {OLD_DEMO[0]}:{OLD_DEMO[1]}", "Shapley k3[rope] / k3[none]", old_demo_rope),
+    # ---- inv_freq / IS on the CPU
+    Check("IS CPU: k3 over training", R(INVFREQ_CPU),
+          r"was ~([\d.e-]+) for decoupled and TIS, against ~([\d.e-]+) for the two collapsing arms.*?MIS also sat at ~([\d.e-]+)",
+          f"{INVFREQ_CPU}/{LOGS}", "mean over runs of each run's mean k3 over training", invfreq_k3),
+    Check("IS CPU: plain arm's ratios", R(INVFREQ_CPU),
+          r"was ([\d.]+)-([\d.]+) over the first 10 steps.*?about ([\d.]+)% of tokens at step 0",
+          f"{INVFREQ_CPU}/runs/qwen2-tiny__plain__s0", "min-max of train/ratio/max over steps 0-9; 100 mismatch/clip_leak/0.2 at step 0",
+          invfreq_ratio_max),
+    Check("IS CPU: MIS weights and gradients", R(INVFREQ_CPU),
+          r"mean weight ([\d.]+)-([\d.]+) in its first 10 steps\), so its gradient norm was ([\d.]+)-([\d.]+)x smaller than TIS's",
+          f"{INVFREQ_CPU}/runs/qwen2-tiny__{{mis,tis}}__s0", "min-max over steps 0-9 of train/is_weight/mean; of TIS / MIS train/grad_norm",
+          invfreq_mis),
+    Check("IS CPU: the H200 collapse", R(INVFREQ_CPU), r"collapsed in (\d+)/(\d+) runs \(the mean reward of the last 5 steps below 0\.05 by step (\d+)-(\d+)\)",
+          f"{GRPO}/{LOGS}", "as scripts/check_results.py", lambda root: check_results_module().invfreq_collapse(root)
+          + check_results_module().invfreq_collapse_steps(root)[:2]),
+    # ---- demos
+    Check("demo 2k CPU: shares and detection", R(DEMO_CPU),
+          r"Shapley shares of k3: RoPE ([\d.]+)%, RMSNorm ([\d.]+)%, SwiGLU ([\d.]+)%, unexplained ([\d.]+)%; `(\S+)` detected \(k3 ([\d.e-]+), next `(\S+)` ([\d.e-]+)\)",
+          f"{DEMO_CPU}/report.json", "Shapley k3 / k3[none]; k3[all] / k3[none]; detection ranking's first two", demo_cpu_prose),
+    Check("demo 2k CPU: against the 123-token demo", R(DEMO_CPU),
+          r"\(RoPE (\d+)%, k3 ([\d.e-]+) unaligned; `git show 15055fd:docs/demo/report.json`[^)]*\), the unaligned k3 is (\d+)x larger",
+          f"{DEMO_CPU}/report.json, git show {OLD_DEMO[0]}:{OLD_DEMO[1]}", "the old report's RoPE share and k3[none]; k3[none] ratio",
+          demo_cpu_vs_short),
+    Check("demo 2k H200: shares and detection", R(DEMO_H200),
+          r"Shapley shares of k3: RoPE ([\d.]+)%, RMSNorm ([\d.]+)%, SwiGLU ([\d.]+)%, unexplained ([\d.]+)%; `(\S+)` detected \(k3 ([\d.e-]+) with all regions aligned; next `(\S+)` ([\d.e-]+)\)",
+          f"{DEMO_H200}/report.json", "as the CPU demo", demo_h200_prose),
+    Check("demo 2k H200: the CPU run it predicted from", R(DEMO_H200),
+          r"\(`\.\./demo_2k_cpu_2026-11-29/`: k3 ([\d.e-]+) unaligned, ([\d.e-]+) aligned, RoPE (\d+)%\) we expected the same unaligned k3 and RoPE's share above the 123-token demo's (\d+)%",
+          f"{DEMO_CPU}/report.json, git show {OLD_DEMO[0]}:{OLD_DEMO[1]}", "k3[none], k3[all], RoPE share (CPU 2k); RoPE share (old 123-token demo)",
+          demo_h200_cpu_ref),
+    Check("demo 2k H200: tokens", R(DEMO_H200), r"(\d+) rollouts x ([\d,]+) tokens = ([\d,]+) response tokens",
+          f"{DEMO_H200}/report.json", "n_sequences; n_tokens / n_sequences; n_tokens", demo_h200_tokens),
+    Check("demo 2k H200: prediction vs result", R(DEMO_H200),
+          r"Both held: ([\d.e-]+) unaligned, RoPE (\d+)%\. Alignment removes more on the GPU \((\d+)% against (\d+)%\)\. The residual the profiles cannot remove \(GEMM/attention kernels, decode vs prefill\) is ([\d.]+)% of k3 here against ([\d.]+)% on the CPU",
+          f"{DEMO_H200}/report.json, {DEMO_CPU}/report.json", "k3[none]; RoPE share; 1 - k3[all]/k3[none] (H200, CPU); k3[all]/k3[none] (H200, CPU)",
+          demo_h200_vs_cpu),
+    Check("demo H200 short responses", R(DEMO_SHORT),
+          r"answered in ([\d.]+) tokens on average \((\d+) response tokens over (\d+) rollouts\).*?\(k3 ([\d.e-]+) unaligned, ([\d.e-]+) aligned, RoPE (\d+)% of k3 by Shapley value, `(\S+)` detected\)",
+          f"{DEMO_SHORT}/report.json", "n_tokens / n_sequences; k3[none], k3[all]; RoPE Shapley share; detection best", demo_short),
+    # ---- SFT
+    Check("SFT: the CPU Llama", R(SFT), r"stopped at \*\*step (\d+): greedy ([\d.]+), sampled ([\d.]+)\*\*, after (\d+) s wall",
+          f"{SFT}/runs/llama-tiny-add4-cpu.json", "steps_done; final_eval greedy_acc, sample_acc; wall_s", sft_cpu),
+]
+
+
+def run_all(root: Path, texts: dict[str, str] | None = None) -> list[dict]:
+    from readme_tables import run_all as _run
+    return _run(TABLES, PROSE, root, texts)
+
+
+if __name__ == "__main__":
+    sys.exit(main(TABLES, PROSE, __doc__))
