@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from readme_tables import TableCheck, check_results_module, main  # noqa: E402
 
 _cr = check_results_module()
-D29C, D29, TWIN = _cr.D29C, _cr.D29, _cr.TWIN
+D29C, D29, TWIN, ORDER = _cr.D29C, _cr.D29, _cr.TWIN, _cr.ORDER
 FSDP2 = "benchmarks/results/h200x2_2026-11-29_fsdp2"
 
 MODELS = {"Qwen2.5-1.5B": "qwen2.5-1.5b", "Qwen2.5-7B": "qwen2.5-7b"}
@@ -29,6 +29,23 @@ def _json(root, rel):
 
 def _e2e_rows(root, rel):
     return {(r["model"], r["variant"]): r for r in _json(root, rel)["results"]}
+
+
+# ---------------------------------------------------------------- the reduction-order session
+
+def order_e2e(root):
+    """e2e_new_code_{1,2}.json and e2e_old_code.json: tok/s / hf-bf16 tok/s of the same run, run 1
+    and run 2; peak GiB / hf-bf16's (run 1)."""
+    new = [_e2e_rows(root, f"{ORDER}/e2e_new_code_{i}.json") for i in (1, 2)]
+    old = _e2e_rows(root, f"{ORDER}/e2e_old_code.json")
+    out = {}
+    for model in ("qwen2.5-1.5b", "qwen2.5-7b"):
+        ratio = lambda rows, v: rows[(model, v)]["tok_s"] / rows[(model, "hf-bf16")]["tok_s"]  # noqa: E731
+        mem = lambda rows, v: rows[(model, v)]["peak_gib"] / rows[(model, "hf-bf16")]["peak_gib"]  # noqa: E731
+        for v in ("rla-vllm", "rla-vllm-eager", "rla-vllm-eager-kernels", "liger"):
+            out[(model, v)] = [ratio(new[0], v), ratio(new[1], v), mem(new[0], v)]
+        out[(model, "rla-vllm, code before")] = [ratio(old, "rla-vllm"), None, mem(old, "rla-vllm")]
+    return out
 
 
 # ---------------------------------------------------------------- session 3: e2e through rla.align
@@ -181,6 +198,8 @@ def rope_tables(root):
 R = lambda folder: f"{folder}/README.md"  # noqa: E731
 
 TABLES: list[TableCheck] = [
+    TableCheck("reduction order e2e", R(ORDER), "| model | variant | tok/s vs HF, run 1", f"{ORDER}/e2e_*.json",
+               "tok_s / hf-bf16 tok_s in the same run (runs 1, 2); peak_gib / hf-bf16 (run 1)", order_e2e, key_cols=2),
     TableCheck("session 3 e2e", R(D29C), "| model | variant | batch | tok/s", f"{D29C}/call5_e2e.json",
                "per model and variant: batch x seq, tok_s, tok_s / HF bf16's, peak_gib, peak_gib / HF bf16's", session3_e2e, key_cols=2),
     TableCheck("session 3 per-op", R(D29C), "| op | eager fwd+bwd rla / Liger", f"{D29C}/call{{3,5}}_ops_isolated.json, call4_ops_rope_*.json",

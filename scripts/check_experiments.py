@@ -27,6 +27,7 @@ from experiment_numbers import (  # noqa: E402
     invfreq_table, lr3e5_table, old_demo_rope, pilot_ratios, pilot_reward,
     pilot_table, sft_cpu, sft_table,
 )
+from dose_numbers import DOSE, DOSE_CAL, dose_calibration_table, dose_table, dose_threshold  # noqa: E402
 from readme_tables import TableCheck, check_results_module, main  # noqa: E402
 
 Check = check_results_module().Check
@@ -55,6 +56,11 @@ TABLES: list[TableCheck] = [
     TableCheck("SFT warm-start table", R(SFT), "| run | params", f"{SFT}/runs/<run>.md",
                "each run's record: parameters / 1e6, mean correct response tokens, steps done (and planned), calibrated "
                "ms/step, final loss, held-out greedy / sampled (fp32 master; bf16 saved in parentheses)", sft_table),
+    TableCheck("dose-response table", R(DOSE), "| arm | step-0 k3 (geomean)", f"{DOSE}/{LOGS}",
+               "rla's dose report recomputed from the logs: geometric mean of step-0 k3; collapsed / scored runs; "
+               "collapse signal / runs; reward start mean -> final mean ± sample std", dose_table),
+    TableCheck("dose calibration table", R(DOSE_CAL), "| arm | bits | scale", f"{DOSE_CAL}/probe.json",
+               "geometric mean over seeds of step-0 k3; per seed in seed order", dose_calibration_table),
 ]
 
 PROSE: list = [
@@ -137,6 +143,13 @@ PROSE: list = [
     Check("demo H200 short responses", R(DEMO_SHORT),
           r"answered in ([\d.]+) tokens on average \((\d+) response tokens over (\d+) rollouts\).*?\(k3 ([\d.e-]+) unaligned, ([\d.e-]+) aligned, RoPE (\d+)% of k3 by Shapley value, `(\S+)` detected\)",
           f"{DEMO_SHORT}/report.json", "n_tokens / n_sequences; k3[none], k3[all]; RoPE Shapley share; detection best", demo_short),
+    # ---- dose-response
+    Check("dose: threshold", R(DOSE),
+          r"\*\*k3 = ([\d.]+), 95% profile-likelihood interval \[([\d.]+), ([\d.]+)\]\*\*, slope ([\d.]+) per decade",
+          f"{DOSE}/{LOGS}", "the report's maximum-likelihood logistic fit: k3_50, 95% profile-likelihood interval, slope",
+          lambda root: dose_threshold(root)[:4]),
+    Check("dose: fitted runs", R(DOSE), r"runs \((\d+) runs, (\d+) collapses\)",
+          f"{DOSE}/{LOGS}", "dose and aligned runs scored; of them collapsed", lambda root: dose_threshold(root)[4:]),
     # ---- SFT
     Check("SFT: the CPU Llama", R(SFT), r"stopped at \*\*step (\d+): greedy ([\d.]+), sampled ([\d.]+)\*\*, after (\d+) s wall",
           f"{SFT}/runs/llama-tiny-add4-cpu.json", "steps_done; final_eval greedy_acc, sample_acc; wall_s", sft_cpu),
