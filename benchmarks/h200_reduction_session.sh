@@ -48,7 +48,7 @@ elif [ "$CALL" = callE ]; then  # the dose-response small grid (issue #19), 21 r
   timeout 570 python3 -m rla.cli experiment configs/experiment_dose_h200_small.yaml --out /tmp/dose --parallel 21 --time-limit 480 --grace 15 > $R/callE_experiment.log 2>&1
   tar czf $R/dose_runs.tgz -C /tmp/dose --exclude='*.pt' --exclude='*.safetensors' --exclude='checkpoints' --exclude='ckpt*' .
 elif [ "$CALL" = callF ]; then  # the long-response cell of the tiny model, seed 0 only (what the budget left holds)
-  stamp "rla experiment configs/experiment_dose_h200.yaml --only qwen2-tiny-long__,__s0 --out /tmp/dose_long --parallel 7 --time-limit 420 --grace 15"
-  timeout 540 python3 -m rla.cli experiment configs/experiment_dose_h200.yaml --only qwen2-tiny-long__,__s0 --out /tmp/dose_long --parallel 7 --time-limit 420 --grace 15 > $R/callF_experiment.log 2>&1
+  stamp "rla experiment configs/experiment_dose_h200.yaml --only qwen2-tiny-long__,__s0 --out /tmp/dose_long --parallel 7 --time-limit 330 --grace 15"
+  timeout 450 python3 -m rla.cli experiment configs/experiment_dose_h200.yaml --only qwen2-tiny-long__,__s0 --out /tmp/dose_long --parallel 7 --time-limit 330 --grace 15 > $R/callF_experiment.log 2>&1
   tar czf $R/dose_long_runs.tgz -C /tmp/dose_long --exclude='*.pt' --exclude='*.safetensors' --exclude='checkpoints' --exclude='ckpt*' --exclude='model.safetensors' .
 fi
