@@ -27,7 +27,7 @@ from experiment_numbers import (  # noqa: E402
     invfreq_table, lr3e5_table, old_demo_rope, pilot_ratios, pilot_reward,
     pilot_table, sft_cpu, sft_table,
 )
-from dose_numbers import DOSE, DOSE_CAL, dose_calibration_table, dose_table, dose_threshold  # noqa: E402
+from dose_numbers import DOSE, DOSE_CAL, DOSE_LONG, dose_calibration_table, dose_long_table, dose_table, dose_threshold  # noqa: E402
 from readme_tables import TableCheck, check_results_module, main  # noqa: E402
 
 Check = check_results_module().Check
@@ -59,6 +59,8 @@ TABLES: list[TableCheck] = [
     TableCheck("dose-response table", R(DOSE), "| arm | step-0 k3 (geomean)", f"{DOSE}/{LOGS}",
                "rla's dose report recomputed from the logs: geometric mean of step-0 k3; collapsed / scored runs; "
                "collapse signal / runs; reward start mean -> final mean ± sample std", dose_table),
+    TableCheck("dose long cell table", R(DOSE), "| arm | step-0 k3, counting, 1,027 tokens", f"{DOSE_LONG}/{LOGS}, {DOSE}/{LOGS}",
+               "the long cell's seed-0 step-0 k3; the short cell's geometric mean over 3 seeds (rla's dose report)", dose_long_table),
     TableCheck("dose calibration table", R(DOSE_CAL), "| arm | bits | scale", f"{DOSE_CAL}/probe.json",
                "geometric mean over seeds of step-0 k3; per seed in seed order", dose_calibration_table),
 ]

@@ -16,12 +16,13 @@ import tempfile
 from pathlib import Path
 
 DOSE = "experiments/dose_response_h200_2026-11-30"
+DOSE_LONG = f"{DOSE}/long_cell_seed0"
 DOSE_CAL = "experiments/dose_calibration_cpu_2026-11-30"
 _CACHE: dict = {}
 
 
-def _report(root: Path) -> dict:
-    key = str(root)
+def _report(root: Path, folder: str = DOSE) -> dict:
+    key = (str(root), folder)
     if key not in _CACHE:
         if str(root / "src") not in sys.path:
             sys.path.insert(0, str(root / "src"))
@@ -29,7 +30,8 @@ def _report(root: Path) -> dict:
 
         with tempfile.TemporaryDirectory() as tmp:
             copy = Path(tmp) / "dose"
-            shutil.copytree(root / DOSE, copy, ignore=shutil.ignore_patterns("dose_report.*", "summary.*", "plots"))
+            shutil.copytree(root / folder, copy,
+                            ignore=shutil.ignore_patterns("dose_report.*", "summary.*", "plots", "long_cell_seed0"))
             _CACHE[key] = summarize(copy)["dose_report"]
     return _CACHE[key]
 
@@ -58,3 +60,10 @@ def dose_calibration_table(root: Path) -> dict:
         k3 = [r["k3"] for r in sorted((r for r in runs if r["arm"] == arm), key=lambda r: r["seed"])]
         out[(arm,)] = [None, None, math.exp(sum(map(math.log, k3)) / len(k3)), k3]
     return out
+
+
+def dose_long_table(root: Path) -> dict:
+    """arm -> step-0 k3 of the long cell's seed-0 run; the short cell's geometric mean over seeds."""
+    long = {r["arm"]: r["step0_k3"] for r in _report(root, DOSE_LONG)["runs"] if r["model"] == "qwen2-tiny-long" and r["steps"]}
+    short = {a["arm"]: a["step0_k3_geomean"] for a in _report(root)["cells"][0]["arms"]}
+    return {(arm,): [long[arm], short[arm]] for arm in long}
