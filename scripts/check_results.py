@@ -229,6 +229,31 @@ def order_carry_vs_old(root):
     return [min(r["qwen2.5-1.5b"]), max(r["qwen2.5-1.5b"]), min(r["qwen2.5-7b"]), max(r["qwen2.5-7b"])]
 
 
+# -- dose-response (the recomputation lives in scripts/dose_numbers.py)
+
+def _dose():
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import dose_numbers
+    return dose_numbers
+
+
+def _dose_prose(root):
+    d = _dose()
+    fit = d.dose_threshold(root)
+    (cell,) = d._report(root)["cells"]
+    arms = {a["arm"]: a for a in cell["arms"]}
+    doses = sorted((a for a in cell["arms"] if a["role"] == "dose"), key=lambda a: a["step0_k3_geomean"])
+    falls = [a for a in doses if a["final_reward"]["mean"] < a["reward_first"]["mean"]]
+    below = [a for a in doses if a["step0_k3_geomean"] < falls[0]["step0_k3_geomean"]]
+    return [fit[0], fit[1], fit[2], falls[0]["step0_k3_geomean"], below[-1]["step0_k3_geomean"],
+            arms["bf16"]["step0_k3_geomean"], arms["aligned"]["step0_k3_geomean"]]
+
+
+def _dose_long_ratio(root):
+    ratios = [short / long for long, short in _dose().dose_long_table(root).values()]
+    return [min(ratios), max(ratios)]
+
+
 # -- attribution
 
 def _removed_and_rope(rep):
@@ -512,6 +537,15 @@ CHECKS: list[Check] = [
     Check("fp32_carry add vs the step before", "README", r"with the fused `fp32_carry` add is\s+([\d.]+)x / ([\d.]+)-([\d.]+)x of the step before",
           f"{ORDER}/e2e_{{new_code_1,new_code_2,old_code}}.json", "rla-vllm tok/s new / old (same call), 1.5B (min) and 7B (min-max)",
           lambda root: [order_carry_vs_old(root)[0], *order_carry_vs_old(root)[2:4]]),
+    # ---- README: dose-response
+    Check("dose-response", "README",
+          r"half the runs collapse at step-0 k3 ([\d.]+) \(95% profile-likelihood interval ([\d.]+)-([\d.]+)\); the final reward already falls below its start from k3 ~([\d.e-]+), and not at ~([\d.e-]+); bf16 \(([\d.e-]+)\) and aligned \(([\d.e-]+)\) sit far below",
+          "experiments/dose_response_h200_2026-11-30/runs/*/log.jsonl.gz",
+          "rla's dose report recomputed from the logs: threshold, interval; step-0 k3 geomean of the first arm whose mean final "
+          "reward < its mean start and of the arm below it; bf16 and aligned geomeans", _dose_prose),
+    Check("dose-response: long cell", "README", r"gave (\d+)-(\d+)x smaller\s+step-0 k3 for every arm",
+          "experiments/dose_response_h200_2026-11-30/long_cell_seed0/runs/*/log.jsonl.gz",
+          "min-max over arms of the short cell's geomean / the long cell's seed-0 step-0 k3", _dose_long_ratio),
     # ---- README: attribution
     Check("attribution at ~123 tokens", "README",
           r"aligning all three regions removes (\d+)% of k3 at ~(\d+)-token responses \(RoPE's Shapley share (\d+)%\)",
