@@ -136,23 +136,25 @@ def _check_cols(n: int) -> int:
     return next_pow2(max(n, 1))
 
 
+def forward_buffers(x, residual, lp, out_dtype=None):
+    """A norm forward's row views and new outputs: (x2, r2, y, new_residual, rstd, block). Without
+    a residual, r2 is x2 and new_residual is y (placeholders the kernel does not touch)."""
+    block = _check_cols(x.shape[-1])
+    x2 = _rows(x)
+    y = torch.empty(x.shape, dtype=out_dtype or lp, device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if residual is None:
+        return x2, x2, y, y, rstd, block
+    return x2, _rows(residual), y, torch.empty(x.shape, dtype=x.dtype, device=x.device), rstd, block
+
+
 def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, lp=None, out_dtype=None):
     """-> (y, new_residual or None, rstd [M] fp32). ``residual`` None means plain RMSNorm; ``lp``
     (default x's dtype) is the stack dtype, so an fp32 x can be read as an fp32 residual sum;
     ``out_dtype`` (default lp) is y's: fp32 for a q/k norm whose output RoPE reads unrounded."""
     lp = lp or x.dtype
-    N = x.shape[-1]
-    block = _check_cols(N)
-    x2 = _rows(x)
-    M = x2.shape[0]
-    y = torch.empty(x.shape, dtype=out_dtype or lp, device=x.device)
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    has_res = residual is not None
-    if has_res:
-        r2 = _rows(residual)
-        new_res = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    else:
-        r2, new_res = x2, y
+    x2, r2, y, new_res, rstd, block = forward_buffers(x, residual, lp, out_dtype)
+    M, N, has_res = x2.shape[0], x.shape[-1], residual is not None
     if M:
         rows = min(FWD_ROWS, next_pow2(M))
         _norm_fwd_kernel[(cdiv(M, rows),)](

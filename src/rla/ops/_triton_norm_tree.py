@@ -109,23 +109,14 @@ def _tree_fwd_kernel(
 def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, tree: BlockTree, lp=None, out_dtype=None):
     """-> (y, new_residual or None, rstd [M] fp32), the sum of squares added in ``tree``'s order.
     ``lp``: the stack dtype (x may be an fp32 residual sum); ``out_dtype``: y's dtype (default lp)."""
-    from rla.ops._triton_norm import _check_cols, _rows
+    from rla.ops._triton_norm import forward_buffers
 
     lp = lp or x.dtype
     N = x.shape[-1]
-    block = _check_cols(N)
     if N % tree.vec:
         raise ValueError(f"rows of {N} elements cannot be read in vectors of {tree.vec}")
-    x2 = _rows(x)
-    M = x2.shape[0]
-    y = torch.empty(x.shape, dtype=out_dtype or lp, device=x.device)
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    has_res = residual is not None
-    if has_res:
-        r2 = _rows(residual)
-        new_res = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    else:
-        r2, new_res = x2, y
+    x2, r2, y, new_res, rstd, block = forward_buffers(x, residual, lp, out_dtype)
+    M, has_res = x2.shape[0], residual is not None
     if M:
         lanes = max(WARP, next_pow2(tree.threads))
         _tree_fwd_kernel[(cdiv(M, ROWS),)](
