@@ -5,14 +5,11 @@ import pytest
 
 from rla import profiles
 
-try:
-    from test_align_spec import PROFILES, SPEC
-except ImportError:
-    from tests.test_align_spec import PROFILES, SPEC
+from align_spec import PROFILES, SPEC
 
 
 def test_builtins_are_the_rounding_md_table():
-    # docs/rounding.md's table written out without rla in test_align_spec (the spec the aligned
+    # docs/rounding.md's table written out without rla in align_spec (the spec the aligned
     # models are checked against): same rows, same points in the same order, same values
     assert profiles.names() == list(PROFILES)
     for name in PROFILES:

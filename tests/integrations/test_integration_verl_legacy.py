@@ -14,12 +14,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from repo_root import ROOT
+
 pytest.importorskip("verl", reason="verl 0.7.1's fsdp_workers runs on the dependencies of the installed verl")
-LEGACY = Path(__file__).resolve().parents[1] / ".verl-0.7.1"
+LEGACY = ROOT / ".verl-0.7.1"
 pytestmark = pytest.mark.skipif(
     not (LEGACY / "verl" / "workers" / "fsdp_workers.py").exists(),
     reason="verl 0.7.1 is unpacked into .verl-0.7.1 by the README's test command (second environment)",
@@ -58,7 +59,7 @@ print(json.dumps({
 
 
 def test_older_fsdp_workers_layout():
-    src = Path(__file__).resolve().parents[1] / "src"
+    src = ROOT / "src"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(LEGACY), str(src)]))
     run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_root import ROOT
+
 STAMP_KEYS = ("gpu", "torch", "transformers", "date", "command")
 INTERNAL = re.compile(r"(^|/)(runs|init|check|train_[^/]*)/")
 

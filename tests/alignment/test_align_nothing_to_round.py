@@ -6,10 +6,7 @@ import torch
 
 import rla
 
-try:
-    from test_align_spec import tiny_model, tokens
-except ImportError:  # pragma: no cover
-    from tests.test_align_spec import tiny_model, tokens
+from align_spec import tiny_model, tokens
 
 
 def test_fp32_model_without_autocast_is_reported_inert_and_really_is():

@@ -12,10 +12,7 @@ import torch
 
 import rla
 
-try:
-    from test_align_spec import SPEC, SpecCache, single_thread, spec_forward, tiny_model, tokens  # noqa: F401
-except ImportError:
-    from tests.test_align_spec import SPEC, SpecCache, single_thread, spec_forward, tiny_model, tokens  # noqa: F401
+from align_spec import SPEC, SpecCache, single_thread, spec_forward, tiny_model, tokens  # noqa: F401
 
 
 def _spec_steps(model, prompt, generated, pts):

@@ -2,10 +2,13 @@
 
 Nothing here calls ``rla.ops`` or ``rla.align``. The forward reuses the model's weights and its
 (unpatched) MoE routers, and mirrors HF's eager attention op for op, so that under the ``hf``
-points it equals the unaligned HF model bit for bit (tested below: that is what makes it a
-trustworthy oracle for the other profiles). Every rounding is an explicit ``.to(lp)``.
+points it equals the unaligned HF model bit for bit (``tests/alignment/test_align_spec.py``: that
+is what makes it a trustworthy oracle for the other profiles). Every rounding is an explicit
+``.to(lp)``.
 
-Other ``test_align*`` files import the helpers (tiny models, ``spec_forward``) from here.
+A helper module, not a test file: the alignment, profile and engine tests import the helpers (tiny
+models, ``spec_forward``, the ``single_thread`` fixture) by name, ``from align_spec import ...``
+(``tests/`` is on ``sys.path``, see ``pyproject.toml``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ def single_thread():
     torch.set_num_threads(before)
 
 # ---------------------------------------------------------------------------------------------
-# docs/rounding.md, "Built-in profiles", copied as data (checked against rla.profiles below).
+# docs/rounding.md, "Built-in profiles", copied as data (checked against rla.profiles by tests/alignment/test_align_spec.py).
 # ---------------------------------------------------------------------------------------------
 POINTS = ("rope_cos_sin", "rope_apply", "rope_inv_freq", "swiglu", "norm_weight", "norm_residual",
           "residual_stream", "qk_norm_out")
@@ -316,27 +319,3 @@ def spec_forward(model, input_ids, pts, cache: SpecCache | None = None, last_onl
     if last_only:
         h = h[:, -1:]
     return F.linear(h, model.lm_head.weight)
-
-
-# ---------------------------------------------------------------------------------------------
-# Tests of the oracle itself
-# ---------------------------------------------------------------------------------------------
-
-
-def test_spec_table_is_rla_profiles():
-    from rla.profiles import get, names
-
-    assert tuple(names()) == PROFILES
-    for name in PROFILES:
-        assert get(name).points() == SPEC[name]
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_spec_under_hf_points_is_the_unaligned_model(family):
-    """The oracle reproduces HF eager bit for bit, so it can judge the other profiles."""
-    model = tiny_model(family)
-    ids = tokens()
-    with torch.no_grad():
-        assert torch.equal(model(ids).logits, spec_forward(model, ids, SPEC["hf"]))
-        # ... and it is not blind: another profile's points change the logits.
-        assert not torch.equal(spec_forward(model, ids, SPEC["vllm"]), spec_forward(model, ids, SPEC["hf"]))

@@ -7,7 +7,7 @@ with two gloo processes, micro shapes, results read back from its ``results.tgz`
   the named error under ``cast_forward_inputs=True``.
 - Its capture and comparison can tell outputs apart (in process: ``vllm`` vs ``sglang`` differ).
 - ``torchrun -m rla.cli train configs/grpo_fsdp2_1p5b.yaml fsdp=true`` runs (size=micro, CPU):
-  the config file, the CLI and torchrun's environment, which tests/test_trainer_fsdp.py (Trainer
+  the config file, the CLI and torchrun's environment, which tests/rl/test_trainer_fsdp.py (Trainer
   objects under mp.spawn) does not go through.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_root import ROOT
 
 pytestmark = [
     pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),

@@ -12,10 +12,7 @@ import torch
 import rla
 from rla.alignment.core import _find
 
-try:
-    from test_align_spec import PROFILES, SPEC, single_thread, spec_forward, tiny_model, tokens  # noqa: F401
-except ImportError:
-    from tests.test_align_spec import PROFILES, SPEC, single_thread, spec_forward, tiny_model, tokens  # noqa: F401
+from align_spec import PROFILES, SPEC, single_thread, spec_forward, tiny_model, tokens  # noqa: F401
 
 
 def _train(model, ids, steps=4, lr=1e-2, autocast=False):

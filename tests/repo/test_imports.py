@@ -15,7 +15,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+from repo_root import ROOT
+
+SRC = ROOT / "src"
 
 
 def _modules() -> dict[str, Path]:

@@ -3,9 +3,8 @@
 import importlib.util
 import shutil
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_root import ROOT
 
 
 def _checker():

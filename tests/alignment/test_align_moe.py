@@ -7,10 +7,7 @@ import torch
 
 import rla
 
-try:
-    from test_align_spec import SPEC, single_thread, spec_forward, tiny_model, tokens  # noqa: F401
-except ImportError:
-    from tests.test_align_spec import SPEC, single_thread, spec_forward, tiny_model, tokens  # noqa: F401
+from align_spec import SPEC, single_thread, spec_forward, tiny_model, tokens  # noqa: F401
 
 
 def _bf16_routing(model) -> bool:

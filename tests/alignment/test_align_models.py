@@ -10,10 +10,7 @@ import torch
 import rla
 from rla.alignment.families import FAMILIES as REGISTERED
 
-try:
-    from test_align_spec import FAMILIES, PROFILES, SPEC, points, single_thread, spec_forward, tiny_model, tokens  # noqa: F401
-except ImportError:  # tests collected as a package
-    from tests.test_align_spec import FAMILIES, PROFILES, SPEC, points, single_thread, spec_forward, tiny_model, tokens  # noqa: F401
+from align_spec import FAMILIES, PROFILES, SPEC, points, single_thread, spec_forward, tiny_model, tokens  # noqa: F401
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

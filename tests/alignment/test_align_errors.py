@@ -8,10 +8,7 @@ import transformers
 
 import rla
 
-try:
-    from test_align_spec import single_thread, tiny_config, tiny_model, tokens  # noqa: F401
-except ImportError:
-    from tests.test_align_spec import single_thread, tiny_config, tiny_model, tokens  # noqa: F401
+from align_spec import single_thread, tiny_config, tiny_model, tokens  # noqa: F401
 
 
 def test_unsupported_model_names_the_supported_families():

@@ -25,7 +25,11 @@ from rla.rl.config import TrainConfig
 from rla.rl.runlog import deterministic_part, read_log
 from rla.rl.trainer import Trainer, train
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_root import ROOT
+
+#: This module's folder: the subprocess imports the task "test_trainer:ToyTask" from it (and
+#: ``repo_root``, which this module imports, from tests/).
+HERE = Path(__file__).resolve().parent
 
 
 class ToyTask:
@@ -144,7 +148,7 @@ def test_kill_during_training_and_resume_through_the_cli(uninterrupted, tmp_path
     path = tmp_path / "run.yaml"
     path.write_text(cfg.to_yaml())
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(HERE), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "rla.cli", "train", str(path)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60

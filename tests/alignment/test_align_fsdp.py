@@ -19,10 +19,7 @@ import torch.multiprocessing as mp
 
 import rla
 
-try:
-    from test_align_spec import single_thread, tiny_model, tokens  # noqa: F401
-except ImportError:
-    from tests.test_align_spec import single_thread, tiny_model, tokens  # noqa: F401
+from align_spec import single_thread, tiny_model, tokens  # noqa: F401
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo"

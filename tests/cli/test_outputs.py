@@ -17,6 +17,8 @@ from rla.diagnosis.output import check_out_dir, staged
 from rla.diagnosis.provenance import file_sha256, weights_sha256
 from rla.models import bundled_path
 
+from repo_root import ROOT
+
 
 def _no_work(monkeypatch):
     """Make any model load fail loudly: a refusal must come before it."""
@@ -154,7 +156,7 @@ def test_kill_9_of_the_demo_leaves_old_or_new_never_a_mix(tmp_path):
     old report or the new one (its report.json's rollouts hash matches its rollouts), never a mix."""
     out = tmp_path / "demo"
     cmd = [sys.executable, "-m", "rla.cli", "demo", "-n", "2", "--max-new-tokens", "8", "--no-detect", "--out", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     t0 = time.monotonic()
     subprocess.run(cmd, check=True, env=env, capture_output=True)
     full = time.monotonic() - t0
@@ -176,7 +178,7 @@ def test_kill_9_of_diagnose_leaves_old_or_new_never_a_mix(tmp_path):
     """SIGKILL ``rla diagnose --overwrite`` at random moments over an existing report: the folder
     holds the old report or the new one (whole, naming the rollouts it read), never a mix."""
     demo = tmp_path / "demo"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     subprocess.run([sys.executable, "-m", "rla.cli", "demo", "-n", "2", "--max-new-tokens", "8", "--no-detect",
                     "--out", str(demo)], check=True, env=env, capture_output=True)
     rollouts = demo / "rollouts.jsonl"

@@ -8,14 +8,9 @@ import torch
 import rla
 from rla.alignment import compat
 
-try:
-    from test_align_spec import (  # noqa: F401
-        SPEC, single_thread, spec_cos_sin, spec_forward, spec_inv_freq, tiny_config, tiny_model, tokens,
-    )
-except ImportError:
-    from tests.test_align_spec import (  # noqa: F401
-        SPEC, single_thread, spec_cos_sin, spec_forward, spec_inv_freq, tiny_config, tiny_model, tokens,
-    )
+from align_spec import (  # noqa: F401
+    SPEC, single_thread, spec_cos_sin, spec_forward, spec_inv_freq, tiny_config, tiny_model, tokens,
+)
 
 
 def _cast_model(family="qwen2", **overrides):

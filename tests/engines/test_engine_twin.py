@@ -14,10 +14,7 @@ import rla
 from rla import profiles
 from rla.diagnosis.verify import compare, hf_side
 
-try:
-    from test_align_spec import single_thread, tiny_config, tiny_model, tokens  # noqa: F401
-except ImportError:
-    from tests.test_align_spec import single_thread, tiny_config, tiny_model, tokens  # noqa: F401
+from align_spec import single_thread, tiny_config, tiny_model, tokens  # noqa: F401
 
 LLAMA3 = dict(
     max_position_embeddings=256,

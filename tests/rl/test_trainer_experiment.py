@@ -12,7 +12,11 @@ from rla.rl import checkpoint as ckpt
 from rla.rl.experiment import load_grid
 from rla.rl.runlog import read_log
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_root import ROOT
+
+#: The folder of test_trainer.py: the runs import the grid's task "test_trainer:ToyTask" from it (and
+#: ``repo_root``, which that module imports, from tests/).
+HERE = Path(__file__).resolve().parent
 
 
 def write_grid(path: Path, steps: int) -> Path:
@@ -41,7 +45,7 @@ seeds: [0]
 
 
 def test_grid_runs_resumes_and_summarises(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "exp"
     grid = write_grid(tmp_path / "grid.yaml", steps=2)
     assert main(["experiment", str(grid), "--out", str(out), "--parallel", "2"]) == 0

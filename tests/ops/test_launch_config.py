@@ -3,14 +3,15 @@ parameters. The kernel modules are read as source (``ast``), so the checks run w
 
 import ast
 import importlib.util
-from pathlib import Path
 
 import pytest
 
 from rla.ops import launch_config, set_launch_config
 from rla.ops.launch import PARAMETERS
 
-OPS = Path(__file__).resolve().parents[1] / "src" / "rla" / "ops"
+from repo_root import ROOT
+
+OPS = ROOT / "src" / "rla" / "ops"
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 #: Upper-case module constants of the kernel files that are limits, not launch parameters.
 NOT_LAUNCH = {"MAX_COLS"}
