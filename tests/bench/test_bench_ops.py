@@ -61,8 +61,8 @@ def test_naive_upcast_arm_is_rla_align_with_naive_ops():
     hf_logits = model(input_ids=ids).logits
     before = mq.apply_rotary_pos_emb
 
-    def run(**ops):
-        report = align(model, "vllm", **ops)
+    def run(**kw):
+        report = align(model, "vllm", **kw)
         out = model(input_ids=ids, labels=ids)
         out.loss.backward()
         grads = {n: p.grad.float() for n, p in model.named_parameters()}
