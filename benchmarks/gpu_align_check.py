@@ -25,7 +25,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
-    from test_align_spec import FAMILIES, tiny_model, tokens  # the test suite's tiny configs
+    from align_spec import FAMILIES, tiny_model, tokens  # the test suite's tiny configs
 
     rows = []
     calls = {"n": 0}

@@ -18,9 +18,9 @@ python3 -c "import liger_kernel, importlib.metadata as m; print('liger', m.versi
 for stage in "$@"; do
   echo "=== $stage $(date -u +%FT%TZ)"
   case $stage in
-    tests) timeout 240 python3 -m pytest -q -p no:cacheprovider -s tests/test_fused_gpu.py > "$OUT/tests.txt" 2>&1
+    tests) timeout 240 python3 -m pytest -q -p no:cacheprovider -s tests/ops/test_fused_gpu.py > "$OUT/tests.txt" 2>&1
            echo "pytest rc=$?"; grep -E "passed|failed|Error|assert|FAILED" "$OUT/tests.txt" | tail -40 ;;
-    tests-norm) timeout 120 python3 -m pytest -q -p no:cacheprovider -s tests/test_fused_gpu.py \
+    tests-norm) timeout 120 python3 -m pytest -q -p no:cacheprovider -s tests/ops/test_fused_gpu.py \
              -k "norms or fp32_sum or gradients or saves or opcheck or cuda_graph" > "$OUT/tests.txt" 2>&1
            echo "pytest rc=$?"; grep -E "passed|failed|FAILED" "$OUT/tests.txt" | tail -20 ;;
     tune)  timeout 150 python3 benchmarks/tune_fused.py --out "$OUT/tuned.json" --only ${TUNE_ONLY:-swiglu rope norm} > "$OUT/tune.txt" 2>&1

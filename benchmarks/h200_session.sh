@@ -7,7 +7,7 @@
 #   ops       per-op benchmark without Inductor in the process, then Inductor first (the swiglu question)
 #   grpo      rla experiment $GRPO_GRID [--only $GRPO_ONLY] for $GRPO_TIMEOUT s, $GRPO_PARALLEL at once
 #   tune      benchmarks/tune_fused.py --only $TUNE_ONLY (default rope) -> r/tuned.json, which opsiso uses
-#   fused     the fused-kernel GPU tests (tests/test_fused_gpu.py: bitwise, gradients, opcheck, graphs)
+#   fused     the fused-kernel GPU tests (tests/ops/test_fused_gpu.py: bitwise, gradients, opcheck, graphs)
 #   variants  benchmarks/rope_variants.py: RoPE kernel variants, Liger with model-given tables, GPU time
 #   align     benchmarks/gpu_align_check.py: every family x profile aligned model, fused == reference
 #   hosttime  benchmarks/host_time.py for this tree and for commit $OLD_REV (host us per op call)
@@ -35,7 +35,7 @@ cap() { local left=$(( DEADLINE - ($(date +%s) - t0) - 5 )); (( left < $1 )) && 
 
 if has gputests; then
   stamp gputests
-  timeout $(cap 60) python3 -m pytest -q -p no:cacheprovider tests/test_sampler.py > "$OUT/r/gputests.log" 2>&1; echo rc=$?; tail -3 "$OUT/r/gputests.log"
+  timeout $(cap 60) python3 -m pytest -q -p no:cacheprovider tests/rollout/test_sampler.py > "$OUT/r/gputests.log" 2>&1; echo rc=$?; tail -3 "$OUT/r/gputests.log"
   timeout $(cap 45) python3 benchmarks/gpu_align_check.py --out "$OUT/r" > "$OUT/r/align_cuda.log" 2>&1; echo rc=$?; tail -2 "$OUT/r/align_cuda.log"
 fi
 if has sampler; then
@@ -60,7 +60,7 @@ if has tune; then
 fi
 if has fused; then
   stamp fused
-  timeout $(cap 150) python3 -m pytest -q -p no:cacheprovider -s tests/test_fused_gpu.py > "$OUT/r/fused.log" 2>&1; echo rc=$?
+  timeout $(cap 150) python3 -m pytest -q -p no:cacheprovider -s tests/ops/test_fused_gpu.py > "$OUT/r/fused.log" 2>&1; echo rc=$?
   grep -E "passed|failed|FAILED|Error" "$OUT/r/fused.log" | tail -15 | cut -c1-300
 fi
 if has variants; then

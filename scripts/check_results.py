@@ -31,8 +31,9 @@ from typing import Callable
 TWIN = "benchmarks/results/vllm033_calibration_twin_h200_2026-11-30"
 ORDER = "benchmarks/results/vllm033_reduction_order_h200_2026-11-30"
 GRPO = "experiments/grpo_h200_2026-11-29"
-D29 = "benchmarks/results/h200_2026-11-29d"
-D29C = "benchmarks/results/h200_2026-11-29c"   # session 3 (its isolated per-op runs and e2e); the one place this path is named
+SESSION4 = "benchmarks/results/rope_liger_compile_h200_2026-11-29"
+D29 = SESSION4
+D29C = "benchmarks/results/e2e_align_ops_isolated_h200_2026-11-29"   # session 3 (its isolated per-op runs and e2e); the one place this path is named
 
 
 # ---------------------------------------------------------------- README text
@@ -381,7 +382,7 @@ def invfreq_is_cpu(root):
 # -- GPU benchmarks
 
 def sampler(root):
-    rows = _json(root, "benchmarks/results/h200_2026-11-29b_sampler_bundled.json")["rows"]
+    rows = _json(root, "benchmarks/results/ops_inductor_sampler_h200_2026-11-29/sampler_bundled.json")["rows"]
     graph = next(r for r in rows if "CUDA-graph" in r["arm"])["tok_per_s"]
     hf = next(r for r in rows if r["arm"].startswith("HF generate"))["tok_per_s"]
     return [graph / 1000, graph / hf]
@@ -400,19 +401,19 @@ def _ratio(root, rel, variant, key, model):
     return _e2e(root / rel, model, variant)[key] / base
 
 
-def e2e_29d(root):
-    f = f"{D29}/call2_e2e_liger.json"   # the call that ran rla and Liger side by side
+def e2e_session4(root):
+    f = f"{SESSION4}/call2_e2e_liger.json"   # the call that ran rla and Liger side by side
     return [_ratio(root, f, "rla-vllm", "tok_s", "qwen2.5-1.5b"), _ratio(root, f, "rla-vllm", "tok_s", "qwen2.5-7b"),
             _ratio(root, f, "rla-vllm", "peak_gib", "qwen2.5-1.5b"), _ratio(root, f, "rla-vllm", "peak_gib", "qwen2.5-7b")]
 
 
 def e2e_liger(root):
-    f = f"{D29}/call2_e2e_liger.json"
+    f = f"{SESSION4}/call2_e2e_liger.json"
     return [_ratio(root, f, "liger", "tok_s", "qwen2.5-1.5b"), _ratio(root, f, "liger", "tok_s", "qwen2.5-7b")]
 
 
-def e2e_29d_and_liger(root):
-    a, b = e2e_29d(root)[:2]
+def e2e_session4_and_liger(root):
+    a, b = e2e_session4(root)[:2]
     return [a, b] + e2e_liger(root)
 
 
@@ -422,18 +423,18 @@ def e2e_29c(root):
 
 
 def host_bound(root):
-    return [_ratio(root, f"{D29}/call2_e2e_1x512.json", "rla-vllm", "tok_s", "qwen2.5-1.5b")]
+    return [_ratio(root, f"{SESSION4}/call2_e2e_1x512.json", "rla-vllm", "tok_s", "qwen2.5-1.5b")]
 
 
 def compile_ro(root):
-    rla = _e2e(root / f"{D29}/call6_e2e_1x512_compile_reduce-overhead.json", "qwen2.5-1.5b", "rla-vllm")["step_ms"]
-    log = (root / f"{D29}/logs/call4_e2e_1x512_compile_reduce-overhead.log").read_text()
+    rla = _e2e(root / f"{SESSION4}/call6_e2e_1x512_compile_reduce-overhead.json", "qwen2.5-1.5b", "rla-vllm")["step_ms"]
+    log = (root / f"{SESSION4}/logs/call4_e2e_1x512_compile_reduce-overhead.log").read_text()
     hf = float(re.search(r"qwen2\.5-1\.5b\s+hf-bf16\s+B1xS512\s+\d+ tok/s\s+step ([\d.]+) ms", log).group(1))
     return [rla, hf]
 
 
 def rope_copy(root):
-    rows = _json(root, f"{D29}/call1_rope_variants.json")["rows"]
+    rows = _json(root, f"{SESSION4}/call1_rope_variants.json")["rows"]
     copy = next(r for r in rows if r["arm"] == "copy")["fwd_bwd_ms"]
     liger = next(r for r in rows if "liger" in r["arm"].lower())["fwd_bwd_ms"]
     return [100 * (liger / copy - 1)]
@@ -580,21 +581,21 @@ CHECKS: list[Check] = [
           "experiments/invfreq_is_cpu_2026-11-29/runs/*/summary.json", "steps per run (all equal); min-max seeds per arm", invfreq_is_cpu),
     # ---- README: throughput and GPU fast path
     Check("sampler throughput", "README", r"at (\d+)k tok/s on the bundled model: ([\d.]+)x plain HF generate",
-          "benchmarks/results/h200_2026-11-29b_sampler_bundled.json", "graph-decode tok/s / 1000; graph / HF generate tok/s (one call per arm)", sampler),
+          "benchmarks/results/ops_inductor_sampler_h200_2026-11-29/sampler_bundled.json", "graph-decode tok/s / 1000; graph / HF generate tok/s (one call per arm)", sampler),
     Check("sampler earlier call", "README", r"an earlier call measured ([\d.]+)x",
           "benchmarks/results/logs/s2_call1_sampler_bundled_prefix.json", "graph / HF generate tok/s", sampler_earlier),
     Check("e2e through rla.align", "README",
           r"runs at ([\d.]+)x/([\d.]+)x HF eager's tokens/s with ([\d.]+)x/([\d.]+)x its peak memory",
-          f"{D29}/call2_e2e_liger.json", "rla-vllm / hf-bf16 tok_s and peak_gib (1.5B, 7B; one call)", e2e_29d),
+          f"{SESSION4}/call2_e2e_liger.json", "rla-vllm / hf-bf16 tok_s and peak_gib (1.5B, 7B; one call)", e2e_session4),
     Check("Liger e2e", "README", r"unaligned, runs at ([\d.]+)x/([\d.]+)x",
-          f"{D29}/call2_e2e_liger.json", "liger / hf-bf16 tok_s (1.5B, 7B; one call)", e2e_liger),
+          f"{SESSION4}/call2_e2e_liger.json", "liger / hf-bf16 tok_s (1.5B, 7B; one call)", e2e_liger),
     Check("host-bound step", "README", r"runs at ([\d.]+)x HF eager, because",
-          f"{D29}/call2_e2e_1x512.json", "rla-vllm / hf-bf16 tok_s, 1.5B 1x512", host_bound),
+          f"{SESSION4}/call2_e2e_1x512.json", "rla-vllm / hf-bf16 tok_s, 1.5B 1x512", host_bound),
     Check("reduce-overhead step", "README", r"that step takes ([\d.]+) ms, against HF's ([\d.]+) ms",
-          f"{D29}/call6_e2e_1x512_compile_reduce-overhead.json; HF's from {D29}/logs/call4_e2e_1x512_compile_reduce-overhead.log",
+          f"{SESSION4}/call6_e2e_1x512_compile_reduce-overhead.json; HF's from {SESSION4}/logs/call4_e2e_1x512_compile_reduce-overhead.log",
           "step_ms (rla, JSON); HF's step ms parsed from a log line (its JSON was not kept)", compile_ro),
     Check("Liger RoPE vs copy", "README", r"Liger's RoPE is itself within (\d+)% of a plain copy",
-          f"{D29}/call1_rope_variants.json", "Liger fwd+bwd ms / copy fwd+bwd ms - 1", rope_copy),
+          f"{SESSION4}/call1_rope_variants.json", "Liger fwd+bwd ms / copy fwd+bwd ms - 1", rope_copy),
     Check("per-op vs Liger, bandwidth floor", "README",
           r"the kernels run at ([\d.]+)x \(SwiGLU\), ([\d.]+)x \(add\+RMSNorm\) and ([\d.]+)x \(RoPE\) of Liger's forward\+backward time, with forwards at ([\d.]+)-([\d.]+)x",
           f"{OPS_ISOLATED}; RoPE: {', '.join(ROPE_ISOLATED)}",
@@ -622,12 +623,12 @@ CHECKS: list[Check] = [
           lambda root: [order_calibration(root)[0], *order_twin_exact(root), *order_e2e_ratios(root)[0:2],
                         *order_e2e_ratios(root)[6:8], order_carry_vs_old(root)[0]]),
     Check("[bench] sampler", "benchmarks/results/README", r"(\d+)k tok/s on the bundled model, ([\d.]+)x plain HF generate in one call per arm \(an earlier call: ([\d.]+)x\)",
-          "benchmarks/results/h200_2026-11-29b_sampler_bundled.json, logs/s2_call1_sampler_bundled_prefix.json", "as above",
+          "benchmarks/results/ops_inductor_sampler_h200_2026-11-29/sampler_bundled.json, logs/s2_call1_sampler_bundled_prefix.json", "as above",
           lambda root: sampler(root) + sampler_earlier(root)),
     Check("[bench] session 3 e2e", "benchmarks/results/README", r"e2e ([\d.]+)x / ([\d.]+)x HF tokens/s",
-          "benchmarks/results/h200_2026-11-29c/call5_e2e.json", "rla-vllm / hf-bf16 tok_s (1.5B, 7B)", e2e_29c),
+          "benchmarks/results/e2e_align_ops_isolated_h200_2026-11-29/call5_e2e.json", "rla-vllm / hf-bf16 tok_s (1.5B, 7B)", e2e_29c),
     Check("[bench] session 4 e2e and Liger", "benchmarks/results/README", r"e2e ([\d.]+)x / ([\d.]+)x HF, Liger ([\d.]+)x / ([\d.]+)x",
-          f"{D29}/call2_e2e_liger.json", "rla-vllm / hf-bf16 and liger / hf-bf16 tok_s (one call)", e2e_29d_and_liger),
+          f"{SESSION4}/call2_e2e_liger.json", "rla-vllm / hf-bf16 and liger / hf-bf16 tok_s (one call)", e2e_session4_and_liger),
     Check("[bench] FSDP2", "benchmarks/results/README", r"unsharded; ([\d.]+)x baseline tokens/s",
           "benchmarks/results/h200x2_2026-11-29_fsdp2/check/fsdp2_check.json", "as above", lambda root: fsdp2(root)[:1]),
     Check("[bench] mutation report", "benchmarks/results/README", r"(\d+) of (\d+) named mutations caught",

@@ -46,7 +46,7 @@ class Mutation:
     why: str
 
 
-OPS_TESTS = ("tests/test_backward_oracle.py", "tests/test_ops.py")
+OPS_TESTS = ("tests/ops/test_backward_oracle.py", "tests/ops/test_ops.py")
 MUTATIONS = [
     # --- reference ops (issue #21: the first two)
     Mutation("swiglu-gate-grad-bias-2^-11", "src/rla/ops/reference.py",
@@ -75,14 +75,14 @@ MUTATIONS = [
     Mutation("report-share-of-removed-k3", "src/rla/diagnosis/report.py",
              "{phi / none_k3:.1%} | {d.attribution",
              "{phi / (none_k3 * (1 - d.unexplained['mismatch/k3'])):.1%} | {d.attribution",
-             ("tests/test_report_numbers.py",), "share divided by the removed k3, not the total (issue #21)"),
+             ("tests/diagnosis/test_report_numbers.py",), "share divided by the removed k3, not the total (issue #21)"),
     Mutation("explain-share-of-removed-k3", "src/rla/diagnosis/report.py",
              "ranked[0][1] / none[\"mismatch/k3\"] if", "ranked[0][1] / (none[\"mismatch/k3\"] - full[\"mismatch/k3\"]) if",
-             ("tests/test_report_numbers.py",), "the explanation's share of the removed k3"),
+             ("tests/diagnosis/test_report_numbers.py",), "the explanation's share of the removed k3"),
     # --- attribution
     Mutation("shapley-weight-off-by-one", "src/rla/diagnosis/attribution.py",
              "factorial(n - len(s) - 1) / factorial(n)", "factorial(n - len(s)) / factorial(n)",
-             ("tests/test_attribution.py",), "wrong Shapley coalition weight"),
+             ("tests/diagnosis/test_attribution.py",), "wrong Shapley coalition weight"),
     # --- metrics
     Mutation("k3-taylor-missing-term", "src/rla/metrics.py",
              "s * (1 / 6 + s * (1 / 24", "s * (1 / 5 + s * (1 / 24",
@@ -93,38 +93,38 @@ MUTATIONS = [
     # --- rollout records (issue #21: the fourth, two mutations)
     Mutation("rollout-number-not-finite-checked", "src/rla/rollout/rollouts.py",
              "    if not _is_number(v) or not math.isfinite(v):", "    if not _is_number(v):",
-             ("tests/test_rollout_fields.py", "tests/test_rollouts.py"), "1e999 (inf) accepted in numeric fields (issue #21)"),
+             ("tests/rollout/test_rollout_fields.py", "tests/rollout/test_rollouts.py"), "1e999 (inf) accepted in numeric fields (issue #21)"),
     Mutation("rollout-prompt-ids-not-vocab-checked", "src/rla/rollout/rollouts.py",
              'out["prompt_ids"] = _ids("prompt_ids", d["prompt_ids"], vocab_size)',
              'out["prompt_ids"] = _ids("prompt_ids", d["prompt_ids"], None)',
-             ("tests/test_rollout_fields.py", "tests/test_rollouts.py"), "prompt_ids never checked against vocab_size (issue #21)"),
+             ("tests/rollout/test_rollout_fields.py", "tests/rollout/test_rollouts.py"), "prompt_ids never checked against vocab_size (issue #21)"),
     Mutation("rollout-top-p-above-one", "src/rla/rollout/rollouts.py",
              "if not 0 < out[\"top_p\"] <= 1:", "if not 0 < out[\"top_p\"]:",
-             ("tests/test_rollout_fields.py", "tests/test_rollouts.py"), "top_p > 1 accepted"),
+             ("tests/rollout/test_rollout_fields.py", "tests/rollout/test_rollouts.py"), "top_p > 1 accepted"),
     # --- alignment
     Mutation("unalign-leaves-one-module", "src/rla/alignment/core.py",
              "    for m in patched:\n        uninstall(m)", "    for m in patched[1:]:\n        uninstall(m)",
-             ("tests/test_align_models.py",), "unalign restores all but one patched module"),
+             ("tests/alignment/test_align_models.py",), "unalign restores all but one patched module"),
     Mutation("aligned-swiglu-hf-profile", "src/rla/alignment/swiglu.py",
              "return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), profile))",
              "return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), \"hf\"))",
-             ("tests/test_align_spec.py", "tests/test_align_models.py"), "the dense MLP ignores the profile"),
+             ("tests/alignment/test_align_spec.py", "tests/alignment/test_align_models.py"), "the dense MLP ignores the profile"),
     # --- the points added with the calibrated profiles
     Mutation("fp32-carry-reads-the-rounded-sum", "src/rla/alignment/rmsnorm.py",
-             "carried = attn_out.float().add_(residual) if carry else rounded",
-             "carried = rounded.float() if carry else rounded",
-             ("tests/test_align_models.py",), "residual_stream='fp32_carry' silently carries RN(a + r)"),
+             "out = carry_add(attn_out, residual, mlp_out, torch.float32 if fp32_sum else lp)",
+             "out = carry_add(rounded, torch.zeros_like(rounded), mlp_out, torch.float32 if fp32_sum else lp)",
+             ("tests/alignment/test_align_models.py",), "residual_stream='fp32_carry' silently carries RN(a + r)"),
     Mutation("qk-chain-rounds-the-norm-output", "src/rla/ops/reference.py",
              "return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op, out_dtype)",
              "return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op, out_dtype).to(lp).to(out_dtype or lp)",
-             ("tests/test_align_models.py",), "qk_norm_out='fp32' rounds the q/k-norm output before RoPE anyway"),
+             ("tests/alignment/test_align_models.py",), "qk_norm_out='fp32' rounds the q/k-norm output before RoPE anyway"),
     # --- experiment summaries (issue #21: the table's ± was the population std)
     Mutation("summary-std-population", "src/rla/rl/experiment_summary.py",
              "std = float(vals.std(ddof=1)) if vals.size > 1 else None", "std = float(vals.std()) if vals.size > 1 else None",
-             ("tests/test_summary_stats.py",), "the std over seeds is the population std (ddof=0), not the sample std"),
+             ("tests/rl/test_summary_stats.py",), "the std over seeds is the population std (ddof=0), not the sample std"),
     Mutation("final-reward-window-short-by-one", "src/rla/rl/runlog.py",
              '"final_reward": _mean(rewards[-window:]),', '"final_reward": _mean(rewards[-window + 1:]),',
-             ("tests/test_grpo.py",), "final reward averages the last window - 1 steps"),
+             ("tests/rl/test_grpo.py",), "final reward averages the last window - 1 steps"),
 ]
 
 

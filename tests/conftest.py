@@ -1,4 +1,5 @@
-"""Fixtures shared by several test files."""
+"""Fixtures shared by several test files (this file stays at the top of ``tests/``, so they are
+visible in every folder). The layout of ``tests/`` is described in ``docs/README.md``, "Tests"."""
 
 import subprocess
 import sys

@@ -149,7 +149,7 @@ def rope_init(rotary: torch.nn.Module, device=None, seq_len=None) -> tuple[torch
 def _default_rope_on(config, device) -> torch.Tensor:
     """The default RoPE frequencies, ``1/(theta**(arange(0, d, 2)/d))``, evaluated on ``device``:
     the expression every transformers release's default init (and vLLM's cache builder) uses,
-    op for op; equal to the model's own init on the CPU (tests/test_align_rope.py)."""
+    op for op; equal to the model's own init on the CPU (tests/alignment/test_align_rope.py)."""
     rp = config.rope_parameters
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))

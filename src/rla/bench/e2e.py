@@ -10,19 +10,17 @@ Variants, each timed in the same process:
   liger         bf16, Liger Kernel's RoPE, RMSNorm and SwiGLU (``apply_liger_kernel_to_qwen2``; the
                 loss left as HF's), on a model of its own: what a Liger user runs today, unaligned
 
-How the regions are aligned: with ``rla.align(model, profile)`` when the package has it.
-Otherwise (and always for naive-upcast) by ``_patch_qwen2`` below, a benchmark-only patch of
-the HF Qwen2 modules: rotary embedding returns fp32 cos/sin, ``apply_rotary_pos_emb`` -> rope,
-the MLP -> swiglu, and each decoder layer fuses its two residual adds with the following norm
-(the post-attention norm, and the next layer's input norm / the final norm, handed over through
-a one-slot stash keyed by the residual tensor). It is undone after the variant.
+How the regions are aligned: ``rla.alignment.align(model, profile)`` for the ``rla-*`` variants,
+and ``align(model, "vllm", ops=rla.bench.ops.NAIVE_UPCAST)`` for ``naive-upcast``: the same
+per-instance patch, with the four region ops replaced by plain eager fp32 upcasts that autograd
+differentiates (every fp32 intermediate kept for backward). ``rla.alignment.unalign`` undoes
+either after the variant.
 """
 
 from __future__ import annotations
 
 import gc
 import statistics
-import types
 from typing import Callable
 
 import torch
@@ -64,99 +62,9 @@ def build_model(name: str, dtype: torch.dtype, device="cuda"):
     )
     torch.manual_seed(0)
     with torch.device(device):
-        try:
-            model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
-        except TypeError:
-            model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", torch_dtype=dtype)
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
     model.train()
     return model
-
-
-# ---- the naive-upcast baseline: hand-written fp32 upcasts, patched in by the benchmark itself
-
-
-class _NaiveRegions:
-    """The vllm profile's numbers by plain eager fp32 upcasts (every intermediate in memory)."""
-
-    def rope(self, q, k, cos, sin):
-        from rla.bench.ops import naive_rope
-
-        return naive_rope(q, k, cos, sin)
-
-    def swiglu(self, g, u):
-        from rla.bench.ops import naive_swiglu
-
-        return naive_swiglu(g, u)
-
-    def rms_norm(self, x, w, eps):
-        v = x.float()
-        return (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
-
-    def add_rms_norm(self, x, r, w, eps):
-        from rla.bench.ops import naive_add_rms_norm
-
-        return naive_add_rms_norm(x, r, w, eps)
-
-
-def _patch_qwen2(model, regions) -> Callable[[], None]:
-    """Benchmark-only patch of a Qwen2ForCausalLM onto ``regions``; returns the undo function.
-
-    Only the ``naive-upcast`` baseline uses it (what a team would write by hand: every fp32
-    intermediate in memory); the ``rla-*`` variants go through :func:`rla.alignment.align`."""
-    import transformers.models.qwen2.modeling_qwen2 as mq
-
-    inner = model.model
-    layers = list(inner.layers)
-    stash: dict = {}
-    patched: list = []
-    orig_apply = mq.apply_rotary_pos_emb
-
-    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        return regions.rope(q, k, cos, sin)
-
-    mq.apply_rotary_pos_emb = apply_rotary_pos_emb
-
-    rot = inner.rotary_emb
-    rot_forward = rot.forward
-    rot.forward = lambda x, position_ids: rot_forward(x[..., :0].float(), position_ids)  # fp32 cos/sin
-    patched.append(rot)
-
-    def norm_of(hidden, norm):
-        hit = stash.pop("pending", None)
-        if hit is not None and hit[0] is hidden:
-            return hit[1]
-        return regions.rms_norm(hidden, norm.weight, norm.variance_epsilon)
-
-    for i, layer in enumerate(layers):
-        mlp = layer.mlp
-        mlp.forward = types.MethodType(
-            lambda self, x: self.down_proj(regions.swiglu(self.gate_proj(x), self.up_proj(x))), mlp
-        )
-        nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else inner.norm
-
-        def layer_forward(self, hidden_states, *args, _next=nxt, **kwargs):
-            normed = norm_of(hidden_states, self.input_layernorm)
-            attn, _ = self.self_attn(normed, *args, **kwargs)
-            ln = self.post_attention_layernorm
-            normed, residual = regions.add_rms_norm(attn, hidden_states, ln.weight, ln.variance_epsilon)
-            out = self.mlp(normed)
-            normed_next, residual = regions.add_rms_norm(out, residual, _next.weight, _next.variance_epsilon)
-            stash["pending"] = (residual, normed_next)
-            return residual
-
-        layer.forward = types.MethodType(layer_forward, layer)
-        patched += [mlp, layer]
-
-    inner.norm.forward = types.MethodType(lambda self, h: norm_of(h, self), inner.norm)
-    patched.append(inner.norm)
-
-    def undo():
-        mq.apply_rotary_pos_emb = orig_apply
-        for m in patched:
-            m.__dict__.pop("forward", None)
-        stash.clear()
-
-    return undo
 
 
 def _liger(model) -> tuple[Callable[[], None], str]:
@@ -180,10 +88,13 @@ def _align(model, variant: str) -> tuple[Callable[[], None], str]:
     """Apply a variant's region implementation; -> (undo, how)."""
     if variant == "liger":
         return _liger(model)
-    if variant == "naive-upcast":
-        return _patch_qwen2(model, _NaiveRegions()), "benchmark patch (naive fp32 upcasts)"
     from rla.alignment import align, unalign
 
+    if variant == "naive-upcast":
+        from rla.bench.ops import NAIVE_UPCAST
+
+        align(model, "vllm", ops=NAIVE_UPCAST)
+        return (lambda: unalign(model)), "rla.align(model, 'vllm', ops=NAIVE_UPCAST) (naive fp32 upcasts)"
     if variant.endswith("-kernels"):  # engine-backed: the engine's forward kernels
         import os
 

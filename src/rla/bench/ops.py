@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from rla.bench.common import copy_bandwidth_gbs, time_ms, write_results
 from rla.environment import env_markdown, environment
 from rla.ops import set_launch_config
+from rla.profiles import resolve
 
 LP = torch.bfloat16
 EPS = 1e-6
@@ -71,18 +72,72 @@ def naive_swiglu(g, u):
     return (F.silu(g.float()) * u.float()).to(g.dtype)
 
 
+def naive_rms_norm(x, w, eps=EPS, lp=None):
+    """RMSNorm of ``x`` (an fp32 ``x`` with ``lp`` bf16: a residual sum read in fp32), rounded to ``lp``."""
+    lp = x.dtype if lp is None else lp
+    v = x.float()
+    return (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * w.to(lp).float()).to(lp)
+
+
 def naive_add_rms_norm(x, r, w, eps=EPS):
-    s = x.float() + r.float()
-    new_res = s.to(x.dtype)
-    y = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * w.float()
-    return y.to(x.dtype), new_res
+    s = x.float() + r.float()  # the norm reads the fp32 sum (fp32_sum); RN(s) is the new residual
+    return naive_rms_norm(s, w, eps, x.dtype), s.to(x.dtype)
 
 
-def naive_rope(q, k, cos, sin):
-    c = cos.to(q.dtype).float().unsqueeze(1)
-    s = sin.to(q.dtype).float().unsqueeze(1)
+def naive_rope(q, k, cos, sin, unsqueeze_dim=1):
+    c = cos.to(q.dtype).float().unsqueeze(unsqueeze_dim)
+    s = sin.to(q.dtype).float().unsqueeze(unsqueeze_dim)
     qf, kf = q.float(), k.float()
     return (qf * c + _rot(qf) * s).to(q.dtype), (kf * c + _rot(kf) * s).to(k.dtype)
+
+
+#: The points the naive expressions above compute: the vllm profile's (rope_inv_freq and the
+#: residual stream are the aligned modules' business, not the ops').
+NAIVE_POINTS = ("rope_cos_sin", "rope_apply", "swiglu", "norm_weight", "norm_residual")
+
+
+class NaiveUpcastOps:
+    """The naive expressions above as the ``ops`` of :func:`rla.alignment.align`: the e2e
+    benchmark's ``naive-upcast`` arm is ``align(model, "vllm", ops=NAIVE_UPCAST)``.
+
+    What a team would write by hand: plain eager fp32 upcasts that autograd differentiates, every
+    fp32 intermediate kept for backward. The forward computes the vllm profile's numbers (the
+    same as ``rla.ops`` on the CPU, bit for bit); any profile that rounds elsewhere at these ops'
+    points is refused, and so are fp32 q/k handed to RoPE (``qk_norm_out='fp32'`` chains).
+    """
+
+    name = "naive fp32 upcasts (rla.bench.ops.NAIVE_UPCAST)"
+
+    def _check(self, profile):
+        want = resolve("vllm")
+        if [getattr(profile, p) for p in NAIVE_POINTS] != [getattr(want, p) for p in NAIVE_POINTS]:
+            diff = {p: (getattr(profile, p), getattr(want, p)) for p in NAIVE_POINTS if getattr(profile, p) != getattr(want, p)}
+            raise ValueError(f"{self.name} compute the vllm profile's points; {profile.name!r} differs (its, vllm's): {diff}")
+
+    def rope(self, q, k, cos, sin, profile, unsqueeze_dim=1, dtype=None):
+        self._check(profile)
+        if dtype not in (None, q.dtype):
+            raise NotImplementedError(f"{self.name}: q/k in {q.dtype} with stack dtype {dtype} (a q/k-norm chain)")
+        if cos.shape[-1] != q.shape[-1]:  # half tables [..., D/2], as rla.align's rotary returns them
+            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+        return naive_rope(q, k, cos, sin, unsqueeze_dim)
+
+    def swiglu(self, gate, up, profile):
+        self._check(profile)
+        return naive_swiglu(gate, up)
+
+    def rms_norm(self, x, weight, eps, profile, dtype=None, out_dtype=None):
+        self._check(profile)
+        if out_dtype not in (None, dtype or x.dtype):
+            raise NotImplementedError(f"{self.name}: an unrounded ({out_dtype}) norm output (a q/k-norm chain)")
+        return naive_rms_norm(x, weight, eps, dtype)
+
+    def add_rms_norm(self, x, residual, weight, eps, profile):
+        self._check(profile)
+        return naive_add_rms_norm(x, residual, weight, eps)
+
+
+NAIVE_UPCAST = NaiveUpcastOps()
 
 
 # ---- cases ---------------------------------------------------------------------------------

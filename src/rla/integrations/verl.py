@@ -25,7 +25,7 @@ build, cast and wrap in one function) is covered the same way: the module is ali
 handed to ``get_fsdp_wrap_policy(module=...)``, the first call after the cast, from those two
 builders only (the ``RewardModelWorker`` calls it too; a reward model is left as it is), and that
 module's ``MixedPrecisionPolicy`` name gets the same replacement. Tested against verl 0.7.1's
-``fsdp_workers`` module (``tests/test_integration_verl_legacy.py``).
+``fsdp_workers`` module (``tests/integrations/test_integration_verl_legacy.py``).
 Megatron workers are not covered.
 
 Profile: ``+actor_rollout_ref.model.override_config.rla_profile=vllm-eager`` (verl copies

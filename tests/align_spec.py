@@ -1,0 +1,328 @@
+"""The test oracle for ``rla.align``: a whole decoder forward written from docs/rounding.md.
+
+Nothing here calls ``rla.ops`` or ``rla.align``. The forward reuses the model's weights and its
+(unpatched) MoE routers, and mirrors HF's eager attention op for op, so that under the ``hf``
+points it equals the unaligned HF model bit for bit (``tests/alignment/test_align_spec.py``: that
+is what makes it a trustworthy oracle for the other profiles). Every rounding is an explicit
+``.to(lp)``.
+
+A helper module, not a test file: the alignment, profile and engine tests import the helpers (tiny
+models, ``spec_forward``, the ``single_thread`` fixture) by name, ``from align_spec import ...``
+(``tests/`` is on ``sys.path``, see ``pyproject.toml``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from spec import vllm_mean_square
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """One intra-op thread while these tests run. The CPU test machine has 2 shared cores; with
+    more busy processes than cores, OpenMP workers spin and tiny bf16 ops (index_add_ in the MoE
+    loop) get ~10x slower. Results do not depend on it: aligned model and oracle share the setting.
+    Other test files import this fixture by name."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+# ---------------------------------------------------------------------------------------------
+# docs/rounding.md, "Built-in profiles", copied as data (checked against rla.profiles by tests/alignment/test_align_spec.py).
+# ---------------------------------------------------------------------------------------------
+POINTS = ("rope_cos_sin", "rope_apply", "rope_inv_freq", "swiglu", "norm_weight", "norm_residual",
+          "residual_stream", "qk_norm_out", "norm_reduction")
+SPEC = {
+    "hf": ("round", "per_op", "host", "per_op", "per_op", "rounded_sum", "rounded", "round", "unpinned"),
+    "sglang-0.5.23": ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round", "unpinned"),
+    "vllm-0.33": ("round", "fused", "device", "fused", "fused", "fp32_sum", "fp32_carry", "fp32", "unpinned"),
+    "vllm-0.33-eager": ("round", "fused", "device", "per_op", "fused", "rounded_sum", "rounded", "round", "vllm_block"),
+    "rla": ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round", "unpinned"),
+}
+SPEC = {name: dict(zip(POINTS, row)) for name, row in SPEC.items()}
+SPEC["vllm"], SPEC["vllm-eager"], SPEC["sglang"] = SPEC["vllm-0.33"], SPEC["vllm-0.33-eager"], SPEC["sglang-0.5.23"]
+PROFILES = ("hf", "sglang-0.5.23", "vllm-0.33", "vllm-0.33-eager", "rla")
+REGION_POINTS = {
+    "rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq", "qk_norm_out"),
+    "swiglu": ("swiglu",),
+    "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction"),
+}
+
+
+def points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
+    """The profile's points in ``regions``; HF's own (``hf``) points elsewhere."""
+    out = dict(SPEC["hf"])
+    for region in regions:
+        for point in REGION_POINTS[region]:
+            out[point] = SPEC[profile][point]
+    if not {"rope", "rmsnorm"} <= set(regions):  # the q/k-norm -> RoPE chain needs both regions
+        out["qk_norm_out"] = "round"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiny models
+# ---------------------------------------------------------------------------------------------
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
+_COMMON = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
+    initializer_range=0.1,
+    tie_word_embeddings=False,
+)
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+
+
+def tiny_config(family: str, **overrides):
+    """A tiny config of ``family``; ``overrides`` go to the config constructor."""
+    kw = dict(_COMMON)
+    if family in ("mistral", "qwen3", "qwen3_moe"):
+        kw["head_dim"] = 16
+    if family in ("qwen2_moe", "qwen3_moe"):
+        kw.update(_MOE)
+    if family == "qwen2_moe":
+        # layer 1 is a dense MLP (mlp_only_layers): both kinds in one model
+        kw.update(shared_expert_intermediate_size=64, decoder_sparse_step=1, mlp_only_layers=[1])
+    if family == "qwen3_moe":
+        kw.update(norm_topk_prob=True)
+    if family == "mixtral":
+        kw.update(num_local_experts=4, num_experts_per_tok=2)
+    kw.update(overrides)
+    classes = {
+        "llama": transformers.LlamaConfig,
+        "mistral": transformers.MistralConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+        "qwen2_moe": transformers.Qwen2MoeConfig,
+        "qwen3_moe": transformers.Qwen3MoeConfig,
+        "mixtral": transformers.MixtralConfig,
+    }
+    return classes[family](**kw)
+
+
+def tiny_model(family: str, seed: int = 0, dtype=BF16, experts="eager", config=None, **overrides):
+    """A random tiny model in ``dtype`` with an fp32 ``inv_freq`` (as from_pretrained(dtype=) gives).
+
+    RMSNorm weights are randomised (HF initialises them to 1, where per_op and fused weight
+    products coincide and a test would prove nothing).
+    """
+    cfg = config if config is not None else tiny_config(family, **overrides)
+    torch.manual_seed(seed)
+    kwargs = dict(attn_implementation="eager")
+    if "moe" in family or family == "mixtral":
+        kwargs["experts_implementation"] = experts
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, **kwargs)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+    return model.eval()
+
+
+def tokens(batch=2, seq=12, seed=0, vocab=128):
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------------------------------------
+# The spec: one region at a time (v, w are fp32 values; RN is .to(lp))
+# ---------------------------------------------------------------------------------------------
+
+
+def rn(v, lp):
+    return v.to(lp).float()
+
+
+def spec_inv_freq(cfg, seq_len=None):
+    """fp32 inv_freq as engines compute it. Default RoPE written out; scaled types use the
+    rope-type formula transformers defines (the model's own definition of its frequencies)."""
+    rp = cfg.rope_parameters
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if rp["rope_type"] == "default":
+        return 1.0 / (rp["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    fn = ROPE_INIT_FUNCTIONS[rp["rope_type"]]
+    if rp["rope_type"] == "dynamic" and seq_len is not None and seq_len > cfg.max_position_embeddings:
+        inv_freq, scale = fn(cfg, None, seq_len=torch.tensor(seq_len))
+    else:
+        inv_freq, scale = fn(cfg)
+    assert scale == 1.0
+    return inv_freq.float()
+
+
+def spec_cos_sin(inv_freq, positions):
+    freqs = positions[..., None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rot(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def spec_rope(x, cos, sin, pts, lp=None):
+    lp = lp or x.dtype
+    c, s = cos[:, None], sin[:, None]  # [B, 1, S, D] against x [B, H, S, D]
+    if pts["rope_cos_sin"] == "round":
+        c, s = rn(c, lp), rn(s, lp)
+    xf = x.float()
+    if pts["rope_apply"] == "per_op":
+        return (rn(xf * c, lp) + rn(_rot(xf) * s, lp)).to(lp)
+    return (xf * c + _rot(xf) * s).to(lp)
+
+
+def spec_swiglu(g, u, pts):
+    lp = g.dtype
+    a = F.silu(g.float())
+    if pts["swiglu"] == "per_op":
+        a = rn(a, lp)
+    return (a * u.float()).to(lp)
+
+
+def spec_norm(v, weight, eps, pts, lp, out=None, after_add=False):
+    """v: the fp32 value the norm reads; weight: the engine's copy is RN(weight); ``out``: the
+    output dtype (fp32 = unrounded, the q/k norm of the qk_norm_out='fp32' chain); ``after_add``:
+    the norm reads a residual sum (the engine's add + norm kernel, for ``norm_reduction``)."""
+    if pts.get("norm_reduction", "unpinned") == "vllm_block":
+        mean_square = vllm_mean_square(v, v.numel() // v.shape[-1], after_add)
+    else:
+        mean_square = (v * v).mean(-1, keepdim=True)
+    rstd = torch.rsqrt(mean_square + eps)
+    w = rn(weight.float(), lp)
+    if pts["norm_weight"] == "per_op":
+        return (w * rn(v * rstd, lp)).to(out or lp)
+    return ((v * rstd) * w).to(out or lp)
+
+
+# ---------------------------------------------------------------------------------------------
+# The decoder, HF eager attention op for op
+# ---------------------------------------------------------------------------------------------
+
+
+class SpecCache:
+    """Per-layer K (after RoPE) and V, like HF's DynamicCache."""
+
+    def __init__(self):
+        self.k, self.v = {}, {}
+
+    def length(self):
+        return 0 if not self.k else self.k[0].shape[2]
+
+
+def _linear(mod, x):
+    return F.linear(x, mod.weight, mod.bias)
+
+
+def _repeat_kv(x, n_rep):
+    b, kv, s, d = x.shape
+    if n_rep == 1:
+        return x
+    return x[:, :, None, :, :].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
+
+
+def _attention(attn, h, cos, sin, mask, pts, lp, eps, cache, idx):
+    b, s, _ = h.shape
+    d = attn.head_dim
+    q = _linear(attn.q_proj, h).view(b, s, -1, d)
+    k = _linear(attn.k_proj, h).view(b, s, -1, d)
+    v = _linear(attn.v_proj, h).view(b, s, -1, d).transpose(1, 2)
+    if hasattr(attn, "q_norm"):  # Qwen3: per-head norms, no residual, follow norm.weight
+        out = torch.float32 if pts["qk_norm_out"] == "fp32" else lp  # fp32: RoPE reads it unrounded
+        q = spec_norm(q.float(), attn.q_norm.weight, eps, pts, lp, out)
+        k = spec_norm(k.float(), attn.k_norm.weight, eps, pts, lp, out)
+    q, k = spec_rope(q.transpose(1, 2), cos, sin, pts, lp), spec_rope(k.transpose(1, 2), cos, sin, pts, lp)
+    if cache is not None:
+        if idx in cache.k:
+            k = torch.cat([cache.k[idx], k], dim=2)
+            v = torch.cat([cache.v[idx], v], dim=2)
+        cache.k[idx], cache.v[idx] = k, v
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = _repeat_kv(k, n_rep), _repeat_kv(v, n_rep)
+    w = torch.matmul(q, k.transpose(2, 3)) * attn.scaling
+    if mask is not None:
+        w = w + mask
+    w = F.softmax(w, dim=-1, dtype=torch.float32).to(lp)
+    o = torch.matmul(w, v).transpose(1, 2).contiguous().reshape(b, s, -1)
+    return _linear(attn.o_proj, o)
+
+
+def _dense_mlp(mlp, h, pts):
+    return _linear(mlp.down_proj, spec_swiglu(_linear(mlp.gate_proj, h), _linear(mlp.up_proj, h), pts))
+
+
+def _experts(ex, h2, idx, weights, pts):
+    out = torch.zeros_like(h2)
+    mask = F.one_hot(idx, num_classes=ex.num_experts).permute(2, 1, 0)
+    for e in range(ex.num_experts):
+        pos, tok = torch.where(mask[e])
+        if tok.numel() == 0:
+            continue
+        g, u = F.linear(h2[tok], ex.gate_up_proj[e]).chunk(2, dim=-1)
+        cur = F.linear(spec_swiglu(g, u, pts), ex.down_proj[e])
+        cur = cur * weights[tok, pos, None]
+        out.index_add_(0, tok, cur.to(out.dtype))
+    return out
+
+
+def _mlp(mlp, h, pts):
+    if hasattr(mlp, "gate_proj"):
+        return _dense_mlp(mlp, h, pts)
+    b, s, hid = h.shape
+    h2 = h.view(-1, hid)
+    _, weights, idx = mlp.gate(h2)  # the model's own router (not a rounding region)
+    out = _experts(mlp.experts, h2, idx, weights, pts)
+    if hasattr(mlp, "shared_expert"):
+        shared = _dense_mlp(mlp.shared_expert, h2, pts)
+        out = out + torch.sigmoid(_linear(mlp.shared_expert_gate, h2)) * shared
+    return out.reshape(b, s, hid)
+
+
+def spec_forward(model, input_ids, pts, cache: SpecCache | None = None, last_only=False):
+    """Logits of ``model`` under the rounding points ``pts``, from docs/rounding.md."""
+    body, cfg = model.model, model.config
+    lp = body.embed_tokens.weight.dtype
+    eps = cfg.rms_norm_eps
+    b, s = input_ids.shape
+    past = cache.length() if cache is not None else 0
+    positions = torch.arange(past, past + s)[None].expand(b, s)
+    cos, sin = spec_cos_sin(spec_inv_freq(cfg, seq_len=past + s), positions)
+    mask = None
+    if s > 1:
+        future = torch.arange(past + s)[None, :] > (torch.arange(s)[:, None] + past)
+        mask = torch.zeros(s, past + s, dtype=lp).masked_fill(future, torch.finfo(lp).min)[None, None]
+    fp32_sum = pts["norm_residual"] == "fp32_sum"
+    carry = pts["residual_stream"] == "fp32_carry"
+
+    residual = F.embedding(input_ids, body.embed_tokens.weight)
+    read = residual.float()  # what the next norm reads
+    for i, layer in enumerate(body.layers):
+        h = spec_norm(read, layer.input_layernorm.weight, eps, pts, lp, after_add=i > 0)
+        x = _attention(layer.self_attn, h, cos, sin, mask, pts, lp, eps, cache, i)
+        total = x.float() + residual.float()
+        residual = total.to(lp)
+        read = total if fp32_sum else residual.float()
+        h = spec_norm(read, layer.post_attention_layernorm.weight, eps, pts, lp, after_add=True)
+        x = _mlp(layer.mlp, h, pts)
+        # fp32_carry: the MLP's add reads the unrounded a + r
+        total = x.float() + (total if carry else residual.float())
+        residual = total.to(lp)
+        read = total if fp32_sum else residual.float()
+    h = spec_norm(read, body.norm.weight, eps, pts, lp, after_add=True)
+    if last_only:
+        h = h[:, -1:]
+    return F.linear(h, model.lm_head.weight)

@@ -1,0 +1,150 @@
+"""The dose-response experiment (issue #19): its grid files, the dose in training, and the probe.
+
+- the two grid files parse and expand to the runs their comments promise;
+- a 2-step dose arm runs end to end through ``rla experiment`` on CPU (the CI smoke of the GPU
+  grid) and the report is written;
+- ``rla experiment --probe`` reports, for every run, the step-0 k3 that the run itself logs;
+- on the bundled model, k3 grows with the dose (fewer bits, larger scale) and 7 bits is the
+  aligned arm exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rla.cli import main
+from rla.rl.grid import load_grid, matches_only
+from rla.rl.runlog import read_log
+
+from repo_root import ROOT  # noqa: E402
+SMALL = ROOT / "configs" / "experiment_dose_h200_small.yaml"
+FULL = ROOT / "configs" / "experiment_dose_h200.yaml"
+
+
+def _doses(grid) -> dict[str, tuple[int, float]]:
+    return {a: (o["train_dose_bits"], o.get("train_dose_scale", 1.0)) for a, o in grid.arms.items()
+            if o.get("train_dose_bits") is not None}
+
+
+def test_small_grid_is_21_runs_of_the_bundled_model_5_doses_bf16_and_aligned(tmp_path):
+    grid = load_grid(SMALL)
+    runs = grid.runs(tmp_path)
+    assert len(runs) == 21 and len({r.name for r in runs}) == 21
+    assert grid.seeds == [0, 1, 2] and list(grid.models) == ["qwen2-tiny"]
+    doses = _doses(grid)
+    assert len(doses) == 5 and len(set(doses.values())) == 5
+    assert {"bf16", "aligned"} <= set(grid.arms) and len(grid.arms) == 7
+    for r in runs:
+        c = r.config
+        assert c.init == "bundled" and c.task == "addition" and c.difficulty == 12 and c.steps == 100
+        assert c.prompts_per_step * c.group_size == 128 and c.pi_old == "rollout" and c.rollout_profile == "vllm"
+        if r.arm in doses:
+            assert c.train_precision == "aligned" and (c.train_dose_bits, c.train_dose_scale) == doses[r.arm]
+        else:
+            assert c.train_dose_bits is None and c.train_precision == r.arm
+    # the doses are ordered: fewer bits, or the same bits at a larger scale, is a larger dose
+    order = sorted(doses.values(), key=lambda d: (-d[0], d[1]))
+    assert order == [doses[a] for a in ("b4x0.5", "b4", "b3x0.7", "b3", "b2x0.7")]
+
+
+def test_full_grid_two_sizes_two_lengths(tmp_path):
+    from rla import models
+    from rla.rl.warm_start import build_task
+
+    grid = load_grid(FULL)
+    runs = grid.runs(tmp_path)
+    assert len(runs) == 4 * 7 * 3 and grid.seeds == [0, 1, 2]
+    assert _doses(grid) == _doses(load_grid(SMALL)) and grid.arms == load_grid(SMALL).arms
+    small = {r.name: r.config for r in load_grid(SMALL).runs(tmp_path)}
+    params, lengths, configs = {}, {}, {}
+    for r in runs:
+        c = r.config
+        if r.name in small:  # the small grid's runs are this grid's qwen2-tiny cell, config for config
+            assert c == small[r.name]
+        if r.model not in configs:
+            configs[r.model] = (models.load_bundled_model().config if c.init == "bundled"
+                                else models.tiny_config(c.arch, c.size))
+            params[r.model] = models.param_count(configs[r.model])
+        cfg = configs[r.model]
+        task = build_task(c)
+        lengths[r.model] = task.max_length()
+        assert task.max_length() + 32 < cfg.max_position_embeddings
+        if c.init != "bundled":
+            assert Path(c.init) == tmp_path / "init" / r.model  # made once per cell by the warm start
+    assert params["qwen2-tiny"] == params["qwen2-tiny-long"] < 5e6
+    assert params["qwen2-50m"] == params["qwen2-50m-long"] >= 30e6
+    assert 100 <= lengths["qwen2-tiny"] <= 160 and 100 <= lengths["qwen2-50m"] <= 160
+    assert lengths["qwen2-tiny-long"] >= 1024 and lengths["qwen2-50m-long"] >= 1024
+
+
+def test_only_takes_every_comma_separated_part():
+    assert matches_only("qwen2-50m__b3__s0", "qwen2-50m__,__s0")
+    assert not matches_only("qwen2-50m__b3__s1", "qwen2-50m__,__s0")
+    assert not matches_only("qwen2-50m-long__b3__s0", "qwen2-50m__,__s0")
+    assert matches_only("x", None) and matches_only("x", "")
+
+
+def _smoke_grid(path: Path, steps: int = 2) -> Path:
+    path.write_text(f"""
+base:
+  arch: qwen2
+  size: micro
+  init: random
+  task: counting
+  difficulty: 2
+  task_args: {{digits: 2}}
+  prompts_per_step: 2
+  group_size: 4
+  device: cpu
+  steps: {steps}
+  checkpoint_every: 1000
+models:
+  micro: {{}}
+arms:
+  aligned: {{train_precision: aligned}}
+  b2: {{train_precision: aligned, train_dose_bits: 2}}
+seeds: [0]
+""")
+    return path
+
+
+def test_cpu_smoke_two_step_dose_arm_runs_and_is_reported(tmp_path):
+    out = tmp_path / "exp"
+    grid = _smoke_grid(tmp_path / "grid.yaml")
+    assert main(["experiment", str(grid), "--out", str(out), "--parallel", "2"]) == 0
+    logs = {arm: read_log(out / "runs" / f"micro__{arm}__s0" / "log.jsonl") for arm in ("aligned", "b2")}
+    assert [len(v) for v in logs.values()] == [2, 2]
+    assert (out / "runs" / "micro__b2__s0" / "config.yaml").read_text().count("train_dose_bits: 2") == 1
+    # same weights and rollouts at step 0: the dose alone moves the training forward off the engine
+    assert logs["aligned"][0]["reward/mean"] == logs["b2"][0]["reward/mean"]
+    assert logs["b2"][0]["mismatch/k3"] > 10 * logs["aligned"][0]["mismatch/k3"]
+    rep = json.loads((out / "dose_report.json").read_text())
+    assert rep["cells"][0]["fit"]["status"] == "too_few"  # 2 steps: nothing is scored, and it says so
+    assert all(r["why"].startswith("2 steps") for r in rep["runs"])
+
+    # the probe measures the same step-0 k3 the runs logged, in one process without training
+    assert main(["experiment", str(grid), "--out", str(tmp_path / "probe"), "--probe"]) == 0
+    probe = json.loads((tmp_path / "probe" / "probe.json").read_text())
+    got = {r["arm"]: r["k3"] for r in probe["runs"]}
+    assert got == {arm: logs[arm][0]["mismatch/k3"] for arm in logs}
+    assert "| micro | b2 |" in (tmp_path / "probe" / "probe.md").read_text()
+
+
+@pytest.mark.slow
+def test_on_the_bundled_model_k3_grows_with_the_dose_and_seven_bits_is_aligned(tmp_path):
+    from rla.rl.grid import Grid
+    from rla.rl.probe import probe_step0
+
+    arms = {"aligned": {"train_precision": "aligned"},
+            "b7": {"train_precision": "aligned", "train_dose_bits": 7},
+            "b4x0.5": {"train_precision": "aligned", "train_dose_bits": 4, "train_dose_scale": 0.5},
+            "b2": {"train_precision": "aligned", "train_dose_bits": 2}}
+    base = {"init": "bundled", "task": "addition", "difficulty": 12, "prompts_per_step": 1, "group_size": 4,
+            "device": "cpu"}
+    res = probe_step0(Grid(models={"tiny": {}}, arms=arms, seeds=[0], base=base), tmp_path, say=lambda *a: None)
+    k3 = {r["arm"]: r["k3"] for r in res["runs"]}
+    assert k3["b7"] == k3["aligned"]
+    assert 3 * k3["aligned"] < k3["b4x0.5"] and 10 * k3["b4x0.5"] < k3["b2"]

@@ -1,0 +1,102 @@
+"""``rla experiment``: arms x seeds as ``rla train`` subprocesses, resumed by the next call, with
+summary.json / summary.md / plots written from the logs."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from rla.cli import main
+from rla.rl import checkpoint as ckpt
+from rla.rl.experiment import load_grid
+from rla.rl.runlog import read_log
+
+from repo_root import ROOT
+
+#: The folder of test_trainer.py: the runs import the grid's task "test_trainer:ToyTask" from it (and
+#: ``repo_root``, which that module imports, from tests/).
+HERE = Path(__file__).resolve().parent
+
+
+def write_grid(path: Path, steps: int) -> Path:
+    path.write_text(f"""
+base:
+  arch: qwen2
+  size: micro
+  init: random
+  task: "test_trainer:ToyTask"
+  difficulty: 1
+  prompts_per_step: 2
+  group_size: 4
+  max_new_tokens: 8
+  device: cpu
+  lr: 3.0e-3
+  checkpoint_every: 1
+overrides: {{steps: {steps}}}
+models:
+  micro: {{}}
+arms:
+  bf16: {{train_precision: bf16}}
+  rope: {{train_precision: aligned, align_regions: [rope]}}
+seeds: [0]
+""")
+    return path
+
+
+def test_grid_runs_resumes_and_summarises(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "exp"
+    grid = write_grid(tmp_path / "grid.yaml", steps=2)
+    assert main(["experiment", str(grid), "--out", str(out), "--parallel", "2"]) == 0
+    runs = sorted(p.name for p in (out / "runs").iterdir())
+    assert runs == ["micro__bf16__s0", "micro__rope__s0"]
+    assert [len(read_log(out / "runs" / r / "log.jsonl")) for r in runs] == [2, 2]
+
+    # more steps in the grid: the next call continues each run from its last checkpoint, and its
+    # time limit stops them (checkpointed after the current step) long before the last step; an idle
+    # machine runs ~16 micro steps a second (200 steps were once done within the 12 s limit)
+    write_grid(grid, steps=100_000)
+    assert main(["experiment", str(grid), "--out", str(out), "--parallel", "2", "--time-limit", "12"]) == 0
+    text = capsys.readouterr().out
+    assert "2 to run" in text and "time limit: stopping 2 run(s)" in text and "0/2 runs finished" in text
+    for r in runs:
+        log = read_log(out / "runs" / r / "log.jsonl")
+        assert 2 < len(log) < 100_000 and [rec["step"] for rec in log] == list(range(len(log)))
+        assert "resumed from" in (out / "runs" / r / "train.out").read_text()
+        # stopped cleanly: the last checkpoint is the last logged step, nothing to redo
+        assert ckpt.latest(out / "runs" / r / "checkpoints").name == f"step_{len(log):06d}"
+        assert json.loads((out / "runs" / r / "summary.json").read_text())["finished"] is False
+    # back to 3 steps: every run is past it, so nothing runs; the summary is rewritten
+    write_grid(grid, steps=3)
+    assert main(["experiment", str(grid), "--out", str(out)]) == 0
+    assert "0 to run" in capsys.readouterr().out
+
+    summary = json.loads((out / "summary.json").read_text())
+    arms = {a["arm"]: a for a in summary["arms"]}
+    assert set(arms) == {"bf16", "rope"} and all(a["seeds_finished"] == 1 for a in arms.values())
+    for a in arms.values():
+        assert a["step0_k3"]["n"] == 1 and a["step0_k3"]["mean"] >= 0 and a["final_reward"]["mean"] is not None
+    md = (out / "summary.md").read_text()
+    assert "| bf16 |" in md and "| rope |" in md and "step-0 k3" in md
+    # the runs' own environment (from their summary.json), not only the summarizing machine's
+    import torch
+
+    assert [e["torch"] for e in summary["run_environments"]] == [torch.__version__]
+    assert f"Runs: GPU: none (CPU) · torch {torch.__version__}" in md
+    assert (out / "plots" / "micro.png").stat().st_size > 10_000
+
+    assert main(["experiment", str(grid), "--out", str(out), "--summarize-only"]) == 0
+
+
+def test_grid_errors_name_the_problem(tmp_path):
+    bad = tmp_path / "g.yaml"
+    bad.write_text("base: {}\narms: {a: {train_precison: bf16}}\n")
+    with pytest.raises(ValueError, match="did you mean train_precision"):
+        load_grid(bad)
+    bad.write_text("base: {}\narms: {}\n")
+    with pytest.raises(ValueError, match="arms must be a non-empty mapping"):
+        load_grid(bad)
+    bad.write_text("base: {}\narms: {x: {}}\nseeds: [0]\nmodels: {m: {}}\n")
+    specs = load_grid(bad).runs(tmp_path / "o")
+    assert [s.name for s in specs] == ["m__x__s0"] and specs[0].config.init == str(tmp_path / "o" / "init" / "m")
