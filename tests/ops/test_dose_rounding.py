@@ -185,3 +185,31 @@ def test_dose_ops_round_every_region_output():
     n1, r1 = d.add_rms_norm(a, b, w, 1e-6, "vllm")
     assert torch.equal(n1, round_mantissa(n0, 3)) and torch.equal(r1, r0)  # the residual stream is left alone
     assert torch.equal(DoseOps(7).swiglu(a, b, "vllm"), ops.swiglu(a, b, "vllm"))  # 7 bits = bf16: nothing
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6])
+def test_cuda_rounding_is_the_cpu_rounding(bits):
+    got = round_mantissa_values(ALL_BF16.cuda(), bits).cpu()
+    assert torch.equal(got.view(torch.int16), round_mantissa_values(ALL_BF16, bits).view(torch.int16))
+    x = torch.randn(1 << 16, generator=torch.Generator().manual_seed(bits)) * 10
+    assert torch.equal(dose_values(x.cuda().bfloat16(), bits, 0.7).cpu(), dose_values(x.bfloat16(), bits, 0.7))
+
+
+@pytest.mark.gpu
+@CUDA
+def test_cuda_dose_ops_round_the_fused_ops_outputs():
+    from rla import ops
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a, b = (torch.randn(64, 640, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    w = torch.rand(640, device="cuda", generator=g).to(torch.bfloat16)
+    d = DoseOps(3, 0.7)
+    assert torch.equal(d.swiglu(a, b, "vllm"), dose(ops.swiglu(a, b, "vllm"), 3, 0.7))
+    n0, r0 = ops.add_rms_norm(a, b, w, 1e-6, "vllm")
+    n1, r1 = d.add_rms_norm(a, b, w, 1e-6, "vllm")
+    assert torch.equal(n1, dose(n0, 3, 0.7)) and torch.equal(r1, r0)

@@ -301,6 +301,7 @@ def dose_report(out: str | Path, grid, summary: dict, *, criterion: str = "rewar
         if fit["threshold_k3"] is not None:
             at_public = float(curve(fit["threshold_k3"], fit["slope_per_decade"], np.array([PUBLIC_BF16_K3]))[0])
         cells.append({"model": model, "overrides": grid.models[model], "fit": fit, "arms": arms,
+                      "parameters": _parameters(next((s for s in specs.values() if s.model == model), None)),
                       "response_length": stats(lengths), "p_collapse_at_1e-3": at_public,
                       "public_1e-3_vs_interval": _where(PUBLIC_BF16_K3, fit)})
     report = {"criterion": criterion, "fraction": fraction, "cells": cells, "runs": runs,
@@ -310,6 +311,29 @@ def dose_report(out: str | Path, grid, summary: dict, *, criterion: str = "rewar
     (out / "dose_report.json").write_text(json.dumps(report, indent=1, default=str, allow_nan=True))
     (out / "dose_report.md").write_text(_markdown(report, out))
     return report
+
+
+def _parameters(spec) -> int | None:
+    """Parameters of a cell's model: the bundled one, its warm-start folder's config, or arch/size."""
+    if spec is None:
+        return None
+    from rla import models
+
+    c = spec.config
+    try:
+        if c.init == "bundled":
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(str(models.bundled_path()), local_files_only=True)
+        elif (Path(c.init) / "config.json").is_file():
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(c.init, local_files_only=True)
+        else:
+            config = models.tiny_config(c.arch, c.size)
+        return int(models.param_count(config))
+    except (OSError, ValueError):
+        return None
 
 
 def _where(k3: float, fit: dict) -> str:
@@ -338,7 +362,8 @@ def _bf16_trend(cells: list[dict]) -> list[dict]:
             if a["overrides"].get("train_precision") == "bf16" and not a["overrides"].get("train_inv_freq") \
                     and a["step0_k3_geomean"]:
                 out.append({"model": c["model"], "arm": a["arm"], "step0_k3_geomean": a["step0_k3_geomean"],
-                            "step0_k3": a["step0_k3"], "response_length": c["response_length"]["mean"]})
+                            "step0_k3": a["step0_k3"], "response_length": c["response_length"]["mean"],
+                            "parameters": c["parameters"]})
     return out
 
 
@@ -392,9 +417,11 @@ def _markdown(report: dict, out: Path) -> str:
     trend = report["bf16_k3_by_cell"]
     if trend:
         lines += ["## The bf16 arm's step-0 k3 by cell", "",
-                  "Measured, not extrapolated: with two response lengths per size, a slope in log-log is two points "
-                  "and is given as such.", "", "| cell | mean response tokens | bf16 step-0 k3 (geomean) |", "|---|---|---|"]
-        lines += [f"| {t['model']} | {_fmt(t['response_length'], '.0f')} | {_fmt(t['step0_k3_geomean'])} |" for t in trend]
+                  "Measured per cell; no trend is fitted or extrapolated (two lengths and two sizes are two points per "
+                  "line, and the long cells use another task).", "",
+                  "| cell | parameters | mean response tokens | bf16 step-0 k3 (geomean) | per-seed range |", "|---|---|---|---|---|"]
+        lines += [f"| {t['model']} | {_fmt(t['parameters'], ',d')} | {_fmt(t['response_length'], '.0f')} | "
+                  f"{_fmt(t['step0_k3_geomean'])} | {t['step0_k3']['min']:.1e}-{t['step0_k3']['max']:.1e} |" for t in trend]
         lines.append("")
     lines += ["## Runs", "", "| run | steps | step-0 k3 | reward start | final | collapsed | signal | first signal step | "
               "not scored because |", "|---|---|---|---|---|---|---|---|---|"]
@@ -422,6 +449,16 @@ def _plot(report: dict, path: Path) -> Path | None:
     xs = [r["step0_k3"] for r in report["runs"] if r["scored"]]
     xlo, xhi = min(xs) / 2.5, max(xs) * 2.5
     style = {"dose": ("o", "tab:red"), "aligned": ("s", "tab:green"), "other": ("D", "tab:blue")}
+    # dose arms light to dark red by their k3 (geometric mean over the grid's runs), named in the legend
+    dose_k3: dict[str, list[float]] = {}
+    for r in report["runs"]:
+        if r["role"] == "dose" and r["scored"]:
+            dose_k3.setdefault(r["arm"], []).append(math.log(r["step0_k3"]))
+    ranked = sorted(dose_k3, key=lambda a: np.mean(dose_k3[a]))
+    reds = plt.get_cmap("Reds")
+    dose_color = {a: reds(0.35 + 0.6 * i / max(1, len(ranked) - 1)) for i, a in enumerate(ranked)}
+    other_colors = ["tab:blue", "tab:purple", "tab:orange", "tab:brown", "tab:olive", "tab:cyan"]
+    other_arms = sorted({r["arm"] for r in report["runs"] if r["role"] == "other"})
     rng = np.random.default_rng(0)
     for j, c in enumerate(cells):
         top, bottom = axes[0, j], axes[1, j]
@@ -436,29 +473,34 @@ def _plot(report: dict, path: Path) -> Path | None:
                      label=f"fit: k3_50 = {f['threshold_k3']:.2g}")
         for ax in (top, bottom):
             ax.axvline(PUBLIC_BF16_K3, color="0.4", ls=":", lw=1)
-        top.text(PUBLIC_BF16_K3, 1.08, " public bf16 ~1e-3", fontsize=7, color="0.3", va="bottom")
+        top.text(PUBLIC_BF16_K3, 1.13, " public bf16 reports ~1e-3", fontsize=7, color="0.3", va="bottom")
         seen = set()
         for r in report["runs"]:
             if r["model"] != c["model"] or not r["scored"]:
                 continue
-            role = r["role"] if r["role"] != "other" else r["arm"]
-            marker, color = style.get(r["role"], style["other"])
-            label = {"dose": "dose arms", "aligned": "aligned"}.get(r["role"], r["arm"])
+            marker, color = style[r["role"]]
+            if r["role"] == "dose":
+                color = dose_color[r["arm"]]
+            elif r["role"] == "other":
+                color = other_colors[other_arms.index(r["arm"]) % len(other_colors)]
+            label = r["arm"]
             lab = label if label not in seen else None
             seen.add(label)
             jitter = rng.uniform(-0.04, 0.04)
             top.scatter(r["step0_k3"], float(r["collapsed"]) + jitter, marker=marker, color=color, s=28, alpha=0.8,
                         label=lab, zorder=3)
             bottom.scatter(r["step0_k3"], r["final_reward"], marker=marker, color=color, s=28, alpha=0.8, zorder=3)
-            del role
         top.set_xscale("log")
         top.set_xlim(xlo, xhi)
-        top.set_ylim(-0.12, 1.2)
+        top.set_ylim(-0.12, 1.25)
         top.set_yticks([0, 0.5, 1])
         top.set_yticklabels(["survived", "0.5", "collapsed"])
         top.set_title(f"{c['model']} (~{_fmt(c['response_length']['mean'], '.0f')} tokens): {f['status']}", fontsize=10)
         top.grid(alpha=0.3)
-        top.legend(fontsize=7, loc="center left")
+        handles, labels = top.get_legend_handles_labels()
+        order = sorted(range(len(labels)), key=lambda i: (labels[i] not in ("aligned",), labels[i] in ranked,
+                                                          ranked.index(labels[i]) if labels[i] in ranked else 0))
+        top.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=7, loc="center left")
         bottom.set_xlabel("step-0 k3 of the run (log)")
         bottom.set_ylabel("final reward (mean of last window)")
         bottom.set_ylim(-0.03, 1.0)

@@ -6,7 +6,7 @@ a run, so this module measures it for every (model, arm, seed) of a grid in one 
 rollouts of step 0 are sampled once per (model, seed, rollout settings) exactly as the trainer
 samples them (same prompts, same sampling seed, same engine copy), and every arm's training forward
 (``rla.rl.precision.Policy``, the trainer's own) scores them. The k3 it reports is the number the
-run's ``log.jsonl`` would record at step 0 on the same machine (``tests/test_dose.py`` checks that
+run's ``log.jsonl`` would record at step 0 on the same machine (``tests/test_dose_experiment.py`` checks that
 against a 1-step run).
 
 Used to calibrate the dose knob (``train_dose_bits``, ``rla.rl.dose``) before spending GPU time:
