@@ -169,7 +169,7 @@ def _markdown(summary: dict, out: Path) -> str:
         "",
         "Step-0 metrics: the training forward before the first update of the first step, against the "
         "rollout engine's logprobs, on identical weights. Over training: the same measurement before each "
-        "step's first update, averaged over steps. Values are mean ± sample std (ddof=1) over seeds; the per-seed range is in summary.json (min, max) and the runs table. Collapse: METRICS.md's "
+        "step's first update, averaged over steps. Values are mean ± sample std (ddof=1) over seeds; the per-seed range is in summary.json (min, max) and the runs table. Collapse: docs/metrics.md's "
         "signal (k3 > 10x its step-0 value or grad norm > 10x its running median, with falling reward).",
         "",
     ]
