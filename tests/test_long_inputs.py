@@ -1,0 +1,182 @@
+"""Long inputs stay bounded (issue 18): chunked prefill, its bits, its memory, its progress.
+
+A record longer than ``max_tokens`` runs as a chunked prefill (``rla.rollout.prefill``). The
+diagnosis compares these logprobs with the engine's, so chunking must not change a bit: the tests
+compare the chunked logprobs with the one-call forward's (``prefill_mode="never"``) with
+``torch.equal``, show that the comparison would catch a chunking that changes bits (boundaries
+off the attention kernel's key blocks; eager attention), and measure the allocator's peak with
+the profiler's memory events while the sequence grows four-fold.
+"""
+
+import copy
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+import rla
+from rla.models import build_model, load_bundled_model, tiny_config
+from rla.rollout import prefill
+from rla.rollout.rollouts import RolloutRecord
+from rla.rollout.train_logprobs import logprobs
+
+
+def _record(g, vocab, prompt, response, temperature=1.0, top_k=-1, top_p=1.0):
+    ids = torch.randint(3, vocab, (prompt + response,), generator=g).tolist()
+    return RolloutRecord(ids[:prompt], ids[prompt:], [-1.0] * response, temperature, top_p, top_k, "test")
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    return load_bundled_model()
+
+
+@pytest.fixture(scope="module")
+def long_records(bundled):
+    g = torch.Generator().manual_seed(0)
+    v = bundled.config.vocab_size
+    # responses that cross prefill boundaries, a head piece (1024) that spans two prefill chunks,
+    # top-k / top-p, a short record packed with others, a record whose response sits in its last chunk
+    return [_record(g, v, 700, 1900), _record(g, v, 30, 2500, 0.7, 20, 0.9), _record(g, v, 100, 60),
+            _record(g, v, 1200, 420), _record(g, v, 5, 40)]
+
+
+def test_chunk_bounds_are_aligned_and_join_a_short_tail():
+    assert prefill.chunk_bounds(2600, 1024) == [(0, 1024), (1024, 2048), (2048, 2600)]
+    assert prefill.chunk_bounds(2100, 1024) == [(0, 1024), (1024, 2100)]  # a 52-token tail is joined
+    assert prefill.chunk_bounds(300, 512) == [(0, 300)]
+    assert prefill.chunk_bounds(1537, 512) == [(0, 512), (512, 1024), (1024, 1537)]  # a 1-token tail joined
+    for n in (1, 511, 512, 513, 1023, 1024, 1025, 5000):
+        b = prefill.chunk_bounds(n, 512)
+        assert b[0][0] == 0 and b[-1][1] == n and all(x[1] == y[0] for x, y in zip(b, b[1:]))
+        assert all(s % prefill.ALIGN == 0 for s, _ in b) and all(e - s >= min(n, prefill.ALIGN) for s, e in b)
+    for bad in (0, 100, 700):
+        with pytest.raises(ValueError, match="multiple of 512"):
+            prefill.chunk_bounds(1000, bad)
+
+
+@pytest.mark.parametrize("state, max_tokens", [("bf16", 1024), ("bf16 aligned to vllm", 512), ("fp32", 1536)])
+def test_chunked_prefill_gives_the_one_call_bits(bundled, long_records, state, max_tokens):
+    model = copy.deepcopy(bundled).float() if state == "fp32" else bundled
+    ctx = rla.aligned(model, profile="vllm") if "aligned" in state else torch.no_grad()
+    info = {}
+    with ctx:
+        one_call = logprobs(model, long_records, max_tokens=max_tokens, prefill_mode="never")
+        chunked = logprobs(model, long_records, max_tokens=max_tokens, info=info)
+    assert info["records_chunked"] >= 2 and info["records_one_call"] == 0 and info["check"]["exact"]
+    for a, b in zip(one_call, chunked):
+        assert torch.equal(a, b)
+
+
+def test_chunk_boundaries_off_the_key_blocks_change_bits(bundled):
+    """The control: the comparison above would see a chunking that changes bits. Boundaries that
+    are not multiples of 512 split the CPU flash-attention kernel's key blocks."""
+    decoder = bundled.get_decoder()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 64, (1, 1500), generator=g)
+    pos = torch.arange(1500)[None]
+    with torch.inference_mode():
+        whole = next(prefill.forward_chunks(decoder, bundled.config, ids, pos, [(0, 1500)]))[2]
+        aligned = torch.cat([h for *_, h in prefill.forward_chunks(decoder, bundled.config, ids, pos,
+                                                                  prefill.chunk_bounds(1500, 512))], dim=1)
+        off = torch.cat([h for *_, h in prefill.forward_chunks(decoder, bundled.config, ids, pos,
+                                                              [(0, 333), (333, 666), (666, 999), (999, 1500)])], dim=1)
+    assert torch.equal(aligned, whole)
+    assert not torch.equal(off, whole)
+
+
+def test_eager_attention_is_not_chunked_unless_asked(bundled):
+    model = copy.deepcopy(bundled)
+    model.config._attn_implementation = "eager"
+    g = torch.Generator().manual_seed(4)
+    long_records = [_record(g, 64, 600, 1000), _record(g, 64, 30, 1600, 0.7, 20, 0.9), _record(g, 64, 50, 50)]
+    check = prefill.check(model)
+    assert not check.exact and check.equal < 1 and check.max_abs > 0  # measured: ~70% equal, max 0.05
+    info = {}
+    with pytest.warns(RuntimeWarning, match="run in one forward.*chunked prefill changes bits"):
+        auto = logprobs(model, long_records, max_tokens=1024, info=info)
+    assert info["records_chunked"] == 0 and info["records_one_call"] == 2 and not info["check"]["exact"]
+    one_call = logprobs(model, long_records, max_tokens=1024, prefill_mode="never")
+    assert all(torch.equal(a, b) for a, b in zip(auto, one_call))
+    forced = logprobs(model, long_records, max_tokens=1024, prefill_mode="always")
+    diff = max(float((a - b)[torch.isfinite(a)].abs().max()) for a, b in zip(forced, one_call))
+    assert 0 < diff < 0.5  # bounded memory, at the price of a rounding-sized difference
+
+
+def test_a_one_call_forward_that_cannot_fit_is_refused_before_any_record_runs(bundled, long_records, monkeypatch):
+    model = copy.deepcopy(bundled)
+    model.config._attn_implementation = "eager"
+    monkeypatch.setattr(prefill, "available_bytes", lambda device: 1 << 20)
+    steps = []
+    with pytest.raises(MemoryError, match=r"would run in one forward, estimated .* available.*prefill_mode='always'"):
+        logprobs(model, long_records, max_tokens=1024, progress=lambda done, total: steps.append(done))
+    probe = 1 + len(prefill.PROBE_CHUNKS)
+    assert max(steps, default=0) <= probe  # the probe's forwards at most, no record's
+
+
+def test_the_probe_is_cached_per_state(bundled):
+    first = prefill.check(bundled)
+    assert prefill.check(bundled) is first and prefill.cached_check(bundled) is first
+    with rla.aligned(bundled, profile="sglang"):
+        assert prefill.cached_check(bundled) is None or prefill.cached_check(bundled) is not first
+        assert prefill.check(bundled).exact
+    assert "bit-identical" in first.describe()
+
+
+def test_bad_sizes_are_refused(bundled, long_records):
+    for kw, match in ((dict(memory_budget=0), "memory_budget"), (dict(chunk=0), "chunk"),
+                      (dict(max_tokens=-5), "max_tokens"), (dict(prefill_mode="sometimes"), "prefill_mode")):
+        with pytest.raises(ValueError, match=match):
+            logprobs(bundled, long_records[:1], **kw)
+
+
+def _peak_bytes(fn):
+    """The CPU allocator's peak above the start while ``fn`` runs: the profiler's memory events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    now = top = 0
+    for _, b in events:
+        now += b
+        top = max(top, now)
+    return top, out
+
+
+def test_memory_stays_bounded_as_the_sequence_grows():
+    # a model whose activations dominate (wide MLP) and whose full logits would not fit the budget
+    vocab, budget = 4096, 64 << 20
+    model = build_model(tiny_config("qwen2", "micro", vocab_size=vocab, intermediate_size=4096), dtype=torch.bfloat16,
+                        seed=0).eval()
+    assert prefill.check(model).exact  # outside the measurement: its cost is fixed, not the sequence's
+    g = torch.Generator().manual_seed(0)
+    peaks, one_call = {}, {}
+    for n in (2048, 8192):
+        rec = _record(g, vocab, 16, n - 16, 0.8, 50, 0.9)
+        info = {}
+        peaks[n], a = _peak_bytes(lambda: logprobs(model, [rec], memory_budget=budget, info=info))
+        assert info["records_chunked"] == 1 and info["max_tokens"] == 512 and info["chunk"] == budget // (48 * vocab)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            one_call[n], b = _peak_bytes(lambda: logprobs(model, [rec], memory_budget=budget, prefill_mode="never"))
+        assert torch.equal(a[0], b[0])
+        # the budget, plus the KV cache (the state that must grow with the length)
+        assert peaks[n] <= budget + prefill.kv_cache_bytes(model.config, n, torch.bfloat16), (n, peaks[n])
+    assert 8192 * vocab * 4 > budget  # the sequence's fp32 logits alone would not fit
+    # measured: 41 -> 42 MiB chunked, 49 -> 197 MiB in one call
+    assert peaks[8192] - peaks[2048] < 0.1 * (one_call[8192] - one_call[2048])
+    assert one_call[8192] > budget + prefill.kv_cache_bytes(model.config, 8192, torch.bfloat16)  # the control
+
+
+def test_progress_after_every_forward_step(bundled):
+    g = torch.Generator().manual_seed(2)
+    rec = _record(g, 64, 10, 4000)
+    calls = []
+    model = copy.deepcopy(bundled)  # a fresh probe: its forwards are reported too
+    logprobs(model, [rec], max_tokens=1024, progress=lambda done, total: calls.append((done, total)))
+    probe = 1 + len(prefill.PROBE_CHUNKS)
+    assert [d for d, _ in calls] == list(range(1, probe + 4 + 1))  # the probe, then 4 chunks of 1024
+    assert calls[-1][0] == calls[-1][1] and all(d < t for d, t in calls[:-1])
