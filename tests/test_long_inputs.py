@@ -180,3 +180,51 @@ def test_progress_after_every_forward_step(bundled):
     probe = 1 + len(prefill.PROBE_CHUNKS)
     assert [d for d, _ in calls] == list(range(1, probe + 4 + 1))  # the probe, then 4 chunks of 1024
     assert calls[-1][0] == calls[-1][1] and all(d < t for d, t in calls[:-1])
+
+
+def test_the_diagnosis_says_what_it_did_with_long_records(bundled):
+    from rla.diagnosis.core import diagnose
+    from rla.diagnosis.report import to_markdown
+
+    g = torch.Generator().manual_seed(3)
+    rec = _record(g, 64, 200, 1400)
+    with rla.aligned(bundled, profile="vllm"):  # rollouts as a vllm engine would score them
+        mu = logprobs(bundled, [rec], prefill_mode="never")[0]
+    rec = dataclasses.replace(rec, logprobs=[float(x) for x in mu])
+    chunked = diagnose(bundled, [rec], "vllm", regions=("rope",), detect=False, max_tokens=1024)
+    whole = diagnose(bundled, [rec], "vllm", regions=("rope",), detect=False)
+    assert whole.long_inputs is None
+    li = chunked.long_inputs
+    assert li["records_chunked"] == 1 and li["checks"] and all(c["exact"] for c in li["checks"].values())
+    assert "fp32 reference" in li["checks"]  # the fp32 copy is probed on its own
+    assert chunked.metrics == whole.metrics and chunked.scale.k3 == whole.scale.k3  # one record: no padding
+    assert "## Long records" in to_markdown(chunked) and "did not change the logprobs" in to_markdown(chunked)
+    assert chunked.to_dict()["long_inputs"] == li
+
+
+def test_the_cli_takes_a_memory_budget(tmp_path, monkeypatch, capsys):
+    from rla.cli import main
+    from rla.diagnosis import core
+    from rla.models import bundled_path
+    from rla.rollout import rollouts
+
+    for bad in ("0", "-1", "nan", "lots"):
+        with pytest.raises(SystemExit) as e:
+            main(["diagnose", "--model", "m", "--rollouts", "r", "--memory-budget", bad])
+        assert e.value.code == 2 and "--memory-budget" in capsys.readouterr().err
+    g = torch.Generator().manual_seed(5)
+    rollouts.save(tmp_path / "r.jsonl", [_record(g, 64, 10, 20)])
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake(model, records, profile, **kw):
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(core, "diagnose", fake)
+    with pytest.raises(Stop):
+        main(["diagnose", "--model", str(bundled_path()), "--rollouts", str(tmp_path / "r.jsonl"), "--out",
+              str(tmp_path / "rep"), "--memory-budget", "0.5"])
+    assert seen["memory_budget"] == 2**29 and seen["max_tokens"] is None

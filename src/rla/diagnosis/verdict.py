@@ -59,14 +59,14 @@ class Verdict:
         return dataclasses.asdict(self) | {"ok": self.ok}
 
 
-def _fits(model, records, sub, mu, mask, bound, max_tokens, bar, change, what):
+def _fits(model, records, sub, mu, mask, bound, sizes, bar, change, what):
     recs = [dataclasses.replace(records[i], **change(records[i])) for i in sub]
-    pi = forward_pass(model, recs, None, (), max_tokens, bar, what)
+    pi = forward_pass(model, recs, None, (), sizes, bar, what)
     k3 = per_sequence_k3(pi, mu[sub][:, : pi.shape[1]], mask[sub][:, : pi.shape[1]])
     return k3, k3 <= bound[sub]
 
 
-def _beyond(model, records, indices, mu, mask, scale, best_pi, best_k3, ratio, flagged, max_tokens, bar) -> Verdict:
+def _beyond(model, records, indices, mu, mask, scale, best_pi, best_k3, ratio, flagged, sizes, bar) -> Verdict:
     bound = scale.bound()
     seq_best = np.min(best_pi, axis=0)
     order = flagged[np.argsort(-(seq_best[flagged] / bound[flagged]))]
@@ -82,7 +82,7 @@ def _beyond(model, records, indices, mu, mask, scale, best_pi, best_k3, ratio, f
     n = len(sub)
     raw = [i for i in sub if (records[i].temperature, records[i].top_k, records[i].top_p) != (1.0, -1, 1.0)]
     if raw:
-        _, ok = _fits(model, records, np.array(raw), mu, mask, bound, max_tokens, bar,
+        _, ok = _fits(model, records, np.array(raw), mu, mask, bound, sizes, bar,
                       lambda r: dict(temperature=1.0, top_k=-1, top_p=1.0), "raw-logprob hypothesis")
         if ok.sum() * 2 > len(raw):
             return Verdict("beyond_rounding", "raw_logprobs", head + (
@@ -93,7 +93,7 @@ def _beyond(model, records, indices, mu, mask, scale, best_pi, best_k3, ratio, f
                 ratio, [indices[i] for i in order])
     k3s = []
     for t in TEMPERATURES:
-        k3, _ = _fits(model, records, sub, mu, mask, bound, max_tokens, bar, lambda r, t=t: dict(temperature=t),
+        k3, _ = _fits(model, records, sub, mu, mask, bound, sizes, bar, lambda r, t=t: dict(temperature=t),
                       f"temperature {t} hypothesis")
         k3s.append(k3)
     k3s = np.array(k3s)  # [T, n]
@@ -107,7 +107,7 @@ def _beyond(model, records, indices, mu, mask, scale, best_pi, best_k3, ratio, f
             f"Likely cause: a wrong temperature in the records. {int(moved.sum())} of {n} tested sequences fit another "
             f"temperature ({said}; grid {', '.join(f'{t:g}' for t in TEMPERATURES)}): the records do not carry the "
             "temperature the tokens were sampled and scored with."), ratio, [indices[i] for i in order])
-    pi = forward_pass(model, [records[i] for i in sub], None, (), max_tokens, bar, "model logprobs")
+    pi = forward_pass(model, [records[i] for i in sub], None, (), sizes, bar, "model logprobs")
     m = mask[sub][:, : pi.shape[1]]
     d = (mu[sub][:, : pi.shape[1]] - pi)[m]
     k1, se = float(d.mean()), float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else float("inf")
@@ -126,7 +126,7 @@ def _beyond(model, records, indices, mu, mask, scale, best_pi, best_k3, ratio, f
 
 def judge(model, records, indices, mu, mask, scale: RoundingScale, by_profile: dict[str, np.ndarray],
           profile_name: str, seq_none: np.ndarray, seq_all: np.ndarray, regions=("rope", "swiglu", "rmsnorm"), *,
-          max_tokens: int, bar=None) -> Verdict:
+          sizes, bar=None) -> Verdict:
     """The verdict (module docstring). ``by_profile``: group label -> fully aligned logprobs [B, R];
     ``seq_none`` / ``seq_all``: per-sequence k3 with no region / all diagnosed ``regions`` aligned."""
     labels = list(by_profile)
@@ -139,7 +139,7 @@ def judge(model, records, indices, mu, mask, scale: RoundingScale, by_profile: d
     if ratio > FAR and flagged.size == 0:
         flagged = np.argsort(-per_seq.min(axis=0))[:TESTED]
     if flagged.size:
-        return _beyond(model, records, indices, mu, mask, scale, per_seq, best_k3, ratio, flagged, max_tokens, bar)
+        return _beyond(model, records, indices, mu, mask, scale, per_seq, best_k3, ratio, flagged, sizes, bar)
     w = mask.sum(1)
     k3_none, k3_all = float(seq_none @ w / w.sum()), float(seq_all @ w / w.sum())
     diff = seq_all - seq_none
