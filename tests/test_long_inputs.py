@@ -228,3 +228,52 @@ def test_the_cli_takes_a_memory_budget(tmp_path, monkeypatch, capsys):
         main(["diagnose", "--model", str(bundled_path()), "--rollouts", str(tmp_path / "r.jsonl"), "--out",
               str(tmp_path / "rep"), "--memory-budget", "0.5"])
     assert seen["memory_budget"] == 2**29 and seen["max_tokens"] is None
+
+
+def _compare_in_one_step(t_logits, side_logits, seed):
+    """verify.compare's numbers as computed before it was chunked: every position at once."""
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(t_logits.float(), dim=-1)
+    tokens = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=g).view(probs.shape[:-1])
+    t_lp, lp = torch.log_softmax(t_logits.float(), -1), torch.log_softmax(side_logits.float(), -1)
+    pick = lambda x: x.gather(-1, tokens[..., None])[..., 0]  # noqa: E731
+    kl = float((t_lp.exp() * (t_lp - lp)).sum(-1).mean())
+    return tokens, pick(lp), pick(t_lp), float((side_logits == t_logits).double().mean()), kl
+
+
+def test_verify_compares_in_bounded_steps_with_the_same_numbers():
+    from rla.diagnosis import verify
+    from rla.metrics import mismatch
+
+    g = torch.Generator().manual_seed(6)
+    t_logits = (torch.randn(2, 37, 64, generator=g) * 3).bfloat16()
+    side = t_logits.clone()
+    side[0, 5:9] += 0.125  # a few positions off
+    streams = [torch.randn(2, 37, 8, generator=g).bfloat16() for _ in range(3)]
+    tokens, pi, mu, equal, kl = _compare_in_one_step(t_logits, side, seed=3)
+    want = mismatch(pi, mu, torch.ones_like(pi, dtype=torch.bool))
+    assert torch.equal(verify.sample_tokens(t_logits, 3, rows=5), tokens)
+    for rows in (None, 1, 5, 74):
+        r = verify.compare((t_logits, streams), {"s": lambda ids, pos: (side, streams)}, None, None, seed=3,
+                           rows=rows).sides[0]
+        assert (r.k3, r.k1, r.logits_equal) == (want["mismatch/k3"], want["mismatch/k1"], equal)
+        assert r.kl == pytest.approx(kl, rel=1e-5) and r.kl > 0
+    with pytest.raises(ValueError, match="rows must be positive"):
+        verify.compare((t_logits, streams), {"s": lambda ids, pos: (side, streams)}, None, None, rows=0)
+
+
+def test_verify_refuses_a_run_that_cannot_fit_before_the_twin_runs(vllm_wheel, monkeypatch, capsys):
+    from rla.cli import main
+    from rla.engines import twin
+    from rla.models import bundled_path
+    from rla.rollout import prefill as pf
+
+    def no_twin(*a, **k):
+        raise AssertionError("the twin was built before the memory check")
+
+    monkeypatch.setattr(twin, "VllmTwin", no_twin)
+    monkeypatch.setattr(pf, "available_bytes", lambda device: 100 << 20)
+    assert main(["verify", "--model", str(bundled_path()), "--wheel", vllm_wheel, "--device", "cpu",
+                 "--tokens", "30000", "--batch", "2"]) == 2
+    err = capsys.readouterr().err.replace("\n", " ")
+    assert "--tokens 30000 x --batch 2 needs about" in err and "lower --tokens or --batch" in err
