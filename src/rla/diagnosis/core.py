@@ -30,6 +30,7 @@ from rla.diagnosis.inputs import check_records
 from rla.diagnosis.passes import Sizes, forward_pass, per_sequence_k3
 from rla.progress import Progress
 from rla.diagnosis.scale import RoundingScale, fp32_reference, rounding_scale
+from rla.diagnosis.temperature import FACTORS, ONE, fit_rows, fit_temperature
 from rla.diagnosis.verdict import Verdict, judge
 from rla.profiles import REGIONS, RoundingProfile, names as profile_names, get as get_profile, resolve
 
@@ -180,15 +181,25 @@ def profile_groups() -> list[tuple[RoundingProfile, ...]]:
     return [tuple(g) for g in groups]
 
 
-def _aligned_by_group(model, records, sizes, bar) -> dict[tuple[str, ...], np.ndarray]:
+def _aligned_by_group(model, records, sizes, bar, fit: list[int] | None = None):
+    """group -> [B, R] logprobs with all regions aligned to it; with ``fit`` (rows), also group ->
+    [len(fit), R', len(FACTORS)] at every temperature factor of the fit (:mod:`.temperature`)."""
     groups = profile_groups()
     task = bar.add(f"every profile, all regions aligned: {len(groups)} forwards", len(groups))
-    out = {}
+    out, grids = {}, {}
     for g in groups:
         names = tuple(p.name for p in g)
-        out[names] = forward_pass(model, records, g[0], REGIONS, sizes, bar, group_label(names))
+        label = group_label(names)
+        if fit is not None and len(fit) == len(records):  # one forward gives both
+            grids[names] = forward_pass(model, records, g[0], REGIONS, sizes, bar, label, factors=FACTORS)
+            out[names] = np.ascontiguousarray(grids[names][..., ONE])
+        else:
+            out[names] = forward_pass(model, records, g[0], REGIONS, sizes, bar, label)
+            if fit is not None:
+                grids[names] = forward_pass(model, [records[i] for i in fit], g[0], REGIONS, sizes, bar,
+                                            f"{label}, temperature fit", factors=FACTORS)
         bar.advance(task)
-    return out
+    return (out, grids) if fit is not None else out
 
 
 def _detection(by_group: dict[tuple[str, ...], np.ndarray], mu, mask) -> Detection:
@@ -259,9 +270,15 @@ def diagnose(
     mu, mask = M.pad_rows([np.asarray(r.logprobs, dtype=np.float64) for r in records])
     bar = Progress(progress, transient=True)
     try:
-        by_group = _aligned_by_group(model, records, sizes, bar)
-        scale = rounding_scale(fp32_reference(model, records, sizes, bar),
-                               {group_label(g): v for g, v in by_group.items()}, mask)
+        rows = fit_rows([len(r.response_ids) for r in records])
+        by_group, grids = _aligned_by_group(model, records, sizes, bar, fit=rows)
+        reference = fp32_reference(model, records, sizes, bar)
+        scale = rounding_scale(reference, {group_label(g): v for g, v in by_group.items()}, mask)
+        width = next(iter(grids.values())).shape[1]
+        temperature = fit_temperature({group_label(g): v for g, v in grids.items()}, reference[rows][:, :width],
+                                      mu[rows][:, :width], mask[rows][:, :width],
+                                      indices=[check.indices[i] for i in rows],
+                                      temperatures=[records[i].temperature for i in rows])
         detection = _detection(by_group, mu, mask)
         if prof is None:
             prof = get_profile(detection.best[0])
@@ -287,7 +304,7 @@ def diagnose(
         unexplained = {m: (full[m] / none[m] if none[m] > 0 else float("nan")) for m in ATTRIBUTED}
         verdict = judge(model, records, check.indices, mu, mask, scale, {group_label(g): v for g, v in by_group.items()},
                         prof.name, seq[frozenset()], seq[frozenset(regions)], tuple(regions),
-                        sizes=sizes, bar=bar)
+                        sizes=sizes, bar=bar, temperature=temperature)
     finally:
         bar.close()
     return Diagnosis(

@@ -58,20 +58,28 @@ class Sizes:
         }
 
 
-def forward_pass(model, records, profile, regions, sizes, bar: Progress | None = None, what: str = "") -> np.ndarray:
+def forward_pass(model, records, profile, regions, sizes, bar: Progress | None = None, what: str = "",
+                 factors=None) -> np.ndarray:
     """[B, R] float64 training logprobs of the recorded tokens (0 at padding), ``regions`` aligned.
 
-    ``sizes``: a :class:`Sizes` (or an int, the ``max_tokens``)."""
+    ``sizes``: a :class:`Sizes` (or an int, the ``max_tokens``). ``factors``: temperature factors
+    (:func:`rla.logprobs`' ``temperature_factors``); the result is then [B, R, len(factors)]."""
     if not isinstance(sizes, Sizes):
         sizes = Sizes(max_tokens=sizes)
     cb = bar.callback(f"  forward {what}".rstrip()) if bar is not None else None
     info: dict = {}
     with _aligned(model, profile, regions):
         rows = [t.double().numpy() for t in train_logprobs(model, records, max_tokens=sizes.max_tokens,
-                                                           memory_budget=sizes.memory_budget, progress=cb, info=info)]
+                                                           memory_budget=sizes.memory_budget, progress=cb, info=info,
+                                                           temperature_factors=factors)]
     if info["records_chunked"] or info["records_one_call"]:
         sizes.passes[what or f"pass {len(sizes.passes)}"] = info
-    return M.pad_rows(rows)[0]
+    if factors is None:
+        return M.pad_rows(rows)[0]
+    out = np.zeros((len(rows), max(len(r) for r in rows), len(factors)))
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
 
 
 def per_sequence_k3(pi: np.ndarray, mu: np.ndarray, mask: np.ndarray) -> np.ndarray:

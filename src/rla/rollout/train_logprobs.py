@@ -101,12 +101,13 @@ class _Row:
     """One record's response positions as they come out of the prefill, sent through the head in
     pieces of ``chunk`` positions counted from the response start, as a one-call forward does."""
 
-    def __init__(self, record, row, ids, chunk, apply_filters):
+    def __init__(self, record, row, ids, chunk, apply_filters, factors=None):
         self.p, self.n = len(record.prompt_ids), len(record.response_ids)
         self.row, self.chunk = row, chunk
         self.target = ids[row, self.p : self.p + self.n]
         self.settings = (record.temperature, record.top_k if apply_filters else -1,
                          record.top_p if apply_filters else 1.0)
+        self.factors = factors
         self.pending: torch.Tensor | None = None
         self.done = 0
         self.pieces: list[torch.Tensor] = []
@@ -123,10 +124,18 @@ class _Row:
         while seg.shape[0] - k >= self.chunk or (final and k < seg.shape[0]):
             take = min(self.chunk, seg.shape[0] - k)
             t = self.target[self.done : self.done + take]
-            self.pieces.append(token_logprobs(head, seg[k : k + take], t, *self.settings)[0])
+            self.pieces.append(self._logprobs(head, seg[k : k + take], t))
             k, self.done = k + take, self.done + take
         if k < seg.shape[0]:
             self.pending = seg[k:].clone()  # not a view: the chunk's hidden states are freed
+
+    def _logprobs(self, head, hidden, targets):
+        if self.factors is None:
+            return token_logprobs(head, hidden, targets, *self.settings)[0]
+        logits = head(hidden)  # once; each temperature is a processing of the same logits
+        t, top_k, top_p = self.settings
+        return torch.stack([process_logits(logits, t * f, top_k, top_p).gather(-1, targets[:, None])[:, 0]
+                            for f in self.factors], dim=-1)
 
     def result(self) -> torch.Tensor:
         assert self.done == self.n and self.pending is None
@@ -143,6 +152,7 @@ def logprobs(
     memory_budget: int | None = None,
     prefill_mode: str = "auto",
     apply_filters: bool = True,
+    temperature_factors=None,
     progress=None,
     info: dict | None = None,
 ) -> list[torch.Tensor]:
@@ -167,7 +177,10 @@ def logprobs(
     the estimate exceeds the memory available). ``"always"`` chunks regardless; ``"never"`` never.
 
     ``apply_filters=False`` ignores recorded top-k / top-p (the full tempered distribution, as
-    most trainers compute it). ``progress``: optional callable(done, total), called after every
+    most trainers compute it). ``temperature_factors``: a sequence of factors f; each record's
+    result is then ``[n, len(f)]``, column j the logprobs at temperature ``f[j]`` x the record's (the
+    forward runs once; a factor 1.0 column equals the plain result bit for bit).
+    ``progress``: optional callable(done, total), called after every
     forward step (probe forwards included). ``info``: an optional dict, filled with what was done
     (sizes, how many records were chunked or run in one call, the probe's result).
     """
@@ -176,6 +189,11 @@ def logprobs(
         raise ValueError("no records given")
     if prefill_mode not in PREFILL:
         raise ValueError(f"prefill_mode must be one of {PREFILL}, got {prefill_mode!r}")
+    factors = None
+    if temperature_factors is not None:
+        factors = [float(f) for f in temperature_factors]
+        if not factors or not all(f > 0 and f != float("inf") for f in factors):
+            raise ValueError(f"temperature_factors must be positive finite numbers, got {temperature_factors!r}")
     decoder, head = decoder_and_head(model)
     vocab = model.config.vocab_size
     device = next(model.parameters()).device
@@ -231,7 +249,7 @@ def logprobs(
             ids[row, : lengths[i]] = torch.tensor(list(r.prompt_ids) + list(r.response_ids))
         ids = ids.to(device)
         pos = torch.arange(n, device=device)[None].expand(len(group), -1)
-        rows = [_Row(records[i], row, ids, chunk, apply_filters) for row, i in enumerate(group)]
+        rows = [_Row(records[i], row, ids, chunk, apply_filters, factors) for row, i in enumerate(group)]
         for s, e, hidden in prefill.forward_chunks(decoder, model.config, ids, pos, b):
             for row in rows:
                 row.feed(head, s, e, hidden)
