@@ -244,9 +244,9 @@ def check(model, on_forward=None) -> PrefillCheck:
     cached = _CHECKS.setdefault(model, {})
     if key in cached:
         return cached[key]
-    from rla.rollout.train_logprobs import decoder_and_head
-
-    decoder, _ = decoder_and_head(model)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if decoder is None:
+        raise TypeError(f"{type(model).__name__} does not expose get_decoder(); chunked prefill needs an HF causal LM")
     config = model.config
     device = next(model.parameters()).device
     limit = getattr(config, "max_position_embeddings", None) or PROBE_TOKENS
