@@ -8,27 +8,27 @@ that must grow with ``S``: ``2 x layers x kv_heads x head_dim`` per token) and t
 the chunk (``chunk x S`` booleans).
 
 **Bits.** Mathematically the two are the same function; in floating point they need not be. What
-was measured on CPU (torch 2.13, 2 threads; the bundled model, Qwen2/Qwen3/Llama test sizes, bf16
-and fp32, unaligned and aligned to vllm/sglang/hf):
+was measured on CPU (torch 2.13, 1 and 2 threads; the bundled model in bf16 and fp32, Qwen2/Qwen3/
+Llama test models in bf16, unaligned and aligned to vllm/sglang/hf, batches of 1-3 rows):
 
 - *SDPA* (torch's CPU flash-attention kernel) is bit-identical **when every chunk boundary is a
   multiple of 512**: the kernel walks the keys in blocks of 512 from position 0, and a block that
   ends at another length (a chunk boundary at 333, say) is reduced in another order (max |d| of
   the hidden state 0.06, 30-60% of elements differ). Boundaries at multiples of :data:`ALIGN` keep
   every key block the one-call forward has.
-- *fp32 GEMMs* (MKL's sgemm) round a block of 1-3, 5-7 or 9-11 rows differently from the same rows
-  inside a larger product; bf16 GEMMs (oneDNN) were row-count independent in every case tried.
+- *fp32 GEMMs* round a block of 1-3, 5-7 or 9-11 rows differently from the same rows inside a
+  larger product; bf16 GEMMs were row-count independent in every case tried.
   A final piece shorter than :data:`ALIGN` is therefore joined to the chunk before it.
 - *eager* attention is not bit-identical chunked (softmax and ``P @ V`` run over ``e`` keys instead
-  of ``S``; 25-45% of hidden elements differ), at any chunk size.
+  of ``S``; 20-45% of hidden elements differ), at any chunk size.
 
 Because this depends on kernels, BLAS and devices that rla does not control, it is not assumed:
 :func:`check` runs a probe (a one-call forward of :data:`PROBE_TOKENS` seeded tokens against its
 chunked prefill at two chunk sizes) on the model as it is (dtype, device, attention implementation,
-alignment) and :func:`rla.logprobs` chunks only when the probe shows every bit equal (``prefill=
-"auto"``). Otherwise the long sequence runs in one call, as before, and the check's numbers are
-in the result's ``info``; ``prefill="always"`` chunks anyway (bounded memory, a difference that
-is rounding, of the measured size).
+alignment) and :func:`rla.logprobs` chunks only when the probe shows every bit equal
+(``prefill_mode="auto"``). Otherwise the long sequence runs in one call, as before, and the check's
+numbers are in ``info``; ``prefill_mode="always"`` chunks anyway (bounded memory, a difference that
+is rounding, of the measured size). docs/diagnosis.md has the measurements.
 
 Note what the one-call forward is compared *to*: right padding also changes bits on CPU (the
 padded length sets the last key block, so a row padded to another length is reduced in another
@@ -158,7 +158,8 @@ def kv_cache_bytes(config, tokens: int, dtype: torch.dtype) -> int:
 
 def plan_chunk(config, budget: int, rows: int, keys: int) -> int:
     """Query positions per prefill step so that ``rows`` rows attending to at most ``keys`` positions
-    stay within ``budget`` bytes: a multiple of :data:`ALIGN`, at least :data:`ALIGN`."""
+    stay within ``budget`` bytes: a multiple of :data:`ALIGN`, at least :data:`ALIGN` (a joined
+    tail, :func:`chunk_bounds`, can add up to ``ALIGN - 1`` positions to the last step)."""
     per = layer_bytes_per_token(config, keys) * rows
     return max(ALIGN, budget // per // ALIGN * ALIGN)
 

@@ -10,7 +10,7 @@ with each record's own settings), so the comparison measures the forward pass an
 
 Padding is on the right with plain causal attention and no mask: a real token never attends to a
 later position, so right padding cannot change it mathematically. In bits it can: on CPU the
-padded length sets the attention kernel's last key block (torch 2.13, SDPA: 0.2-2% of a record's
+padded length sets the attention kernel's last key block (torch 2.13, SDPA: 0.1-2% of a record's
 hidden-state elements differ when it is padded to another length), so a record's logprobs are
 those of its micro-batch, as a trainer's are of its own micro-batch.
 """
