@@ -6,7 +6,7 @@ not (beyond rounding, or the profile increases it), with the reason printed; 2 f
 
 from __future__ import annotations
 
-from rla.commands._args import positive_int
+from rla.commands._args import positive_float, positive_int
 
 
 def add_arguments(parser) -> None:
@@ -17,7 +17,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out folder")
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--max-tokens", type=positive_int, default=16384, help="tokens per micro-batch")
+    parser.add_argument("--max-tokens", type=positive_int, default=None,
+                        help="tokens per forward step (default 16384, or from --memory-budget); a longer record runs "
+                        "as a chunked prefill where that is bit-identical")
+    parser.add_argument("--memory-budget", type=positive_float, default=None, metavar="GIB",
+                        help="GiB for one forward step's activations and LM-head chunk; sets what --max-tokens does not")
 
 
 def run(args) -> int:
@@ -31,7 +35,7 @@ def run(args) -> int:
     from rla.diagnosis.core import diagnose
     from rla.diagnosis.output import check_out_dir
     from rla.diagnosis.provenance import inputs_record
-    from rla.diagnosis.report import explain, rich_tables, write_report
+    from rla.diagnosis.report import explain, long_inputs_text, rich_tables, write_report
     from rla.hf import load_model
     from rla.profiles import get
 
@@ -44,12 +48,15 @@ def run(args) -> int:
     model = load_model(args.model, dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float16, device=args.device)
     records = rollouts.load(args.rollouts, vocab_size=model.config.vocab_size)
     console = Console()
-    d = diagnose(model, records, args.profile, max_tokens=args.max_tokens, progress=True)
+    budget = None if args.memory_budget is None else max(1, int(args.memory_budget * 2**30))
+    d = diagnose(model, records, args.profile, max_tokens=args.max_tokens, memory_budget=budget, progress=True)
     for t in rich_tables(d):
         console.print(t)
     inputs = inputs_record(model_path=args.model, rollouts_path=args.rollouts, profile=d.profile)
     write_report(d, args.out, inputs=inputs, overwrite=args.overwrite)
     console.print(explain(d))
+    if long_inputs_text(d):
+        console.print(long_inputs_text(d), highlight=False)
     console.print(f"report written to {args.out}/")
     if d.verdict is not None and not d.verdict.ok:
         console.print(f"[bold red]rla diagnose: not attributed:[/] {d.verdict.message}", highlight=False)

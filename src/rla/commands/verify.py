@@ -55,6 +55,20 @@ def _check(args) -> None:
             raise FileNotFoundError(f"--json {args.json}: folder {parent} does not exist")
 
 
+def memory_needed(config, tokens: int, batch: int, dtype) -> int:
+    """Estimated bytes of a verify run: both sides' logits and per-layer streams (held whole, they are
+    compared element by element) and one side's forward activations (see rla.rollout.prefill)."""
+    import torch
+
+    from rla.diagnosis.verify import COMPARE_BYTES
+    from rla.rollout.prefill import layer_bytes_per_token
+
+    n = tokens * batch
+    size = torch.tensor([], dtype=dtype).element_size()
+    held = 2 * n * (config.vocab_size + config.num_hidden_layers * config.hidden_size) * size
+    return held + layer_bytes_per_token(config, tokens) * n + COMPARE_BYTES
+
+
 def run(args) -> int:
     import json
 
@@ -77,6 +91,16 @@ def run(args) -> int:
             f"positions {args.position_offset}..{args.position_offset + args.tokens - 1} pass the model's "
             f"max_position_embeddings ({limit})"
         )
+    from rla.rollout.prefill import available_bytes, gib
+
+    need = memory_needed(model.config, args.tokens, args.batch, torch.bfloat16)
+    avail = available_bytes(torch.device(args.device))
+    if avail is not None and need > avail:
+        raise ValueError(
+            f"--tokens {args.tokens} x --batch {args.batch} needs about {gib(need)} (both sides' logits and per-layer "
+            f"streams, held whole to compare them element by element, and one forward's activations); "
+            f"{gib(avail)} available on {args.device}: lower --tokens or --batch"
+        )
     console = Console()
     console.print(f"twin: vLLM {engine.version} ({engine.package.origin}), mode {args.mode}; "
                   f"aligned profile: {profile.name}", highlight=False)
@@ -84,13 +108,21 @@ def run(args) -> int:
     g = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.tokens), generator=g).to(args.device)
     positions = (torch.arange(args.tokens) + args.position_offset)[None].expand(args.batch, -1).to(args.device)
-    out = twin(ids, positions)
+    with console.status(f"twin forward: {args.batch} x {args.tokens} tokens"):
+        out = twin(ids, positions)
     sides = {"hf eager (unaligned)": hf_side(model), f"aligned {profile.name}": aligned_side(model, profile)}
     meta = {"engine": "vllm", "engine_version": engine.version, "mode": args.mode, "profile": profile.name,
             "model": args.model, "tokens": args.tokens, "batch": args.batch,
             "position_offset": args.position_offset, "device": args.device, "torch": torch.__version__,
             "provenance": engine.provenance}
-    result = compare((out.logits, out.layers), sides, ids, positions, seed=args.seed, meta=meta)
+    from rla.progress import Progress
+
+    bar = Progress(True, transient=True)
+    try:
+        result = compare((out.logits, out.layers), sides, ids, positions, seed=args.seed, meta=meta,
+                         progress=bar.callback(f"training sides: {args.batch} x {args.tokens} tokens each"))
+    finally:
+        bar.close()
 
     table = Table(title=f"against the vLLM {engine.version} twin ({args.mode}), {result.tokens} tokens")
     for col in ("training side", "logits bit-equal", "max |dlogit|", "k3", "max |dlogprob|", "KL", "first layer off"):

@@ -27,9 +27,10 @@ import torch
 import rla.metrics as M
 from rla.diagnosis.attribution import shapley, subsets
 from rla.diagnosis.inputs import check_records
-from rla.diagnosis.passes import forward_pass, per_sequence_k3
+from rla.diagnosis.passes import Sizes, forward_pass, per_sequence_k3
 from rla.progress import Progress
 from rla.diagnosis.scale import RoundingScale, fp32_reference, rounding_scale
+from rla.diagnosis.temperature import FACTORS, ONE, fit_rows, fit_temperature
 from rla.diagnosis.verdict import Verdict, judge
 from rla.profiles import REGIONS, RoundingProfile, names as profile_names, get as get_profile, resolve
 
@@ -115,6 +116,10 @@ class Diagnosis:
     """Records given, duplicates included."""
     duplicates: int = 0
     input_notes: list[str] = field(default_factory=list)
+    long_inputs: dict | None = None
+    """None when every record fit one forward step; else the sizes, how many records ran as a
+    chunked prefill or in one forward, and each probe of chunked prefill's exactness
+    (:func:`rla.rollout.prefill.check`)."""
 
     def ranked_regions(self, metric: str = "mismatch/k3") -> list[tuple[str, float]]:
         return sorted(self.attribution[metric].items(), key=lambda kv: -kv[1])
@@ -130,6 +135,7 @@ class Diagnosis:
             "verdict": self.verdict.to_dict() if self.verdict is not None else None,
             "rounding_scale": self.scale.to_dict() if self.scale is not None else None,
             "input_notes": self.input_notes,
+            "long_inputs": self.long_inputs,
             "metrics": self.metrics,
             "attribution": self.attribution,
             "unexplained": self.unexplained,
@@ -175,15 +181,25 @@ def profile_groups() -> list[tuple[RoundingProfile, ...]]:
     return [tuple(g) for g in groups]
 
 
-def _aligned_by_group(model, records, max_tokens, bar) -> dict[tuple[str, ...], np.ndarray]:
+def _aligned_by_group(model, records, sizes, bar, fit: list[int] | None = None):
+    """group -> [B, R] logprobs with all regions aligned to it; with ``fit`` (rows), also group ->
+    [len(fit), R', len(FACTORS)] at every temperature factor of the fit (:mod:`.temperature`)."""
     groups = profile_groups()
     task = bar.add(f"every profile, all regions aligned: {len(groups)} forwards", len(groups))
-    out = {}
+    out, grids = {}, {}
     for g in groups:
         names = tuple(p.name for p in g)
-        out[names] = forward_pass(model, records, g[0], REGIONS, max_tokens, bar, group_label(names))
+        label = group_label(names)
+        if fit is not None and len(fit) == len(records):  # one forward gives both
+            grids[names] = forward_pass(model, records, g[0], REGIONS, sizes, bar, label, factors=FACTORS)
+            out[names] = np.ascontiguousarray(grids[names][..., ONE])
+        else:
+            out[names] = forward_pass(model, records, g[0], REGIONS, sizes, bar, label)
+            if fit is not None:
+                grids[names] = forward_pass(model, [records[i] for i in fit], g[0], REGIONS, sizes, bar,
+                                            f"{label}, temperature fit", factors=FACTORS)
         bar.advance(task)
-    return out
+    return (out, grids) if fit is not None else out
 
 
 def _detection(by_group: dict[tuple[str, ...], np.ndarray], mu, mask) -> Detection:
@@ -222,7 +238,8 @@ def diagnose(
     *,
     regions: tuple[str, ...] = REGIONS,
     detect: bool = True,
-    max_tokens: int = 16384,
+    max_tokens: int | None = None,
+    memory_budget: int | None = None,
     progress: bool = False,
 ) -> Diagnosis:
     """Attribute the mismatch between ``model`` and the rollout ``records`` to regions, if it is rounding.
@@ -231,6 +248,10 @@ def diagnose(
     ``profile`` is the engine the records came from (``"auto"`` detects it first). The returned
     :class:`Diagnosis` carries a :class:`~rla.diagnosis.verdict.Verdict`: when it is not ``ok``,
     the attribution is computed but must not be read as an explanation (the report does not).
+
+    ``max_tokens`` (default 16384) and ``memory_budget`` (bytes) size every training forward as
+    :func:`rla.logprobs` does: a record longer than ``max_tokens`` runs as a chunked prefill where
+    that is bit-identical to one forward; ``Diagnosis.long_inputs`` says what was done.
     """
     records = list(records)
     if not records:
@@ -238,8 +259,10 @@ def diagnose(
     bad = [r for r in regions if r not in REGIONS]
     if bad or not regions:
         raise ValueError(f"regions must be a non-empty subset of {REGIONS}, got {regions}")
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    for name, v in (("max_tokens", max_tokens), ("memory_budget", memory_budget)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    sizes = Sizes(max_tokens, memory_budget)
     prof = None if profile == "auto" else resolve(profile)
     _check_unaligned(model)
     check = check_records(model, records)
@@ -247,9 +270,15 @@ def diagnose(
     mu, mask = M.pad_rows([np.asarray(r.logprobs, dtype=np.float64) for r in records])
     bar = Progress(progress, transient=True)
     try:
-        by_group = _aligned_by_group(model, records, max_tokens, bar)
-        scale = rounding_scale(fp32_reference(model, records, max_tokens, bar),
-                               {group_label(g): v for g, v in by_group.items()}, mask)
+        rows = fit_rows([len(r.response_ids) for r in records])
+        by_group, grids = _aligned_by_group(model, records, sizes, bar, fit=rows)
+        reference = fp32_reference(model, records, sizes, bar)
+        scale = rounding_scale(reference, {group_label(g): v for g, v in by_group.items()}, mask)
+        width = next(iter(grids.values())).shape[1]
+        temperature = fit_temperature({group_label(g): v for g, v in grids.items()}, reference[rows][:, :width],
+                                      mu[rows][:, :width], mask[rows][:, :width],
+                                      indices=[check.indices[i] for i in rows],
+                                      temperatures=[records[i].temperature for i in rows])
         detection = _detection(by_group, mu, mask)
         if prof is None:
             prof = get_profile(detection.best[0])
@@ -261,7 +290,7 @@ def diagnose(
         for s in combos:
             label = subset_label(s)
             same = [g for g in by_group if set(s) == set(REGIONS) and get_profile(g[0]).same_rounding(prof)]
-            pi = by_group[same[0]] if same else forward_pass(model, records, prof, s, max_tokens, bar, label)
+            pi = by_group[same[0]] if same else forward_pass(model, records, prof, s, sizes, bar, label)
             delta = np.where(mask, pi - mu, 0.0)
             metrics[label] = M.mismatch(pi, mu, mask)
             deltas[label] = delta[mask]
@@ -275,7 +304,7 @@ def diagnose(
         unexplained = {m: (full[m] / none[m] if none[m] > 0 else float("nan")) for m in ATTRIBUTED}
         verdict = judge(model, records, check.indices, mu, mask, scale, {group_label(g): v for g, v in by_group.items()},
                         prof.name, seq[frozenset()], seq[frozenset(regions)], tuple(regions),
-                        max_tokens=max_tokens, bar=bar)
+                        sizes=sizes, bar=bar, temperature=temperature)
     finally:
         bar.close()
     return Diagnosis(
@@ -294,10 +323,12 @@ def diagnose(
         n_input=check.n_input,
         duplicates=check.duplicates,
         input_notes=[n for n in (check.note(),) if n],
+        long_inputs=sizes.summary(),
     )
 
 
-def detect_profile(model, records, *, max_tokens=16384, progress: bool = False) -> Detection:
+def detect_profile(model, records, *, max_tokens: int | None = None, memory_budget: int | None = None,
+                   progress: bool = False) -> Detection:
     """Rank the built-in profiles by k3 with all regions aligned to each (lowest explains best).
 
     Profiles with the same rounding points give the same forward and are reported together. The
@@ -313,6 +344,6 @@ def detect_profile(model, records, *, max_tokens=16384, progress: bool = False) 
     mu, mask = M.pad_rows([np.asarray(r.logprobs, dtype=np.float64) for r in records])
     bar = Progress(progress, transient=True)
     try:
-        return _detection(_aligned_by_group(model, records, max_tokens, bar), mu, mask)
+        return _detection(_aligned_by_group(model, records, Sizes(max_tokens, memory_budget), bar), mu, mask)
     finally:
         bar.close()

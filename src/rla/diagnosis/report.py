@@ -17,7 +17,7 @@ from rla.diagnosis.core import Diagnosis, group_label
 from rla.diagnosis.output import staged
 
 __all__ = ["rich_tables", "to_markdown", "write_report", "write_report_files", "explain", "ratio_tails",
-           "RATIO_RANGE"]
+           "RATIO_RANGE", "long_inputs_text"]
 
 RATIO_RANGE = (0.8, 1.2)
 """The range ratio_hist.png resolves: PPO's clip range at epsilon 0.2. Tokens outside it are counted
@@ -137,6 +137,30 @@ def _tails_text(d: Diagnosis) -> str:
     return "; ".join(parts)
 
 
+def long_inputs_text(d: Diagnosis) -> str | None:
+    """What was done with records longer than one forward step, and whether it kept the bits."""
+    li = d.long_inputs
+    if not li:
+        return None
+    checks = li["checks"]
+    parts = []
+    if li["records_chunked"]:
+        exact = [c for c in checks.values() if c["exact"]]
+        parts.append(
+            f"{li['records_chunked']} record(s) longer than max_tokens = {li['max_tokens']} ran as a chunked prefill "
+            f"({li['prefill_step']} positions per step through a KV cache), in every pass where a probe showed it "
+            f"bit-identical to the one-call forward ({len(exact)} of {len(checks)} passes probed; probe of "
+            f"{next(iter(checks.values()))['tokens']} tokens). Chunking did not change the logprobs.")
+    if li["records_one_call"]:
+        bad = {k: c for k, c in checks.items() if not c["exact"]}
+        said = "; ".join(f"{k}: {c['equal']:.2%} of hidden-state elements equal, max |difference| {c['max_abs']:.3g}"
+                         for k, c in bad.items())
+        parts.append(
+            f"{li['records_one_call']} record(s) longer than max_tokens = {li['max_tokens']} ran in one forward, "
+            f"memory growing with their length, because chunked prefill changes bits here ({said or 'not probed'}).")
+    return " ".join(parts)
+
+
 def to_markdown(d: Diagnosis) -> str:
     head = "| aligned regions | " + " | ".join(n for n, _, _ in COLUMNS) + " |"
     rows = [head, "|" + "---|" * (len(COLUMNS) + 1)]
@@ -166,6 +190,8 @@ def to_markdown(d: Diagnosis) -> str:
         det = ["| profile | k3 with all regions aligned |", "|---|---|"]
         det += [f"| {group_label(g)} | {k3:.3e} |" for g, k3 in d.detection.ranking]
         parts += ["## Profile detection", "\n".join(det), d.detection.note]
+    if long_inputs_text(d):
+        parts += ["## Long records", long_inputs_text(d)]
     parts += ["## What it means", explain(d), "## Plots", "![per-position](per_position.png)",
               "![ratio histogram](ratio_hist.png)", f"Ratio histogram tails (drawn in the edge bins): {_tails_text(d)}."]
     if _ok(d):

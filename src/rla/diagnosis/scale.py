@@ -47,11 +47,11 @@ class RoundingScale:
         return {"k3": self.k3, "far_factor": FAR, "per_profile": self.per_profile}
 
 
-def fp32_reference(model, records, max_tokens, bar=None) -> np.ndarray:
+def fp32_reference(model, records, sizes, bar=None) -> np.ndarray:
     """Training logprobs of the recorded tokens from an fp32 copy of ``model`` (same weights)."""
     ref = copy.deepcopy(model).float()
     try:
-        return forward_pass(ref, records, None, (), max_tokens, bar, "fp32 reference")
+        return forward_pass(ref, records, None, (), sizes, bar, "fp32 reference")
     finally:
         del ref
 

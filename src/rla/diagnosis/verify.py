@@ -9,6 +9,8 @@ module runs both on the same tokens and measures:
   distribution (the engine is the rollout side) and ``delta = log pi_train - log mu_engine`` of
   it, summarised by :func:`rla.metrics.mismatch` (k1, k3, max |delta|, bitwise fraction);
 - the mean full-distribution KL(twin || model) per position;
+  (logprobs, softmax and KL are computed a bounded number of positions at a time; the two sides'
+  logits are held whole, since they are compared element by element)
 - per layer, the residual stream after each decoder layer (rounded to the model's dtype, as the
   engine holds it): fraction of bit-equal elements and max |difference|, so a mismatch is
   located at the first layer where it appears, not just detected.
@@ -87,12 +89,30 @@ def hf_side(model):
     return run
 
 
-def sample_tokens(logits: torch.Tensor, seed: int) -> torch.Tensor:
-    """One token per position drawn from softmax(fp32 logits), as a rollout at temperature 1."""
+COMPARE_BYTES = 256 << 20
+"""Memory for the fp32 temporaries of one step of :func:`compare` (positions x vocab x 4 bytes x 8)."""
+
+
+def _rows(vocab: int, rows: int | None) -> int:
+    if rows is not None:
+        if rows < 1:
+            raise ValueError(f"rows must be positive, got {rows}")
+        return rows
+    return max(1, COMPARE_BYTES // (vocab * 4 * 8))
+
+
+def sample_tokens(logits: torch.Tensor, seed: int, rows: int | None = None) -> torch.Tensor:
+    """One token per position drawn from softmax(fp32 logits), as a rollout at temperature 1.
+
+    Positions are drawn ``rows`` at a time (default: what fits :data:`COMPARE_BYTES`) from one
+    generator, in order: the same tokens as one draw over all positions (CPU multinomial draws
+    row by row), without an fp32 copy of every position's distribution."""
     g = torch.Generator(device="cpu").manual_seed(seed)
-    probs = torch.softmax(logits.float().cpu(), dim=-1)
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=g).view(probs.shape[:-1])
+    flat = logits.reshape(-1, logits.shape[-1])
+    step = _rows(flat.shape[-1], rows)
+    out = [torch.multinomial(torch.softmax(flat[s : s + step].float().cpu(), dim=-1), 1, generator=g)
+           for s in range(0, flat.shape[0], step)]
+    return torch.cat(out).view(logits.shape[:-1])
 
 
 def _logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -100,22 +120,43 @@ def _logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return lp.gather(-1, tokens.to(lp.device)[..., None])[..., 0]
 
 
-def compare(twin_out, sides: dict, ids, positions, seed: int = 0, meta: dict | None = None) -> VerifyResult:
-    """Run every side on ``ids``/``positions`` and compare it with ``twin_out`` = (logits, streams)."""
+def _logit_stats(logits, t_logits, tokens, rows):
+    """Per-position stats of one side against the twin, ``rows`` positions at a time (bounded fp32
+    temporaries): (log pi of the tokens, bit-equal logits, max |d logit|, KL(twin || side) summed)."""
+    v = t_logits.shape[-1]
+    a, b, tok = logits.reshape(-1, v), t_logits.reshape(-1, v), tokens.reshape(-1)
+    pi, equal, max_abs, kl = [], 0, 0.0, 0.0
+    for s in range(0, a.shape[0], rows):
+        x, y, t = a[s : s + rows], b[s : s + rows], tok[s : s + rows]
+        lp, tlp = torch.log_softmax(x.float(), dim=-1), torch.log_softmax(y.float(), dim=-1)
+        pi.append(lp.gather(-1, t.to(lp.device)[:, None])[:, 0].cpu())
+        equal += int((x == y).sum())
+        max_abs = max(max_abs, float((x.float() - y.float()).abs().max()))
+        kl += float((tlp.exp() * (tlp - lp)).sum(-1).double().sum())
+        del lp, tlp
+    return torch.cat(pi).view(tokens.shape), equal / a.numel(), max_abs, kl / a.shape[0]
+
+
+def compare(twin_out, sides: dict, ids, positions, seed: int = 0, meta: dict | None = None, *,
+            rows: int | None = None, progress=None) -> VerifyResult:
+    """Run every side on ``ids``/``positions`` and compare it with ``twin_out`` = (logits, streams).
+
+    The logits of the twin and of one side are held whole (they are compared element by element);
+    everything computed from them (softmax, logprobs, KL) runs ``rows`` positions at a time.
+    ``progress``: optional callable(done, total), called after each side."""
     t_logits, t_streams = twin_out
-    tokens = sample_tokens(t_logits, seed)
-    mu = _logprobs(t_logits, tokens).cpu()
-    t_logp_full = torch.log_softmax(t_logits.float(), dim=-1)
+    step = _rows(t_logits.shape[-1], rows)
+    tokens = sample_tokens(t_logits, seed, step)
+    mu = torch.cat([_logprobs(t_logits.reshape(-1, t_logits.shape[-1])[s : s + step], tokens.reshape(-1)[s : s + step]).cpu()
+                    for s in range(0, tokens.numel(), step)]).view(tokens.shape)
     results = []
-    for name, run in sides.items():
+    for n, (name, run) in enumerate(sides.items()):
         logits, streams = run(ids, positions)
         if len(streams) != len(t_streams):
             raise RuntimeError(f"{name}: {len(streams)} layer outputs against the twin's {len(t_streams)}")
-        pi = _logprobs(logits, tokens).cpu()
+        pi, logits_equal, logits_max_abs, kl = _logit_stats(logits, t_logits, tokens, step)
         mask = torch.ones_like(pi, dtype=torch.bool)
         m = mismatch(pi, mu, mask)
-        logp_full = torch.log_softmax(logits.float(), dim=-1)
-        kl = float((t_logp_full.exp() * (t_logp_full - logp_full)).sum(-1).mean())
         layers = []
         for i, (a, b) in enumerate(zip(streams, t_streams)):
             a, b = a.reshape(b.shape), b
@@ -124,10 +165,11 @@ def compare(twin_out, sides: dict, ids, positions, seed: int = 0, meta: dict | N
                 "equal": float((a == b).double().mean()),
                 "max_abs": float((a.float() - b.float()).abs().max()),
             })
+        del logits, streams
         results.append(SideResult(
             name=name,
-            logits_equal=float((logits == t_logits).double().mean()),
-            logits_max_abs=float((logits.float() - t_logits.float()).abs().max()),
+            logits_equal=logits_equal,
+            logits_max_abs=logits_max_abs,
             k1=m["mismatch/k1"],
             k3=m["mismatch/k3"],
             max_abs_delta=m["mismatch/abs/max"],
@@ -135,6 +177,8 @@ def compare(twin_out, sides: dict, ids, positions, seed: int = 0, meta: dict | N
             kl=kl,
             layers=layers,
         ))
+        if progress is not None:
+            progress(n + 1, len(sides))
     return VerifyResult(results, int(tokens.numel()), dict(meta or {}))
 
 
