@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_root import ROOT  # noqa: E402
 DOC = ROOT / "docs" / "diagnosis.md"
 
 
