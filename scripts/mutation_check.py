@@ -118,6 +118,15 @@ MUTATIONS = [
              "return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op, out_dtype)",
              "return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op, out_dtype).to(lp).to(out_dtype or lp)",
              ("tests/alignment/test_align_models.py",), "qk_norm_out='fp32' rounds the q/k-norm output before RoPE anyway"),
+    # --- the norms' reduction order (issue #20)
+    Mutation("vllm-block-pair-sums-in-another-order", "src/rla/ops/reduction.py",
+             "s = s + (sq[:, r, :, j] + sq[:, r, :, j + 1])",
+             "s = (s + sq[:, r, :, j]) + sq[:, r, :, j + 1]",
+             ("tests/ops/test_reduction.py",), "the add + norm kernel's vector pair sums added one square at a time"),
+    Mutation("vllm-block-warps-summed-by-torch", "src/rla/ops/reduction.py",
+             "    total = warp_sums[:, 0]\n    for w in range(1, tree.warps):\n        total = total + warp_sums[:, w]\n",
+             "    total = warp_sums.sum(-1)\n",
+             ("tests/ops/test_reduction.py",), "the warps' sums added in PyTorch's order instead of warp order"),
     # --- experiment summaries (issue #21: the table's ± was the population std)
     Mutation("summary-std-population", "src/rla/rl/experiment_summary.py",
              "std = float(vals.std(ddof=1)) if vals.size > 1 else None", "std = float(vals.std()) if vals.size > 1 else None",
