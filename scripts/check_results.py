@@ -233,7 +233,9 @@ def order_carry_vs_old(root):
 # -- dose-response (the recomputation lives in scripts/dose_numbers.py)
 
 def _dose():
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
     import dose_numbers
     return dose_numbers
 
@@ -253,6 +255,26 @@ def _dose_prose(root):
 def _dose_long_ratio(root):
     ratios = [short / long for long, short in _dose().dose_long_table(root).values()]
     return [min(ratios), max(ratios)]
+
+
+def order_calibration_words(root):
+    fraction, points = order_calibration(root)
+    return [fraction, {9: "nine"}.get(points, str(points))]
+
+
+def order_twin_all_exact(root):
+    exact, rows = order_twin_exact(root)
+    return [exact] if exact == rows else [-1]
+
+
+def order_carry_min_and_7b(root):
+    r15_min, _, r7_min, r7_max = order_carry_vs_old(root)
+    return [r15_min, r7_min, r7_max]
+
+
+def order_headline(root):
+    ratios = order_e2e_ratios(root)
+    return [order_calibration(root)[0], *order_twin_exact(root), *ratios[0:2], *ratios[6:8], order_carry_vs_old(root)[0]]
 
 
 # -- attribution
@@ -527,17 +549,17 @@ CHECKS: list[Check] = [
     # ---- README: reduction order session
     Check("reduction order: calibration", "README", r"matches vLLM's kernels in (\d+)% of probe elements at all (\w+)\s+points",
           f"{ORDER}/calibration_eager.report.json", "min over points of the chosen choice's fraction; number of points",
-          lambda root: [order_calibration(root)[0], {9: "nine"}.get(order_calibration(root)[1], str(order_calibration(root)[1]))]),
+          order_calibration_words),
     Check("reduction order: twin", "README", r"in logits and every layer in all (\d+) cases",
           f"{ORDER}/twin_eager.json", "rla-fused rows with logits_equal == 1 and every layer == 1 (must be all rows)",
-          lambda root: [order_twin_exact(root)[0]] if order_twin_exact(root)[0] == order_twin_exact(root)[1] else [-1]),
+          order_twin_all_exact),
     Check("reduction order: e2e", "README",
           r"`vllm-eager` ([\d.]+)-([\d.]+)x / ([\d.]+)-([\d.]+)x at ([\d.]+) / ([\d.]+) of its peak\s+memory, Liger ([\d.]+)-([\d.]+)x / ([\d.]+)-([\d.]+)x in the same runs; engine-backed \(vLLM's kernels in the\s+forward\) ([\d.]+)-([\d.]+)x / ([\d.]+)-([\d.]+)x",
           f"{ORDER}/e2e_new_code_{{1,2}}.json", "tok_s / hf-bf16 tok_s in the same run, min-max over the two runs; peak_gib / hf-bf16 (run 1)",
           order_e2e_ratios),
     Check("fp32_carry add vs the step before", "README", r"with the fused `fp32_carry` add is\s+([\d.]+)x / ([\d.]+)-([\d.]+)x of the step before",
           f"{ORDER}/e2e_{{new_code_1,new_code_2,old_code}}.json", "rla-vllm tok/s new / old (same call), 1.5B (min) and 7B (min-max)",
-          lambda root: [order_carry_vs_old(root)[0], *order_carry_vs_old(root)[2:4]]),
+          order_carry_min_and_7b),
     # ---- README: dose-response
     Check("dose-response", "README",
           r"half the runs collapse at step-0 k3 ([\d.]+) \(95% profile-likelihood interval ([\d.]+)-([\d.]+)\); the final reward already falls below its start from k3 ~([\d.e-]+), and not at ~([\d.e-]+); bf16 \(([\d.e-]+)\) and aligned \(([\d.e-]+)\) sit far below",
@@ -620,8 +642,7 @@ CHECKS: list[Check] = [
     Check("[bench] reduction order headline", "benchmarks/results/README",
           r"every eager point (\d+)%; aligned model with rla's kernels bit-equal to the vLLM-eager twin in (\d+) of (\d+) cases; step ([\d.]+)-([\d.]+)x HF \(1\.5B\), Liger ([\d.]+)-([\d.]+)x; fused fp32_carry add: ([\d.]+)x of the step before",
           f"{ORDER}/*", "as the README checks above",
-          lambda root: [order_calibration(root)[0], *order_twin_exact(root), *order_e2e_ratios(root)[0:2],
-                        *order_e2e_ratios(root)[6:8], order_carry_vs_old(root)[0]]),
+          order_headline),
     Check("[bench] sampler", "benchmarks/results/README", r"(\d+)k tok/s on the bundled model, ([\d.]+)x plain HF generate in one call per arm \(an earlier call: ([\d.]+)x\)",
           "benchmarks/results/ops_inductor_sampler_h200_2026-11-29/sampler_bundled.json, logs/s2_call1_sampler_bundled_prefix.json", "as above",
           lambda root: sampler(root) + sampler_earlier(root)),

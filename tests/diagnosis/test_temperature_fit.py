@@ -20,25 +20,8 @@ from rla.diagnosis import temperature as T
 from rla.diagnosis.core import diagnose
 from rla.diagnosis.report import explain, to_markdown
 from rla.diagnosis.scale import FAR
-from rla.rl.bundled import bundled_task, load_bundled
-from rla.rollout.sampler import Sampler, SamplingParams
 from rla.rollout.train_logprobs import logprobs
-
-N, TOKENS = 10, 32
-
-
-@pytest.fixture(scope="module")
-def bundled():
-    torch.manual_seed(0)
-    model, tok = load_bundled()
-    problems = bundled_task().sample(0, N)
-    prompts = [[tok.bos_token_id] + tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
-    return model, prompts
-
-
-def sample(model, prompts, temperature=1.0):
-    return Sampler(model, "vllm").generate(prompts, SamplingParams(max_new_tokens=TOKENS, seed=0,
-                                                                    temperature=temperature))
+from test_diagnosis_verdicts import bundled, sample  # noqa: F401  (the bundled model and its sampler, one definition)
 
 
 def _no_attribution(d):
@@ -48,7 +31,7 @@ def _no_attribution(d):
 @pytest.mark.parametrize("sampled", [0.9, 0.7])
 def test_a_wrong_temperature_within_roundings_size_is_named(bundled, sampled, monkeypatch):
     model, prompts = bundled
-    recs = sample(model, prompts, sampled)
+    recs = sample(model, prompts, temperature=sampled)
     for r in recs:
         r.temperature = 1.0  # the records lie about the temperature
     with monkeypatch.context() as m:  # today's verdict, without the fit: rounding
@@ -68,7 +51,7 @@ def test_a_wrong_temperature_within_roundings_size_is_named(bundled, sampled, mo
 
 def test_raw_logprobs_at_a_cool_temperature_are_named(bundled):
     model, prompts = bundled
-    recs = sample(model, prompts, 0.7)
+    recs = sample(model, prompts, temperature=0.7)
     with rla.aligned(model, profile="vllm"):  # what a vllm engine in raw-logprob mode returns
         raw = logprobs(model, [dataclasses.replace(r, temperature=1.0) for r in recs])
     recs = [dataclasses.replace(r, logprobs=[min(0.0, float(x)) for x in lp]) for r, lp in zip(recs, raw)]
@@ -131,7 +114,7 @@ def test_the_fit_needs_tokens_it_can_read():
 
 def test_the_temperature_grid_is_one_forward_with_each_records_bits(bundled):
     model, prompts = bundled
-    recs = sample(model, prompts, 0.8)[:4]
+    recs = sample(model, prompts, temperature=0.8)[:4]
     recs[1] = dataclasses.replace(recs[1], top_k=10, top_p=0.9)
     factors = (0.5, 1.0, 1.25)
     grid = logprobs(model, recs, temperature_factors=factors)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from rla.ops import reference
-from rla.ops._checks import check_norm, check_rope, check_swiglu
+from rla.ops._checks import check_carry_add, check_norm, check_rope, check_swiglu
 from rla.ops.launch import launch_config, set_launch_config
 from rla.profiles import RoundingProfile, resolve
 
@@ -99,11 +99,5 @@ def carry_add(x, residual, m, out_dtype: torch.dtype | None = None):
     x + residual is kept across the MLP. ``out_dtype=torch.float32`` keeps the sum for a next norm
     that reads the fp32 sum (``norm_residual='fp32_sum'``).
     """
-    for name, t in (("x", x), ("residual", residual), ("m", m)):
-        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            raise TypeError(f"carry_add: {name} must be a bf16, fp16 or fp32 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-    if not (x.shape == residual.shape == m.shape):
-        raise ValueError(f"carry_add: shapes differ: x {tuple(x.shape)}, residual {tuple(residual.shape)}, m {tuple(m.shape)}")
-    if len({x.device, residual.device, m.device}) != 1:
-        raise ValueError("carry_add: x, residual and m must be on one device")
+    check_carry_add(x, residual, m)
     return backend(x, residual, m).carry_add(x, residual, m, out_dtype or x.dtype)

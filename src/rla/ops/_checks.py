@@ -126,3 +126,11 @@ def check_norm(x, residual, weight, eps, dtype=None) -> None:
         )
     if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
         raise ValueError(f"eps must be a finite non-negative number, got {eps!r}")
+
+
+def check_carry_add(x, residual, m) -> None:
+    for name, t in (("x", x), ("residual", residual), ("m", m)):
+        _float(name, t)
+    if not (x.shape == residual.shape == m.shape):
+        raise ValueError(f"carry_add: shapes differ: x {tuple(x.shape)}, residual {tuple(residual.shape)}, m {tuple(m.shape)}")
+    _same_device("x, residual and m", x, residual, m)

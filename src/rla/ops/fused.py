@@ -230,10 +230,9 @@ def _norm_fwd(x, residual, weight, eps, per_op, fp32_sum, lp=None, out_dtype=Non
     ``after_add``: the sum was formed by the previous layer) or a plain one."""
     if reduction == "vllm_block":
         from rla.ops import _triton_norm_tree
-        from rla.ops.reduction import vllm_block_tree
+        from rla.ops.reduction import call_tree
 
-        n = x.shape[-1]
-        tree = vllm_block_tree(n, x.numel() // n, fused_add=residual is not None or after_add)
+        tree = call_tree(x, fused_add=residual is not None or after_add)
         return _triton_norm_tree.forward(x, residual, weight.contiguous(), eps, per_op, fp32_sum, tree, lp, out_dtype)
     from rla.ops import _triton_norm
 
@@ -433,9 +432,7 @@ class _CarryAddFn(torch.autograd.Function):
         ctx.dtypes = (x.dtype, residual.dtype, m.dtype)
         return _triton_add.forward(x, residual, m, out_dtype)
 
-    @staticmethod
-    def backward(ctx, g):
-        return tuple(g.to(d) for d in ctx.dtypes) + (None,)
+    backward = staticmethod(_carry_add_backward)
 
 
 def carry_add(x, residual, m, out_dtype: torch.dtype):

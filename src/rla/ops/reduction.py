@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["REDUCTIONS", "BlockTree", "vllm_block_tree", "block_sum_squares"]
+__all__ = ["REDUCTIONS", "BlockTree", "vllm_block_tree", "call_tree", "block_sum_squares"]
 
 REDUCTIONS: tuple[str, ...] = ("unpinned", "vllm_block")
 
@@ -84,6 +84,12 @@ def vllm_block_tree(n: int, rows: int, fused_add: bool) -> BlockTree:
         return BlockTree(threads=min(n, max_threads), vec=vec, pairwise=vec == 8)
     vec = math.gcd(8, n)
     return BlockTree(threads=min(n // vec, max_threads), vec=vec, pairwise=False)
+
+
+def call_tree(x: torch.Tensor, fused_add: bool) -> BlockTree:
+    """:func:`vllm_block_tree` of one call on ``x`` [..., n]: its rows are the call's rows."""
+    n = x.shape[-1]
+    return vllm_block_tree(n, x.numel() // n if n else 0, fused_add)
 
 
 def block_sum_squares(v: torch.Tensor, tree: BlockTree) -> torch.Tensor:

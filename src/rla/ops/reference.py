@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rla.ops.reduction import block_sum_squares, vllm_block_tree
+from rla.ops.reduction import block_sum_squares, call_tree
 from rla.profiles import RoundingProfile
 
 __all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm", "carry_add"]
@@ -163,7 +163,7 @@ def _rstd(v: torch.Tensor, eps: float, tree: bool = False, fused_add: bool = Fal
     if not tree:
         return torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
     n = v.shape[-1]
-    total = block_sum_squares(v, vllm_block_tree(n, v.numel() // n, fused_add)).unsqueeze(-1)
+    total = block_sum_squares(v, call_tree(v, fused_add)).unsqueeze(-1)
     # a tensor divisor: PyTorch's CUDA division by a Python scalar multiplies by its reciprocal
     return torch.rsqrt(total / torch.full_like(total, n) + eps)
 
