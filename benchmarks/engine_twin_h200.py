@@ -10,7 +10,8 @@ Stages (``--stages``):
 - ``twin``: realistic-width random-init Qwen2 (QKV bias), Qwen3 (q/k norms), Llama-3.1 (llama3
   scaling) and the bundled trained tiny Qwen2, against the vLLM twin in ``--modes``; sides: HF
   eager, aligned with rla's fused kernels, aligned with rla's reference ops, and (eager mode)
-  aligned with vLLM's own kernels forward (``rla.engines.backed``).
+  aligned with vLLM's own kernels forward (``rla.engines.backed``); (default mode) the
+  engine-backed forward of the twin's compiled pieces (``rla.engines.forward``).
 
 Writes one JSON per stage into ``--out``. Needs CUDA, the vLLM files (``--wheel``) and, for eager
 mode and ``order``, vLLM's kernel library (``--library``).
@@ -171,6 +172,7 @@ def stage_order(engine, kernels, out):
 
 def stage_twin(engine, modes, library, out, quick=False):
     from rla.engines.backed import engine_ops
+    from rla.engines.forward import engine_forward
     from rla.engines.twin import VllmTwin
     from rla.hf import load_model
 
@@ -186,6 +188,7 @@ def stage_twin(engine, modes, library, out, quick=False):
         cases = {k: v for k, v in cases.items() if k in ONLY}
     rows = []
     backed = engine_ops(engine, "eager", library) if "eager" in modes else None
+    pieces = engine_forward(engine, "default") if "default" in modes else None
     for name, shapes in cases.items():
         if name == "tiny-qwen2-trained":
             model = load_model(str(Path(__file__).resolve().parents[1] / "src/rla/assets/tiny-qwen2"), BF16, DEV)
@@ -198,6 +201,8 @@ def stage_twin(engine, modes, library, out, quick=False):
                      "rla-reference": aligned_side(model, prof, ops=reference)}
             if mode == "eager":
                 sides["vllm-kernels"] = aligned_side(model, prof, ops=backed)
+            if mode == "default":  # the engine-backed default mode: the twin's compiled pieces
+                sides["vllm-pieces"] = aligned_side(model, prof, ops=pieces)
             for b, s, off in shapes:
                 g = torch.Generator().manual_seed(b * 7919 + s)
                 ids = torch.randint(0, model.config.vocab_size, (b, s), generator=g).to(DEV)
@@ -240,6 +245,10 @@ def main():
     global DEV, LAYERS, SCALE, ONLY
     DEV, LAYERS, SCALE, ONLY = args.device, args.layers, args.scale, args.only
     STAMP = stamp(args)
+    # every model shape is a graph of its own for each compiled piece (the twin's and the
+    # engine-backed forward's): more than Dynamo's default 8; and never run a piece eagerly
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     engine = vllm.load(args.wheel)

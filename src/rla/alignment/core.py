@@ -9,13 +9,14 @@ unaligns it first, so nothing is ever wrapped twice.
 from __future__ import annotations
 
 import contextlib
+import types
 from dataclasses import dataclass, field
 
 import torch
 
 from rla.alignment import compat
 from rla.alignment.families import FAMILIES, Family, class_named, get_family
-from rla.alignment.patch import foreign_wrapper, patch_of, uninstall
+from rla.alignment.patch import foreign_wrapper, install, patch_of, uninstall
 from rla.alignment.report import AlignmentReport
 from rla.alignment.rmsnorm import align_layers, align_norms
 from rla.alignment.rope import align_attention, align_rotary
@@ -58,6 +59,8 @@ def _check_regions(regions) -> tuple[str, ...]:
 
 
 def _check_ops(impl):
+    if callable(getattr(impl, "make_forward", None)):  # a whole body forward (rla.engines.forward)
+        return impl
     missing = [name for name in ("rope", "swiglu", "rms_norm", "add_rms_norm") if not callable(getattr(impl, name, None))]
     if missing:
         raise TypeError(f"ops={impl!r} lacks {missing}; it must provide rla.ops' rope, swiglu, rms_norm, add_rms_norm")
@@ -70,7 +73,8 @@ def _check_ops_profile(impl, profile: RoundingProfile) -> None:
         a, b = realised.points(), profile.points()
         diff = {p: (a[p], b[p]) for p in a if a[p] != b[p]}
         raise ValueError(f"{impl!r} rounds like {realised.name!r}, not {profile.name!r}: {diff}")
-    if realised is not None and profile.norm_residual == "fp32_sum":
+    body_forward = callable(getattr(impl, "make_forward", None))  # forms the sum inside its pieces
+    if realised is not None and profile.norm_residual == "fp32_sum" and not body_forward:
         raise ValueError(
             f"{impl!r}: engine-backed ops need a rounded_sum profile; under fp32_sum the norm reads a sum "
             "formed in the previous layer, which the engine forms inside its next fused add"
@@ -202,6 +206,9 @@ def align(
             f"profile {p.name!r}: qk_norm_out='fp32' with rope_cos_sin='fp32' (no engine calibrated so far "
             "does both) is not implemented"
         )
+    if callable(getattr(impl, "make_forward", None)):
+        _align_body(model, body, found, family, p, regions, impl, report)
+        return report
     try:
         if "rope" in regions:
             report.hazards.extend(align_rotary(found.rotary, p, report, round_tables=chain))
@@ -233,6 +240,24 @@ def align(
     report.notes.extend(_nothing_to_round(model))
     body.__dict__[_STATE_ATTR] = report
     return report
+
+
+def _align_body(model, body, found, family, p, regions, impl, report) -> None:
+    """Install an engine-backed body forward (``rla.engines.forward``): one forward that realises
+    the three regions together, so nothing else is patched."""
+    if regions != REGIONS:
+        raise ValueError(f"{impl!r} replaces the whole decoder forward: it aligns all of {REGIONS}, not {regions}")
+    causal = next((m for m in model.modules() if m.__dict__.get("_modules", {}).get("model") is body), None)
+    if causal is None or not hasattr(causal, "lm_head"):
+        raise NotImplementedError(f"{impl!r} needs the *ForCausalLM around the {family.prefix}Model")
+    forward = impl.make_forward(causal, body)
+    install(body, "body", {"forward": types.MethodType(forward, body)})
+    report.counts = {r: {"decoder layers (engine forward)": len(found.layers)} for r in REGIONS}
+    report.notes.append(
+        f"the decoder body's forward is {impl.name}; its backward is rla.ops' gradient of {p.name!r}, "
+        "recomputed per piece from the piece's inputs"
+    )
+    body.__dict__[_STATE_ATTR] = report
 
 
 def _nothing_to_round(model: torch.nn.Module) -> list[str]:

@@ -191,6 +191,12 @@ def aligned_side(model, profile, ops=None):
 
     def run(ids, positions):
         with aligned(model, profile, ops=ops):
+            if callable(getattr(ops, "make_forward", None)):  # an engine-backed body forward
+                from rla.engines.forward import recording_streams
+
+                with recording_streams(model.model) as streams, torch.no_grad():
+                    logits = model(input_ids=ids, position_ids=positions).logits
+                return logits, streams
             return inner(ids, positions)
 
     return run

@@ -16,8 +16,8 @@ functions for ``rla.align(model, profile, ops=...)``:
   saved inputs (the forward runs twice per op in training; inputs are what is saved, as in HF).
 
 Only vLLM's eager mode (``enforce_eager``) runs region kernels; its default mode compiles the
-native ops with Inductor across op boundaries, which has no per-op kernel to call: there rla's
-kernels and a named residual apply (``rla verify`` measures it).
+native ops with Inductor across op boundaries, which has no per-op kernel to call: for that mode
+:func:`rla.engines.forward.engine_forward` runs the compiled pieces themselves in the forward.
 """
 
 from __future__ import annotations
@@ -179,7 +179,8 @@ def engine_ops(engine, mode: str = "eager", library: str | None = None, profile=
     if mode != "eager":
         raise NotImplementedError(
             f"engine-backed ops exist for vLLM's eager mode (its region kernels); mode {mode!r} compiles "
-            "native ops across op boundaries with Inductor, which has no per-op kernel to call"
+            "native ops across op boundaries with Inductor, which has no per-op kernel to call: use "
+            "rla.engines.forward.engine_forward(engine, 'default'), which runs the compiled pieces"
         )
     p = profiles.resolve(profile) if profile is not None else _calibrated("vllm", engine.version, mode)
     return EngineOps(engine.c_ops(library), p, f"vLLM {engine.version} kernels")

@@ -175,8 +175,8 @@ class VllmTwin:
 
     # -- the pieces vLLM compiles between attentions ----------------------------------------------
 
-    def _first_piece(self, ids, positions, w):
-        return self._qkv(F.embedding(ids, self.embed), None, w, positions)
+    def _first_piece(self, ids, positions, embed, w):
+        return self._qkv(F.embedding(ids, embed), None, w, positions)
 
     def _middle_piece(self, attn, residual, positions, w, w_next):
         hidden, residual = self._mlp(attn, residual, w)
@@ -204,7 +204,7 @@ class VllmTwin:
         dynamic = self._mark_tokens if self.mode == "default" else (lambda *ts: None)
         dynamic(ids, positions)
         attn_mods = [layer.self_attn for layer in self.model.model.layers]
-        q, k, v, residual = self._first(ids, positions, self.layers[0])
+        q, k, v, residual = self._first(ids, positions, self.embed, self.layers[0])
         streams = []
         for i, w in enumerate(self.layers):
             attn = self._attend(attn_mods[i], q, k, v, mask, b, s)

@@ -1,0 +1,295 @@
+"""Engine-backed training forward for a compiling engine: the twin's compiled pieces, rla's gradient.
+
+vLLM's default mode compiles its model with Inductor in *pieces* split at attention, and Inductor
+fuses across op boundaries inside a piece: the post-attention residual reaches the MLP's add
+unrounded, Qwen3's q/k-norm output reaches RoPE unrounded, and each norm's sum of squares is
+reduced in the order of the kernel Inductor generates for that piece. No per-op kernel reproduces
+that, so :mod:`rla.engines.backed`'s per-op ops cannot serve this mode. This module runs the
+pieces themselves in the training forward:
+
+- **forward** = the engine twin's pieces (:class:`rla.engines.twin.VllmTwin`): vLLM's own native
+  region code, laid out as vLLM's model code lays it out, compiled by the same torch in the same
+  process as vLLM compiles a model (one graph per piece, the token dimension dynamic), with HF's
+  own attention function between pieces. The logits are therefore the twin's, bit for bit;
+- **backward** = ``rla.ops``' exact straight-through gradient of the calibrated profile, by
+  recomputing each piece from its saved inputs (the attention output and residual entering it,
+  and the weights) with ``rla.ops`` laid out the same way. Attention is differentiated by autograd
+  as in HF. The recomputation is a forward of the piece's GEMMs, as activation checkpointing
+  does; only the two [tokens, hidden] tensors entering each piece are saved.
+
+Use: ``rla.align(model, "vllm-0.33", ops=rla.engines.forward.engine_forward(vllm.load()))``. The
+decoder body's forward is replaced (per instance, reversible by ``rla.unalign``); the lm_head and
+the loss stay HF's. It is a forward over whole sequences (training, scoring): no KV cache, no
+``inputs_embeds``; bf16/fp16 weights on the device the engine runs on; Qwen2, Qwen3, Llama.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from rla import ops as rla_ops
+from rla import profiles
+from rla.engines.backed import _Backed, _calibrated
+from rla.engines.twin import MODES, SUPPORTED_FAMILIES, VllmTwin
+
+__all__ = ["EngineForward", "engine_forward", "recording_streams"]
+
+_RECORD = "_rla_engine_streams"
+
+_IGNORED = ("return_dict", "use_cache")
+_REFUSED_TRUE = ("output_attentions", "output_hidden_states")
+
+
+class _Reference:
+    """The twin's pieces written with ``rla.ops`` under ``profile``: what the backward differentiates.
+
+    Same boundaries, same GEMMs on the same weights; every region is the rla op of the profile
+    (so the fp32_carry chain is ``carry_add`` of the attention sum and the MLP output, and the
+    q/k norms hand RoPE fp32 under ``qk_norm_out='fp32'``)."""
+
+    def __init__(self, profile: profiles.RoundingProfile, twin: VllmTwin):
+        self.p, self.eps, self.d = profile, twin.eps, twin.head_dim
+        self.cache = twin.cos_sin_cache
+        self.fp32_sum = profile.norm_residual == "fp32_sum"
+        self.carry = profile.residual_stream == "fp32_carry"
+        self.chain = profile.qk_norm_out == "fp32"
+
+    def _qkv(self, x, residual, w, positions, lp, after_add):
+        """Input norm (``x`` is what the norm reads), q/k/v, q/k norms, rotary -> (q, k, v, residual)."""
+        p, d = self.p, self.d
+        hidden = rla_ops.rms_norm(x, w["in"], self.eps, p, dtype=lp, after_add=after_add)
+        q = F.linear(hidden, w["wq"], w["bq"])
+        k = F.linear(hidden, w["wk"], w["bk"])
+        v = F.linear(hidden, w["wv"], w["bv"])
+        t = q.shape[0]
+        q4, k4 = q.view(1, t, -1, d), k.view(1, t, -1, d)
+        if "qn" in w:
+            out = torch.float32 if self.chain else None
+            q4 = rla_ops.rms_norm(q4, w["qn"], self.eps, p, dtype=lp, out_dtype=out)
+            k4 = rla_ops.rms_norm(k4, w["kn"], self.eps, p, dtype=lp, out_dtype=out)
+        table = self.cache[positions].float()
+        cos, sin = table[None, :, : d // 2], table[None, :, d // 2 :]
+        q4, k4 = rla_ops.rope(q4, k4, cos, sin, p, unsqueeze_dim=2, dtype=lp)
+        return q4.reshape(t, -1), k4.reshape(t, -1), v, residual
+
+    def _mlp(self, attn, residual, w):
+        a = F.linear(attn, w["wo"])
+        h, rounded = rla_ops.add_rms_norm(a, residual, w["post"], self.eps, self.p)
+        m = F.linear(rla_ops.swiglu(F.linear(h, w["wg"]), F.linear(h, w["wu"]), self.p), w["wd"])
+        lp = a.dtype
+        if self.carry:
+            s = rla_ops.carry_add(a, residual, m, torch.float32 if self.fp32_sum else lp)
+        elif self.fp32_sum:
+            s = m.float() + rounded.float()
+        else:
+            s = m + rounded
+        return s, lp
+
+    def first(self, ids, positions, embed, w):
+        e = F.embedding(ids, embed)
+        return self._qkv(e, e, w, positions, e.dtype, after_add=False)
+
+    def middle(self, attn, residual, positions, w, w_next):
+        s, lp = self._mlp(attn, residual, w)
+        return self._qkv(s, s.to(lp), w_next, positions, lp, after_add=True)
+
+    def last(self, attn, residual, w, final):
+        s, lp = self._mlp(attn, residual, w)
+        return rla_ops.rms_norm(s, final, self.eps, self.p, dtype=lp, after_add=True), s.to(lp)
+
+
+def _piece(engine_fn, reference_fn, args, mark, dynamic):
+    """``engine_fn(*args)`` forward, gradient of ``reference_fn(*args)``; ``args`` may hold dicts
+    of weights (flattened to tensors for autograd). ``args[:dynamic]`` have a token dimension
+    (dynamic in the compiled piece, as the twin marks them; weights stay static)."""
+    flat, spec = tree_flatten(args)
+    where = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
+
+    def rebuild(tensors):
+        leaves = list(flat)
+        for i, t in zip(where, tensors):
+            leaves[i] = t
+        return tree_unflatten(leaves, spec)
+
+    def engine(*tensors):
+        a = rebuild(tensors)
+        mark(*a[:dynamic])
+        # past Dynamo's recompile limit a compiled piece would silently run eagerly (other bits)
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            return engine_fn(*a)
+
+    return _Backed.apply(engine, lambda *ts: reference_fn(*rebuild(ts)), *[flat[i] for i in where])
+
+
+class EngineForward:
+    """A decoder body's forward from an engine's compiled pieces (see the module doc).
+
+    ``rla.align(model, profile, ops=this)`` installs it; ``profile`` must be the row the pieces
+    realise (the calibrated row of the engine version and mode)."""
+
+    regions_at_once = True  # rla.align: one body forward realises the three regions together
+
+    def __init__(self, engine, mode: str, profile: profiles.RoundingProfile, library: str | None = None):
+        if mode not in MODES or mode == "native":
+            raise ValueError(f"engine-backed forward modes are 'default' and 'eager', got {mode!r}")
+        self.engine, self.mode, self.profile, self.library = engine, mode, profile, library
+        self.name = f"vLLM {engine.version} {mode}-mode pieces"
+        self._twins: dict[str, VllmTwin] = {}
+
+    def _twin(self, causal_lm, body) -> VllmTwin:
+        """One twin (one set of compiled pieces) per model shape, device and dtype: aligning
+        again, or another model of the same config, reuses the compiled pieces instead of
+        compiling them anew (each new set would count against Dynamo's recompile limit)."""
+        w = body.embed_tokens.weight
+        cfg = {k: v for k, v in body.config.to_dict().items() if k not in ("_name_or_path", "architectures")}
+        key = repr((sorted(cfg.items(), key=str), str(w.device), str(w.dtype), body.config._attn_implementation))
+        if key not in self._twins:
+            self._twins[key] = VllmTwin(causal_lm, self.engine, self.mode, self.library)
+        return self._twins[key]
+
+    def __repr__(self) -> str:
+        return f"EngineForward({self.name}, profile {self.profile.name})"
+
+    def __deepcopy__(self, memo):  # stateless apart from the engine: a copied model shares it
+        return self
+
+    def make_forward(self, causal_lm, body):
+        """The body forward to install on ``body`` (``causal_lm``'s decoder); raises what is not covered."""
+        cfg = body.config
+        if cfg.model_type not in SUPPORTED_FAMILIES:
+            raise NotImplementedError(
+                f"{self.name}: the engine-backed forward covers {', '.join(SUPPORTED_FAMILIES)}; "
+                f"this model is {cfg.model_type!r}"
+            )
+        dtype = body.embed_tokens.weight.dtype
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(
+                f"{self.name}: the engine runs the model in its weights' dtype; got {dtype}. Load or cast "
+                "the model to bfloat16 (fp32 master weights under autocast are not this mode)"
+            )
+        twin = self._twin(causal_lm, body)
+        if twin.cos_sin_cache.shape[-1] != twin.head_dim:
+            raise NotImplementedError(f"{self.name}: partial rotary (rotary_dim < head_dim) is not covered")
+        reference = _Reference(self.profile, twin)
+        mark = twin._mark_tokens if self.mode == "default" else (lambda *ts: None)
+        name = self.name
+
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, **kwargs):
+            _check_call(name, kwargs)
+            if input_ids is None:
+                raise ValueError(f"{name}: input_ids are required (inputs_embeds is not covered)")
+            if torch.compiler.is_compiling():
+                raise RuntimeError(f"{name}: compiles its own pieces; do not torch.compile the aligned model")
+            if self.embed_tokens.weight.device != twin.device:
+                raise RuntimeError(
+                    f"{name}: aligned on {twin.device}, the model is now on {self.embed_tokens.weight.device}; "
+                    "align again after moving it"
+                )
+            return _run(self, twin, reference, mark, input_ids, attention_mask, position_ids)
+
+        return forward
+
+
+def _check_call(name, kwargs):
+    embeds = kwargs.pop("inputs_embeds", None)
+    if embeds is not None:
+        raise ValueError(f"{name}: inputs_embeds is not covered; pass input_ids")
+    for key in ("cache", "past_key_values"):
+        cache = kwargs.pop(key, None)
+        if cache is not None and cache.get_seq_length() > 0:
+            raise ValueError(
+                f"{name}: a forward over whole sequences (training, scoring): it keeps no KV cache; "
+                "generate with the engine, or rla.unalign the model first"
+            )
+    for key in _REFUSED_TRUE:
+        if kwargs.pop(key, False):
+            raise ValueError(f"{name}: {key}=True is not covered (the forward runs the engine's pieces, not HF's layers)")
+    for key in _IGNORED:
+        kwargs.pop(key, None)
+    if kwargs.pop("cache_position", None) is not None:
+        pass  # whole sequences: positions come from position_ids (HF derives the same arange)
+    if kwargs:
+        raise TypeError(f"{name}: unexpected arguments {sorted(kwargs)} (not covered by the engine-backed forward)")
+
+
+def _run(body, twin, reference, mark, input_ids, attention_mask, position_ids):
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    b, s = input_ids.shape
+    if position_ids is None:
+        position_ids = torch.arange(s, device=input_ids.device)[None].expand(b, s)
+    if int(position_ids.max()) >= twin.cos_sin_cache.shape[0]:
+        raise ValueError(
+            f"position {int(position_ids.max())} is past the engine's cos/sin cache "
+            f"({twin.cos_sin_cache.shape[0]} positions = max_position_embeddings)"
+        )
+    mask = _attention_mask(body, input_ids, attention_mask, position_ids)
+    ids, positions = input_ids.reshape(-1), position_ids.reshape(-1)
+    layers = [VllmTwin._weights(layer) for layer in body.layers]
+    attn_mods = [layer.self_attn for layer in body.layers]
+    record = body.__dict__.get(_RECORD)
+    q, k, v, residual = _piece(twin._first, reference.first, (ids, positions, body.embed_tokens.weight, layers[0]), mark, 2)
+    hidden = None
+    for i, w in enumerate(layers):
+        attn = twin._attend(attn_mods[i], q, k, v, mask, b, s)
+        if i + 1 < len(layers):
+            q, k, v, residual = _piece(
+                twin._middle, reference.middle, (attn, residual, positions, w, layers[i + 1]), mark, 3
+            )
+        else:
+            hidden, residual = _piece(twin._last, reference.last, (attn, residual, w, body.norm.weight), mark, 2)
+        if record is not None:
+            record.append(residual.detach().view(b, s, -1))
+    return BaseModelOutputWithPast(last_hidden_state=hidden.view(b, s, -1))
+
+
+class _Captured(Exception):
+    pass
+
+
+def _attention_mask(body, input_ids, attention_mask, position_ids):
+    """The mask HF's own body forward hands its first attention layer (padding and all): the
+    class forward runs up to that attention, where a pre-hook takes the mask and stops it."""
+    seen = {}
+
+    def hook(module, args, kwargs):
+        seen["mask"] = kwargs.get("attention_mask")
+        raise _Captured
+
+    handle = body.layers[0].self_attn.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            type(body).forward(body, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    except _Captured:
+        pass
+    finally:
+        handle.remove()
+    if "mask" not in seen:
+        raise RuntimeError("the HF body's first attention layer was never called")
+    return seen["mask"]
+
+
+@contextlib.contextmanager
+def recording_streams(body):
+    """Inside the block, an engine-backed ``body`` appends the residual stream after each decoder
+    layer ([B, S, hidden], as the twin records it) to the yielded list: HF's layer hooks do not
+    fire, since the forward runs the engine's pieces, not HF's layers."""
+    streams: list[torch.Tensor] = []
+    body.__dict__[_RECORD] = streams
+    try:
+        yield streams
+    finally:
+        body.__dict__.pop(_RECORD, None)
+
+
+def engine_forward(engine, mode: str = "default", library: str | None = None, profile=None) -> EngineForward:
+    """An engine-backed body forward for ``rla.align(..., ops=...)``: ``engine``'s pieces in the
+    forward (``mode`` 'default': vLLM's native ops compiled by Inductor in pieces; 'eager': its
+    CUDA kernels), ``rla.ops``' gradient of ``profile`` in the backward (default: the calibrated
+    row of this engine version and mode)."""
+    p = profiles.resolve(profile) if profile is not None else _calibrated("vllm", engine.version, mode)
+    return EngineForward(engine, mode, p, library)
