@@ -17,7 +17,7 @@ import json
 #: ``rla.bench.e2e.VARIANTS`` plus ``liger`` and the engine-backed variant (kept here: importing
 #: rla.bench.e2e imports torch).
 E2E_VARIANTS = ("hf-bf16", "rla-vllm", "rla-vllm-eager", "rla-sglang", "naive-upcast", "fp16", "fp32", "liger",
-                "rla-vllm-eager-kernels")
+                "rla-vllm-eager-kernels", "rla-vllm-pieces")
 
 
 def shape(text: str) -> tuple[int, int]:
