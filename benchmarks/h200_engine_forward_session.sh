@@ -16,11 +16,11 @@ stamp() { echo "== $1 $(date -u +%FT%TZ)" | tee -a $R/commands.log; }
 nvidia-smi > $R/nvidia-smi.txt 2>&1
 python3 -c "import torch, triton, transformers; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" > $R/env.txt 2>&1
 if [ "$CALL" = twin ]; then
-  stamp "benchmarks/engine_twin_h200.py --stages twin --modes default"
-  timeout 420 python3 benchmarks/engine_twin_h200.py --stages twin --modes default --wheel $W --out $R/default > $R/twin_default.log 2>&1
+  stamp "benchmarks/engine_twin_h200.py --stages twin --modes default --only qwen2-h1536 qwen3-h2048 llama31-h2048"
+  timeout 250 python3 benchmarks/engine_twin_h200.py --stages twin --modes default --only qwen2-h1536 qwen3-h2048 llama31-h2048 --wheel $W --out $R/default > $R/twin_default.log 2>&1
 elif [ "$CALL" = e2e ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
   export RLA_ENGINE_WHEEL=$W
   stamp "rla bench e2e --variants hf-bf16 rla-vllm liger rla-vllm-pieces"
-  PYTHONPATH=$PWD/src:/tmp/site timeout 300 python3 -m rla.cli bench e2e --variants hf-bf16 rla-vllm liger rla-vllm-pieces --out $R/e2e > $R/e2e.log 2>&1
+  PYTHONPATH=$PWD/src:/tmp/site timeout 230 python3 -m rla.cli bench e2e --variants hf-bf16 rla-vllm liger rla-vllm-pieces --out $R/e2e > $R/e2e.log 2>&1
 fi
