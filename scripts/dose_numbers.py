@@ -36,10 +36,15 @@ def _report(root: Path, folder: str = DOSE) -> dict:
     return _CACHE[key]
 
 
-def dose_table(root: Path) -> dict:
+def _cell(root: Path, model: str, folder: str = DOSE) -> dict:
+    (cell,) = [c for c in _report(root, folder)["cells"] if c["model"] == model]
+    return cell
+
+
+def dose_table(root: Path, model: str = "qwen2-tiny") -> dict:
     """arm -> step-0 k3 geometric mean; collapsed / scored; signal / runs; reward start mean,
     final mean, final sample std (``rla.rl.experiment_summary.stats``)."""
-    (cell,) = _report(root)["cells"]
+    cell = _cell(root, model)
     return {(a["arm"],): [a["step0_k3_geomean"], [a["collapsed"], a["scored"]], [a["signal"], a["runs"]],
                           [a["reward_first"]["mean"], a["final_reward"]["mean"], a["final_reward"]["std"]]]
             for a in cell["arms"]}
@@ -47,8 +52,7 @@ def dose_table(root: Path) -> dict:
 
 def dose_threshold(root: Path) -> list:
     """the fit's threshold k3, its 95% interval, slope per decade; fitted runs and collapses."""
-    (cell,) = _report(root)["cells"]
-    fit = cell["fit"]
+    fit = _cell(root, "qwen2-tiny")["fit"]
     return [fit["threshold_k3"], *fit["interval_k3"], fit["slope_per_decade"], fit["n"], fit["collapses"]]
 
 
@@ -65,5 +69,5 @@ def dose_calibration_table(root: Path) -> dict:
 def dose_long_table(root: Path) -> dict:
     """arm -> step-0 k3 of the long cell's seed-0 run; the short cell's geometric mean over seeds."""
     long = {r["arm"]: r["step0_k3"] for r in _report(root, DOSE_LONG)["runs"] if r["model"] == "qwen2-tiny-long" and r["steps"]}
-    short = {a["arm"]: a["step0_k3_geomean"] for a in _report(root)["cells"][0]["arms"]}
+    short = {a["arm"]: a["step0_k3_geomean"] for a in _cell(root, "qwen2-tiny")["arms"]}
     return {(arm,): [long[arm], short[arm]] for arm in long}
