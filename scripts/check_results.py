@@ -243,7 +243,7 @@ def _dose():
 def _dose_prose(root):
     d = _dose()
     fit = d.dose_threshold(root)
-    (cell,) = d._report(root)["cells"]
+    cell = d._cell(root, "qwen2-tiny")
     arms = {a["arm"]: a for a in cell["arms"]}
     doses = sorted((a for a in cell["arms"] if a["role"] == "dose"), key=lambda a: a["step0_k3_geomean"])
     falls = [a for a in doses if a["final_reward"]["mean"] < a["reward_first"]["mean"]]
