@@ -27,7 +27,12 @@ from experiment_numbers import (  # noqa: E402
     invfreq_table, lr3e5_table, old_demo_rope, pilot_ratios, pilot_reward,
     pilot_table, sft_cpu, sft_table,
 )
-from dose_numbers import DOSE, DOSE_CAL, DOSE_LONG, dose_calibration_table, dose_long_table, dose_table, dose_threshold  # noqa: E402
+from dose_numbers import (  # noqa: E402
+    DOSE, DOSE_CAL, DOSE_LONG, dose50_calls, dose50_late_gap, dose50_near_1e3, dose50_no_collapse,
+    dose50_process_memory, dose50_ratio_range, dose50_rewards, dose50_signal, dose50_steps, dose50_table, dose50_warm_start,
+    dose50_warm_start_before, dose_bf16_move, dose_calibration_table, dose_delta_entropy, dose_k3_by_cell,
+    dose_long_table, dose_table, dose_threshold,
+)
 from readme_tables import TableCheck, check_results_module, main  # noqa: E402
 
 Check = check_results_module().Check
@@ -61,6 +66,12 @@ TABLES: list[TableCheck] = [
                "collapse signal / runs; reward start mean -> final mean ± sample std", dose_table),
     TableCheck("dose long cell table", R(DOSE), "| arm | step-0 k3, counting, 1,027 tokens", f"{DOSE_LONG}/{LOGS}, {DOSE}/{LOGS}",
                "the long cell's seed-0 step-0 k3; the short cell's geometric mean over 3 seeds (rla's dose report)", dose_long_table),
+    TableCheck("dose 52M table", R(DOSE), "| arm (52M)", f"{DOSE}/{LOGS}",
+               "rla's dose report recomputed from the logs, cell qwen2-50m: as the dose-response table; logged steps of "
+               "seeds 0, 1, 2", dose50_table),
+    TableCheck("dose k3 by cell table", R(DOSE), "| arm | step-0 k3, 4M", f"{DOSE}/{LOGS}",
+               "rla's dose report: geometric mean of step-0 k3 over seeds per cell (qwen2-tiny, qwen2-50m); their ratio",
+               dose_k3_by_cell),
     TableCheck("dose calibration table", R(DOSE_CAL), "| arm | bits | scale", f"{DOSE_CAL}/probe.json",
                "geometric mean over seeds of step-0 k3; per seed in seed order", dose_calibration_table),
 ]
@@ -152,6 +163,56 @@ PROSE: list = [
           lambda root: dose_threshold(root)[:4]),
     Check("dose: fitted runs", R(DOSE), r"runs \((\d+) runs, (\d+) collapses\)",
           f"{DOSE}/{LOGS}", "dose and aligned runs scored; of them collapsed", lambda root: dose_threshold(root)[4:]),
+    # ---- dose-response, the 52M cell
+    Check("dose 52M: the same doses, less k3", R(DOSE),
+          r"no collapse, and (\d+)-(\d+)x less step-0 k3 from the same doses.*?A ([\d.]+)M-parameter Qwen2.*?The same doses "
+          r"give (\d+)-(\d+)x less step-0 k3 at 52M, and bf16 (\d+)x less",
+          f"{DOSE}/{LOGS}", "min-max over the dose arms of the step-0 k3 geometric mean 4M / 52M (heading); the 52M model's "
+          "parameters / 1e6; the same min-max (bullet); bf16's ratio (rla's dose report)", dose50_ratio_range),
+    Check("dose 52M: warm start", R(DOSE),
+          r"it stopped at step (\d+) \((\d+) s\) at greedy ([\d.]+), sampled ([\d.]+)",
+          f"{DOSE}/init/qwen2-50m/sft.json", "history: steps_done, wall_time_s, last evaluation's greedy_acc, sample_acc",
+          dose50_warm_start),
+    Check("dose 52M: the evaluation before the stop", R(DOSE), r"the evaluation before, at step (\d+), read ([\d.]+) sampled",
+          f"{DOSE}/init/qwen2-50m/sft.json", "history: the next-to-last evaluation's step and sample_acc",
+          dose50_warm_start_before),
+    Check("dose 52M: the calls", R(DOSE),
+          r"two device calls of (\d+) min (\d+) s and (\d+) min (\d+) s .*?reached ([\d,]+) MiB as they started, and (\d+) of "
+          r"the 21 runs died with CUDA out-of-memory .*? after (\d+) logged steps",
+          f"{DOSE}/logs/qwen2-50m_{{commands.log,call1_gpu_util.csv,call*_experiment.log}}",
+          "the UTC stamps' differences per call; the largest memory.used sample of call 1; runs reported failed with "
+          "OutOfMemoryError in call 1; logged steps of the run that failed so in call 2", dose50_calls),
+    Check("dose 52M: per-process memory", R(DOSE), r"each process held up to ([\d.]+) GiB",
+          f"{DOSE}/logs/qwen2-50m_call*_experiment.log", "the largest 'has X GiB memory in use' of the out-of-memory reports",
+          dose50_process_memory),
+    Check("dose 52M: steps done", R(DOSE), r"So (\d+) of 21 finished 100 steps; (\d+) stopped at (\d+)-(\d+) steps",
+          f"{DOSE}/{LOGS}", "runs with 100 logged steps; of the others less the shortest: count, min-max steps", dose50_steps),
+    Check("dose 52M: rewards", R(DOSE), r"from ([\d.]+)-([\d.]+) over the first 5 steps to ([\d.]+)-([\d.]+) at the end",
+          f"{DOSE}/{LOGS}", "min-max over arms of the mean starting and the mean final reward (rla's dose report)", dose50_rewards),
+    Check("dose 52M: no threshold", R(DOSE),
+          r"no run of (\d+) collapsed \(k3 up to ([\d.]+)\); at 95% the threshold lies above k3 = ([\d.]+)",
+          f"{DOSE}/{LOGS}", "the report's fit (status no_collapse): runs fitted, their largest step-0 k3, the profile's lower bound",
+          dose50_no_collapse),
+    Check("dose: bf16 from 4M to 52M", R(DOSE),
+          r"bf16's step-0 k3 falls from ([\d.e-]+) to ([\d.e-]+) \((\d+)x\); aligned's from ([\d.e-]+) to ([\d.e-]+), so bf16 "
+          r"sits (\d+)x above aligned at 4M and ([\d.]+)x at 52M",
+          f"{DOSE}/{LOGS}", "geometric means of step-0 k3 per cell (rla's dose report); their ratios", dose_bf16_move),
+    Check("dose: |delta| and entropy by cell", R(DOSE),
+          r"mean \|delta log p\| per token of bf16 is (\d+)x smaller too \(([\d.e-]+) -> ([\d.e-]+)\).*?step-0 mean token "
+          r"entropy ([\d.]+) vs ([\d.]+) nats",
+          f"{DOSE}/{LOGS}", "step 0 of each run: bf16's mismatch/abs/mean (mean over seeds) 4M / 52M, 4M, 52M; the aligned "
+          "arm's train/entropy (mean over seeds), 52M, 4M", dose_delta_entropy),
+    Check("dose 52M: runs near 1e-3", R(DOSE),
+          r"b2x0\.7 seed 0 at ([\d.e-]+), b3 seed 1 at ([\d.e-]+), b3x0\.7 seed 1 at ([\d.e-]+)",
+          f"{DOSE}/{LOGS}", "those runs' step-0 k3", dose50_near_1e3),
+    Check("dose 52M: late reward gap", R(DOSE),
+          r"by ([\d.]+), ([\d.]+) and ([\d.]+) in seeds 0-2; every other arm's runs are at most ([\d.]+) from aligned",
+          f"{DOSE}/{LOGS}", "mean reward/mean over steps 90-94, aligned minus b2x0.7 per seed; the largest |arm - aligned| "
+          "of the other arms' runs that reached step 94", dose50_late_gap),
+    Check("dose 52M: the collapse signal", R(DOSE),
+          r"It fired in (\d+) of 21 runs .*?At seed 2's step (\d+) it fired in (\d+) of 7 arms",
+          f"{DOSE}/{LOGS}", "runs whose collapse signal fired; the step most seed-2 runs fired at, and how many "
+          "(every event's kinds are k3_spike + reward_falling)", dose50_signal),
     # ---- SFT
     Check("SFT: the CPU Llama", R(SFT), r"stopped at \*\*step (\d+): greedy ([\d.]+), sampled ([\d.]+)\*\*, after (\d+) s wall",
           f"{SFT}/runs/llama-tiny-add4-cpu.json", "steps_done; final_eval greedy_acc, sample_acc; wall_s", sft_cpu),

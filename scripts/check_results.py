@@ -243,13 +243,19 @@ def _dose():
 def _dose_prose(root):
     d = _dose()
     fit = d.dose_threshold(root)
-    (cell,) = d._report(root)["cells"]
+    cell = d._cell(root, "qwen2-tiny")
     arms = {a["arm"]: a for a in cell["arms"]}
     doses = sorted((a for a in cell["arms"] if a["role"] == "dose"), key=lambda a: a["step0_k3_geomean"])
     falls = [a for a in doses if a["final_reward"]["mean"] < a["reward_first"]["mean"]]
     below = [a for a in doses if a["step0_k3_geomean"] < falls[0]["step0_k3_geomean"]]
     return [fit[0], fit[1], fit[2], falls[0]["step0_k3_geomean"], below[-1]["step0_k3_geomean"],
             arms["bf16"]["step0_k3_geomean"], arms["aligned"]["step0_k3_geomean"]]
+
+
+def _dose_52m(root):
+    d = _dose()
+    lo, hi = d.dose50_ratio_range(root)[:2]
+    return [d.dose50_steps(root)[0], d.dose50_no_collapse(root)[1], lo, hi, d.dose_bf16_move(root)[1], d.dose_bf16_move(root)[2]]
 
 
 def _dose_long_ratio(root):
@@ -566,6 +572,12 @@ CHECKS: list[Check] = [
           "experiments/dose_response_h200_2026-11-30/runs/*/log.jsonl.gz",
           "rla's dose report recomputed from the logs: threshold, interval; step-0 k3 geomean of the first arm whose mean final "
           "reward < its mean start and of the arm below it; bf16 and aligned geomeans", _dose_prose),
+    Check("dose-response: 52M", "README",
+          r"3\s+seeds,\s+(\d+)\s+of\s+21\s+runs\s+to\s+100\s+steps\),\s+no\s+run\s+collapsed\s+up\s+to\s+step-0\s+k3\s+([\d.]+),\s+and\s+"
+          r"the\s+same\s+doses\s+gave\s+(\d+)-(\d+)x\s+smaller\s+step-0\s+k3\s+than\s+at\s+4M\s+\(bf16:\s+([\d.e-]+),\s+(\d+)x\s+smaller\)",
+          "experiments/dose_response_h200_2026-11-30/runs/qwen2-50m__*/log.jsonl.gz",
+          "rla's dose report, cell qwen2-50m: runs with 100 steps; largest fitted step-0 k3 (none collapsed); min-max over the dose arms of the "
+          "4M / 52M step-0 k3 geomean; bf16's 52M geomean and 4M / 52M", _dose_52m),
     Check("dose-response: long cell", "README", r"gave (\d+)-(\d+)x smaller\s+step-0 k3 for every arm",
           "experiments/dose_response_h200_2026-11-30/long_cell_seed0/runs/*/log.jsonl.gz",
           "min-max over arms of the short cell's geomean / the long cell's seed-0 step-0 k3", _dose_long_ratio),

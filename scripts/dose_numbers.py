@@ -36,10 +36,15 @@ def _report(root: Path, folder: str = DOSE) -> dict:
     return _CACHE[key]
 
 
-def dose_table(root: Path) -> dict:
+def _cell(root: Path, model: str, folder: str = DOSE) -> dict:
+    (cell,) = [c for c in _report(root, folder)["cells"] if c["model"] == model]
+    return cell
+
+
+def dose_table(root: Path, model: str = "qwen2-tiny") -> dict:
     """arm -> step-0 k3 geometric mean; collapsed / scored; signal / runs; reward start mean,
     final mean, final sample std (``rla.rl.experiment_summary.stats``)."""
-    (cell,) = _report(root)["cells"]
+    cell = _cell(root, model)
     return {(a["arm"],): [a["step0_k3_geomean"], [a["collapsed"], a["scored"]], [a["signal"], a["runs"]],
                           [a["reward_first"]["mean"], a["final_reward"]["mean"], a["final_reward"]["std"]]]
             for a in cell["arms"]}
@@ -47,8 +52,7 @@ def dose_table(root: Path) -> dict:
 
 def dose_threshold(root: Path) -> list:
     """the fit's threshold k3, its 95% interval, slope per decade; fitted runs and collapses."""
-    (cell,) = _report(root)["cells"]
-    fit = cell["fit"]
+    fit = _cell(root, "qwen2-tiny")["fit"]
     return [fit["threshold_k3"], *fit["interval_k3"], fit["slope_per_decade"], fit["n"], fit["collapses"]]
 
 
@@ -65,5 +69,179 @@ def dose_calibration_table(root: Path) -> dict:
 def dose_long_table(root: Path) -> dict:
     """arm -> step-0 k3 of the long cell's seed-0 run; the short cell's geometric mean over seeds."""
     long = {r["arm"]: r["step0_k3"] for r in _report(root, DOSE_LONG)["runs"] if r["model"] == "qwen2-tiny-long" and r["steps"]}
-    short = {a["arm"]: a["step0_k3_geomean"] for a in _report(root)["cells"][0]["arms"]}
+    short = {a["arm"]: a["step0_k3_geomean"] for a in _cell(root, "qwen2-tiny")["arms"]}
     return {(arm,): [long[arm], short[arm]] for arm in long}
+
+
+# ---------------------------------------------------------------- the 52M cell (qwen2-50m)
+
+M50 = "qwen2-50m"
+ARMS = ("aligned", "bf16", "b4x0.5", "b4", "b3x0.7", "b3", "b2x0.7")
+
+
+def _runs(root: Path, model: str = M50) -> dict:
+    """run name -> the dose report's run row (steps, step-0 k3, rewards, outcome)."""
+    return {r["name"]: r for r in _report(root)["runs"] if r["model"] == model}
+
+
+def _log(root: Path, name: str) -> list[dict]:
+    if str(root / "src") not in sys.path:
+        sys.path.insert(0, str(root / "src"))
+    from rla.rl.runlog import read_log
+
+    return read_log(root / DOSE / "runs" / name / "log.jsonl")
+
+
+def dose50_table(root: Path) -> dict:
+    """as ``dose_table`` for the 52M cell, plus the logged steps of seeds 0, 1, 2."""
+    runs = _runs(root)
+    out = dose_table(root, M50)
+    for (arm,), vals in out.items():
+        vals.append([runs[f"{M50}__{arm}__s{s}"]["steps"] for s in range(3)])
+    return out
+
+
+def dose_k3_by_cell(root: Path) -> dict:
+    """arm -> step-0 k3 geometric mean of the 4M cell, of the 52M cell, and their ratio."""
+    tiny = {a["arm"]: a["step0_k3_geomean"] for a in _cell(root, "qwen2-tiny")["arms"]}
+    big = {a["arm"]: a["step0_k3_geomean"] for a in _cell(root, M50)["arms"]}
+    return {(arm,): [tiny[arm], big[arm], tiny[arm] / big[arm]] for arm in tiny}
+
+
+def dose50_warm_start(root: Path) -> list:
+    """the warm start's sft.json: steps done, wall seconds, last evaluation's greedy and sampled accuracy."""
+    h = json.loads((root / DOSE / "init" / M50 / "sft.json").read_text())["history"]
+    return [h["steps_done"], h["wall_time_s"], h["evals"][-1]["greedy_acc"], h["evals"][-1]["sample_acc"]]
+
+
+def _call_log(root: Path, call: int) -> str:
+    return (root / DOSE / "logs" / f"{M50}_call{call}_experiment.log").read_text()
+
+
+def _oom_runs(text: str) -> list[str]:
+    """runs the experiment log reports as failed, each with a CUDA out-of-memory error."""
+    import re
+
+    blocks = re.split(r"\n(?=\S+ failed \(exit)", text)
+    return [b.split()[0] for b in blocks if re.match(r"\S+ failed \(exit", b) and "OutOfMemoryError" in b]
+
+
+def dose50_calls(root: Path) -> list:
+    """the two calls' wall time (min, s) from the commands log's UTC stamps; the GPU's highest memory
+    in use (MiB, call 1's nvidia-smi samples); runs failed out of memory in call 1; the logged steps
+    of the run that failed in call 2."""
+    import re
+    from datetime import datetime
+
+    stamps = [datetime.fromisoformat(t.replace("Z", "+00:00")) for t in
+              re.findall(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)", (root / DOSE / "logs" / f"{M50}_commands.log").read_text())]
+    walls = [int((stamps[i + 1] - stamps[i]).total_seconds()) for i in (0, 2)]
+    rows = (root / DOSE / "logs" / f"{M50}_call1_gpu_util.csv").read_text().splitlines()[1:]
+    peak = max(int(r.split(",")[3].split()[0]) for r in rows)
+    (late,) = _oom_runs(_call_log(root, 2))
+    return [walls[0] // 60, walls[0] % 60, walls[1] // 60, walls[1] % 60, peak, len(_oom_runs(_call_log(root, 1))),
+            _runs(root)[late]["steps"]]
+
+
+def dose50_steps(root: Path) -> list:
+    """runs with all 100 steps; of the others (but the one with fewest steps): how many, fewest and most steps."""
+    steps = sorted(r["steps"] for r in _runs(root).values())
+    short = [s for s in steps if s < 100][1:]
+    return [sum(s == 100 for s in steps), len(short), min(short), max(short)]
+
+
+def dose50_no_collapse(root: Path) -> list:
+    """the fit's status line: scored runs, the largest step-0 k3 among them, the 95% lower bound."""
+    fit = _cell(root, M50)["fit"]
+    assert fit["status"] == "no_collapse", fit["status"]
+    k3 = [r["step0_k3"] for r in _runs(root).values() if r["scored"] and r["role"] in ("dose", "aligned")]
+    return [fit["n"], max(k3), fit["interval_k3"][0]]
+
+
+def dose50_rewards(root: Path) -> list:
+    """min-max over arms of the mean starting reward and of the mean final reward (52M)."""
+    arms = _cell(root, M50)["arms"]
+    first = [a["reward_first"]["mean"] for a in arms]
+    final = [a["final_reward"]["mean"] for a in arms]
+    return [min(first), max(first), min(final), max(final)]
+
+
+def dose50_near_1e3(root: Path) -> list:
+    """step-0 k3 of b2x0.7 seed 0, b3 seed 1, b3x0.7 seed 1 (the 52M runs nearest 1e-3)."""
+    runs = _runs(root)
+    return [runs[f"{M50}__{n}"]["step0_k3"] for n in ("b2x0.7__s0", "b3__s1", "b3x0.7__s1")]
+
+
+def dose_bf16_move(root: Path) -> list:
+    """bf16 and aligned step-0 k3 (geometric means) at 4M and 52M; 4M / 52M for bf16; bf16 / aligned per cell."""
+    k = dose_k3_by_cell(root)
+    b4, b52, _ = k[("bf16",)]
+    a4, a52, _ = k[("aligned",)]
+    return [b4, b52, b4 / b52, a4, a52, b4 / a4, b52 / a52]
+
+
+def _step0_mean(root: Path, model: str, arm: str, key: str) -> float:
+    return sum(_log(root, f"{model}__{arm}__s{s}")[0][key] for s in range(3)) / 3
+
+
+def dose_delta_entropy(root: Path) -> list:
+    """bf16's step-0 mismatch/abs/mean, mean over seeds, 4M / 52M and both; the aligned arm's step-0
+    train/entropy (nats per token), mean over seeds, 52M then 4M."""
+    d4, d52 = (_step0_mean(root, m, "bf16", "mismatch/abs/mean") for m in ("qwen2-tiny", M50))
+    ent = [_step0_mean(root, m, "aligned", "train/entropy") for m in (M50, "qwen2-tiny")]
+    return [d4 / d52, d4, d52, *ent]
+
+
+def _window(root: Path, name: str, lo: int, hi: int) -> float | None:
+    w = [r["reward/mean"] for r in _log(root, name) if lo <= r["step"] <= hi]
+    return sum(w) / len(w) if len(w) == hi - lo + 1 else None
+
+
+def dose50_late_gap(root: Path, lo: int = 90, hi: int = 94) -> list:
+    """mean reward over steps lo-hi, arm minus the aligned run of the same seed: b2x0.7's in seeds
+    0, 1, 2 (made positive: aligned - b2x0.7); then the largest |difference| of every other arm's runs
+    that reached step hi."""
+    gap = {}
+    for arm in ARMS[1:]:
+        for s in range(3):
+            w, a = _window(root, f"{M50}__{arm}__s{s}", lo, hi), _window(root, f"{M50}__aligned__s{s}", lo, hi)
+            if w is not None:
+                gap[arm, s] = w - a
+    return [-gap["b2x0.7", s] for s in range(3)] + [max(abs(v) for (arm, _), v in gap.items() if arm != "b2x0.7")]
+
+
+def dose50_signal(root: Path) -> list:
+    """52M runs whose collapse signal fired; the step at which most seed-2 runs fired, and how many."""
+    from collections import Counter
+
+    runs = _runs(root)
+    fired = sum(r["signal"] for r in runs.values())
+    at = Counter(rec["step"] for arm in ARMS for rec in _log(root, f"{M50}__{arm}__s2") if rec.get("collapse/fired"))
+    step, n = at.most_common(1)[0]
+    kinds = {k for arm in ARMS for s in range(3) for rec in _log(root, f"{M50}__{arm}__s{s}")
+             if rec.get("collapse/fired") for k in rec["collapse/kinds"]}
+    assert kinds == {"k3_spike", "reward_falling"}, kinds
+    return [fired, step, n]
+
+
+def dose50_warm_start_before(root: Path) -> list:
+    """the evaluation before the warm start's last: its step and sampled accuracy."""
+    ev = json.loads((root / DOSE / "init" / M50 / "sft.json").read_text())["history"]["evals"][-2]
+    return [ev["step"], ev["sample_acc"]]
+
+
+def dose50_process_memory(root: Path) -> list:
+    """the most GPU memory one process held in the out-of-memory reports of both calls (GiB)."""
+    import re
+
+    text = " ".join(" ".join(_call_log(root, c).split()) for c in (1, 2))
+    return [max(float(x) for x in re.findall(r"has ([\d.]+) GiB memory in use", text))]
+
+
+def dose50_ratio_range(root: Path) -> list:
+    """min-max over the five dose arms of step-0 k3 (geomean) 4M / 52M; the 52M model's parameters / 1e6;
+    the min-max again (the README writes it twice); bf16's ratio."""
+    k = dose_k3_by_cell(root)
+    ratios = [k[(arm,)][2] for arm in ARMS[2:]]
+    lo, hi = min(ratios), max(ratios)
+    return [lo, hi, _cell(root, M50)["parameters"] / 1e6, lo, hi, k[("bf16",)][2]]

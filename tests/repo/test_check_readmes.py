@@ -78,6 +78,8 @@ def _changed(rel, old, new):
      "lowers step-0 k3 20x (qwen2-tiny)", "GRPO: step-0 k3 cut"),
     ("check_experiments", "experiments/demo_2k_h200_2026-11-29/README.md", "| all three | 1.75e-04 |",
      "| all three | 1.85e-04 |", "demo 2k H200 table: all three"),
+    ("check_experiments", "experiments/dose_response_h200_2026-11-30/README.md", "| b2x0.7 | 5.00e-04 | 0/3 | 1/3 |",
+     "| b2x0.7 | 5.00e-04 | 1/3 | 1/3 |", "dose 52M table: b2x0.7"),
     ("check_bench_readmes", "benchmarks/results/h200x2_2026-11-29_fsdp2/README.md", "| 31,510 | 40.15 |",
      "| 31,510 | 40.05 |", "FSDP2 throughput: aligned (rla.align, vllm)"),
 ])
