@@ -28,7 +28,7 @@ echo "rla from $SRC ($V)" | tee -a $R/commands.log
 stamp "pip install --target /tmp/site .sgl/whl/*.whl"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $S/whl/*.whl > $R/pip.log 2>&1
 export PYTHONPATH=$SRC/src:/tmp/site PATH=$PATH:/tmp/site/bin
-export RLA_ENGINE_CACHE=/tmp/rlacache RLA_SGLANG_WHEEL=$W SGLANG_JIT_CACHE_DIR=/tmp/sgljit
+export RLA_ENGINE_CACHE=/tmp/rlacache RLA_SGLANG_WHEEL=$W SGLANG_JIT_CACHE_DIR=/tmp/sgljit TVM_FFI_CACHE_DIR=/tmp/tvmffi
 # SGLang's JIT links -L$CUDA_HOME/lib64 -lcudart: take the first toolkit root that has both
 if [ -z "${CUDA_HOME:-}" ]; then
   for c in /usr/local/cuda /usr/local/cuda-13.0 "$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")"; do

@@ -426,13 +426,18 @@ class SglangKernels:
     def __init__(self, engine: SglangEngine, root: Path):
         self.engine, self.root = engine, root
         _bare_import_root(root)
-        self.modules = {}
-        for k in JIT_KERNELS:
+        self.modules, self.import_errors = {}, {}
+        for k in JIT_KERNELS:  # one module that does not import (in this torch) leaves the others
             try:
                 self.modules[k.op] = importlib.import_module(k.module)
             except ModuleNotFoundError as e:
-                raise EngineUnavailable(f"SGLang's {k.module} needs the module {e.name!r}, not installed "
-                                        "here (pip install it; see rla.engines.sglang.IMPORT_NEEDS)") from None
+                self.import_errors[k.op] = (f"SGLang's {k.module} needs the module {e.name!r}, not installed "
+                                            "here (pip install it; see rla.engines.sglang.IMPORT_NEEDS)")
+            except Exception as e:
+                self.import_errors[k.op] = f"SGLang's {k.module} does not import here ({type(e).__name__}: {e})"
+        if not self.modules:
+            raise EngineUnavailable("none of SGLang's JIT kernel modules imports here: "
+                                    + "; ".join(sorted(set(self.import_errors.values()))))
         self._utils = importlib.import_module("sglang.kernels.jit.utils")
         self._norm = None
 
@@ -441,10 +446,14 @@ class SglangKernels:
 
     def builders(self, dtype: torch.dtype = torch.bfloat16, rope_dims=(64, 128), qk_head_dims=(128,)):
         """SGLang's own module builders for the variants calibration's probes reach."""
-        act, rope, norm = (self.modules[o] for o in ("silu_and_mul", "rope", "qk_norm"))
-        out: dict[str, list[Callable]] = {"silu_and_mul": [lambda: act.activation_module(dtype)], "rope": [], "qk_norm": []}
-        out["rope"] += [lambda d=d: rope._jit_fused_rope_module(True, d, dtype, dtype) for d in rope_dims]
-        out["qk_norm"] += [lambda d=d: norm._jit_qknorm_module(d, dtype) for d in qk_head_dims]
+        act, rope, norm = (self.modules.get(o) for o in ("silu_and_mul", "rope", "qk_norm"))
+        out: dict[str, list[Callable]] = {}
+        if act is not None:
+            out["silu_and_mul"] = [lambda: act.activation_module(dtype)]
+        if rope is not None:
+            out["rope"] = [lambda d=d: rope._jit_fused_rope_module(True, d, dtype, dtype) for d in rope_dims]
+        if norm is not None:
+            out["qk_norm"] = [lambda d=d: norm._jit_qknorm_module(d, dtype) for d in qk_head_dims]
         return out
 
     def build(self, arch: tuple[int, int] | None = None, **variants) -> dict[str, tuple[bool, str, float]]:
@@ -467,7 +476,8 @@ class SglangKernels:
                 results = self._run_all(run, jobs)
         else:
             results = self._run_all(run, jobs)
-        out: dict[str, tuple[bool, str, float]] = {}
+        out: dict[str, tuple[bool, str, float]] = {
+            op: (False, why, 0.0) for op, why in self.import_errors.items() if op != "rope_fallback"}
         for op, err, sec in results:
             ok0, err0, sec0 = out.get(op, (True, "", 0.0))
             out[op] = (ok0 and not err, err0 or err, max(sec0, sec))
