@@ -22,7 +22,7 @@ W=$S/sglang-0.5.23-pyfiles.zip
 # rla: this tree's (branch sgl merged), else the snapshot carried with it
 SRC=$PWD
 [ -f src/rla/engines/sglang.py ] || { mkdir -p /tmp/rla && tar xzf $S/rla-sgl.tar.gz -C /tmp/rla && SRC=/tmp/rla; }
-[ $SRC = $PWD ] && V=$(git rev-parse --short HEAD 2>/dev/null) || V="snapshot $(cat $S/COMMIT)"
+if [ $SRC = $PWD ]; then V="the tree that travelled, $(git rev-parse --short HEAD 2>/dev/null || echo 'no .git')"; else V="snapshot $(cat $S/COMMIT)"; fi
 echo "rla from $SRC ($V)" | tee -a $R/commands.log
 
 stamp "pip install --target /tmp/site .sgl/whl/*.whl"
