@@ -16,5 +16,5 @@ W=$(ls /tmp/sglang_carry/sglang-0.5.23-cp312-*.whl)
 cp "$W" "$DEST/sglang-0.5.23-pyfiles.zip"
 zip -q -d "$DEST/sglang-0.5.23-pyfiles.zip" '*.so'
 sha256sum "$W" > "$DEST/sglang-0.5.23-wheel.sha256"
-(cd "$HERE" && git archive --format=tar.gz -o "$DEST/rla-sgl.tar.gz" HEAD src tests benchmarks pyproject.toml && git rev-parse --short HEAD > "$DEST/COMMIT")
+(cd "$HERE" && git archive --format=tar.gz -o "$DEST/rla-sgl.tar.gz" HEAD src tests pyproject.toml benchmarks/sglang_jit_build.py benchmarks/h200_sglang_session.sh && git rev-parse --short HEAD > "$DEST/COMMIT")
 du -sh "$DEST"/* "$DEST"/whl/*
