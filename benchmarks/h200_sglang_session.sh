@@ -51,4 +51,4 @@ stamp "pytest tests/engines/test_engines_sglang.py (the compile-for-Hopper and t
 (cd $SRC && timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engines/test_engines_sglang.py) > $R/gpu_tests.log 2>&1
 echo "pytest exit $?" >> $R/commands.log
 mkdir -p $R/ninja  # the exact nvcc command of every module built (flags, arch, includes)
-for f in $(find /tmp/sgljit -name build.ninja); do cp $f $R/ninja/$(basename $(dirname $(dirname $f))).ninja; done
+for f in $(find /tmp/sgljit -name build.ninja); do cp $f $R/ninja/$(basename $(dirname $(dirname $(dirname $f)))).ninja; done
