@@ -7,6 +7,38 @@ import sys
 import pytest
 
 VLLM_VERSION = "0.33.0"
+SGLANG_VERSION = "0.5.23"
+
+
+def _cached_wheel(name: str, version: str, size: str) -> str:
+    """``name==version``'s wheel from the engine cache (``$RLA_ENGINE_CACHE``, else
+    ``~/.cache/rla/engines``), downloaded there once with ``pip download --no-deps`` when absent."""
+    from rla.engines.source import cache_dir
+
+    folder = cache_dir()
+    found = sorted(folder.glob(f"{name}-{version}-*.whl"))
+    if not found:
+        folder.mkdir(parents=True, exist_ok=True)
+        print(f"\n[rla tests] downloading {name}=={version} ({size}, once) into {folder}", file=sys.stderr)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"{name}=={version}", "-d", str(folder)],
+            check=True,
+        )
+        found = sorted(folder.glob(f"{name}-{version}-*.whl"))
+    assert found, f"no {name}-{version} wheel in {folder}"
+    return str(found[-1])
+
+
+@pytest.fixture(scope="session")
+def sglang_wheel():
+    """SGLang 0.5.23's wheel (39 MB; its Python files and kernel sources, read in place), the
+    code the SGLang adapter tests check. SGLang pins torch 2.14 and a server's worth of
+    dependencies, so it is never installed; cached like vLLM's wheel. ``$RLA_SGLANG_WHEEL`` names
+    another file holding its members (the GPU session carries one without the server's compiled
+    extensions)."""
+    import os
+
+    return os.environ.get("RLA_SGLANG_WHEEL") or _cached_wheel("sglang", SGLANG_VERSION, "39 MB")
 
 
 @pytest.fixture(scope="session")
@@ -17,20 +49,7 @@ def vllm_wheel():
     downloaded there once with ``pip download --no-deps`` when absent: vLLM pins torch 2.14, so it
     is never installed; its Python files are read from the wheel (nothing of it is vendored).
     """
-    from rla.engines.source import cache_dir
-
-    folder = cache_dir()
-    found = sorted(folder.glob(f"vllm-{VLLM_VERSION}-*.whl"))
-    if not found:
-        folder.mkdir(parents=True, exist_ok=True)
-        print(f"\n[rla tests] downloading vllm=={VLLM_VERSION} (336 MB, once) into {folder}", file=sys.stderr)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"vllm=={VLLM_VERSION}", "-d", str(folder)],
-            check=True,
-        )
-        found = sorted(folder.glob(f"vllm-{VLLM_VERSION}-*.whl"))
-    assert found, f"no vllm-{VLLM_VERSION} wheel in {folder}"
-    return str(found[-1])
+    return _cached_wheel("vllm", VLLM_VERSION, "336 MB")
 
 
 @pytest.fixture(scope="session")

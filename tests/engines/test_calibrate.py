@@ -93,13 +93,52 @@ def test_undecided_point_writes_reports_but_no_profile(default_run, tmp_path):
     assert "**undecided**" in markdown(conf)
 
 
-def test_unsupported_engine_and_cli_errors(capsys):
+def test_unknown_engine_missing_engine_and_cli_errors(capsys):
     from rla.cli import main
+    from rla.engines import EngineNotFound
 
-    with pytest.raises(NotImplementedError, match="sglang: not supported yet"):
-        calibrate("sglang")
-    assert main(["calibrate", "--engine", "sglang"]) == 2
-    assert "not supported yet" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown engine 'tgi'; supported: vllm, sglang"):
+        calibrate("tgi")
+    assert main(["calibrate", "--engine", "tgi"]) == 2
+    assert "unknown engine" in capsys.readouterr().err
+    with pytest.raises(EngineNotFound, match="sglang is not installed in this Python .* --wheel"):
+        calibrate("sglang")  # neither installed nor given as a wheel
     if not torch.cuda.is_available():
         assert main(["calibrate", "--device", "cuda"]) == 2
         assert "sees no CUDA device" in capsys.readouterr().err
+
+
+def test_an_op_that_cannot_run_keeps_the_baseline_row_and_says_so(vllm_wheel, monkeypatch):
+    """What the SGLang GPU run meets when a kernel does not build or a library does not load: the
+    ops that ran decide their points, the points of the op that did not are the adapter's
+    baseline row (choice and evidence), and the report names the op and why. Shown on vLLM's
+    native ops with its eager fused add + norm failing as a kernel would."""
+    from rla.engines import EngineUnavailable
+    from rla.engines.vllm import VllmEngine
+
+    real = VllmEngine.region_ops
+
+    def region_ops(self, mode, device, library=None):
+        ops = real(self, mode, device, library)
+
+        def broken(*args):
+            raise EngineUnavailable("its JIT kernel did not build: nvcc exited 1")
+
+        ops.ops["fused_add_rms_norm"] = broken
+        return ops
+
+    monkeypatch.setattr(VllmEngine, "region_ops", region_ops)
+    monkeypatch.setattr(VllmEngine, "baseline", "vllm-0.33-eager")
+    conf = calibrate("vllm", "eager", wheel=str(vllm_wheel), device="cpu")
+    row = profiles.get("vllm-0.33-eager")
+    for point in ("norm_residual", "residual_stream"):
+        r = conf.points[point]
+        assert (r.choice, r.evidence, r.fractions) == (getattr(row, point), row.calibration.points[point].evidence, {})
+        assert r.fallback.startswith("not run here (fused_add_rms_norm did not run); kept from profile vllm-0.33-eager")
+    assert conf.points["norm_weight"].fractions and conf.points["norm_weight"].experiments == ["rms_norm"]
+    assert conf.points["swiglu"].evidence == "native_eager"
+    assert any(n.startswith("fused_add_rms_norm did not run here: its JIT kernel did not build: nvcc exited 1 -> "
+                            "norm_residual, residual_stream kept from profile vllm-0.33-eager") for n in conf.notes), conf.notes
+    from rla.engines.conformance import to_profile
+
+    assert to_profile(conf).calibration.points["norm_residual"].matched is None  # not measured in this run

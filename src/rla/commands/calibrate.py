@@ -4,9 +4,12 @@ from __future__ import annotations
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--engine", default="vllm", help="engine to calibrate: vllm (sglang: not supported yet)")
+    parser.add_argument("--engine", default="vllm",
+                        help="engine to calibrate: vllm, or sglang (its JIT CUDA kernels, built here: needs a GPU, "
+                        "nvcc, ninja and tvm-ffi)")
     parser.add_argument("--mode", default="default", choices=("default", "eager"),
-                        help="default: native ops under Inductor (vLLM -O2); eager: its CUDA kernels (enforce_eager)")
+                        help="vllm: default = native ops under Inductor (-O2), eager = its CUDA kernels "
+                        "(enforce_eager); sglang has one mode, default (its CUDA path)")
     parser.add_argument("--wheel", default=None, help="engine wheel file to load the code from (default: the installed package)")
     parser.add_argument("--library", default=None,
                         help="vLLM kernel library (_C_stable_libtorch.abi3.so, or .xz of it) for --mode eager")

@@ -27,11 +27,19 @@ q/k norm -> RoPE -- compiled as one graph in ``default`` mode (the kernels, one 
 values. ``rope_inv_freq`` compares the engine's fp32 cos/sin cache, built by its own builder on
 the device, with HF's rotary init evaluated on the host and on the device; on a CPU the two
 places are the same, so the point is decided from the engine's source instead (``source``).
+
+Engines: an adapter (``ENGINES``: ``rla.engines.vllm``, ``rla.engines.sglang``) gives its region
+functions for a mode and device as a ``rla.engines.regions.RegionOps``; nothing here knows an
+engine. SGLang (one mode, ``default``: its CUDA path) runs its own JIT-compiled CUDA kernels ->
+``kernel``. An op whose code cannot run here (a kernel that failed to build, a library that does
+not load into this torch) leaves its points to the adapter's *baseline* profile: the choice and
+evidence of the checked-in row are kept, and the report says which op did not run and why.
 """
 
 from __future__ import annotations
 
 import datetime
+import importlib
 import importlib.metadata
 import itertools
 from dataclasses import dataclass, field
@@ -41,14 +49,18 @@ import torch.nn.functional as F
 
 from rla.engines import probes as P
 from rla.engines.conformance import Conformance, PointResult
+from rla.engines.regions import RegionOps
 from rla.engines.source import EngineUnavailable
 from rla.ops import reference as ref
-from rla.profiles import POINTS, get
+from rla.profiles import EVIDENCE, POINTS, get
 
-__all__ = ["calibrate", "MODES", "ENGINES", "Experiment"]
+__all__ = ["calibrate", "ENGINES", "Experiment", "load_engine"]
 
-MODES = ("default", "eager")
-ENGINES = ("vllm",)
+#: The adapter registry: engine name -> module with ``load(wheel)``. An adapter's engine object
+#: has ``name``, ``version``, ``modes``, ``provenance``, ``baseline`` (a profile name or None),
+#: ``profile_name``, ``region_ops(mode, device, library)``, ``rope_cache(...)``,
+#: ``cos_sin_cache(...)`` and ``source_fact(point)``.
+ENGINES: dict[str, str] = {"vllm": "rla.engines.vllm", "sglang": "rla.engines.sglang"}
 
 _LP = torch.bfloat16
 
@@ -84,6 +96,7 @@ class Experiment:
     name: str
     points: tuple[str, ...]
     counts: dict = field(default_factory=dict)
+    evidence: str = ""
 
     def add(self, combo: tuple[str, ...], engine_outs, spec_outs) -> None:
         c = self.counts.setdefault(combo, [0, 0, 0])
@@ -131,57 +144,33 @@ def _decide(point: str, experiments: list[Experiment], evidence: str, note: str 
     )
 
 
-# ------------------------------------------------------------------------------------------
-# The engine side: compiled native ops, kernels, or native ops run eagerly
-# ------------------------------------------------------------------------------------------
+def _weakest(evidences) -> str:
+    """The weakest of several evidences (``EVIDENCE`` lists them strongest first)."""
+    return max(evidences, key=EVIDENCE.index)
 
 
-class _EngineOps:
-    """The engine's functions as the chosen mode runs them, and the evidence that gives."""
+def _point_evidence(point: str, experiments: list[Experiment]) -> str:
+    return _weakest(e.evidence for e in experiments if point in e.points)
 
-    def __init__(self, eng, mode: str, device: torch.device, library: str | None):
-        self.eng, self.mode, self.device, self.notes = eng, mode, device, []
-        native = {
-            "rms_norm": eng.rms_norm_native,
-            "fused_add_rms_norm": eng.fused_add_rms_norm_native,
-            "silu_and_mul": eng.silu_and_mul_native,
-            "rope": lambda pos, q, k, hd, cache: eng.rope_native(pos, q, k, hd, cache, True),
-        }
-        if mode == "default":
-            self.evidence = "native_compiled"
-            self.ops = {name: self._compile(fn) for name, fn in native.items()}
-            self.chain_ops = native  # a chain is compiled as one graph around the native functions
-            self.compile_chains = True
-        elif device.type == "cuda":
-            kernels = eng.c_ops(library)
-            self.evidence = "kernel"
-            self.ops = {
-                "rms_norm": kernels.rms_norm,
-                "fused_add_rms_norm": kernels.fused_add_rms_norm,
-                "silu_and_mul": kernels.silu_and_mul,
-                "rope": lambda pos, q, k, hd, cache: kernels.rotary_embedding(pos, q, k, hd, cache, True),
-            }
-            self.chain_ops = self.ops
-            self.compile_chains = False
-            self.notes.append(f"eager mode: vLLM's compiled kernels from {kernels.path}")
-        else:
-            self.evidence = "native_eager"
-            self.ops = self.chain_ops = native
-            self.compile_chains = False
-            self.notes.append(
-                "eager mode on a machine without CUDA: vLLM's enforce_eager runs its CUDA kernels "
-                "(torch.ops._C), which cannot run here; every point fell back to vLLM's native ops "
-                "run eagerly (evidence native_eager), which are NOT the kernels (e.g. the native "
-                "norm run eagerly rounds x*rstd before the weight, the 0.33 kernels do not). "
-                "Calibrate eager mode on a GPU for a profile row."
-            )
 
-    @staticmethod
-    def _compile(fn):
-        return torch.compile(fn, backend="inductor", fullgraph=True, dynamic=False)
+def _compile(fn):
+    return torch.compile(fn, backend="inductor", fullgraph=True, dynamic=False)
 
-    def chain(self, fn):
-        return self._compile(fn) if self.compile_chains else fn
+
+def _attempt(ops: RegionOps, names: tuple[str, ...], build):
+    """Run one experiment if the engine has its ops; an op that fails to run here
+    (``EngineUnavailable``, e.g. a kernel that does not build) is recorded, not fatal."""
+    if not ops.has(*names):
+        return None
+    try:
+        exp = build()
+    except EngineUnavailable as e:
+        for n in names:
+            ops.unavailable.setdefault(n, str(e))
+            ops.ops.pop(n, None)
+        return None
+    exp.evidence = _weakest(ops.evidence[n] for n in names)
+    return exp
 
 
 # ------------------------------------------------------------------------------------------
@@ -190,24 +179,24 @@ class _EngineOps:
 
 
 def _rope_tables(eng, probe: P.RopeProbe, device):
-    """(the engine's lp cache as its kernels read it, fp32 cos and sin at the probe's positions)."""
+    """(the engine's cache as its rope code reads it, fp32 cos and sin at the probe's positions)."""
     args = (probe.head_size, probe.head_size, probe.max_position, probe.base, probe.rope_scaling)
     cache32 = eng.cos_sin_cache(*args, dtype=torch.float32, device=device)
-    cache_lp = eng.cos_sin_cache(*args, dtype=probe.q.dtype, device=device)
+    cache_kernel = eng.rope_cache(*args, query_dtype=probe.q.dtype, device=device)
     cos, sin = cache32.index_select(0, probe.positions).chunk(2, dim=-1)
-    return cache_lp, cos, sin
+    return cache_kernel, cos, sin
 
 
-def _per_op_experiments(eng, ops: _EngineOps, device, scale, seed) -> list[Experiment]:
+def _per_op_experiments(eng, ops: RegionOps, device, scale, seed) -> list[Experiment]:
     norms = P.norm_probes(device, scale, seed)
     swiglus = P.swiglu_probes(device, scale, seed + 1)
     ropes = P.rope_probes(device, scale, seed + 2)
     out = []
-    out.append(_run(
+    out.append(_attempt(ops, ("rms_norm",), lambda: _run(
         Experiment("rms_norm", ("norm_weight", "norm_reduction")), norms,
         lambda c: [ops.ops["rms_norm"](c.x, c.weight, c.eps)],
         lambda c, p: [ref.rms_norm(c.x, c.weight, c.eps, p)], {},
-    ))
+    )))
 
     def add_engine(c):
         out_, res = ops.ops["fused_add_rms_norm"](c.x, c.residual, c.weight, c.eps)
@@ -217,21 +206,23 @@ def _per_op_experiments(eng, ops: _EngineOps, device, scale, seed) -> list[Exper
         out_, res = ref.add_rms_norm(c.x, c.residual, c.weight, c.eps, p)
         return [out_, res]
 
-    out.append(_run(Experiment("fused_add_rms_norm", ("norm_weight", "norm_residual", "norm_reduction")), norms,
-                    add_engine, add_spec, {}))
+    out.append(_attempt(ops, ("fused_add_rms_norm",), lambda: _run(
+        Experiment("fused_add_rms_norm", ("norm_weight", "norm_residual", "norm_reduction")), norms,
+        add_engine, add_spec, {})))
 
     def swiglu_spec(c, p):
         d = c.x.shape[-1] // 2
         return [ref.swiglu(c.x[..., :d], c.x[..., d:], p)]
 
-    out.append(_run(Experiment("silu_and_mul", ("swiglu",)), swiglus,
-                    lambda c: [ops.ops["silu_and_mul"](c.x)], swiglu_spec, {}))
+    out.append(_attempt(ops, ("silu_and_mul",), lambda: _run(
+        Experiment("silu_and_mul", ("swiglu",)), swiglus,
+        lambda c: [ops.ops["silu_and_mul"](c.x)], swiglu_spec, {})))
 
     tables = {}
 
     def rope_engine(c):
-        cache_lp, cos, sin = tables[c.name] = _rope_tables(eng, c, device)
-        q, k = ops.ops["rope"](c.positions, c.q, c.k, c.head_size, cache_lp)
+        cache, cos, sin = tables[c.name] = _rope_tables(eng, c, device)
+        q, k = ops.ops["rope"](c.positions, c.q, c.k, c.head_size, cache)
         return [q, k]
 
     def rope_spec(c, p):
@@ -240,8 +231,9 @@ def _per_op_experiments(eng, ops: _EngineOps, device, scale, seed) -> list[Exper
         q, k = ref.rope(c.q.view(t, -1, d), c.k.view(t, -1, d), cos, sin, p, unsqueeze_dim=1)
         return [q.reshape(t, -1), k.reshape(t, -1)]
 
-    out.append(_run(Experiment("rotary_embedding", ("rope_cos_sin", "rope_apply")), ropes, rope_engine, rope_spec, {}))
-    return out
+    out.append(_attempt(ops, ("rope",), lambda: _run(
+        Experiment("rotary_embedding", ("rope_cos_sin", "rope_apply")), ropes, rope_engine, rope_spec, {})))
+    return [e for e in out if e is not None]
 
 
 @dataclass(frozen=True)
@@ -266,7 +258,7 @@ def _residual_chain_probes(device, scale, seed):
     return cases
 
 
-def _residual_experiment(ops: _EngineOps, device, scale, seed, fixed) -> Experiment:
+def _residual_experiment(ops: RegionOps, device, scale, seed, fixed) -> Experiment:
     """residual.stream: does the MLP's add read RN(a + r) or the fp32 a + r?"""
     fused_add, silu_and_mul = ops.chain_ops["fused_add_rms_norm"], ops.chain_ops["silu_and_mul"]
     eps = 1e-6
@@ -276,7 +268,7 @@ def _residual_experiment(ops: _EngineOps, device, scale, seed, fixed) -> Experim
         m = F.linear(silu_and_mul(F.linear(h1, w_gu)), w_d)
         return fused_add(m, r1, w2, eps)
 
-    run = ops.chain(chain)
+    run = _compile(chain) if ops.compile_chains else chain
 
     def spec(c, p):
         a, r, w1, w_gu, w_d, w2 = c.tensors
@@ -313,9 +305,11 @@ def _qk_chain_probes(device, scale, seed):
     return cases
 
 
-def _qk_experiment(eng, ops: _EngineOps, device, scale, seed, fixed) -> Experiment:
-    """qk_norm.out: does RoPE read RN(norm(q)) or the unrounded norm output?"""
-    rms_norm, rope = ops.chain_ops["rms_norm"], ops.chain_ops["rope"]
+def _qk_experiment(eng, ops: RegionOps, device, scale, seed, fixed) -> Experiment:
+    """qk_norm.out: does RoPE read RN(norm(q)) or the unrounded norm output? The engine's fused
+    q/k norm (``qk_norm``) where it has one, else its ``rms_norm`` on each head."""
+    rope, qk_norm = ops.chain_ops["rope"], ops.chain_ops.get("qk_norm")
+    rms_norm = ops.chain_ops.get("rms_norm")
     eps = 1e-6
     runs, tables = {}, {}
 
@@ -324,13 +318,16 @@ def _qk_experiment(eng, ops: _EngineOps, device, scale, seed, fixed) -> Experime
         d, t = probe.head_size, probe.q.shape[0]
 
         def chain(positions, q, k, wq, wk, cache):
-            qn = rms_norm(q.view(t, -1, d), wq, eps).view(t, -1)
-            kn = rms_norm(k.view(t, -1, d), wk, eps).view(t, -1)
+            if qk_norm is not None:
+                qn, kn = qk_norm(q, k, wq, wk, eps, d)
+            else:
+                qn = rms_norm(q.view(t, -1, d), wq, eps).view(t, -1)
+                kn = rms_norm(k.view(t, -1, d), wk, eps).view(t, -1)
             return rope(positions, qn, kn, d, cache)
 
-        cache_lp, cos, sin = tables[probe.name] = _rope_tables(eng, probe, device)
-        run = runs.setdefault((t, d), ops.chain(chain))
-        return list(run(probe.positions, probe.q, probe.k, wq, wk, cache_lp))
+        cache, cos, sin = tables[probe.name] = _rope_tables(eng, probe, device)
+        run = runs.setdefault((t, d), _compile(chain) if ops.compile_chains else chain)
+        return list(run(probe.positions, probe.q, probe.k, wq, wk, cache))
 
     def spec(case, p):
         probe, wq, wk = case
@@ -392,7 +389,7 @@ def _inv_freq_point(eng, device, scale, seed) -> PointResult:
     return PointResult(
         "rope_inv_freq", choice, "native_eager", fractions, ambiguous,
         None if choice is None else counts[choice][2], counts["host"][1], ["cos/sin cache tables"],
-        note="the engine's cache builder run as vLLM runs it (eagerly, at model init), fp32 entries compared",
+        note="the engine's cache builder run as the engine runs it (eagerly, at model init), fp32 entries compared",
     )
 
 
@@ -427,6 +424,43 @@ def _stamp_versions():
     return torch.__version__, triton
 
 
+def load_engine(engine: str, wheel: str | None = None):
+    """The adapter of ``engine`` (``ENGINES``), loaded from ``wheel`` or the installed package."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; supported: {', '.join(ENGINES)}")
+    return importlib.import_module(ENGINES[engine]).load(wheel)
+
+
+#: The points the per-op experiments decide, with the ops they come from.
+_PER_OP_POINTS: dict[str, tuple[str, ...]] = {
+    "rope_cos_sin": ("rope",),
+    "rope_apply": ("rope",),
+    "swiglu": ("silu_and_mul",),
+    "norm_weight": ("rms_norm", "fused_add_rms_norm"),
+    "norm_residual": ("fused_add_rms_norm",),
+    "norm_reduction": ("rms_norm", "fused_add_rms_norm"),
+}
+
+
+def _kept_from_baseline(eng, point: str, why: str) -> PointResult:
+    """A point nothing ran for: the adapter's baseline profile's choice and evidence, said so."""
+    if eng.baseline is None:
+        raise EngineUnavailable(f"{eng.name} {eng.version}: nothing ran for {point} ({why}), and the "
+                                "adapter names no baseline profile to keep it from")
+    base = get(eng.baseline)
+    ev = base.calibration.points.get(point) if base.calibration else None
+    evidence = ev.evidence if ev else "source"
+    matched = "" if ev is None or ev.matched is None else f", matched {100 * ev.matched:.4f}% there"
+    return PointResult(
+        point=point,
+        choice=getattr(base, point),
+        evidence=evidence,
+        fractions={},
+        fallback=f"not run here ({why}); kept from profile {base.name} (evidence {evidence}{matched})",
+        note=ev.note if ev else "",
+    )
+
+
 def calibrate(
     engine: str = "vllm",
     mode: str = "default",
@@ -442,18 +476,10 @@ def calibrate(
 
     ``scale`` picks the probe set (``small`` on a CPU, ``full`` on a GPU by default). ``wheel``
     loads the engine from a wheel file instead of the installed package; ``library`` names the
-    kernel library for ``eager`` mode on CUDA.
+    kernel library for vLLM's ``eager`` mode on CUDA.
     """
-    if engine == "sglang":
-        raise NotImplementedError(
-            "--engine sglang: not supported yet: rla's SGLang adapter (its FlashInfer / sgl-kernel "
-            "and JIT region kernels) is not written; calibrate --engine vllm, or use the measured "
-            "sglang-0.5.23 row of `rla profiles`"
-        )
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; supported: {', '.join(ENGINES)}")
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise EngineUnavailable(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device")
@@ -461,46 +487,64 @@ def calibrate(
         raise ValueError(f"device must be cpu or cuda, got {device!r}")
     scale = scale or ("full" if dev.type == "cuda" else "small")
 
-    from rla.engines import vllm
-
-    eng = vllm.load(wheel)
-    ops = _EngineOps(eng, mode, dev, library)
+    eng = load_engine(engine, wheel)
+    if mode not in eng.modes:
+        raise ValueError(f"unknown mode {mode!r} for {engine}; one of {', '.join(eng.modes)}")
+    ops = eng.region_ops(mode, dev, library)
     notes = list(ops.notes)
+
+    kept: dict[str, tuple[str, ...]] = {}  # point -> the ops that did not run for it
+
+    def keep(point, needed):
+        missing = tuple(n for n in needed if not ops.has(n))
+        kept[point] = missing
+        why = ", ".join(f"{n} did not run" if n in ops.unavailable else f"{n} is not on this engine's path"
+                        for n in missing)
+        return _kept_from_baseline(eng, point, why)
 
     with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=64):
         per_op = _per_op_experiments(eng, ops, dev, scale, seed)
-        points = {p: _decide(p, per_op, ops.evidence) for p in
-                  ("rope_cos_sin", "rope_apply", "swiglu", "norm_weight", "norm_residual", "norm_reduction")}
+        points = {}
+        for p, needed in _PER_OP_POINTS.items():
+            decided = any(p in e.points for e in per_op)
+            points[p] = _decide(p, per_op, _point_evidence(p, per_op)) if decided else keep(p, needed)
         fixed = {p: r.choice or POINTS[p][0] for p, r in points.items()}
-        chains = [_residual_experiment(ops, dev, scale, seed + 3, fixed),
-                  _qk_experiment(eng, ops, dev, scale, seed + 4, fixed)]
         chain_note = "a small chain of the engine's functions" + (
             " compiled as one Inductor graph" if ops.compile_chains else ", one op after the other"
         )
-        points["residual_stream"] = _decide("residual_stream", chains, ops.evidence, chain_note)
-        points["qk_norm_out"] = _decide("qk_norm_out", chains, ops.evidence, chain_note)
+        residual_ops = ("fused_add_rms_norm", "silu_and_mul")
+        residual = _attempt(ops, residual_ops, lambda: _residual_experiment(ops, dev, scale, seed + 3, fixed))
+        qk_ops = ("rope", "qk_norm") if "qk_norm" in ops.ops or "qk_norm" in ops.unavailable else ("rope", "rms_norm")
+        qk = _attempt(ops, qk_ops, lambda: _qk_experiment(eng, ops, dev, scale, seed + 4, fixed))
+        for p, exp, needed in (("residual_stream", residual, residual_ops), ("qk_norm_out", qk, qk_ops)):
+            points[p] = keep(p, needed) if exp is None else _decide(p, [exp], exp.evidence, chain_note)
         points["rope_inv_freq"] = _inv_freq_point(eng, dev, scale, seed)
 
-    _settle_reduction(points["norm_reduction"], notes)
+    if "norm_reduction" not in kept:
+        _settle_reduction(points["norm_reduction"], notes)
     inv = points["rope_inv_freq"]
     if inv.ambiguous:
         fact = eng.source_fact("rope_inv_freq")
         inv.choice, inv.evidence, inv.fallback = fact["choice"], "source", fact["why"]
         notes.append(
             f"rope_inv_freq: on {dev.type} the host and the device are the same place, so both "
-            f"candidates match; the value comes from vLLM's source ({fact['where']})"
+            f"candidates match; the value comes from {eng.name}'s source ({fact['where']})"
         )
     for r in points.values():
         if r.ambiguous and r.choice is None:
             notes.append(f"{r.point}: ambiguous on these probes (every candidate at 100%); left undecided")
-    if dev.type == "cpu" and mode == "default":
+    for op, why in ops.unavailable.items():
+        for_op = [p for p, missing in kept.items() if op in missing]
+        notes.append(f"{op} did not run here: {why}"
+                     + (f" -> {', '.join(for_op)} kept from profile {eng.baseline}" if for_op else ""))
+    if dev.type == "cpu" and ops.compile_chains:
         notes.append(
             "default mode on the CPU: Inductor's C++ backend compiled the native ops; a GPU row "
             "needs the same run on the GPU (Triton), where reduction orders differ"
         )
     torch_v, triton_v = _stamp_versions()
     return Conformance(
-        engine="vllm",
+        engine=eng.name,
         version=eng.version,
         mode=mode,
         device=str(dev),
@@ -514,4 +558,5 @@ def calibrate(
         provenance=eng.provenance,
         points={p: points[p] for p in POINTS},
         notes=notes,
+        profile_name=eng.profile_name,
     )

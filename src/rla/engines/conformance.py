@@ -59,6 +59,8 @@ class Conformance:
     provenance: dict
     points: dict[str, PointResult]
     notes: list[str] = field(default_factory=list)
+    profile_name: str = ""
+    """The adapter's name for the profile ("" = ``<engine>-<major.minor>[-<mode>]``)."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -91,7 +93,7 @@ def to_profile(conf: Conformance, name: str | None = None, results: str = "") ->
         points=evidence,
     )
     short = ".".join(conf.version.split(".")[:2])
-    default_name = f"{conf.engine}-{short}" + ("" if conf.mode == "default" else f"-{conf.mode}")
+    default_name = conf.profile_name or f"{conf.engine}-{short}" + ("" if conf.mode == "default" else f"-{conf.mode}")
     if conf.mode == "eager" and not any(r.evidence == "kernel" for r in conf.points.values()):
         default_name += "-native"  # the kernels did not run: not the engine's eager row
     return RoundingProfile(

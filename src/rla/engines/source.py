@@ -43,6 +43,8 @@ __all__ = [
     "locate",
     "extract_function",
     "extract_class",
+    "function_source",
+    "file_provenance",
     "cache_dir",
 ]
 
@@ -273,6 +275,23 @@ def _missing(pkg, relpath, qualname) -> EngineCodeError:
         f"{pkg.name} {pkg.version}: {qualname} is not defined in {pkg.label(relpath)}; "
         "this version moved or renamed it, and rla's adapter must be updated for it"
     )
+
+
+def function_source(pkg: EnginePackage, relpath: str, qualname: str) -> tuple[str, Provenance]:
+    """The source text of ``qualname`` (``"f"`` or ``"Class.method"``) in ``relpath``, read and never
+    run, with its provenance: for checking what an engine's function calls."""
+    text, tree = _parse(pkg, relpath)
+    node = _find(tree, qualname)
+    if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        raise _missing(pkg, relpath, qualname)
+    source = _segment(text, node)
+    return source, Provenance(qualname, pkg.label(relpath), hashlib.sha256(source.encode()).hexdigest(), node.lineno)
+
+
+def file_provenance(pkg: EnginePackage, relpath: str) -> Provenance:
+    """A whole file's provenance (a kernel source that is compiled as a unit)."""
+    text = pkg.read_text(relpath)
+    return Provenance(relpath, pkg.label(relpath), hashlib.sha256(text.encode()).hexdigest(), 1)
 
 
 def extract_function(

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rla.engines.regions import RegionOps
 from rla.engines.source import (
     EngineCodeError,
     EnginePackage,
@@ -42,7 +43,13 @@ from rla.engines.source import (
     locate,
 )
 
-__all__ = ["VllmEngine", "VllmKernels", "load", "SUPPORTED_ROPE_TYPES", "LIBRARY"]
+__all__ = ["VllmEngine", "VllmKernels", "load", "SUPPORTED_ROPE_TYPES", "LIBRARY", "NAME", "MODES"]
+
+#: The engine's name in profiles and reports.
+NAME = "vllm"
+
+#: ``default``: V1 at -O2, the native ops under Inductor; ``eager``: ``enforce_eager``, the kernels.
+MODES = ("default", "eager")
 
 _LAYERNORM = "vllm/ir/ops/layernorm.py"
 _ACTIVATION = "vllm/model_executor/layers/activation.py"
@@ -79,6 +86,14 @@ class VllmEngine:
     ``version`` is the engine's version string; ``provenance`` maps each function's qualified name
     to ``{"file", "sha256", "line"}`` of the source that runs.
     """
+
+    name = NAME
+    modes = MODES
+    #: The default profile name is ``vllm-<major.minor>[-<mode>]`` (``rla.engines.conformance``).
+    profile_name = ""
+    #: vLLM's ops never go missing (without CUDA, eager mode falls back to the native ops), so no
+    #: baseline profile is needed for points nothing ran for.
+    baseline = None
 
     def __init__(self, package: EnginePackage):
         self.package = package
@@ -185,6 +200,50 @@ class VllmEngine:
             obj.cos_sin_cache = obj._compute_cos_sin_cache()
         query = torch.empty(0, dtype=dtype, device=device)
         return obj._match_cos_sin_cache_dtype(query)
+
+    def rope_cache(self, head_size, rotary_dim, max_position, base, rope_scaling, query_dtype, device):
+        """The cos/sin cache as vLLM's rope code reads it: in the query's dtype (see
+        :meth:`cos_sin_cache`)."""
+        return self.cos_sin_cache(head_size, rotary_dim, max_position, base, rope_scaling, query_dtype, device)
+
+    # -- what calibration runs -----------------------------------------------------------------
+
+    def region_ops(self, mode: str, device: torch.device, library: str | None = None) -> RegionOps:
+        """vLLM's region functions as ``mode`` runs them on ``device``.
+
+        - ``default`` (V1, -O2): the native ops compiled with Inductor (``fullgraph``), evidence
+          ``native_compiled``; a chain is compiled as one graph around the native functions.
+        - ``eager`` on CUDA: the compiled kernels ``torch.ops._C`` (evidence ``kernel``), one
+          after the other in a chain.
+        - ``eager`` without CUDA: the kernels cannot run; every op falls back to the native
+          functions run eagerly (``native_eager``), which are NOT the kernels, and a note says so.
+        """
+        native = {
+            "rms_norm": self.rms_norm_native,
+            "fused_add_rms_norm": self.fused_add_rms_norm_native,
+            "silu_and_mul": self.silu_and_mul_native,
+            "rope": lambda pos, q, k, hd, cache: self.rope_native(pos, q, k, hd, cache, True),
+        }
+        if mode == "default":
+            compiled = {n: torch.compile(f, backend="inductor", fullgraph=True, dynamic=False) for n, f in native.items()}
+            return RegionOps(compiled, dict.fromkeys(compiled, "native_compiled"), chain_ops=native, compile_chains=True)
+        if device.type == "cuda":
+            kernels = self.c_ops(library)
+            ops = {
+                "rms_norm": kernels.rms_norm,
+                "fused_add_rms_norm": kernels.fused_add_rms_norm,
+                "silu_and_mul": kernels.silu_and_mul,
+                "rope": lambda pos, q, k, hd, cache: kernels.rotary_embedding(pos, q, k, hd, cache, True),
+            }
+            return RegionOps(ops, dict.fromkeys(ops, "kernel"),
+                             notes=[f"eager mode: vLLM's compiled kernels from {kernels.path}"])
+        return RegionOps(native, dict.fromkeys(native, "native_eager"), notes=[
+            "eager mode on a machine without CUDA: vLLM's enforce_eager runs its CUDA kernels "
+            "(torch.ops._C), which cannot run here; every point fell back to vLLM's native ops "
+            "run eagerly (evidence native_eager), which are NOT the kernels (e.g. the native "
+            "norm run eagerly rounds x*rstd before the weight, the 0.33 kernels do not). "
+            "Calibrate eager mode on a GPU for a profile row."
+        ])
 
     # -- facts read from the source -----------------------------------------------------------
 
