@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from readme_tables import TableCheck, check_results_module, main  # noqa: E402
 
 _cr = check_results_module()
-D29C, D29, TWIN, ORDER = _cr.D29C, _cr.D29, _cr.TWIN, _cr.ORDER
+D29C, D29, TWIN, ORDER, FORWARD, SGLANG = _cr.D29C, _cr.D29, _cr.TWIN, _cr.ORDER, _cr.FORWARD, _cr.SGLANG
 FSDP2 = "benchmarks/results/h200x2_2026-11-29_fsdp2"
 
 MODELS = {"Qwen2.5-1.5B": "qwen2.5-1.5b", "Qwen2.5-7B": "qwen2.5-7b"}
@@ -174,10 +174,10 @@ def fsdp2_grpo(root):
 
 # ---------------------------------------------------------------- vLLM 0.33 twin and RoPE tables
 
-def _twin(mode, sides):
+def _twin(mode, sides, folder=TWIN):
     def f(root):
         out = {}
-        for r in _json(root, f"{TWIN}/twin_{mode}.json")["rows"]:
+        for r in _json(root, f"{folder}/twin_{mode}.json")["rows"]:
             key = (r["model"], f"{r['batch']}x{r['tokens']} @ {r['position_offset']}")
             out.setdefault(key, {})[r["side"]] = [100 * r["logits_equal"], r["k3"]]
         return {k: [v[s] for s in sides] for k, v in out.items()}
@@ -195,9 +195,55 @@ def rope_tables(root):
     return out
 
 
+def forward_e2e(root):
+    """e2e.json: batch x seq, tok/s, / hf-bf16's, peak GiB, / hf-bf16's."""
+    rows = _e2e_rows(root, f"{FORWARD}/e2e.json")
+    out = {}
+    for (model, variant), r in rows.items():
+        hf = rows[(model, "hf-bf16")]
+        out[(model, variant)] = [f"{r['batch']}x{r['seq']}", r["tok_s"], r["tok_s"] / hf["tok_s"],
+                                 r["peak_gib"], r["peak_gib"] / hf["peak_gib"]]
+    return out
+
+
+def sglang_points(root):
+    """calibration.report.json: choice, evidence, '<choice>: <100 fraction>%' per choice, max ulp;
+    a point whose op did not run: its kept evidence and 'not run here' (a word each)."""
+    out = {}
+    for name, p in _json(root, f"{SGLANG}/calibration.report.json")["points"].items():
+        key = (name,)
+        if p["elements"]:
+            shares = ", ".join(f"{c}: {100 * f:.4f}%" for c, f in p["fractions"].items())
+            out[key] = [p["choice"], p["evidence"], shares, p["max_ulp"]]
+        else:
+            out[key] = [p["choice"], None, "not run here", None]
+    return out
+
+
+def sglang_rest(root):
+    """rest_diagnosis.json: elements, differing from rla's choice, in the named class, reproduced."""
+    d = _json(root, f"{SGLANG}/rest_diagnosis.json")
+    r, s = d["rope"], d["swiglu"]
+    rope = [r["elements"], r["differ_from_fused_choice"], r["of_the_rest_equal_fma_first_product_exact"],
+            r["of_the_rest_equal_fma_first_product_exact"], None]
+    swiglu = [s["elements"], s["differ"], s["differ_gate_below_-80"], s["equal_with_ftz_and_fast_division_model"], None]
+    return {("RoPE (FusedRopeKernel, head 128, 8192 tokens, positions to 32k)",): rope,
+            ("SwiGLU (ActivationKernel, 4096 x 4096 at input scales 1, 4, 16, 64)",): swiglu}
+
+
 R = lambda folder: f"{folder}/README.md"  # noqa: E731
 
 TABLES: list[TableCheck] = [
+    TableCheck("SGLang 0.5.23 calibration", R(SGLANG), "| point | choice | evidence | fraction equal per choice",
+               f"{SGLANG}/calibration.report.json", "choice, evidence, 100 x fraction per choice, max ulp", sglang_points),
+    TableCheck("SGLang 0.5.23 rest", R(SGLANG), "| kernel | elements | differ from the chosen rounding",
+               f"{SGLANG}/rest_diagnosis.json", "element counts", sglang_rest),
+    TableCheck("engine-backed default mode vs the twin", R(FORWARD),
+               "| model | batch x tokens @ first position | hf | rla-fused | rla-reference | vllm-pieces |",
+               f"{FORWARD}/twin_default.json", "% of logits bit-equal / k3 per side",
+               _twin("default", ("hf", "rla-fused", "rla-reference", "vllm-pieces"), FORWARD), key_cols=2),
+    TableCheck("engine-backed default mode e2e", R(FORWARD), "| model | variant | batch x seq | tok/s | vs hf-bf16 | peak GiB | vs hf-bf16 |",
+               f"{FORWARD}/e2e.json", "batch x seq, tok/s, / hf-bf16, peak GiB, / hf-bf16", forward_e2e, key_cols=2),
     TableCheck("reduction order e2e", R(ORDER), "| model | variant | tok/s vs HF, run 1", f"{ORDER}/e2e_*.json",
                "tok_s / hf-bf16 tok_s in the same run (runs 1, 2); peak_gib / hf-bf16 (run 1)", order_e2e, key_cols=2),
     TableCheck("session 3 e2e", R(D29C), "| model | variant | batch | tok/s", f"{D29C}/call5_e2e.json",

@@ -30,6 +30,8 @@ from typing import Callable
 
 TWIN = "benchmarks/results/vllm033_calibration_twin_h200_2026-11-30"
 ORDER = "benchmarks/results/vllm033_reduction_order_h200_2026-11-30"
+FORWARD = "benchmarks/results/vllm033_engine_forward_h200_2026-11-30"
+SGLANG = "benchmarks/results/sglang0523_calibration_h200_2026-11-30"
 GRPO = "experiments/grpo_h200_2026-11-29"
 SESSION4 = "benchmarks/results/rope_liger_compile_h200_2026-11-29"
 D29 = SESSION4
@@ -203,6 +205,32 @@ def order_calibration(root):
     rep = _json(root, f"{ORDER}/calibration_eager.report.json")
     chosen = [p["fractions"][p["choice"]] for p in rep["points"].values()]
     return [100 * min(chosen), len(chosen)]
+
+
+def forward_twin(root):
+    """vllm-pieces rows exact (logits and every layer) / all rows; rla-fused logits_equal min-max (>1 token)."""
+    rows = _json(root, f"{FORWARD}/twin_default.json")["rows"]
+    pieces = [r for r in rows if r["side"] == "vllm-pieces"]
+    exact = [r for r in pieces if r["logits_equal"] == 1.0 and all(x == 1.0 for x in r["layers_equal"])]
+    fused = [100 * r["logits_equal"] for r in rows if r["side"] == "rla-fused" and r["tokens"] > 1]
+    assert len(exact) == len(pieces), "a vllm-pieces row is not bit-exact"
+    return [len(exact), min(fused), max(fused)]
+
+
+def forward_e2e(root):
+    """rla-vllm-pieces tok/s and peak / hf-bf16's, 1.5B then 7B."""
+    path = root / f"{FORWARD}/e2e.json"
+    r = lambda m, k: _e2e(path, m, "rla-vllm-pieces")[k] / _e2e(path, m, "hf-bf16")[k]  # noqa: E731
+    return [r("qwen2.5-1.5b", "tok_s"), r("qwen2.5-7b", "tok_s"), r("qwen2.5-1.5b", "peak_gib"), r("qwen2.5-7b", "peak_gib")]
+
+
+def sglang_points(root):
+    """calibration.report.json: 100 x the chosen choice's fraction of rope_apply, swiglu, qk_norm_out;
+    rest_diagnosis.json: 100 x the FMA model's fraction of all RoPE elements."""
+    rep = _json(root, f"{SGLANG}/calibration.report.json")["points"]
+    f = lambda p: 100 * rep[p]["fractions"][rep[p]["choice"]]  # noqa: E731
+    fma = 100 * _json(root, f"{SGLANG}/rest_diagnosis.json")["rope"]["equal_everywhere_fma_first_product_exact"]
+    return [f("rope_apply"), fma, f("swiglu"), f("qk_norm_out")]
 
 
 def _order_e2e(root, stem):
@@ -566,6 +594,18 @@ CHECKS: list[Check] = [
     Check("fp32_carry add vs the step before", "README", r"with the fused `fp32_carry` add is\s+([\d.]+)x / ([\d.]+)-([\d.]+)x of the step before",
           f"{ORDER}/e2e_{{new_code_1,new_code_2,old_code}}.json", "rla-vllm tok/s new / old (same call), 1.5B (min) and 7B (min-max)",
           order_carry_min_and_7b),
+    # ---- README: engine-backed default mode, SGLang's kernels
+    Check("engine-backed default: twin", "README",
+          r"and every layer, in all (\d+) cases\*\* \(Qwen2, Qwen3, Llama-3\.1; 1-4096 tokens; positions to 125k\),\s+where rla's own kernels give ([\d.]+)-([\d.]+)% at 512-4096 tokens",
+          f"{FORWARD}/twin_default.json", "vllm-pieces rows exact in logits and every layer (all of them); rla-fused logits_equal min-max, >1 token",
+          forward_twin),
+    Check("engine-backed default: e2e", "README",
+          r"Training step: ([\d.]+)x / ([\d.]+)x HF eager's tokens/s \(1\.5B / 7B\) at ([\d.]+) / ([\d.]+) of\s+its peak memory",
+          f"{FORWARD}/e2e.json", "rla-vllm-pieces tok_s / hf-bf16 tok_s; peak_gib / hf-bf16 peak_gib", forward_e2e),
+    Check("SGLang kernels", "README",
+          r"RoPE ([\d.]+)% \(the rest is an FMA, which\s+reproduces it in (\d+)%\), SwiGLU ([\d.]+)% \(fast-math\), q/k norm ([\d.]+)%",
+          f"{SGLANG}/calibration.report.json, rest_diagnosis.json", "chosen fraction of rope_apply; FMA model over all RoPE elements; swiglu; qk_norm_out",
+          sglang_points),
     # ---- README: dose-response
     Check("dose-response", "README",
           r"half the runs collapse at step-0 k3 ([\d.]+) \(95% profile-likelihood interval ([\d.]+)-([\d.]+)\); the final reward already falls below its start from k3 ~([\d.e-]+), and not at ~([\d.e-]+); bf16 \(([\d.e-]+)\) and aligned \(([\d.e-]+)\) sit far below",
