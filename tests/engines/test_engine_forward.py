@@ -151,3 +151,18 @@ def test_the_forward_runs_the_engines_pieces_not_rlas_ops(vllm_engine, pieces):
     rla_side, pieces_side = compare((out.logits, out.layers), sides, ids, positions).sides
     assert rla_side.logits_equal < 1.0
     assert pieces_side.logits_equal == 1.0 and [r["equal"] for r in pieces_side.layers] == [1.0] * len(out.layers)
+
+
+def test_packed_positions_reach_attention_as_in_hf(pieces):
+    """Two sequences packed in one row (position_ids restart, no attention_mask), as padding-free
+    trainers pass them: the engine-backed forward hands the attention function what HF's layer
+    hands it (the mask HF's body builds and ``position_ids``, which flash attention reads packed
+    sequences from; not run on CPU), so the logits equal the aligned model's."""
+    model = _model("qwen2")
+    ids = tokens(1, 24)
+    packed = torch.cat((torch.arange(10), torch.arange(14)))[None]
+    oracle = copy.deepcopy(model)
+    rla.align(oracle, "vllm-0.33")
+    want = oracle(input_ids=ids, position_ids=packed).logits
+    rla.align(model, "vllm-0.33", ops=pieces)
+    assert torch.equal(model(input_ids=ids, position_ids=packed).logits, want)

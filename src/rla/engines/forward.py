@@ -227,7 +227,7 @@ def _run(body, twin, reference, mark, input_ids, attention_mask, position_ids):
             f"position {int(position_ids.max())} is past the engine's cos/sin cache "
             f"({twin.cos_sin_cache.shape[0]} positions = max_position_embeddings)"
         )
-    mask = _attention_mask(body, input_ids, attention_mask, position_ids)
+    mask, extra = _attention_inputs(body, input_ids, attention_mask, position_ids)
     ids, positions = input_ids.reshape(-1), position_ids.reshape(-1)
     layers = [VllmTwin._weights(layer) for layer in body.layers]
     attn_mods = [layer.self_attn for layer in body.layers]
@@ -235,7 +235,9 @@ def _run(body, twin, reference, mark, input_ids, attention_mask, position_ids):
     q, k, v, residual = _piece(twin._first, reference.first, (ids, positions, body.embed_tokens.weight, layers[0]), mark, 2)
     hidden = None
     for i, w in enumerate(layers):
-        attn = twin._attend(attn_mods[i], q, k, v, mask, b, s)
+        module = attn_mods[i]
+        dropout = module.attention_dropout if module.training else 0.0
+        attn = twin._attend(module, q, k, v, mask, b, s, dropout, extra)
         if i + 1 < len(layers):
             q, k, v, residual = _piece(
                 twin._middle, reference.middle, (attn, residual, positions, w, layers[i + 1]), mark, 3
@@ -251,13 +253,20 @@ class _Captured(Exception):
     pass
 
 
-def _attention_mask(body, input_ids, attention_mask, position_ids):
-    """The mask HF's own body forward hands its first attention layer (padding and all): the
-    class forward runs up to that attention, where a pre-hook takes the mask and stops it."""
+_MODULE_OWN = ("hidden_states", "position_embeddings", "attention_mask", "cache", "past_key_values",
+               "use_cache", "cache_position")
+
+
+def _attention_inputs(body, input_ids, attention_mask, position_ids):
+    """The mask HF's own body forward hands its first attention layer (padding, packed sequences
+    and all) and the other keyword arguments the attention function receives from the layer (e.g.
+    ``position_ids``, which flash attention reads packed sequences from): the class forward runs up
+    to that attention, where a pre-hook takes them and stops it."""
     seen = {}
 
     def hook(module, args, kwargs):
         seen["mask"] = kwargs.get("attention_mask")
+        seen["extra"] = {k: v for k, v in kwargs.items() if k not in _MODULE_OWN}
         raise _Captured
 
     handle = body.layers[0].self_attn.register_forward_pre_hook(hook, with_kwargs=True)
@@ -270,7 +279,7 @@ def _attention_mask(body, input_ids, attention_mask, position_ids):
         handle.remove()
     if "mask" not in seen:
         raise RuntimeError("the HF body's first attention layer was never called")
-    return seen["mask"]
+    return seen["mask"], seen["extra"]
 
 
 @contextlib.contextmanager

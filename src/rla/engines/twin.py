@@ -229,13 +229,18 @@ class VllmTwin:
             if t.shape[0] > 1:  # Dynamo specialises sizes 0 and 1; a single token compiles its own graph
                 torch._dynamo.mark_dynamic(t, 0)
 
-    def _attend(self, module, q, k, v, mask, b, s):
-        """The HF model's own attention function on [B, heads, S, head_dim] views, as HF calls it."""
+    def _attend(self, module, q, k, v, mask, b, s, dropout=0.0, extra=None):
+        """The HF model's own attention function on [B, heads, S, head_dim] views, as HF's attention
+        module calls it (its sliding window, and ``extra``: the keyword arguments the layer handed
+        the module, e.g. ``position_ids`` that a flash-attention function reads packed sequences from)."""
         d = self.head_dim
         q = q.view(b, s, -1, d).transpose(1, 2)
         k = k.view(b, s, -1, d).transpose(1, 2)
         v = v.view(b, s, -1, d).transpose(1, 2)
-        out, _ = self._attention_fn(module, q, k, v, mask, dropout=0.0, scaling=module.scaling)
+        kw = dict(extra or {})
+        if hasattr(module, "sliding_window"):
+            kw["sliding_window"] = module.sliding_window
+        out, _ = self._attention_fn(module, q, k, v, mask, dropout=dropout, scaling=module.scaling, **kw)
         return out.reshape(b * s, -1).contiguous()
 
 
