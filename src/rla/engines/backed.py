@@ -27,7 +27,7 @@ import torch
 from rla import ops as rla_ops
 from rla import profiles
 
-__all__ = ["EngineOps", "engine_ops"]
+__all__ = ["EngineOps", "engine_ops", "engine_backed", "calibrated_profile"]
 
 
 class _Backed(torch.autograd.Function):
@@ -55,7 +55,9 @@ class _Backed(torch.autograd.Function):
         return (None, None, *[next(got) if t.requires_grad else None for t in inputs])
 
 
-def _apply(engine, reference, *tensors):
+def engine_backed(engine, reference, *tensors):
+    """``engine(*tensors)`` in the forward (no graph), the gradient of ``reference(*tensors)`` in the
+    backward, recomputed from the saved inputs; ``engine`` may return a tensor or a tuple."""
     return _Backed.apply(engine, reference, *tensors)
 
 
@@ -92,7 +94,7 @@ class EngineOps:
                 "forms it inside its next fused add, which HF's layer structure does not have"
             )
         self._check(profile, x)
-        return _apply(
+        return engine_backed(
             lambda x_, w_: self.kernels.rms_norm(x_, w_.to(x_.dtype), float(eps)),
             lambda x_, w_: rla_ops.rms_norm(x_, w_, eps, profile, lp),
             x, weight,
@@ -107,7 +109,7 @@ class EngineOps:
         if x.dtype != lp or (out_dtype is not None and out_dtype != lp):
             return self.rms_norm(x, weight, eps, profile, dtype, out_dtype)  # raises with the reason
         self._check(profile, x)
-        return _apply(
+        return engine_backed(
             lambda x_, w_: self.kernels.fused_add_rms_norm(torch.zeros_like(x_), x_, w_.to(x_.dtype), float(eps))[0],
             lambda x_, w_: rla_ops.rms_norm(x_, w_, eps, profile, lp),
             x, weight,
@@ -115,7 +117,7 @@ class EngineOps:
 
     def add_rms_norm(self, x, residual, weight, eps, profile):
         self._check(profile, x, residual)
-        return _apply(
+        return engine_backed(
             lambda x_, r_, w_: self.kernels.fused_add_rms_norm(x_, r_, w_.to(x_.dtype), float(eps)),
             lambda x_, r_, w_: rla_ops.add_rms_norm(x_, r_, w_, eps, profile),
             x, residual, weight,
@@ -123,7 +125,7 @@ class EngineOps:
 
     def swiglu(self, gate, up, profile):
         self._check(profile, gate, up)
-        return _apply(
+        return engine_backed(
             lambda g_, u_: self.kernels.silu_and_mul(torch.cat((g_, u_), dim=-1)),
             lambda g_, u_: rla_ops.swiglu(g_, u_, profile),
             gate, up,
@@ -135,7 +137,7 @@ class EngineOps:
         self._check(profile, q, k)
         if unsqueeze_dim not in (1, 2) or q.ndim != 4 or cos.ndim != 3:
             raise ValueError(f"{self.name}: rotary needs q/k [B, H, S, D] (or [B, S, H, D]) and cos/sin [B, S, *]")
-        return _apply(
+        return engine_backed(
             lambda q_, k_, c_, s_: self._rope_forward(q_, k_, c_, s_, unsqueeze_dim),
             lambda q_, k_, c_, s_: rla_ops.rope(q_, k_, c_, s_, profile, unsqueeze_dim),
             q, k, cos, sin,
@@ -159,7 +161,8 @@ class EngineOps:
         return (qo.transpose(1, 2), ko.transpose(1, 2)) if tokens_first else (qo, ko)
 
 
-def _calibrated(engine: str, version: str, mode: str) -> profiles.RoundingProfile:
+def calibrated_profile(engine: str, version: str, mode: str) -> profiles.RoundingProfile:
+    """The shipped row calibrated from ``engine`` ``version`` in ``mode`` (KeyError naming how to make one)."""
     for p in profiles.all_profiles().values():
         c = p.calibration
         if c is not None and (c.engine, c.version, c.mode) == (engine, version, mode):
@@ -182,5 +185,5 @@ def engine_ops(engine, mode: str = "eager", library: str | None = None, profile=
             "native ops across op boundaries with Inductor, which has no per-op kernel to call: use "
             "rla.engines.forward.engine_forward(engine, 'default'), which runs the compiled pieces"
         )
-    p = profiles.resolve(profile) if profile is not None else _calibrated("vllm", engine.version, mode)
+    p = profiles.resolve(profile) if profile is not None else calibrated_profile("vllm", engine.version, mode)
     return EngineOps(engine.c_ops(library), p, f"vLLM {engine.version} kernels")

@@ -33,7 +33,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from rla import ops as rla_ops
 from rla import profiles
-from rla.engines.backed import _Backed, _calibrated
+from rla.engines.backed import calibrated_profile, engine_backed
 from rla.engines.twin import MODES, SUPPORTED_FAMILIES, VllmTwin
 
 __all__ = ["EngineForward", "engine_forward", "recording_streams"]
@@ -122,7 +122,7 @@ def _piece(engine_fn, reference_fn, args, mark, dynamic):
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
             return engine_fn(*a)
 
-    return _Backed.apply(engine, lambda *ts: reference_fn(*rebuild(ts)), *[flat[i] for i in where])
+    return engine_backed(engine, lambda *ts: reference_fn(*rebuild(ts)), *[flat[i] for i in where])
 
 
 class EngineForward:
@@ -175,13 +175,18 @@ class EngineForward:
         if twin.cos_sin_cache.shape[-1] != twin.head_dim:
             raise NotImplementedError(f"{self.name}: partial rotary (rotary_dim < head_dim) is not covered")
         reference = _Reference(self.profile, twin)
-        mark = twin._mark_tokens if self.mode == "default" else (lambda *ts: None)
+        mark = twin.mark_tokens if self.mode == "default" else (lambda *ts: None)
         name = self.name
 
         def forward(self, input_ids=None, attention_mask=None, position_ids=None, **kwargs):
             _check_call(name, kwargs)
             if input_ids is None:
                 raise ValueError(f"{name}: input_ids are required (inputs_embeds is not covered)")
+            if _sharded(self):
+                raise NotImplementedError(
+                    f"{name}: the model's parameters are sharded (FSDP2 DTensors); the engine-backed forward "
+                    "reads whole weights and bypasses the layers that gather them: not covered"
+                )
             if torch.compiler.is_compiling():
                 raise RuntimeError(f"{name}: compiles its own pieces; do not torch.compile the aligned model")
             if self.embed_tokens.weight.device != twin.device:
@@ -192,6 +197,14 @@ class EngineForward:
             return _run(self, twin, reference, mark, input_ids, attention_mask, position_ids)
 
         return forward
+
+
+def _sharded(body) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed
+        return False
+    return isinstance(body.embed_tokens.weight, DTensor)
 
 
 def _check_call(name, kwargs):
@@ -229,21 +242,21 @@ def _run(body, twin, reference, mark, input_ids, attention_mask, position_ids):
         )
     mask, extra = _attention_inputs(body, input_ids, attention_mask, position_ids)
     ids, positions = input_ids.reshape(-1), position_ids.reshape(-1)
-    layers = [VllmTwin._weights(layer) for layer in body.layers]
+    layers = [VllmTwin.layer_weights(layer) for layer in body.layers]
     attn_mods = [layer.self_attn for layer in body.layers]
     record = body.__dict__.get(_RECORD)
-    q, k, v, residual = _piece(twin._first, reference.first, (ids, positions, body.embed_tokens.weight, layers[0]), mark, 2)
+    q, k, v, residual = _piece(twin.first, reference.first, (ids, positions, body.embed_tokens.weight, layers[0]), mark, 2)
     hidden = None
     for i, w in enumerate(layers):
         module = attn_mods[i]
         dropout = module.attention_dropout if module.training else 0.0
-        attn = twin._attend(module, q, k, v, mask, b, s, dropout, extra)
+        attn = twin.attend(module, q, k, v, mask, b, s, dropout, extra)
         if i + 1 < len(layers):
             q, k, v, residual = _piece(
-                twin._middle, reference.middle, (attn, residual, positions, w, layers[i + 1]), mark, 3
+                twin.middle, reference.middle, (attn, residual, positions, w, layers[i + 1]), mark, 3
             )
         else:
-            hidden, residual = _piece(twin._last, reference.last, (attn, residual, w, body.norm.weight), mark, 2)
+            hidden, residual = _piece(twin.last, reference.last, (attn, residual, w, body.norm.weight), mark, 2)
         if record is not None:
             record.append(residual.detach().view(b, s, -1))
     return BaseModelOutputWithPast(last_hidden_state=hidden.view(b, s, -1))
@@ -300,5 +313,5 @@ def engine_forward(engine, mode: str = "default", library: str | None = None, pr
     forward (``mode`` 'default': vLLM's native ops compiled by Inductor in pieces; 'eager': its
     CUDA kernels), ``rla.ops``' gradient of ``profile`` in the backward (default: the calibrated
     row of this engine version and mode)."""
-    p = profiles.resolve(profile) if profile is not None else _calibrated("vllm", engine.version, mode)
+    p = profiles.resolve(profile) if profile is not None else calibrated_profile("vllm", engine.version, mode)
     return EngineForward(engine, mode, p, library)

@@ -110,7 +110,7 @@ class VllmTwin:
             self.head_dim, rotary_dim, cfg.max_position_embeddings, rp["rope_theta"], scaling,
             dtype=self.dtype, device=self.device,
         )
-        self.layers = [self._weights(layer) for layer in body.layers]
+        self.layers = [self.layer_weights(layer) for layer in body.layers]
         self.final_norm = body.norm.weight
         self.embed = body.embed_tokens.weight
         self.lm_head = model.lm_head.weight
@@ -124,15 +124,18 @@ class VllmTwin:
             self.norm, self.add_norm = engine.rms_norm_native, engine.fused_add_rms_norm_native
             self.act = engine.silu_and_mul_native
             self.rope = lambda pos, q, kk, d, cache: engine.rope_native(pos, q, kk, d, cache, True)
-        self._first, self._middle, self._last = self._first_piece, self._middle_piece, self._last_piece
+        # the pieces as the engine runs them (compiled in default mode): first(ids, positions,
+        # embed, w), middle(attn, residual, positions, w, w_next), last(attn, residual, w, final)
+        self.first, self.middle, self.last = self._first_piece, self._middle_piece, self._last_piece
         if mode == "default":
             compile_ = lambda fn: torch.compile(fn, backend="inductor", fullgraph=True)
-            self._first, self._middle, self._last = (
+            self.first, self.middle, self.last = (
                 compile_(self._first_piece), compile_(self._middle_piece), compile_(self._last_piece)
             )
 
     @staticmethod
-    def _weights(layer):
+    def layer_weights(layer):
+        """One decoder layer's tensors by the names the pieces read (read anew at each call)."""
         a, m = layer.self_attn, layer.mlp
         w = {
             "in": layer.input_layernorm.weight,
@@ -201,19 +204,19 @@ class VllmTwin:
             )
         mask = capture_attention_mask(self.model, input_ids, position_ids)
         ids, positions = input_ids.reshape(-1), position_ids.reshape(-1)
-        dynamic = self._mark_tokens if self.mode == "default" else (lambda *ts: None)
+        dynamic = self.mark_tokens if self.mode == "default" else (lambda *ts: None)
         dynamic(ids, positions)
         attn_mods = [layer.self_attn for layer in self.model.model.layers]
-        q, k, v, residual = self._first(ids, positions, self.embed, self.layers[0])
+        q, k, v, residual = self.first(ids, positions, self.embed, self.layers[0])
         streams = []
         for i, w in enumerate(self.layers):
-            attn = self._attend(attn_mods[i], q, k, v, mask, b, s)
+            attn = self.attend(attn_mods[i], q, k, v, mask, b, s)
             dynamic(attn, residual)
             if i + 1 < len(self.layers):
-                q, k, v, residual = self._middle(attn, residual, positions, w, self.layers[i + 1])
+                q, k, v, residual = self.middle(attn, residual, positions, w, self.layers[i + 1])
                 streams.append(residual)
             else:
-                hidden, residual = self._last(attn, residual, w, self.final_norm)
+                hidden, residual = self.last(attn, residual, w, self.final_norm)
                 streams.append(residual)
         logits = F.linear(hidden, self.lm_head)
         shape = (b, s, -1)
@@ -222,14 +225,14 @@ class VllmTwin:
     __call__ = forward
 
     @staticmethod
-    def _mark_tokens(*tensors):
+    def mark_tokens(*tensors):
         """vLLM compiles the token dimension dynamic and every other one static: one graph per
         piece serves every batch size, and the hidden size stays a constant of the kernels."""
         for t in tensors:
             if t.shape[0] > 1:  # Dynamo specialises sizes 0 and 1; a single token compiles its own graph
                 torch._dynamo.mark_dynamic(t, 0)
 
-    def _attend(self, module, q, k, v, mask, b, s, dropout=0.0, extra=None):
+    def attend(self, module, q, k, v, mask, b, s, dropout=0.0, extra=None):
         """The HF model's own attention function on [B, heads, S, head_dim] views, as HF's attention
         module calls it (its sliding window, and ``extra``: the keyword arguments the layer handed
         the module, e.g. ``position_ids`` that a flash-attention function reads packed sequences from)."""
