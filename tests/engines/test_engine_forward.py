@@ -166,3 +166,17 @@ def test_packed_positions_reach_attention_as_in_hf(pieces):
     want = oracle(input_ids=ids, position_ids=packed).logits
     rla.align(model, "vllm-0.33", ops=pieces)
     assert torch.equal(model(input_ids=ids, position_ids=packed).logits, want)
+
+
+def test_peft_adapters_are_refused_not_ignored(pieces):
+    """The pieces read each projection's weight: a LoRA layer's adapters would be skipped silently,
+    so a model with adapters is refused by name, at align time and, if wrapped after, at the call."""
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    with pytest.raises(NotImplementedError, match=r"layers\[0\]\.self_attn\.q_proj is a peft\.tuners\.lora\.layer\.Linear"):
+        rla.align(peft.get_peft_model(_model("qwen2"), config), "vllm-0.33", ops=pieces)
+    model = _model("qwen2")
+    rla.align(model, "vllm-0.33", ops=pieces)
+    wrapped = peft.get_peft_model(model, config)
+    with pytest.raises(NotImplementedError, match="not a plain torch.nn.Linear"):
+        wrapped(input_ids=tokens(1, 6))

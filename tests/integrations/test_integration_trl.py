@@ -172,3 +172,23 @@ def test_peft_reference_is_the_aligned_policy_without_adapters(tmp_path):
     trainer.train()
     assert _logs(trainer)[0]["kl"] == 0.0  # TRL's adapter-disabled reference path runs aligned
     assert rla.alignment_of(trainer.model) is att.policy
+
+
+def test_engine_backed_forward_in_trl(tmp_path, vllm_engine):
+    """``attach(..., ops=engine_forward(vllm))``: TRL's policy and reference forward through vLLM's
+    own compiled pieces (its native code under Inductor, here the CPU backend) and train with rla's
+    gradient: step-1 KL is exactly 0 (both run the same pieces on the same weights), the policy
+    moves, and the mismatch against the vLLM-profile rollouts is measured. Without rollouts from
+    outside, TRL would sample with the training model, which this forward cannot (no KV cache)."""
+    from rla.engines.forward import engine_forward
+
+    pieces = engine_forward(vllm_engine, "default")
+    with pytest.raises(ValueError, match="keeps no KV cache"):
+        rla_trl.attach(_trainer(tmp_path), profile="vllm", ops=pieces)
+    trainer = _trainer(tmp_path, rollout_func=VllmProfileRollouts(), max_steps=2)
+    att = rla_trl.attach(trainer, profile="vllm", ops=pieces)
+    assert att.policy.ops == pieces.name and att.reference.ops == pieces.name
+    trainer.train()
+    step1, step2 = _logs(trainer)
+    assert step1["kl"] == 0.0 and step2["kl"] > 0.0
+    assert step1["grad_norm"] > 0 and 0 <= step1["mismatch/k3"] < 1e-2

@@ -171,6 +171,7 @@ class EngineForward:
                 f"{self.name}: the engine runs the model in its weights' dtype; got {dtype}. Load or cast "
                 "the model to bfloat16 (fp32 master weights under autocast are not this mode)"
             )
+        _check_linears(self.name, body)
         twin = self._twin(causal_lm, body)
         if twin.cos_sin_cache.shape[-1] != twin.head_dim:
             raise NotImplementedError(f"{self.name}: partial rotary (rotary_dim < head_dim) is not covered")
@@ -187,6 +188,7 @@ class EngineForward:
                     f"{name}: the model's parameters are sharded (FSDP2 DTensors); the engine-backed forward "
                     "reads whole weights and bypasses the layers that gather them: not covered"
                 )
+            _check_linears(name, self)
             if torch.compiler.is_compiling():
                 raise RuntimeError(f"{name}: compiles its own pieces; do not torch.compile the aligned model")
             if self.embed_tokens.weight.device != twin.device:
@@ -205,6 +207,24 @@ def _sharded(body) -> bool:
     except ImportError:  # a torch built without distributed
         return False
     return isinstance(body.embed_tokens.weight, DTensor)
+
+
+_LINEARS = (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"), ("self_attn", "o_proj"),
+            ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"))
+
+
+def _check_linears(name, body) -> None:
+    """The pieces read each projection's ``weight`` (and bias): a LoRA, quantized or otherwise
+    wrapped linear would compute something else than its weight says, so it is refused."""
+    for i, layer in enumerate(body.layers):
+        for block, proj in _LINEARS:
+            mod = getattr(getattr(layer, block), proj)
+            if type(mod) is not torch.nn.Linear:
+                raise NotImplementedError(
+                    f"{name}: layers[{i}].{block}.{proj} is a {type(mod).__module__}.{type(mod).__qualname__}, "
+                    "not a plain torch.nn.Linear "
+                    "(PEFT adapters, quantized layers): the engine's pieces read its weight only; not covered"
+                )
 
 
 def _check_call(name, kwargs):

@@ -83,18 +83,29 @@ def attach(
     *,
     regions=REGIONS,
     log_metrics: bool = True,
+    ops=None,
 ) -> Attachment:
     """Align ``trainer``'s policy and reference model to ``profile`` and log mismatch metrics.
 
     Call once after ``GRPOTrainer(...)`` and before ``trainer.train()``. Calling it again
-    re-aligns both models (e.g. another profile) and keeps one metrics hook.
+    re-aligns both models (e.g. another profile) and keeps one metrics hook. ``ops`` goes to
+    :func:`rla.align` for both models, e.g. ``rla.engines.forward.engine_forward(vllm.load())``
+    (the engine's own compiled pieces in the forward); a forward that keeps no KV cache needs the
+    rollouts from vLLM (``use_vllm``) or a ``rollout_func``, and is refused otherwise.
     """
     _check_trainer(trainer)
+    samples_itself = not getattr(trainer.args, "use_vllm", False) and getattr(trainer, "rollout_func", None) is None
+    if ops is not None and callable(getattr(ops, "make_forward", None)) and samples_itself:
+        raise ValueError(
+            f"rla.integrations.trl.attach: {ops!r} replaces the forward with one that keeps no KV cache, "
+            "but this trainer samples with the training model itself (no use_vllm, no rollout_func); "
+            "generate with vLLM (use_vllm=True) or pass a rollout_func"
+        )
     policy_model = trainer.accelerator.unwrap_model(trainer.model)
-    policy = align(policy_model, profile, regions)
+    policy = align(policy_model, profile, regions, ops)
     reference = None
     if trainer.ref_model is not None:
-        reference = align(trainer.accelerator.unwrap_model(trainer.ref_model), policy.profile, regions)
+        reference = align(trainer.accelerator.unwrap_model(trainer.ref_model), policy.profile, regions, ops)
         reference_note = f"TRL's reference model aligned ({reference.profile.name})"
     elif getattr(trainer, "beta", None) == 0.0:
         reference_note = "none (beta = 0: TRL builds no reference model)"
