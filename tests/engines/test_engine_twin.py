@@ -224,3 +224,17 @@ def test_rla_verify_cli_on_the_bundled_model(vllm_wheel, tmp_path, capsys):
     assert "--tokens must be at least 1" in capsys.readouterr().err
     assert main(args[:-2] + ["--mode", "eager"]) == 2
     assert "needs --device cuda" in capsys.readouterr().err
+
+
+def test_many_twins_in_one_process_stay_compiled(vllm_engine):
+    """Dynamo keeps at most 8 compiled graphs per code object and past that runs the function
+    eagerly, which for a twin would silently be other rounding (the native ops unfused). Each
+    twin compiles its pieces on code objects of its own, so the ninth model in a process (a test
+    session, a benchmark over many shapes) still gets the compiled twin, bit-equal to rla.align."""
+    from rla.engines.twin import VllmTwin
+
+    for vocab in range(128, 128 + 10 * 8, 8):  # 10 models, each its own graphs (embedding shape)
+        model = tiny_model("qwen2", config=tiny_config("qwen2", vocab_size=vocab, num_hidden_layers=1))
+        ids, positions = tokens(1, 12, vocab=vocab), torch.arange(12)[None]
+        out = VllmTwin(model, vllm_engine, "default")(ids, positions)
+        assert _side(model, "vllm-0.33", out, ids, positions).logits_equal == 1.0, vocab

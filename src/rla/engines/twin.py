@@ -33,6 +33,8 @@ not change what Inductor fuses. The last entry is the stream the final norm read
 
 from __future__ import annotations
 
+import itertools
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -128,9 +130,8 @@ class VllmTwin:
         # embed, w), middle(attn, residual, positions, w, w_next), last(attn, residual, w, final)
         self.first, self.middle, self.last = self._first_piece, self._middle_piece, self._last_piece
         if mode == "default":
-            compile_ = lambda fn: torch.compile(fn, backend="inductor", fullgraph=True)
             self.first, self.middle, self.last = (
-                compile_(self._first_piece), compile_(self._middle_piece), compile_(self._last_piece)
+                _compiled(self._first_piece), _compiled(self._middle_piece), _compiled(self._last_piece)
             )
 
     @staticmethod
@@ -245,6 +246,29 @@ class VllmTwin:
             kw["sliding_window"] = module.sliding_window
         out, _ = self._attention_fn(module, q, k, v, mask, dropout=dropout, scaling=module.scaling, **kw)
         return out.reshape(b * s, -1).contiguous()
+
+
+_PIECE_CODES = itertools.count()
+
+
+def _compiled(method):
+    """``method`` compiled as vLLM compiles a piece, on a code object of its own.
+
+    Dynamo keeps its compiled graphs per code object, at most ``recompile_limit`` (8) of them; past
+    that it runs the function *eagerly*, which here would silently be another rounding (the native
+    ops unfused). Every twin shares the piece methods' code, so a process that builds twins of
+    several models (a test session, a benchmark) would reach the limit. A copy of the code object
+    per twin keeps each twin's graphs apart, and a piece that still hits the limit fails loudly."""
+    fn = method.__func__
+    code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_{next(_PIECE_CODES)}")  # distinct by value too
+    own = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    compiled = torch.compile(types.MethodType(own, method.__self__), backend="inductor", fullgraph=True)
+
+    def run(*args):
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            return compiled(*args)
+
+    return run
 
 
 def _attention_function(model, attn_module):
