@@ -180,3 +180,18 @@ def test_peft_adapters_are_refused_not_ignored(pieces):
     wrapped = peft.get_peft_model(model, config)
     with pytest.raises(NotImplementedError, match="not a plain torch.nn.Linear"):
         wrapped(input_ids=tokens(1, 6))
+
+
+def test_the_cached_pieces_keep_no_model_alive(pieces):
+    """The compiled pieces are cached per model shape and shared (a re-alignment, TRL's reference
+    model); the cache keeps no model: a deleted aligned model is freed (GPU weights included)."""
+    import gc
+    import weakref
+
+    model = _model("llama3", seed=3)
+    rla.align(model, "vllm-0.33", ops=pieces)
+    model(input_ids=tokens(1, 6))
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None

@@ -129,8 +129,6 @@ class EngineForward:
     ``rla.align(model, profile, ops=this)`` installs it; ``profile`` must be the row the pieces
     realise (the calibrated row of the engine version and mode)."""
 
-    regions_at_once = True  # rla.align: one body forward realises the three regions together
-
     def __init__(self, engine, mode: str, profile: profiles.RoundingProfile, library: str | None = None):
         if mode not in MODES or mode == "native":
             raise ValueError(f"engine-backed forward modes are 'default' and 'eager', got {mode!r}")
@@ -146,13 +144,13 @@ class EngineForward:
         cfg = {k: v for k, v in body.config.to_dict().items() if k not in ("_name_or_path", "architectures")}
         key = repr((sorted(cfg.items(), key=str), str(w.device), str(w.dtype), body.config._attn_implementation))
         if key not in self._twins:
-            self._twins[key] = VllmTwin(causal_lm, self.engine, self.mode, self.library)
+            self._twins[key] = VllmTwin(causal_lm, self.engine, self.mode, self.library).release_model()
         return self._twins[key]
 
     def __repr__(self) -> str:
         return f"EngineForward({self.name}, profile {self.profile.name})"
 
-    def __deepcopy__(self, memo):  # stateless apart from the engine: a copied model shares it
+    def __deepcopy__(self, memo):  # a copied model shares the engine and the compiled pieces
         return self
 
     def make_forward(self, causal_lm, body):

@@ -151,6 +151,15 @@ class VllmTwin:
             w["qn"], w["kn"] = a.q_norm.weight, a.k_norm.weight
         return w
 
+    def release_model(self) -> "VllmTwin":
+        """Keep only what the pieces need (config constants, the engine's functions, the cos/sin
+        cache): the model's weights are dropped, so a twin kept for its compiled pieces (the
+        engine-backed forward caches one per model shape) does not keep a model alive. The
+        twin's own ``forward`` is then unavailable; the pieces take every weight as an argument."""
+        self.model = None
+        self.layers, self.embed, self.lm_head, self.final_norm = [], None, None, None
+        return self
+
     # -- the layer, as vLLM's model code lays it out ---------------------------------------------
 
     def _qkv(self, hidden, residual, w, positions):
@@ -195,6 +204,8 @@ class VllmTwin:
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> TwinOutput:
         """Logits and per-layer residual stream for ``input_ids`` [B, S] at ``position_ids``."""
+        if self.model is None:
+            raise RuntimeError("this twin released its model (release_model): only its pieces can run")
         b, s = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(s, device=input_ids.device)[None].expand(b, s)
