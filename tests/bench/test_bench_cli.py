@@ -64,3 +64,22 @@ def test_training_step_backpropagates_and_drops_the_gradients():
     assert torch.equal(loss, model(input_ids=ids, labels=ids).loss.detach())
     assert seen and seen[0] > 0
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_every_e2e_model_shape_is_a_choice_and_builds():
+    """Each shape of rla.bench.e2e.MODELS is offered by `rla bench e2e --models` and builds the
+    family it names (on the meta device: no memory), Qwen3 with its q/k norms."""
+    import torch
+
+    from rla.bench import e2e
+    from rla.commands import bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    choices = next(a.choices for a in parser._actions if a.dest == "models")
+    assert set(choices) == set(e2e.MODELS)
+    for name, shape in e2e.MODELS.items():
+        model = e2e.build_model(name, torch.bfloat16, device="meta")
+        assert model.config.model_type == shape.get("family", "qwen2")
+        assert model.config.hidden_size == shape["hidden_size"] and len(model.model.layers) == shape["num_hidden_layers"]
+    assert hasattr(e2e.build_model("qwen3-1.7b", torch.bfloat16, device="meta").model.layers[0].self_attn, "q_norm")

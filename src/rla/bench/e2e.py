@@ -37,12 +37,18 @@ MODELS = {
         hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
         num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False,
     ),
+    # Qwen3 (per-head q/k norms: under the vllm row, the qk_norm_out='fp32' chain runs)
+    "qwen3-1.7b": dict(
+        family="qwen3", hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+    ),
 }
 
 #: (batch, seq) per model and variant; fp32 (and, for 7B, everything) at what fits in 141 GB.
 BATCH = {
     "qwen2.5-1.5b": {"default": (4, 4096), "fp32": (2, 4096)},
     "qwen2.5-7b": {"default": (1, 4096), "fp32": (1, 2048)},
+    "qwen3-1.7b": {"default": (2, 4096), "fp32": (1, 4096)},
 }
 
 VARIANTS = ("hf-bf16", "rla-vllm", "rla-vllm-eager", "rla-sglang", "naive-upcast", "fp16", "fp32")
@@ -56,10 +62,12 @@ OWN_MODEL = {"fp16": torch.float16, "fp32": torch.float32, "liger": torch.bfloat
 
 
 def build_model(name: str, dtype: torch.dtype, device="cuda"):
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = Qwen2Config(
-        **MODELS[name], max_position_embeddings=32768, rms_norm_eps=1e-6,
+    shape = dict(MODELS[name])
+    family = shape.pop("family", "qwen2")
+    cfg = AutoConfig.for_model(
+        family, **shape, max_position_embeddings=32768, rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6}, use_cache=False,
     )
     torch.manual_seed(0)
@@ -70,14 +78,18 @@ def build_model(name: str, dtype: torch.dtype, device="cuda"):
 
 
 def _liger(model) -> tuple[Callable[[], None], str]:
-    """Liger's Qwen2 patch on ``model`` (its modules stay patched: the model is not reused); the
-    undo restores the three module globals the patch also replaces."""
-    import transformers.models.qwen2.modeling_qwen2 as mq
-    from liger_kernel.transformers import apply_liger_kernel_to_qwen2
+    """Liger's patch for the model's family (Qwen2, Qwen3) on ``model`` (its modules stay patched:
+    the model is not reused); the undo restores the module globals the patch also replaces."""
+    import importlib
 
-    saved = {n: getattr(mq, n) for n in ("apply_rotary_pos_emb", "Qwen2RMSNorm", "Qwen2MLP")}
-    apply_liger_kernel_to_qwen2(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-                                fused_linear_cross_entropy=False, model=model)
+    import liger_kernel.transformers as lk
+
+    family = model.config.model_type
+    mq = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    prefix = {"qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+    saved = {n: getattr(mq, n) for n in ("apply_rotary_pos_emb", f"{prefix}RMSNorm", f"{prefix}MLP")}
+    getattr(lk, f"apply_liger_kernel_to_{family}")(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                                   fused_linear_cross_entropy=False, model=model)
 
     def undo():
         for name, value in saved.items():

@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isolate", action="store_true",
                    help="ops: time each implementation in its own process (no order effects)")
     p.add_argument("--models", nargs="*", default=["qwen2.5-1.5b", "qwen2.5-7b"],
-                   choices=("qwen2.5-1.5b", "qwen2.5-7b"), help="e2e model shapes")
+                   choices=("qwen2.5-1.5b", "qwen2.5-7b", "qwen3-1.7b"),
+                   help="e2e model shapes (qwen3-1.7b: per-head q/k norms, the qk_norm_out chain)")
     p.add_argument("--variants", nargs="*", default=None, choices=E2E_VARIANTS, metavar="VARIANT",
                    help=f"e2e variants, of {' '.join(E2E_VARIANTS)} "
                         "(default: all but liger, which needs liger-kernel installed)")
