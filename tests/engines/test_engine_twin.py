@@ -220,6 +220,14 @@ def test_rla_verify_cli_on_the_bundled_model(vllm_wheel, tmp_path, capsys):
     hf, aligned = result["sides"]
     assert hf["name"].startswith("hf") and aligned["name"] == "aligned vllm-0.33"
     assert aligned["k3"] < hf["k3"] and len(aligned["layers"]) == 6
+    assert main(args[:-2] + ["--tokens", "256", "--engine-forward", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "the norms' reduction order" in text  # the bundled model at 256 tokens: rla's kernels miss
+    hf, aligned, engine = json.loads(out.read_text())["sides"]
+    assert aligned["logits_equal"] < 1.0 and engine["name"] == "aligned vllm-0.33, engine's code"
+    assert engine["logits_equal"] == 1.0 and all(r["equal"] == 1.0 for r in engine["layers"])
+    assert main(args[:-2] + ["--tokens", "256", "--expect-exact"]) == 1
+    capsys.readouterr()
     assert main(args[:-2] + ["--tokens", "0"]) == 2
     assert "--tokens must be at least 1" in capsys.readouterr().err
     assert main(args[:-2] + ["--mode", "eager"]) == 2
