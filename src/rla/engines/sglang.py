@@ -56,6 +56,7 @@ from typing import Any, Callable
 
 import torch
 
+from rla.engines import rotary
 from rla.engines.regions import RegionOps
 from rla.engines.source import (
     EngineCodeError,
@@ -159,16 +160,6 @@ IMPORT_NEEDS = {"tvm_ffi": "apache-tvm-ffi", "msgspec": "msgspec", "orjson": "or
 _BARE = {"sglang": None, "sglang.srt.utils": "sglang.srt.utils.common"}
 
 
-def _rope_type(rope_scaling: dict | None) -> str:
-    if not rope_scaling:
-        return "default"
-    kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-    if kind not in ("default", "llama3"):
-        raise ValueError(f"RoPE scaling type {kind!r} is not supported by rla's SGLang adapter yet "
-                         f"(supported: default, llama3); got rope_scaling={rope_scaling!r}")
-    return kind
-
-
 def _cuda_home() -> str:
     """The CUDA root as SGLang's JIT toolchain resolves it (``toolchain.cuda_home``): CUDA_HOME,
     CUDA_PATH, the directory above ``nvcc`` on PATH, else /usr/local/cuda."""
@@ -264,25 +255,8 @@ class SglangEngine:
     def _rope_module(self, rotary_dim, max_position, base, rope_scaling, head_size=None):
         """The extracted builder with the attributes SGLang's ``__init__`` sets on its default path
         (``_force_native`` is the rl_on_policy switch, off)."""
-        if _rope_type(rope_scaling) == "llama3":
-            obj = object.__new__(self._Llama3Cache)
-            try:
-                obj.scaling_factor = rope_scaling["factor"]
-                obj.low_freq_factor = rope_scaling["low_freq_factor"]
-                obj.high_freq_factor = rope_scaling["high_freq_factor"]
-                obj.orig_max_position = rope_scaling["original_max_position_embeddings"]
-            except KeyError as e:
-                raise ValueError(f"llama3 rope_scaling is missing {e.args[0]!r}: {rope_scaling!r}") from None
-        else:
-            obj = object.__new__(self._RopeCache)
-        obj.head_size = head_size or rotary_dim
-        obj.rotary_dim = rotary_dim
-        obj.max_position_embeddings = max_position
-        obj.base = base
-        obj.is_neox_style = True
-        obj.position_start = 0
-        obj._force_native = False
-        return obj
+        return rotary.builder(self._RopeCache, self._Llama3Cache, "SGLang", rotary_dim, max_position, base,
+                                  rope_scaling, head_size, position_start=0, _force_native=False)
 
     def inv_freq(self, rotary_dim: int, base: float, rope_scaling: dict | None = None, device="cpu"):
         """SGLang's fp32 ``inv_freq``, evaluated on ``device`` (the model's device, as SGLang builds it)."""

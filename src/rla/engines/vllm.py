@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from rla.engines.regions import RegionOps
+from rla.engines import rotary
+from rla.engines.rotary import SUPPORTED_ROPE_TYPES
 from rla.engines.source import (
     EngineCodeError,
     EnginePackage,
@@ -60,24 +62,8 @@ _ROPE_LLAMA3 = "vllm/model_executor/layers/rotary_embedding/llama3_rope.py"
 #: The stable-ABI kernel library inside the wheel (loads into torches other than vLLM's pin).
 LIBRARY = "vllm/_C_stable_libtorch.abi3.so"
 
-#: RoPE scaling types this adapter builds caches for, as vLLM's ``get_rope`` names them.
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
-
-
 def _base_namespace() -> dict[str, Any]:
     return {"torch": torch, "F": F, "math": math, "Tensor": torch.Tensor}
-
-
-def _rope_type(rope_scaling: dict | None) -> str:
-    if not rope_scaling:
-        return "default"
-    kind = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
-    if kind not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(
-            f"RoPE scaling type {kind!r} is not supported by rla's vLLM adapter yet "
-            f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)}); got rope_scaling={rope_scaling!r}"
-        )
-    return kind
 
 
 class VllmEngine:
@@ -153,26 +139,8 @@ class VllmEngine:
     def _rope_module(self, rotary_dim, max_position, base, rope_scaling, head_size=None):
         """An instance of the extracted cache builder with the attributes vLLM's ``__init__``
         sets (``__init__`` itself is never run: it builds vLLM's CustomOp machinery)."""
-        kind = _rope_type(rope_scaling)
-        if kind == "llama3":
-            obj = object.__new__(self._Llama3Cache)
-            try:
-                obj.scaling_factor = rope_scaling["factor"]
-                obj.low_freq_factor = rope_scaling["low_freq_factor"]
-                obj.high_freq_factor = rope_scaling["high_freq_factor"]
-                obj.orig_max_position = rope_scaling["original_max_position_embeddings"]
-            except KeyError as e:
-                raise ValueError(f"llama3 rope_scaling is missing {e.args[0]!r}: {rope_scaling!r}") from None
-        else:
-            obj = object.__new__(self._RopeCache)
-        obj.head_size = head_size or rotary_dim
-        obj.rotary_dim = rotary_dim
-        obj.max_position_embeddings = max_position
-        obj.base = base
-        obj.is_neox_style = True
-        obj.use_aiter = False
-        obj.use_flashinfer = False
-        return obj
+        return rotary.builder(self._RopeCache, self._Llama3Cache, "vLLM", rotary_dim, max_position, base,
+                                  rope_scaling, head_size, use_aiter=False, use_flashinfer=False)
 
     def inv_freq(self, rotary_dim: int, base: float, rope_scaling: dict | None = None, device="cpu"):
         """The engine's fp32 ``inv_freq`` (``_compute_inv_freq``), evaluated on ``device``."""
