@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from rla import ops as rla_ops
 from rla import profiles
 from rla.engines.backed import calibrated_profile, engine_backed
-from rla.engines.twin import MODES, SUPPORTED_FAMILIES, VllmTwin
+from rla.engines.twin import MODES, SUPPORTED_FAMILIES, VllmTwin, attention_inputs
 
 __all__ = ["EngineForward", "engine_forward", "recording_streams"]
 
@@ -102,10 +102,10 @@ class _Reference:
         return rla_ops.rms_norm(s, final, self.eps, self.p, dtype=lp, after_add=True), s.to(lp)
 
 
-def _piece(engine_fn, reference_fn, args, mark, dynamic):
-    """``engine_fn(*args)`` forward, gradient of ``reference_fn(*args)``; ``args`` may hold dicts
-    of weights (flattened to tensors for autograd). ``args[:dynamic]`` have a token dimension
-    (dynamic in the compiled piece, as the twin marks them; weights stay static)."""
+def _piece(twin, reference, name, args, dynamic):
+    """Piece ``name`` as the engine runs it in the forward (:meth:`VllmTwin.run_piece`), the
+    gradient of ``reference``'s piece of that name in the backward; ``args`` may hold dicts of
+    weights (flattened to tensors for autograd)."""
     flat, spec = tree_flatten(args)
     where = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
 
@@ -115,12 +115,11 @@ def _piece(engine_fn, reference_fn, args, mark, dynamic):
             leaves[i] = t
         return tree_unflatten(leaves, spec)
 
-    def engine(*tensors):
-        a = rebuild(tensors)
-        mark(*a[:dynamic])
-        return engine_fn(*a)  # the twin's compiled pieces fail loudly rather than run eagerly
-
-    return engine_backed(engine, lambda *ts: reference_fn(*rebuild(ts)), *[flat[i] for i in where])
+    return engine_backed(
+        lambda *ts: twin.run_piece(name, rebuild(ts), dynamic),  # compiled pieces fail loudly, never run eagerly
+        lambda *ts: getattr(reference, name)(*rebuild(ts)),
+        *[flat[i] for i in where],
+    )
 
 
 class EngineForward:
@@ -172,7 +171,6 @@ class EngineForward:
         if twin.cos_sin_cache.shape[-1] != twin.head_dim:
             raise NotImplementedError(f"{self.name}: partial rotary (rotary_dim < head_dim) is not covered")
         reference = _Reference(self.profile, twin)
-        mark = twin.mark_tokens if self.mode == "default" else (lambda *ts: None)
         name = self.name
 
         def forward(self, input_ids=None, attention_mask=None, position_ids=None, **kwargs):
@@ -192,7 +190,7 @@ class EngineForward:
                     f"{name}: aligned on {twin.device}, the model is now on {self.embed_tokens.weight.device}; "
                     "align again after moving it"
                 )
-            return _run(self, twin, reference, mark, input_ids, attention_mask, position_ids)
+            return _run(self, twin, reference, input_ids, attention_mask, position_ids)
 
         return forward
 
@@ -245,70 +243,28 @@ def _check_call(name, kwargs):
         raise TypeError(f"{name}: unexpected arguments {sorted(kwargs)} (not covered by the engine-backed forward)")
 
 
-def _run(body, twin, reference, mark, input_ids, attention_mask, position_ids):
+def _run(body, twin, reference, input_ids, attention_mask, position_ids):
     from transformers.modeling_outputs import BaseModelOutputWithPast
 
     b, s = input_ids.shape
-    if position_ids is None:
-        position_ids = torch.arange(s, device=input_ids.device)[None].expand(b, s)
-    if int(position_ids.max()) >= twin.cos_sin_cache.shape[0]:
-        raise ValueError(
-            f"position {int(position_ids.max())} is past the engine's cos/sin cache "
-            f"({twin.cos_sin_cache.shape[0]} positions = max_position_embeddings)"
-        )
-    mask, extra = _attention_inputs(body, input_ids, attention_mask, position_ids)
+    position_ids = twin.positions(input_ids, position_ids)
+    mask, extra = attention_inputs(body, input_ids, attention_mask, position_ids)
     ids, positions = input_ids.reshape(-1), position_ids.reshape(-1)
-    layers = [VllmTwin.layer_weights(layer) for layer in body.layers]
     attn_mods = [layer.self_attn for layer in body.layers]
-    record = body.__dict__.get(_RECORD)
-    q, k, v, residual = _piece(twin.first, reference.first, (ids, positions, body.embed_tokens.weight, layers[0]), mark, 2)
-    hidden = None
-    for i, w in enumerate(layers):
+
+    def attend(i, q, k, v):
         module = attn_mods[i]
         dropout = module.attention_dropout if module.training else 0.0
-        attn = twin.attend(module, q, k, v, mask, b, s, dropout, extra)
-        if i + 1 < len(layers):
-            q, k, v, residual = _piece(
-                twin.middle, reference.middle, (attn, residual, positions, w, layers[i + 1]), mark, 3
-            )
-        else:
-            hidden, residual = _piece(twin.last, reference.last, (attn, residual, w, body.norm.weight), mark, 2)
-        if record is not None:
-            record.append(residual.detach().view(b, s, -1))
+        return twin.attend(module, q, k, v, mask, b, s, dropout, extra)
+
+    hidden, streams = twin.run_layers(
+        ids, positions, body.embed_tokens.weight, [VllmTwin.layer_weights(layer) for layer in body.layers],
+        body.norm.weight, attend, lambda name, args, dynamic: _piece(twin, reference, name, args, dynamic),
+    )
+    record = body.__dict__.get(_RECORD)
+    if record is not None:
+        record.extend(t.detach().view(b, s, -1) for t in streams)
     return BaseModelOutputWithPast(last_hidden_state=hidden.view(b, s, -1))
-
-
-class _Captured(Exception):
-    pass
-
-
-_MODULE_OWN = ("hidden_states", "position_embeddings", "attention_mask", "cache", "past_key_values",
-               "use_cache", "cache_position")
-
-
-def _attention_inputs(body, input_ids, attention_mask, position_ids):
-    """The mask HF's own body forward hands its first attention layer (padding, packed sequences
-    and all) and the other keyword arguments the attention function receives from the layer (e.g.
-    ``position_ids``, which flash attention reads packed sequences from): the class forward runs up
-    to that attention, where a pre-hook takes them and stops it."""
-    seen = {}
-
-    def hook(module, args, kwargs):
-        seen["mask"] = kwargs.get("attention_mask")
-        seen["extra"] = {k: v for k, v in kwargs.items() if k not in _MODULE_OWN}
-        raise _Captured
-
-    handle = body.layers[0].self_attn.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            type(body).forward(body, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    except _Captured:
-        pass
-    finally:
-        handle.remove()
-    if "mask" not in seen:
-        raise RuntimeError("the HF body's first attention layer was never called")
-    return seen["mask"], seen["extra"]
 
 
 @contextlib.contextmanager

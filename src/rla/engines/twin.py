@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-__all__ = ["VllmTwin", "TwinOutput", "MODES", "SUPPORTED_FAMILIES", "capture_attention_mask"]
+__all__ = ["VllmTwin", "TwinOutput", "MODES", "SUPPORTED_FAMILIES", "attention_inputs"]
 
 MODES = ("default", "eager", "native")
 SUPPORTED_FAMILIES = ("qwen2", "qwen3", "llama")
@@ -54,28 +54,36 @@ class TwinOutput:
     """Residual stream after each decoder layer, [B, S, hidden] in the model's dtype."""
 
 
-def capture_attention_mask(model, input_ids, position_ids):
-    """The attention mask the HF model hands its first attention layer for these inputs (None
-    under SDPA's causal path): the twin runs the same attention function on the same mask, so
-    attention is not a difference between the two sides."""
-    attn = model.model.layers[0].self_attn
+#: Keyword arguments the attention *module* consumes; the rest reach its attention function.
+_MODULE_OWN = ("hidden_states", "position_embeddings", "attention_mask", "cache", "past_key_values",
+               "use_cache", "cache_position")
+
+
+def attention_inputs(body, input_ids, attention_mask, position_ids):
+    """What HF's own decoder ``body`` hands its first attention layer for these inputs: the mask
+    (None under SDPA's causal path; padding and packed sequences included) and the keyword
+    arguments its attention function receives from the layer (e.g. ``position_ids``, which flash
+    attention reads packed sequences from). The body's *class* forward runs up to that attention,
+    where a pre-hook takes them and stops it (so an instance forward installed by rla.align is not
+    re-entered). The twin and the engine-backed forward attend on the same mask as HF."""
     seen = {}
 
     def hook(module, args, kwargs):
         seen["mask"] = kwargs.get("attention_mask")
+        seen["extra"] = {k: v for k, v in kwargs.items() if k not in _MODULE_OWN}
         raise _Captured
 
-    handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
+    handle = body.layers[0].self_attn.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         with torch.no_grad():
-            model(input_ids=input_ids, position_ids=position_ids)
+            type(body).forward(body, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     except _Captured:
         pass
     finally:
         handle.remove()
     if "mask" not in seen:
-        raise RuntimeError("the HF model's first attention layer was never called")
-    return seen["mask"]
+        raise RuntimeError("the HF body's first attention layer was never called")
+    return seen["mask"], seen["extra"]
 
 
 class _Captured(Exception):
@@ -207,6 +215,23 @@ class VllmTwin:
         if self.model is None:
             raise RuntimeError("this twin released its model (release_model): only its pieces can run")
         b, s = input_ids.shape
+        position_ids = self.positions(input_ids, position_ids)
+        mask, _ = attention_inputs(self.model.model, input_ids, None, position_ids)
+        ids, positions = input_ids.reshape(-1), position_ids.reshape(-1)
+        attn_mods = [layer.self_attn for layer in self.model.model.layers]
+        hidden, streams = self.run_layers(
+            ids, positions, self.embed, self.layers, self.final_norm,
+            lambda i, q, k, v: self.attend(attn_mods[i], q, k, v, mask, b, s),
+        )
+        logits = F.linear(hidden, self.lm_head)
+        shape = (b, s, -1)
+        return TwinOutput(logits.view(shape), [t.view(shape) for t in streams])
+
+    __call__ = forward
+
+    def positions(self, input_ids, position_ids=None):
+        """``position_ids`` (default 0..S-1 per row), checked against the engine's cos/sin cache."""
+        b, s = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(s, device=input_ids.device)[None].expand(b, s)
         if int(position_ids.max()) >= self.cos_sin_cache.shape[0]:
@@ -214,27 +239,30 @@ class VllmTwin:
                 f"position {int(position_ids.max())} is past the engine's cos/sin cache "
                 f"({self.cos_sin_cache.shape[0]} positions = max_position_embeddings)"
             )
-        mask = capture_attention_mask(self.model, input_ids, position_ids)
-        ids, positions = input_ids.reshape(-1), position_ids.reshape(-1)
-        dynamic = self.mark_tokens if self.mode == "default" else (lambda *ts: None)
-        dynamic(ids, positions)
-        attn_mods = [layer.self_attn for layer in self.model.model.layers]
-        q, k, v, residual = self.first(ids, positions, self.embed, self.layers[0])
-        streams = []
-        for i, w in enumerate(self.layers):
-            attn = self.attend(attn_mods[i], q, k, v, mask, b, s)
-            dynamic(attn, residual)
-            if i + 1 < len(self.layers):
-                q, k, v, residual = self.middle(attn, residual, positions, w, self.layers[i + 1])
-                streams.append(residual)
-            else:
-                hidden, residual = self.last(attn, residual, w, self.final_norm)
-                streams.append(residual)
-        logits = F.linear(hidden, self.lm_head)
-        shape = (b, s, -1)
-        return TwinOutput(logits.view(shape), [t.view(shape) for t in streams])
+        return position_ids
 
-    __call__ = forward
+    def run_layers(self, ids, positions, embed, layers, final, attend, run_piece=None):
+        """The pieces in model order, ``attend(i, q, k, v)`` between them -> (final hidden, the
+        residual stream after each layer). ``run_piece(name, args, dynamic)`` runs one piece
+        (default :meth:`run_piece`; the engine-backed forward wraps it with rla's gradient)."""
+        run_piece = run_piece or self.run_piece
+        q, k, v, residual = run_piece("first", (ids, positions, embed, layers[0]), 2)
+        streams = []
+        for i, w in enumerate(layers):
+            attn = attend(i, q, k, v)
+            if i + 1 < len(layers):
+                q, k, v, residual = run_piece("middle", (attn, residual, positions, w, layers[i + 1]), 3)
+            else:
+                hidden, residual = run_piece("last", (attn, residual, w, final), 2)
+            streams.append(residual)
+        return hidden, streams
+
+    def run_piece(self, name: str, args: tuple, dynamic: int):
+        """Piece ``name`` (first, middle, last) on ``args``; in default mode the token dimension of
+        ``args[:dynamic]`` is marked dynamic first (weights stay static)."""
+        if self.mode == "default":
+            self.mark_tokens(*args[:dynamic])
+        return getattr(self, name)(*args)
 
     @staticmethod
     def mark_tokens(*tensors):
