@@ -40,7 +40,8 @@ __all__ = ["EngineForward", "engine_forward", "recording_streams"]
 
 _RECORD = "_rla_engine_streams"
 
-_IGNORED = ("return_dict", "use_cache")
+# cache_position: whole sequences, so positions come from position_ids (HF derives the same arange)
+_IGNORED = ("return_dict", "use_cache", "cache_position")
 _REFUSED_TRUE = ("output_attentions", "output_hidden_states")
 
 
@@ -237,8 +238,6 @@ def _check_call(name, kwargs):
             raise ValueError(f"{name}: {key}=True is not covered (the forward runs the engine's pieces, not HF's layers)")
     for key in _IGNORED:
         kwargs.pop(key, None)
-    if kwargs.pop("cache_position", None) is not None:
-        pass  # whole sequences: positions come from position_ids (HF derives the same arange)
     if kwargs:
         raise TypeError(f"{name}: unexpected arguments {sorted(kwargs)} (not covered by the engine-backed forward)")
 

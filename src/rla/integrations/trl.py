@@ -118,7 +118,7 @@ def attach(
         if previous is not None and "_generate_and_score_completions" in trainer.__dict__:
             del trainer.__dict__["_generate_and_score_completions"]
     else:
-        if getattr(trainer.args, "use_vllm", False) or getattr(trainer, "rollout_func", None) is not None:
+        if not samples_itself:
             metrics = "mismatch/* each step, from the rollout logprobs (NaN tokens masked)"
         else:
             metrics = ("nothing to log: TRL samples with the training model itself (no use_vllm, no "
