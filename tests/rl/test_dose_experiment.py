@@ -148,3 +148,86 @@ def test_on_the_bundled_model_k3_grows_with_the_dose_and_seven_bits_is_aligned(t
     k3 = {r["arm"]: r["k3"] for r in res["runs"]}
     assert k3["b7"] == k3["aligned"]
     assert 3 * k3["aligned"] < k3["b4x0.5"] and 10 * k3["b4x0.5"] < k3["b2"]
+
+
+def _pick_grid(path: Path) -> Path:
+    path.write_text("""
+base:
+  arch: qwen2
+  size: micro
+  init: sft
+  sft_steps: 2
+  sft_batch_size: 4
+  task: counting
+  difficulty: 2
+  task_args: {digits: 4}
+  prompts_per_step: 2
+  group_size: 4
+  device: cpu
+  steps: 2
+models:
+  micro: {}
+arms:
+  bf16: {train_precision: bf16}
+  aligned: {train_precision: aligned}
+  b5: {train_precision: aligned, train_dose_bits: 5}
+  b3: {train_precision: aligned, train_dose_bits: 3}
+  b1: {train_precision: aligned, train_dose_bits: 1}
+seeds: [0, 1]
+""")
+    return path
+
+
+def test_probe_makes_the_warm_start_and_picks_the_doses_nearest_each_target(tmp_path, capsys):
+    """--probe on a grid whose model starts from SFT makes the warm start first (as a run would);
+    --pick-doses writes a grid of the non-dose arms and, per target, the dose arm nearest in log k3."""
+    import yaml
+
+    grid = _pick_grid(tmp_path / "grid.yaml")
+    out = tmp_path / "p"
+    assert main(["experiment", str(grid), "--out", str(out), "--probe", "--probe-seeds", "0",
+                 "--pick-doses", "1e-9,1e9"]) == 0
+    assert (out / "init" / "micro" / "model.safetensors").is_file()
+    probe = json.loads((out / "probe.json").read_text())
+    k3 = {a["arm"]: a["k3_geomean"] for a in probe["arms"]}
+    assert k3["b5"] < k3["b3"] < k3["b1"]  # the dose orders the mismatch
+    picked = yaml.safe_load((out / "picked_grid.yaml").read_text())
+    # the smallest target takes the smallest dose, the largest the largest; non-dose arms stay
+    assert list(picked["arms"]) == ["bf16", "aligned", "b5", "b1"]
+    assert picked["seeds"] == [0, 1] and list(picked["models"]) == ["micro"]
+    # the picked grid is a grid: it loads, and its runs start from the same warm start
+    from rla.rl.experiment import load_grid
+
+    runs = load_grid(out / "picked_grid.yaml").runs(out)
+    assert {Path(r.config.init) for r in runs} == {out / "init" / "micro"}
+    # a second pick does not overwrite the first
+    before = (out / "picked_grid.yaml").read_text()
+    assert main(["experiment", str(grid), "--out", str(out), "--probe", "--pick-doses", "1e-3"]) != 0
+    assert "not overwritten" in capsys.readouterr().err
+    assert (out / "picked_grid.yaml").read_text() == before
+
+
+def test_pick_doses_greedy_assignment_and_refusals(tmp_path):
+    from rla.rl.grid import Grid
+    from rla.rl.probe import check_pick, pick_doses
+
+    arms = {"aligned": {"train_precision": "aligned"},
+            **{f"d{i}": {"train_precision": "aligned", "train_dose_bits": i} for i in (1, 2, 3)}}
+    grid = Grid(models={"m": {}}, arms=arms, seeds=[0], base={"init": "bundled", "device": "cpu"})
+    result = {"arms": [{"arm": "aligned", "k3_geomean": 1e-6}, {"arm": "d3", "k3_geomean": 1e-3},
+                       {"arm": "d2", "k3_geomean": 2e-3}, {"arm": "d1", "k3_geomean": 1e-1}]}
+    # both 1e-3 and 1.5e-3 are nearest d2/d3: the closer pair (1.5e-3, d2: 0.12 decades) goes first,
+    # then 1e-3 takes d3 (exact); 1 takes d1
+    chosen, rows = pick_doses(result, grid, [1e-3, 1.5e-3, 1.0])
+    assert [r["arm"] for r in rows] == ["d3", "d2", "d1"]
+    assert list(chosen) == ["aligned", "d3", "d2", "d1"]
+    with pytest.raises(ValueError, match="only 3 dose arm"):
+        check_pick(grid, [1e-3, 1e-2, 1e-1, 1.0])
+    with pytest.raises(ValueError, match="positive"):
+        check_pick(grid, [1e-3, -1.0])
+    with pytest.raises(ValueError, match="repeat"):
+        check_pick(grid, [1e-3, 1e-3])
+    two = Grid(models={"m": {}, "n": {}}, arms=arms, seeds=[0], base={"init": "bundled", "device": "cpu"})
+    with pytest.raises(ValueError, match="one model"):
+        check_pick(two, [1e-3])
+    check_pick(two, [1e-3], only="n__")

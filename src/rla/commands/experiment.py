@@ -22,6 +22,10 @@ def add_arguments(parser) -> None:
                         help="measure every arm's step-0 mismatch (one rollout batch per model and seed, no training) "
                         "into OUT/probe.md and OUT/probe.json; run nothing else (rla.rl.probe)")
     parser.add_argument("--probe-seeds", default=None, help="with --probe: comma-separated seeds instead of the grid's")
+    parser.add_argument("--pick-doses", default=None, metavar="K3,K3,...",
+                        help="with --probe: for each step-0 k3 target pick the dose arm whose probed k3 is nearest (log "
+                        "scale, each arm once) and write OUT/picked_grid.yaml: the grid with its non-dose arms and "
+                        "the picked doses, for one model (rla.rl.probe.pick_doses)")
 
 
 def run(args) -> int:
@@ -39,9 +43,39 @@ def run(args) -> int:
     if args.probe:
         from rla.rl.probe import probe_step0
 
+        from rla.rl.experiment import make_warm_starts
+        from rla.rl.grid import matches_only
+        from rla.rl.probe import check_pick, pick_doses
+
+        out = Path(args.out)
+        targets, picked = None, out / "picked_grid.yaml"
+        if args.pick_doses:
+            try:
+                targets = [float(x) for x in args.pick_doses.split(",") if x.strip()]
+            except ValueError:
+                raise ValueError(f"--pick-doses takes comma-separated numbers, got {args.pick_doses!r}") from None
+            check_pick(grid, targets, args.only)
+            if picked.exists():
+                raise ValueError(f"{picked} exists (an earlier pick); move it away first, it is not overwritten")
         seeds = [int(x) for x in args.probe_seeds.split(",")] if args.probe_seeds else None
-        probe_step0(grid, args.out, only=args.only, seeds=seeds, say=say)
-        say(f"step-0 mismatch per arm: {Path(args.out) / 'probe.md'}")
+        # the probe needs each model's initial weights: make missing warm starts, as a run would
+        out.mkdir(parents=True, exist_ok=True)
+        gpus = [g.strip() for g in args.gpus.split(",")] if args.gpus else None
+        make_warm_starts([s for s in grid.runs(out) if matches_only(s.name, args.only)], out,
+                         parallel=args.parallel, gpus=gpus, say=say, grace_s=args.grace)
+        result = probe_step0(grid, out, only=args.only, seeds=seeds, say=say)
+        say(f"step-0 mismatch per arm: {out / 'probe.md'}")
+        if targets is not None:
+            import yaml
+
+            arms, rows = pick_doses(result, grid, targets)
+            model = next(r["model"] for r in result["runs"])
+            picked.write_text(yaml.safe_dump({"base": grid.base, "models": {model: grid.models[model]}, "arms": arms,
+                                              "seeds": grid.seeds}, sort_keys=False))
+            for r in rows:
+                say(f"target k3 {r['target']:.1e}: {r['arm']} (probed {r['k3_geomean']:.2e}, "
+                    f"{r['decades_off']:+.2f} decades)")
+            say(f"picked grid: {picked}")
         return 0
     if args.summarize_only:
         summary = summarize(args.out, grid, dose_criterion=args.collapse)

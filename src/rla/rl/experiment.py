@@ -37,7 +37,7 @@ from rla.rl.experiment_summary import summarize_grid
 from rla.rl.grid import Grid, RunSpec, is_finished, load_grid, matches_only
 from rla.rl.scheduler import Job, run_jobs
 
-__all__ = ["Grid", "RunSpec", "load_grid", "run_grid", "summarize", "summarize_grid"]
+__all__ = ["Grid", "RunSpec", "load_grid", "make_warm_starts", "run_grid", "summarize", "summarize_grid"]
 
 
 def _steps_done(run_dir: Path) -> int:
@@ -63,29 +63,7 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
         {"base": grid.base, "models": grid.models, "arms": grid.arms, "seeds": grid.seeds}, sort_keys=False))
 
     # 1. one warm start per model that needs it
-    warm = {}
-    for s in specs:
-        folder = Path(s.config.init)
-        if folder.parent == out / "init" and not (folder / "model.safetensors").is_file():
-            warm.setdefault(s.model, (s, folder))
-    if warm:
-        jobs = []
-        for i, (model, (s, folder)) in enumerate(warm.items()):
-            cfg_path = out / "init" / f"{model}.yaml"
-            cfg_path.parent.mkdir(parents=True, exist_ok=True)
-            cfg_path.write_text(s.config.replace(init="sft", out_dir=str(folder.parent)).to_yaml())
-            jobs.append(Job(f"warm start {model}", [sys.executable, "-m", "rla.rl.warm_start_process",
-                                                     str(cfg_path), str(folder)],
-                             out / "init" / f"{model}.out", gpu=gpus[i % len(gpus)] if gpus else None))
-        say(f"warm start (SFT) of {len(jobs)} model(s): {', '.join(warm)}")
-        run_jobs(jobs, parallel, deadline, say, grace_s=grace_s)
-        for model, (_, folder) in warm.items():
-            try:
-                ev = json.loads((folder / "sft.json").read_text())["history"]["evals"][-1]
-                say(f"warm start {model}: greedy accuracy {ev['greedy_acc']:.2f}, sampled (T=1) "
-                    f"{ev['sample_acc']:.2f} -- RL needs rewards: aim for 0.2-0.7 sampled")
-            except (OSError, ValueError, KeyError, IndexError):
-                pass
+    make_warm_starts(specs, out, parallel=parallel, deadline=deadline, gpus=gpus, say=say, grace_s=grace_s)
 
     # 2. the runs
     todo = []
@@ -109,6 +87,36 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
     finally:
         bar.close()
     return summarize(out, grid, dose_criterion=dose_criterion)
+
+
+def make_warm_starts(specs: list[RunSpec], out: Path, *, parallel: int = 1, deadline: float | None = None,
+                     gpus: list[str] | None = None, say=print, grace_s: float = 30.0) -> None:
+    """The SFT warm start (``DIR/init/<model>``) of every model of ``specs`` that starts from one and
+    lacks it, at most ``parallel`` at once; each is made once and reused by every arm and seed."""
+    warm = {}
+    for s in specs:
+        folder = Path(s.config.init)
+        if folder.parent == out / "init" and not (folder / "model.safetensors").is_file():
+            warm.setdefault(s.model, (s, folder))
+    if not warm:
+        return
+    jobs = []
+    for i, (model, (s, folder)) in enumerate(warm.items()):
+        cfg_path = out / "init" / f"{model}.yaml"
+        cfg_path.parent.mkdir(parents=True, exist_ok=True)
+        cfg_path.write_text(s.config.replace(init="sft", out_dir=str(folder.parent)).to_yaml())
+        jobs.append(Job(f"warm start {model}", [sys.executable, "-m", "rla.rl.warm_start_process",
+                                                 str(cfg_path), str(folder)],
+                         out / "init" / f"{model}.out", gpu=gpus[i % len(gpus)] if gpus else None))
+    say(f"warm start (SFT) of {len(jobs)} model(s): {', '.join(warm)}")
+    run_jobs(jobs, parallel, deadline, say, grace_s=grace_s)
+    for model, (_, folder) in warm.items():
+        try:
+            ev = json.loads((folder / "sft.json").read_text())["history"]["evals"][-1]
+            say(f"warm start {model}: greedy accuracy {ev['greedy_acc']:.2f}, sampled (T=1) "
+                f"{ev['sample_acc']:.2f} -- RL needs rewards: aim for 0.2-0.7 sampled")
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
 
 
 def summarize(out: str | Path, grid: Grid | None = None, dose_criterion: str = "reward") -> dict:

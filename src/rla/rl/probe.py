@@ -28,7 +28,7 @@ import torch
 
 from rla.rl.grid import Grid, RunSpec, matches_only
 
-__all__ = ["probe_step0", "probe_markdown"]
+__all__ = ["probe_step0", "probe_markdown", "pick_doses", "check_pick"]
 
 #: Config fields that decide the step-0 rollouts (arms that agree on them share one batch).
 _ROLLOUT_FIELDS = ("init", "arch", "size", "task", "difficulty", "task_args", "rollout_profile", "rollout_cache",
@@ -163,3 +163,47 @@ def probe_markdown(result: dict) -> str:
     if result.get("not_probed"):
         lines += ["", f"Not probed (no initial weights): {', '.join(result['not_probed'])}"]
     return "\n".join(lines) + "\n"
+
+
+def check_pick(grid: Grid, targets: list[float], only: str | None = None) -> None:
+    """Refuse a ``--pick-doses`` that cannot be met, before any probing: targets must be positive and
+    finite, the probed runs one model's, and the grid must have at least as many dose arms as targets."""
+    if not targets or not all(math.isfinite(t) and t > 0 for t in targets):
+        raise ValueError(f"--pick-doses: step-0 k3 targets must be positive numbers, got {targets}")
+    if len(set(targets)) != len(targets):
+        raise ValueError(f"--pick-doses: the targets repeat ({targets})")
+    models = sorted({s.model for s in grid.runs(Path(".")) if matches_only(s.name, only)})
+    if len(models) != 1:
+        raise ValueError(f"--pick-doses picks arms for one model; the probed runs are of {models or 'none'} "
+                         "(select one with --only MODEL__)")
+    doses = [a for a, over in grid.arms.items() if over.get("train_dose_bits") is not None]
+    if len(doses) < len(targets):
+        raise ValueError(f"--pick-doses: {len(targets)} target(s) but only {len(doses)} dose arm(s) "
+                         f"(arms with train_dose_bits) in the grid: {doses}")
+
+
+def pick_doses(result: dict[str, Any], grid: Grid, targets: list[float]) -> tuple[dict, list[dict]]:
+    """The grid's arms for a run: every non-dose arm, and for each step-0 k3 target the dose arm whose
+    probed geometric-mean k3 is nearest in log10, each arm used once.
+
+    Assignment is greedy over all (target, arm) pairs by log distance, closest first, so two targets
+    never share an arm and a target whose nearest arm is taken gets the next nearest. Returns the
+    arms mapping (non-dose arms first, then the picked doses by increasing k3) and one row per
+    target (target, arm, probed geomean k3, distance in decades)."""
+    probed = {a["arm"]: a["k3_geomean"] for a in result["arms"]
+              if grid.arms.get(a["arm"], {}).get("train_dose_bits") is not None and a["k3_geomean"]}
+    if len(probed) < len(targets):
+        raise ValueError(f"--pick-doses: {len(targets)} target(s) but {len(probed)} dose arm(s) with a probed, "
+                         f"positive k3 ({sorted(probed)})")
+    pairs = sorted((abs(math.log10(k3) - math.log10(t)), i, arm) for i, t in enumerate(targets)
+                   for arm, k3 in probed.items())
+    chosen: dict[int, str] = {}
+    for dist, i, arm in pairs:
+        if i not in chosen and arm not in chosen.values():
+            chosen[i] = arm
+    rows = [{"target": t, "arm": chosen[i], "k3_geomean": probed[chosen[i]],
+             "decades_off": math.log10(probed[chosen[i]]) - math.log10(t)} for i, t in enumerate(targets)]
+    arms = {a: over for a, over in grid.arms.items() if over.get("train_dose_bits") is None}
+    for row in sorted(rows, key=lambda r: r["k3_geomean"]):
+        arms[row["arm"]] = grid.arms[row["arm"]]
+    return arms, rows

@@ -258,6 +258,10 @@ def sft_train(
     reached = False  # stop_at_sampled met at the last evaluation
     for step in range(1, steps + 1):
         problems = [p for p in task.sample(rng, batch_size) if p.prompt not in held_prompts]
+        if not problems:
+            raise ValueError(f"SFT step {step}: all {batch_size} sampled problems are held out for evaluation "
+                             f"({len(held_prompts)} held-out prompts): the task has too few distinct problems "
+                             "(raise its difficulty or digits)")
         ids, labels = encode_batch(tokenizer, problems, device)
         with _autocast(device, precision):
             logits = model(input_ids=ids).logits
