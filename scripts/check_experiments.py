@@ -32,6 +32,9 @@ from dose_numbers import (  # noqa: E402
     dose50_process_memory, dose50_ratio_range, dose50_rewards, dose50_signal, dose50_steps, dose50_table, dose50_warm_start,
     dose50_warm_start_before, dose_bf16_move, dose_calibration_table, dose_delta_entropy, dose_k3_by_cell,
     dose_long_table, dose_table, dose_threshold,
+    DOSE_HIGH, dose_high_bf16, dose_high_calls, dose_high_gains, dose_high_no_collapse, dose_high_prediction,
+    dose_high_probe_table, dose_high_run_vs_probe, dose_high_scale2, dose_high_signal, dose_high_table,
+    dose_high_vs_first, dose_high_warm_starts,
 )
 from readme_tables import TableCheck, check_results_module, main  # noqa: E402
 
@@ -74,9 +77,66 @@ TABLES: list[TableCheck] = [
                dose_k3_by_cell),
     TableCheck("dose calibration table", R(DOSE_CAL), "| arm | bits | scale", f"{DOSE_CAL}/probe.json",
                "geometric mean over seeds of step-0 k3; per seed in seed order", dose_calibration_table),
+    TableCheck("dose 52M high probe table", R(DOSE_HIGH), "| arm | bits | scale", f"{DOSE_HIGH}/probe.json",
+               "geometric mean over seeds of step-0 k3; per seed in seed order", dose_high_probe_table),
+    TableCheck("dose 52M high table", R(DOSE_HIGH), "| arm | step-0 k3 (geomean) | collapsed", f"{DOSE_HIGH}/{LOGS}",
+               "rla's dose report recomputed from the logs: as the dose-response table; gain = mean final - mean "
+               "starting reward", dose_high_table),
 ]
 
 PROSE: list = [
+    # ---- dose-response, the 52M high-dose cell
+    Check("dose high: the calls", R(DOSE_HIGH),
+          r"commands ran (\d+) s \(the probe with its warm start (\d+) s; (\d+) runs finished, the other (\d+)\s+"
+          r"stopped at the time limit and checkpointed\), the second's (\d+) s",
+          f"{DOSE_HIGH}/logs/{{commands.log,call1_experiment.log}}", "each call's start to exit; the probe's seconds; "
+          "runs finished after call 1 and the rest", dose_high_calls),
+    Check("dose high: the prediction", R(DOSE_HIGH),
+          r"the probe\s+measured ([\d.e+-]+), ([\d.e+-]+), ([\d.e+-]+) and\s+([\d.e+-]+), (\d+)-(\d+)x more",
+          f"{DOSE_HIGH}/probe.json", "geomean of b2, b1, b1x2, b1x4; min-max ratio to 1e-3, 4e-3, 1.6e-2, 6e-2",
+          dose_high_prediction),
+    Check("dose high: warm starts", R(DOSE_HIGH),
+          r"fired at step (\d+) here \(sampled\s+([\d.]+)\) and at step (\d+) in the first cell \(sampled ([\d.]+)\)",
+          f"{{{DOSE_HIGH},{DOSE}}}/init/qwen2-50m/sft.json", "steps_done and the last evaluation's sample_acc, here then "
+          "the first cell", lambda root: [v for pair in zip(dose_high_warm_starts(root)[0::2],
+                                                             dose_high_warm_starts(root)[1::2]) for v in pair]),
+    Check("dose high: vs the first 52M cell", R(DOSE_HIGH),
+          r"b2x0\.7, gives ([\d.]+)x the k3 here \(([\d.e+-]+) vs ([\d.e+-]+)\) and bf16 ([\d.]+)x\s+\(([\d.e+-]+) vs "
+          r"([\d.e+-]+)\); the aligned arm's step-0 token entropy is ([\d.]+) here against ([\d.]+) there",
+          f"{{{DOSE_HIGH},{DOSE}}}/{LOGS}", "step-0 k3 geomeans (rla's dose report) here / first cell; the aligned "
+          "runs' step-0 train/entropy, mean over seeds", dose_high_vs_first),
+    Check("dose high: scale 2", R(DOSE_HIGH), r"Scaling b1's error by 2 multiplied k3 by (\d+)",
+          f"{DOSE_HIGH}/probe.json", "probe geomean b1x2 / b1", dose_high_scale2),
+    Check("dose high: run vs probe", R(DOSE_HIGH), r"\(b2x0\.7: ([\d.e+-]+) vs ([\d.e+-]+)\)",
+          f"{DOSE_HIGH}/{{probe.json,runs}}", "b2x0.7's step-0 k3 geomean: the runs' (dose report), the probe's",
+          dose_high_run_vs_probe),
+    Check("dose high: no collapse", R(DOSE_HIGH),
+          r"no run of (\d+)\s+\(dose and aligned arms\) collapsed, and at 95% \(profile likelihood\) the threshold lies "
+          r"above k3 =\s+([\d.]+)\. On the 4M model half the runs collapsed at ([\d.]+) \(interval ([\d.]+)-([\d.]+)\) "
+          r"and (\d+) of (\d+) at ([\d.]+)\.",
+          f"{{{DOSE_HIGH},{DOSE}}}/{LOGS}", "the fits (rla's dose report): runs, lower bound; 4M k3_50 and interval; "
+          "4M b2x0.7 collapsed / scored at its k3", lambda root: [dose_high_no_collapse(root)[0], *dose_high_no_collapse(root)[2:9]]),
+    Check("dose high: largest k3", R(DOSE_HIGH), r"No run collapsed, up to step-0 k3 ([\d.]+)\.",
+          f"{DOSE_HIGH}/{LOGS}", "largest step-0 k3 of the fitted runs", lambda root: [dose_high_no_collapse(root)[1]]),
+    Check("dose high: moved up", R(DOSE_HIGH), r"by at least ([\d.]+)x\*\* \(([\d.]+), this cell's\s+lower bound, "
+          r"over ([\d.]+), the 4M interval's upper end\)",
+          f"{{{DOSE_HIGH},{DOSE}}}/{LOGS}", "this cell's 95% lower bound / the 4M interval's upper end",
+          lambda root: [dose_high_no_collapse(root)[9], dose_high_no_collapse(root)[2], dose_high_no_collapse(root)[5]]),
+    Check("dose high: gains", R(DOSE_HIGH),
+          r"\+([\d.]+) \(aligned\), \+([\d.]+) at k3 ([\d.e-]+), \+([\d.]+) at ([\d.e-]+), and from ([\d.e-]+) up it is gone\s+"
+          r"\(\+([\d.]+), \+([\d.]+), (-?[\d.]+)\).*?-?([\d.]+) at ([\d.e-]+), (-?[\d.]+) at ([\d.e-]+), (-?[\d.]+) at\s+([\d.e-]+)\)",
+          f"{{{DOSE_HIGH},{DOSE}}}/{LOGS}", "mean final - mean start reward per arm with its step-0 k3 geomean (52M; "
+          "then 4M b3x0.7, b3, b2x0.7)",
+          lambda root: [abs(v) if i == 9 else v for i, v in enumerate(dose_high_gains(root))]),
+    Check("dose high: bf16", R(DOSE_HIGH),
+          r"bf16's step-0 k3 \(([\d.e-]+)\) is (\d+)x below the smallest dose run\s+here \(([\d.e-]+), whose mean gain "
+          r"is already ([\d.]+) below aligned's\), and its gain equals aligned's\s+\(\+([\d.]+) vs \+([\d.]+); final "
+          r"reward ([\d.]+) ± ([\d.]+) vs ([\d.]+) ± ([\d.]+)\)",
+          f"{DOSE_HIGH}/{LOGS}", "rla's dose report: k3 geomeans, their ratio, gains, final reward mean ± sample std",
+          dose_high_bf16),
+    Check("dose high: the collapse signal", R(DOSE_HIGH), r"fired without a collapse\*\* \((\d+) of (\d+) runs",
+          f"{DOSE_HIGH}/{LOGS}", "runs whose collapse signal fired / runs", dose_high_signal),
+
     # ---- GRPO H200
     Check("GRPO: step-0 k3 cut", R(GRPO), r"lowers step-0 k3 (\d+)x \(qwen2-tiny\) and (\d+)x \(qwen3-10m\)",
           f"{GRPO}/{LOGS}", "ratio of means over seeds, bf16 / aligned", grpo_k3_step0_ratios),

@@ -286,6 +286,19 @@ def _dose_52m(root):
     return [d.dose50_steps(root)[0], d.dose50_no_collapse(root)[1], lo, hi, d.dose_bf16_move(root)[1], d.dose_bf16_move(root)[2]]
 
 
+def _dose_high(root):
+    d = _dose()
+    nc = d.dose_high_no_collapse(root)
+    g = d.dose_high_gains(root)
+    return [nc[1], nc[2], nc[9], g[5], g[6], g[8], g[0]]
+
+
+def _dose_high_row(root):
+    d = _dose()
+    nc, g, first = d.dose_high_no_collapse(root), d.dose_high_gains(root), d.dose_high_vs_first(root)
+    return [nc[1], nc[2], nc[9], g[5], d.dose_high_bf16(root)[0], first[0]]
+
+
 def _dose_long_ratio(root):
     ratios = [short / long for long, short in _dose().dose_long_table(root).values()]
     return [min(ratios), max(ratios)]
@@ -618,6 +631,19 @@ CHECKS: list[Check] = [
           "experiments/dose_response_h200_2026-11-30/runs/qwen2-50m__*/log.jsonl.gz",
           "rla's dose report, cell qwen2-50m: runs with 100 steps; largest fitted step-0 k3 (none collapsed); min-max over the dose arms of the "
           "4M / 52M step-0 k3 geomean; bf16's 52M geomean and 4M / 52M", _dose_52m),
+    Check("dose-response: 52M, high doses", "README",
+          r"no 52M run collapsed\s+up to k3 ([\d.]+) \(at 95% the threshold lies above ([\d.]+), at least ([\d.]+)x the 4M interval's "
+          r"upper end\), but\s+from k3 ([\d.e-]+) up the reward stopped improving \(gain over 100 steps \+([\d.]+) to (-?[\d.]+), "
+          r"against\s+\+([\d.]+) aligned\)",
+          "experiments/dose_response_50m_high_h200_2026-11-30/runs/*/log.jsonl.gz",
+          "rla's dose report: largest fitted step-0 k3, 95% lower bound, / the 4M upper end; b1x0.7's k3 geomean; gains "
+          "(mean final - mean start) of b1x0.7 and b1x1.4; aligned's gain", _dose_high),
+    Check("dose-response: 52M, high doses (index)", "experiments/README",
+          r"No run collapsed up to step-0 k3 ([\d.]+) \(threshold above ([\d.]+) at 95%, >= ([\d.]+)x the 4M one\); from k3 ([\d.e-]+) "
+          r"up the reward stops improving instead \(the 4M runs unlearned there\); bf16 \(([\d.e-]+)\) gains as much as aligned\. "
+          r"The doses' k3 depends on the warm start: ([\d.]+)x more than in the first 52M cell",
+          "experiments/dose_response_50m_high_h200_2026-11-30/runs/*/log.jsonl.gz",
+          "as above; bf16's step-0 k3 geomean; b2x0.7's geomean here / in the first 52M cell", _dose_high_row),
     Check("dose-response: long cell", "README", r"gave (\d+)-(\d+)x smaller\s+step-0 k3 for every arm",
           "experiments/dose_response_h200_2026-11-30/long_cell_seed0/runs/*/log.jsonl.gz",
           "min-max over arms of the short cell's geomean / the long cell's seed-0 step-0 k3", _dose_long_ratio),

@@ -56,9 +56,9 @@ def dose_threshold(root: Path) -> list:
     return [fit["threshold_k3"], *fit["interval_k3"], fit["slope_per_decade"], fit["n"], fit["collapses"]]
 
 
-def dose_calibration_table(root: Path) -> dict:
+def dose_calibration_table(root: Path, folder: str = DOSE_CAL) -> dict:
     """arm -> (bits, scale: not checked), geometric mean of the seeds' step-0 k3, per seed in seed order."""
-    runs = json.loads((root / DOSE_CAL / "probe.json").read_text())["runs"]
+    runs = json.loads((root / folder / "probe.json").read_text())["runs"]
     out: dict = {}
     for arm in dict.fromkeys(r["arm"] for r in runs):
         k3 = [r["k3"] for r in sorted((r for r in runs if r["arm"] == arm), key=lambda r: r["seed"])]
@@ -245,3 +245,146 @@ def dose50_ratio_range(root: Path) -> list:
     ratios = [k[(arm,)][2] for arm in ARMS[2:]]
     lo, hi = min(ratios), max(ratios)
     return [lo, hi, _cell(root, M50)["parameters"] / 1e6, lo, hi, k[("bf16",)][2]]
+
+
+# ---------------------------------------------------------------- the 52M high-dose cell
+
+DOSE_HIGH = "experiments/dose_response_50m_high_h200_2026-11-30"
+
+
+def _high(root: Path) -> dict:
+    (cell,) = [c for c in _report(root, DOSE_HIGH)["cells"] if c["model"] == M50]
+    return cell
+
+
+def _high_arms(root: Path) -> dict:
+    return {a["arm"]: a for a in _high(root)["arms"]}
+
+
+def _gain(a: dict) -> float:
+    return a["final_reward"]["mean"] - a["reward_first"]["mean"]
+
+
+def dose_high_probe_table(root: Path) -> dict:
+    """arm -> (bits, scale: not checked), geometric mean over seeds of the probe's step-0 k3, per seed."""
+    return dose_calibration_table(root, DOSE_HIGH)
+
+
+def dose_high_table(root: Path) -> dict:
+    """as ``dose_table`` for the high-dose cell, plus the gain: mean final - mean starting reward."""
+    return {(arm,): [a["step0_k3_geomean"], [a["collapsed"], a["scored"]], [a["signal"], a["runs"]],
+                     [a["reward_first"]["mean"], a["final_reward"]["mean"], a["final_reward"]["std"]], _gain(a)]
+            for arm, a in _high_arms(root).items()}
+
+
+def dose_high_calls(root: Path) -> list:
+    """seconds each call's commands ran (commands.log: call start to exit), the probe's seconds, runs
+    finished after call 1 (its experiment log)."""
+    import re
+    from datetime import datetime
+
+    text = (root / DOSE_HIGH / "logs" / "commands.log").read_text()
+    stamp = lambda s: datetime.fromisoformat(s.replace("Z", "+00:00"))  # noqa: E731
+    starts = re.findall(r"== (call\d) rla .* (\S+Z)$", text, re.M)
+    ends = dict(re.findall(r"== (call\d) exit \d+ (\S+Z)$", text, re.M))
+    first = {}
+    for call, t in starts:
+        first.setdefault(call, t)
+    secs = [(stamp(ends[c]) - stamp(first[c])).total_seconds() for c in ("call1", "call2")]
+    probe = int(re.search(r"probe exit 0 after (\d+) s", text).group(1))
+    done = int(re.search(r"(\d+)/21 runs finished", (root / DOSE_HIGH / "logs" / "call1_experiment.log").read_text()).group(1))
+    return [secs[0], probe, done, 21 - done, secs[1]]
+
+
+def dose_high_prediction(root: Path) -> list:
+    """the probe's geomean of b2, b1, b1x2, b1x4; min-max of their ratio to the predictions 1e-3, 4e-3, 1.6e-2, 6e-2."""
+    k3 = {a["arm"]: a["k3_geomean"] for a in json.loads((root / DOSE_HIGH / "probe.json").read_text())["arms"]}
+    got = [k3[a] for a in ("b2", "b1", "b1x2", "b1x4")]
+    ratios = [g / p for g, p in zip(got, (1e-3, 4e-3, 1.6e-2, 6e-2))]
+    return [*got, min(ratios), max(ratios)]
+
+
+def dose_high_warm_starts(root: Path) -> list:
+    """SFT stop step and last sampled accuracy, this cell then the first 52M cell."""
+    out = []
+    for folder in (DOSE_HIGH, DOSE):
+        h = json.loads((root / folder / "init" / M50 / "sft.json").read_text())["history"]
+        out += [h["steps_done"], h["evals"][-1]["sample_acc"]]
+    return out
+
+
+def dose_high_vs_first(root: Path) -> list:
+    """b2x0.7 and bf16 step-0 k3 geomeans: ratio high / first cell, high, first; the aligned arm's step-0
+    entropy (mean over seeds), high then first."""
+    high, first = _high_arms(root), {a["arm"]: a for a in _cell(root, M50)["arms"]}
+    out = []
+    for arm in ("b2x0.7", "bf16"):
+        h, f = high[arm]["step0_k3_geomean"], first[arm]["step0_k3_geomean"]
+        out += [h / f, h, f]
+    ent = []
+    for folder in (DOSE_HIGH, DOSE):
+        vals = [_log_in(root, folder, f"{M50}__aligned__s{s}")[0]["train/entropy"] for s in range(3)]
+        ent.append(sum(vals) / 3)
+    return out + ent
+
+
+def _log_in(root: Path, folder: str, name: str) -> list[dict]:
+    if str(root / "src") not in sys.path:
+        sys.path.insert(0, str(root / "src"))
+    from rla.rl.runlog import read_log
+
+    return read_log(root / folder / "runs" / name / "log.jsonl")
+
+
+def dose_high_scale2(root: Path) -> list:
+    """probe geomean b1x2 / b1."""
+    k3 = {a["arm"]: a["k3_geomean"] for a in json.loads((root / DOSE_HIGH / "probe.json").read_text())["arms"]}
+    return [k3["b1x2"] / k3["b1"]]
+
+
+def dose_high_run_vs_probe(root: Path) -> list:
+    """b2x0.7: the runs' step-0 k3 geomean (dose report), the probe's."""
+    k3 = {a["arm"]: a["k3_geomean"] for a in json.loads((root / DOSE_HIGH / "probe.json").read_text())["arms"]}
+    return [_high_arms(root)["b2x0.7"]["step0_k3_geomean"], k3["b2x0.7"]]
+
+
+def dose_high_no_collapse(root: Path) -> list:
+    """scored dose+aligned runs, their largest step-0 k3, the 95% lower bound; the 4M fit's k3_50, upper end;
+    collapses at 4M of b2x0.7 and its k3; the lower bound / the 4M upper end."""
+    fit = _high(root)["fit"]
+    assert fit["status"] == "no_collapse", fit["status"]
+    runs = [r for r in _report(root, DOSE_HIGH)["runs"] if r["scored"] and r["role"] in ("dose", "aligned")]
+    tiny = _cell(root, "qwen2-tiny")
+    b2 = {a["arm"]: a for a in tiny["arms"]}["b2x0.7"]
+    lo, hi4 = fit["interval_k3"][0], tiny["fit"]["interval_k3"][1]
+    return [fit["n"], max(r["step0_k3"] for r in runs), lo, tiny["fit"]["threshold_k3"], tiny["fit"]["interval_k3"][0],
+            hi4, b2["collapsed"], b2["scored"], b2["step0_k3_geomean"], lo / hi4]
+
+
+def dose_high_gains(root: Path) -> list:
+    """gain (mean final - mean start) of aligned, b2x0.7 (and its k3), b2 (and its k3), then b1x0.7's k3 and
+    the gains of b1x0.7, b1, b1x1.4; the 4M gains of b3x0.7, b3, b2x0.7 with their k3."""
+    a = _high_arms(root)
+    t = {x["arm"]: x for x in _cell(root, "qwen2-tiny")["arms"]}
+    return [_gain(a["aligned"]), _gain(a["b2x0.7"]), a["b2x0.7"]["step0_k3_geomean"], _gain(a["b2"]),
+            a["b2"]["step0_k3_geomean"], a["b1x0.7"]["step0_k3_geomean"], _gain(a["b1x0.7"]), _gain(a["b1"]),
+            _gain(a["b1x1.4"]),
+            _gain(t["b3x0.7"]), t["b3x0.7"]["step0_k3_geomean"], _gain(t["b3"]), t["b3"]["step0_k3_geomean"],
+            _gain(t["b2x0.7"]), t["b2x0.7"]["step0_k3_geomean"]]
+
+
+def dose_high_bf16(root: Path) -> list:
+    """bf16's k3; b2x0.7 / bf16; b2x0.7's k3; aligned gain - b2x0.7 gain; bf16 and aligned gains; their final
+    reward mean ± std."""
+    a = _high_arms(root)
+    bf, al, d = a["bf16"], a["aligned"], a["b2x0.7"]
+    return [bf["step0_k3_geomean"], d["step0_k3_geomean"] / bf["step0_k3_geomean"], d["step0_k3_geomean"],
+            _gain(al) - _gain(d), _gain(bf), _gain(al), bf["final_reward"]["mean"], bf["final_reward"]["std"],
+            al["final_reward"]["mean"], al["final_reward"]["std"]]
+
+
+def dose_high_signal(root: Path) -> list:
+    """runs whose collapse signal fired, of all runs; whether all are dose arms (1/0)."""
+    runs = _report(root, DOSE_HIGH)["runs"]
+    fired = [r for r in runs if r["signal"]]
+    return [len(fired), len(runs)]

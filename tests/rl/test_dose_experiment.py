@@ -216,11 +216,20 @@ def test_pick_doses_greedy_assignment_and_refusals(tmp_path):
     grid = Grid(models={"m": {}}, arms=arms, seeds=[0], base={"init": "bundled", "device": "cpu"})
     result = {"arms": [{"arm": "aligned", "k3_geomean": 1e-6}, {"arm": "d3", "k3_geomean": 1e-3},
                        {"arm": "d2", "k3_geomean": 2e-3}, {"arm": "d1", "k3_geomean": 1e-1}]}
-    # both 1e-3 and 1.5e-3 are nearest d2/d3: the closer pair (1.5e-3, d2: 0.12 decades) goes first,
-    # then 1e-3 takes d3 (exact); 1 takes d1
+    # order is kept: 1e-3 -> d3 (exact), 1.5e-3 -> d2, 1 -> d1, although 1.5e-3 alone is nearer d2
     chosen, rows = pick_doses(result, grid, [1e-3, 1.5e-3, 1.0])
     assert [r["arm"] for r in rows] == ["d3", "d2", "d1"]
     assert list(chosen) == ["aligned", "d3", "d2", "d1"]
+    # a target below every arm takes the smallest, not an arm left over at the far end (a greedy
+    # closest-pair-first rule gave 1e-6 the 1e-1 arm here: 1e-4 and 1e-2 took d3 and d2 first)
+    _, rows = pick_doses(result, grid, [1e-6, 1e-4, 1e-2])
+    assert [r["arm"] for r in rows] == ["d3", "d2", "d1"]
+    # the targets' order in the list does not matter
+    _, rows = pick_doses(result, grid, [1e-2, 1e-6, 1e-4])
+    assert [r["arm"] for r in rows] == ["d1", "d3", "d2"]
+    # with spare arms the least total distance wins: 2e-3 -> d2, not d3
+    _, rows = pick_doses(result, grid, [2e-3])
+    assert rows[0]["arm"] == "d2" and rows[0]["decades_off"] == 0.0
     with pytest.raises(ValueError, match="only 3 dose arm"):
         check_pick(grid, [1e-3, 1e-2, 1e-1, 1.0])
     with pytest.raises(ValueError, match="positive"):

@@ -183,24 +183,37 @@ def check_pick(grid: Grid, targets: list[float], only: str | None = None) -> Non
 
 
 def pick_doses(result: dict[str, Any], grid: Grid, targets: list[float]) -> tuple[dict, list[dict]]:
-    """The grid's arms for a run: every non-dose arm, and for each step-0 k3 target the dose arm whose
-    probed geometric-mean k3 is nearest in log10, each arm used once.
+    """The grid's arms for a run: every non-dose arm, and for each step-0 k3 target a dose arm, each
+    arm used once, in order: the smallest target gets the smallest picked k3, and so on.
 
-    Assignment is greedy over all (target, arm) pairs by log distance, closest first, so two targets
-    never share an arm and a target whose nearest arm is taken gets the next nearest. Returns the
-    arms mapping (non-dose arms first, then the picked doses by increasing k3) and one row per
-    target (target, arm, probed geomean k3, distance in decades)."""
+    Among all such order-preserving assignments of targets to the probed dose arms (by geometric-mean
+    k3) it takes the one with the least total distance in decades (dynamic programming), so a target
+    with no arm near it takes the arm next in line rather than one from the far end. Returns the arms
+    mapping (non-dose arms first, then the picked doses by increasing k3) and one row per target
+    (target, arm, probed geomean k3, signed distance in decades)."""
     probed = {a["arm"]: a["k3_geomean"] for a in result["arms"]
               if grid.arms.get(a["arm"], {}).get("train_dose_bits") is not None and a["k3_geomean"]}
     if len(probed) < len(targets):
         raise ValueError(f"--pick-doses: {len(targets)} target(s) but {len(probed)} dose arm(s) with a probed, "
                          f"positive k3 ({sorted(probed)})")
-    pairs = sorted((abs(math.log10(k3) - math.log10(t)), i, arm) for i, t in enumerate(targets)
-                   for arm, k3 in probed.items())
+    order = sorted(range(len(targets)), key=lambda i: targets[i])
+    names = sorted(probed, key=probed.get)
+    n, m = len(order), len(names)
+    dist = [[abs(math.log10(probed[a]) - math.log10(targets[i])) for a in names] for i in order]
+    inf = float("inf")
+    # best[i][j]: least total distance placing the i smallest targets on arms among the j smallest
+    best = [[0.0] * (m + 1)] + [[inf] * (m + 1) for _ in range(n)]
+    for i in range(1, n + 1):
+        for j in range(i, m + 1):
+            best[i][j] = min(best[i][j - 1], best[i - 1][j - 1] + dist[i - 1][j - 1])
     chosen: dict[int, str] = {}
-    for dist, i, arm in pairs:
-        if i not in chosen and arm not in chosen.values():
-            chosen[i] = arm
+    i, j = n, m
+    while i > 0:
+        if j > i and best[i][j] == best[i][j - 1]:
+            j -= 1
+            continue
+        chosen[order[i - 1]] = names[j - 1]
+        i, j = i - 1, j - 1
     rows = [{"target": t, "arm": chosen[i], "k3_geomean": probed[chosen[i]],
              "decades_off": math.log10(probed[chosen[i]]) - math.log10(t)} for i, t in enumerate(targets)]
     arms = {a: over for a, over in grid.arms.items() if over.get("train_dose_bits") is None}
