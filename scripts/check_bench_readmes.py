@@ -206,11 +206,13 @@ def forward_e2e(root):
     return out
 
 
-def sglang_points(root):
+def sglang_points(root, report="calibration.report.json", only=None):
     """calibration.report.json: choice, evidence, '<choice>: <100 fraction>%' per choice, max ulp;
     a point whose op did not run: its kept evidence and 'not run here' (a word each)."""
     out = {}
-    for name, p in _json(root, f"{SGLANG}/calibration.report.json")["points"].items():
+    for name, p in _json(root, f"{SGLANG}/{report}")["points"].items():
+        if only and name not in only:
+            continue
         key = (name,)
         if p["elements"]:
             shares = ", ".join(f"{c}: {100 * f:.4f}%" for c, f in p["fractions"].items())
@@ -236,6 +238,10 @@ R = lambda folder: f"{folder}/README.md"  # noqa: E731
 TABLES: list[TableCheck] = [
     TableCheck("SGLang 0.5.23 calibration", R(SGLANG), "| point | choice | evidence | fraction equal per choice",
                f"{SGLANG}/calibration.report.json", "choice, evidence, 100 x fraction per choice, max ulp", sglang_points),
+    TableCheck("SGLang 0.5.23 norm path (CuTe-DSL)", R(SGLANG), "| point (norm path) | choice | evidence",
+               f"{SGLANG}/norm_cute/calibration.report.json", "choice, evidence, 100 x fraction per choice, max ulp",
+               lambda root: sglang_points(root, "norm_cute/calibration.report.json",
+                                          ("norm_weight", "norm_residual", "residual_stream", "norm_reduction"))),
     TableCheck("SGLang 0.5.23 rest", R(SGLANG), "| kernel | elements | differ from the chosen rounding",
                f"{SGLANG}/rest_diagnosis.json", "element counts", sglang_rest),
     TableCheck("engine-backed default mode vs the twin", R(FORWARD),

@@ -233,6 +233,13 @@ def sglang_points(root):
     return [f("rope_apply"), fma, f("swiglu"), f("qk_norm_out")]
 
 
+def sglang_norm_points(root):
+    """norm_cute/calibration.report.json: 100 x the chosen choice's fraction of norm_weight, norm_residual,
+    residual_stream (SGLang's norm path, FlashInfer 0.7.2's CuTe-DSL kernels)."""
+    rep = _json(root, f"{SGLANG}/norm_cute/calibration.report.json")["points"]
+    return [100 * rep[p]["fractions"][rep[p]["choice"]] for p in ("norm_weight", "norm_residual", "residual_stream")]
+
+
 def _order_e2e(root, stem):
     return root / f"{ORDER}/{stem}.json"
 
@@ -619,6 +626,10 @@ CHECKS: list[Check] = [
           r"RoPE ([\d.]+)% \(the rest is an FMA, which\s+reproduces it in (\d+)%\), SwiGLU ([\d.]+)% \(fast-math\), q/k norm ([\d.]+)%",
           f"{SGLANG}/calibration.report.json, rest_diagnosis.json", "chosen fraction of rope_apply; FMA model over all RoPE elements; swiglu; qk_norm_out",
           sglang_points),
+    Check("SGLang norm path", "README",
+          r"fused weight\s+([\d.]+)%, fp32 sum ([\d.]+)%, rounded residual stream ([\d.]+)%",
+          f"{SGLANG}/norm_cute/calibration.report.json", "chosen fraction of norm_weight, norm_residual, residual_stream",
+          sglang_norm_points),
     # ---- README: dose-response
     Check("dose-response", "README",
           r"half the runs collapse at step-0 k3 ([\d.]+) \(95% profile-likelihood interval ([\d.]+)-([\d.]+)\); the final reward already falls below its start from k3 ~([\d.e-]+), and not at ~([\d.e-]+); bf16 \(([\d.e-]+)\) and aligned \(([\d.e-]+)\) sit far below",
