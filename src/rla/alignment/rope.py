@@ -32,7 +32,8 @@ from rla.alignment.rmsnorm import stack_dtype
 from rla.alignment.report import FixedHazard
 from rla.profiles import RoundingProfile
 
-__all__ = ["align_rotary", "align_attention", "make_apply_rotary", "fp32_inv_freq", "angle_error"]
+__all__ = ["align_rotary", "align_attention", "make_apply_rotary", "make_apply_qk_norm_rope", "fp32_inv_freq",
+           "angle_error"]
 
 
 #: Rope types whose frequencies HF's ``dynamic_rope_update`` recomputes during the forward.
@@ -111,39 +112,54 @@ def make_apply_rotary(profile: RoundingProfile, impl=None):
     Under ``qk_norm_out='fp32'`` the aligned q/k norms hand RoPE their unrounded fp32 output and
     the aligned rotary hands it cos/sin already rounded to the stack dtype (the profile rounds
     them anyway): RoPE reads the stack dtype off the tables and rounds its output to it once.
-    An attention forward rebuilt by ``rla.alignment.qk_chain`` instead hands the raw q/k and its
-    norm modules (``qk_norm=(q_norm, k_norm)``): the chain runs as one op,
-    ``rla.ops.qk_norm_rope``, with the norms' own weights and eps.
+    (An attention forward rebuilt by ``rla.alignment.qk_chain`` calls
+    :func:`make_apply_qk_norm_rope`'s function instead: one op for the whole chain.)
 
     The function closes over the profile alone and reads ``ops`` as a module global: Dynamo names
     a guard on any other closure cell of a function rebuilt around copied globals by the module
-    the globals came from, and fails to build it (torch 2.13).
+    the globals came from, and fails to build it (torch 2.13). For the same reason its defaults
+    are HF's own (``unsqueeze_dim=1``): Dynamo reads them back through HF's function.
     """
     if impl is None:
-        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, qk_norm=None):
-            if qk_norm is not None:
-                qn, kn = qk_norm
-                return ops.qk_norm_rope(
-                    q, k, qn.weight, kn.weight, (qn.variance_epsilon, kn.variance_epsilon), cos, sin, profile,
-                    unsqueeze_dim=unsqueeze_dim, dtype=stack_dtype(q, qn.weight),
-                )
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
             dtype = cos.dtype if q.dtype == torch.float32 and cos.dtype != torch.float32 else None
             return ops.rope(q, k, cos, sin, profile, unsqueeze_dim=unsqueeze_dim, dtype=dtype)
     else:
         rope = impl.rope
-        qk_norm_rope = getattr(impl, "qk_norm_rope", None)
 
-        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, qk_norm=None):
-            if qk_norm is not None:
-                qn, kn = qk_norm
-                return qk_norm_rope(
-                    q, k, qn.weight, kn.weight, (qn.variance_epsilon, kn.variance_epsilon), cos, sin, profile,
-                    unsqueeze_dim=unsqueeze_dim, dtype=stack_dtype(q, qn.weight),
-                )
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
             dtype = cos.dtype if q.dtype == torch.float32 and cos.dtype != torch.float32 else None
             return rope(q, k, cos, sin, profile, unsqueeze_dim=unsqueeze_dim, dtype=dtype)
 
     apply_rotary_pos_emb.__doc__ = f"rla.ops.rope under profile {profile.name!r} (installed by rla.align)."
+    return apply_rotary_pos_emb
+
+
+def make_apply_qk_norm_rope(profile: RoundingProfile, impl=None):
+    """The ``apply_rotary_pos_emb`` of an attention forward rebuilt by ``rla.alignment.qk_chain``:
+    it receives the raw q/k and the norm modules (``qk_norm=(q_norm, k_norm)``, a required
+    keyword, so no default of it exists for Dynamo to guard) and runs ``rla.ops.qk_norm_rope``
+    with the norms' own weights and eps, in the stack dtype the aligned norm would use."""
+    if impl is None:
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *, qk_norm):
+            qn, kn = qk_norm
+            return ops.qk_norm_rope(
+                q, k, qn.weight, kn.weight, (qn.variance_epsilon, kn.variance_epsilon), cos, sin, profile,
+                unsqueeze_dim=unsqueeze_dim, dtype=stack_dtype(q, qn.weight),
+            )
+    else:
+        qk_norm_rope = impl.qk_norm_rope
+
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *, qk_norm):
+            qn, kn = qk_norm
+            return qk_norm_rope(
+                q, k, qn.weight, kn.weight, (qn.variance_epsilon, kn.variance_epsilon), cos, sin, profile,
+                unsqueeze_dim=unsqueeze_dim, dtype=stack_dtype(q, qn.weight),
+            )
+
+    apply_rotary_pos_emb.__doc__ = (
+        f"rla.ops.qk_norm_rope under profile {profile.name!r}: q/k norm and RoPE as one op (installed by rla.align)."
+    )
     return apply_rotary_pos_emb
 
 
@@ -236,7 +252,11 @@ def align_attention(
             modeling = sys.modules[klass.__module__]
             compat.check_apply_rotary_signature(modeling.apply_rotary_pos_emb)
             replacements = {"apply_rotary_pos_emb": apply_rotary}
-            forward, why = fuse_qk_norm_into_rope(klass.forward, modeling.__dict__, replacements) if fuse else (None, "")
+            forward, why = None, ""
+            if fuse:
+                forward, why = fuse_qk_norm_into_rope(
+                    klass.forward, modeling.__dict__, {"apply_rotary_pos_emb": make_apply_qk_norm_rope(profile, impl)}
+                )
             if forward is None and fuse:
                 notes.append(
                     f"q/k norm -> RoPE runs as two ops (an fp32 q/k between them): transformers "
