@@ -699,9 +699,12 @@ def test_qk_norm_rope_saves_only_inputs_and_rstd():
     for t in (q, k, wq, wk):
         t.requires_grad_(True)
     rows = q.numel() // q.shape[-1] + k.numel() // k.shape[-1]
-    assert saved_bytes(lambda *x: ops.qk_norm_rope(*x, 1e-6, cos, sin, prof), (q, k, wq, wk)) == rows * 4
+    inputs = (q, k, wq, wk, cos, sin)
+    fused = lambda q, k, wq, wk, c, s: ops.qk_norm_rope(q, k, wq, wk, 1e-6, c, s, prof)  # noqa: E731
+    chain = lambda q, k, wq, wk, c, s: _two_op_chain(q, k, wq, wk, 1e-6, c, s, prof, ud)  # noqa: E731
+    assert saved_bytes(fused, inputs) == rows * 4  # one fp32 rstd per (token, head) row
     # the two-op chain saves the same (its fp32 q/k is not kept either), but writes and reads it
-    assert saved_bytes(lambda *x: _two_op_chain(*x, 1e-6, cos, sin, prof, ud), (q, k, wq, wk)) == rows * 4
+    assert saved_bytes(chain, inputs) == rows * 4
 
 
 def _qk_opcheck_cases():

@@ -1,8 +1,9 @@
 """Training-side RoPE, SwiGLU and RMSNorm that round exactly where a chosen engine does.
 
 ``profile`` is a profile name (``"vllm"``) or a :class:`rla.profiles.RoundingProfile`. The
-low-precision dtype is the input's (bf16 or fp16); on fp32 inputs nothing is rounded. All four ops
-are differentiable. On CUDA they run the fused kernels of ``rla.ops.fused`` when Triton is
+low-precision dtype is the input's (bf16 or fp16); on fp32 inputs nothing is rounded. All ops
+are differentiable; ``carry_add`` and ``qk_norm_rope`` are the two chains across ops that a
+compiled engine fuses (``residual_stream='fp32_carry'``, ``qk_norm_out='fp32'``), one kernel each. On CUDA they run the fused kernels of ``rla.ops.fused`` when Triton is
 available; everywhere else the PyTorch reference of ``rla.ops.reference``, which is the oracle
 the fused kernels are tested against. ``launch_config()`` / ``set_launch_config(dict)`` read and
 set the fused kernels' launch parameters (:mod:`rla.ops.launch`).

@@ -22,7 +22,10 @@ dynamic recompile). In eager mode the same launchers run through a plain
 ``torch.autograd.Function``: the custom-op dispatcher costs tens of microseconds of host time
 per call, which is longer than the RoPE kernel itself (measured on the H200). CUDA graphs
 capture either. Saved for backward: the inputs (the rounded sum instead of x and r for the
-``rounded_sum`` add+norm) and one fp32 rstd per norm row; everything else is recomputed.
+``rounded_sum`` add+norm) and one fp32 rstd per norm row; everything else is recomputed. The
+q/k norm -> RoPE chain (``qk_norm_rope``) is one kernel each way whose row math is the norm
+kernels' own helpers, so it equals the chain of ``rms_norm(out_dtype=fp32)`` and ``rope`` bit for
+bit; it keeps q, k and one rstd per (token, head) row, and no fp32 q/k at all.
 
 ``triton`` is imported only when a kernel first runs, so importing this module on a machine
 without Triton or CUDA costs nothing. ``RLA_FUSED=0`` in the environment turns the path off.
