@@ -20,7 +20,7 @@ parses it and rewrites exactly three nodes:
 then compiles it under HF's file name and line numbers (tracebacks and Dynamo point at HF's
 lines) and gives the code to ``patch.with_globals``, which binds ``apply_rotary_pos_emb`` to rla's
 function in a copy of the module globals and rebuilds the decorators around it. rla's
-``apply_rotary_pos_emb`` (``rope.make_apply_rotary``) runs ``rla.ops.qk_norm_rope`` with the norm
+``apply_rotary_pos_emb`` (``rope.make_apply_qk_norm_rope``) runs ``rla.ops.qk_norm_rope`` with the norm
 modules' own weights and eps when ``qk_norm`` is given.
 
 Why this is exact: an RMSNorm over the last dim commutes with ``transpose(1, 2)`` of a 4-D tensor,

@@ -30,6 +30,8 @@ view), the layout the chain's norm allocates, so nothing downstream sees other s
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -54,12 +56,17 @@ def _row_offsets(rows, S, H, sb, ss, sh):
 
 
 @triton.jit
-def _columns(cols, HALF, HALF_TABLE: tl.constexpr):
-    """(partner column d +- D/2, the table column of d, the table column of the partner)."""
+def _columns(cols, HALF, HALF_TABLE: tl.constexpr, PV: tl.constexpr):
+    """(partner column d +- D/2, the table column of d, the table column of the partner).
+
+    The shifted columns run contiguously in aligned groups of ``PV`` (a power of two dividing
+    D/2), which the hints tell the compiler, so their loads can take the same register layout as
+    the row's own load (a layout of their own could draw the row's reduction into another order;
+    tests/ops/test_qk_norm_rope_triton.py compares the compiled layouts)."""
     lo = cols < HALF
-    partner = tl.where(lo, cols + HALF, cols - HALF)
+    partner = tl.max_contiguous(tl.multiple_of(tl.where(lo, cols + HALF, cols - HALF), PV), PV)
     if HALF_TABLE:  # [.., D/2]: the first half, which the rotate-half table repeats
-        t = tl.where(lo, cols, cols - HALF)
+        t = tl.max_contiguous(tl.multiple_of(tl.where(lo, cols, cols - HALF), PV), PV)
         tp = t
     else:
         t = cols
@@ -102,7 +109,7 @@ def _fwd_rows(
     TREE: tl.constexpr, PER_OP_NORM: tl.constexpr, PER_OP_ROPE: tl.constexpr, ROUND_W: tl.constexpr,
     ROUND_CS: tl.constexpr, HALF_TABLE: tl.constexpr, LP: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
     EV: tl.constexpr, THREADS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr, ROUNDS: tl.constexpr,
-    PAIRWISE: tl.constexpr,
+    PAIRWISE: tl.constexpr, PV: tl.constexpr,
 ):
     rows = p.to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -120,7 +127,7 @@ def _fwd_rows(
     else:
         rstd = row_rstd(v, inv_n, eps)
     tl.store(rstd_ptr + rows, rstd, mask=rm)
-    lo, partner, tcol, _ = _columns(cols, HALF, HALF_TABLE)
+    lo, partner, tcol, _ = _columns(cols, HALF, HALF_TABLE, PV)
     vp = tl.load(x_ptr + x2 + partner[None, :], mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
     wp = tl.load(w_ptr + partner, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
@@ -143,17 +150,17 @@ def _fwd_kernel(
     TREE: tl.constexpr, PER_OP_NORM: tl.constexpr, PER_OP_ROPE: tl.constexpr, ROUND_WA: tl.constexpr,
     ROUND_WB: tl.constexpr, ROUND_CS: tl.constexpr, HALF_TABLE: tl.constexpr, LP: tl.constexpr,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr, THREADS: tl.constexpr, LANES: tl.constexpr,
-    VEC: tl.constexpr, ROUNDS: tl.constexpr, PAIRWISE: tl.constexpr,
+    VEC: tl.constexpr, ROUNDS: tl.constexpr, PAIRWISE: tl.constexpr, PV: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < PA:
         _fwd_rows(qa_ptr, wa_ptr, oa_ptr, ra_ptr, cos_ptr, sin_ptr, pid, MA, S, HA, sab, sas, sah, scb, scs,
                   N, HALF, inv_n, eps_a, TREE, PER_OP_NORM, PER_OP_ROPE, ROUND_WA, ROUND_CS, HALF_TABLE, LP,
-                  ROWS, BLOCK, EV, THREADS, LANES, VEC, ROUNDS, PAIRWISE)
+                  ROWS, BLOCK, EV, THREADS, LANES, VEC, ROUNDS, PAIRWISE, PV)
     else:
         _fwd_rows(qb_ptr, wb_ptr, ob_ptr, rb_ptr, cos_ptr, sin_ptr, pid - PA, MB, S, HB, sbb, sbs, sbh, scb, scs,
                   N, HALF, inv_n, eps_b, TREE, PER_OP_NORM, PER_OP_ROPE, ROUND_WB, ROUND_CS, HALF_TABLE, LP,
-                  ROWS, BLOCK, EV, THREADS, LANES, VEC, ROUNDS, PAIRWISE)
+                  ROWS, BLOCK, EV, THREADS, LANES, VEC, ROUNDS, PAIRWISE, PV)
 
 
 @triton.jit
@@ -162,11 +169,12 @@ def _bwd_rows(
     sgb, sgs, sgh, sxb, sxs, sxh, scb, scs, N, HALF, inv_n,
     ROUND_W: tl.constexpr, ROUND_CS: tl.constexpr, HALF_TABLE: tl.constexpr, LP: tl.constexpr,
     NEED_DW: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr, STAGES: tl.constexpr,
+    PV: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK)
     cm = cols < N
     c2 = cols[None, :]
-    lo, partner, tcol, tpcol = _columns(cols, HALF, HALF_TABLE)
+    lo, partner, tcol, tpcol = _columns(cols, HALF, HALF_TABLE, PV)
     p2 = partner[None, :]
     w = tl.load(w_ptr + cols, mask=cm, other=0.0).to(tl.float32)
     if ROUND_W:
@@ -203,17 +211,17 @@ def _bwd_kernel(
     S, scb, scs, N, HALF, inv_n,
     ROUND_WA: tl.constexpr, ROUND_WB: tl.constexpr, ROUND_CS: tl.constexpr, HALF_TABLE: tl.constexpr,
     LP: tl.constexpr, NEED_DWA: tl.constexpr, NEED_DWB: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-    EV: tl.constexpr, STAGES: tl.constexpr,
+    EV: tl.constexpr, STAGES: tl.constexpr, PV: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < PA:
         _bwd_rows(ga_ptr, xa_ptr, wa_ptr, ra_ptr, cos_ptr, sin_ptr, dxa_ptr, dwa_ptr, pid, MA, RPA, S, HA,
                   gab, gas, gah, xab, xas, xah, scb, scs, N, HALF, inv_n,
-                  ROUND_WA, ROUND_CS, HALF_TABLE, LP, NEED_DWA, ROWS, BLOCK, EV, STAGES)
+                  ROUND_WA, ROUND_CS, HALF_TABLE, LP, NEED_DWA, ROWS, BLOCK, EV, STAGES, PV)
     else:
         _bwd_rows(gb_ptr, xb_ptr, wb_ptr, rb_ptr, cos_ptr, sin_ptr, dxb_ptr, dwb_ptr, pid - PA, MB, RPB, S, HB,
                   gbb, gbs, gbh, xbb, xbs, xbh, scb, scs, N, HALF, inv_n,
-                  ROUND_WB, ROUND_CS, HALF_TABLE, LP, NEED_DWB, ROWS, BLOCK, EV, STAGES)
+                  ROUND_WB, ROUND_CS, HALF_TABLE, LP, NEED_DWB, ROWS, BLOCK, EV, STAGES, PV)
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,6 +248,11 @@ def _tables(cos, sin):
     if cos.stride(-1) != 1 or sin.stride() != cos.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
     return cos, sin
+
+
+def _pv(n: int) -> int:
+    """The contiguity hint of the shifted columns: the largest power of two up to 16 dividing D/2."""
+    return math.gcd(n // 2, 16) if n >= 2 else 1
 
 
 def _round_w(w: torch.Tensor, lp) -> bool:
@@ -275,7 +288,7 @@ def forward(q, k, wq, wk, eps_q: float, eps_k: float, cos, sin, round_cos_sin: b
         return oq, ok, rq, rk
     scb, scs = _table_strides(cos, B, S)
     common = dict(PER_OP_NORM=per_op_norm, PER_OP_ROPE=per_op_rope, ROUND_CS=round_cos_sin,
-                  HALF_TABLE=cos.shape[-1] != N, LP=lp_kind(lp), EV=_triton_norm.EVICT)
+                  HALF_TABLE=cos.shape[-1] != N, LP=lp_kind(lp), EV=_triton_norm.EVICT, PV=_pv(N))
     # The rows of q and k are normalised as two separate norm calls: one launch when both calls
     # take the same tile (always for head dims up to 2048 with more than one row each), else two.
     parts = [(q, wq, oq, rq, MQ, HQ, eps_q), (k, wk, ok, rk, MK, HK, eps_k)]
@@ -315,7 +328,7 @@ def backward(gq, gk, q, k, wq, wk, cos, sin, rq, rk, round_cos_sin: bool, head_a
     dwk_p = torch.empty((gridk[1], N), dtype=torch.float32, device=q.device) if need_dwk else rk
     scb, scs = _table_strides(cos, B, S) if MQ + MK else (0, 0)
     common = dict(ROUND_CS=round_cos_sin, HALF_TABLE=cos.shape[-1] != N, LP=lp_kind(lp), BLOCK=block,
-                  EV=_triton_norm.EVICT, STAGES=_triton_norm.BWD_STAGES)
+                  EV=_triton_norm.EVICT, STAGES=_triton_norm.BWD_STAGES, PV=_pv(N))
     parts = [(gq, q, wq, rq, dq, dwq_p, MQ, gridq, HQ, need_dwq), (gk, k, wk, rk, dk, dwk_p, MK, gridk, HK, need_dwk)]
     same = gridq[0] == gridk[0]
     groups = [parts] if same else [[parts[0], parts[0][:6] + (0, (gridq[0], 0, 1)) + parts[0][8:]],
