@@ -617,7 +617,10 @@ def _two_op_chain(q, k, wq, wk, eps, cos, sin, prof, ud):
 
 
 def _qk_case(layout, seed, batch=2, seq=300, hq=16, hk=4, dim=128, cos_batch=1, half=False, wdtype=torch.bfloat16):
-    q, k, cos, sin, ud = rope_inputs(batch, seq, hq, hk, dim, torch.bfloat16, layout, cos_batch, seed)
+    """q, k (bf16; for "qkv" dense [B, H, S, D] views: _qk_leaves slices them out of one buffer),
+    the two norm weights, bf16 cos/sin tables (full or half) and unsqueeze_dim."""
+    q, k, cos, sin, ud = rope_inputs(batch, seq, hq, hk, dim, torch.bfloat16, "hf" if layout == "qkv" else layout,
+                                     cos_batch, seed)
     if half:
         cos, sin = cos[..., : dim // 2].contiguous(), sin[..., : dim // 2].contiguous()
     cos, sin = cos.to(torch.bfloat16), sin.to(torch.bfloat16)  # the aligned rotary's rounded tables
@@ -625,6 +628,23 @@ def _qk_case(layout, seed, batch=2, seq=300, hq=16, hk=4, dim=128, cos_batch=1, 
     wq = (1 + 0.2 * torch.randn(dim, device=DEV, generator=g)).to(wdtype)
     wk = (1 + 0.2 * torch.randn(dim, device=DEV, generator=g)).to(wdtype)
     return q / 8, k / 8, wq, wk, cos, sin, ud
+
+
+def _qk_leaves(layout, q, k):
+    """(leaves, q, k): fresh autograd leaves holding q and k, and the q/k the op reads. "qkv": one
+    [B, S, (HQ + 2 HK) * D] buffer (the leaf) with q and k sliced out of it, strides with gaps,
+    as a fused qkv projection gives them; else q and k themselves (clone keeps dense strides)."""
+    if layout != "qkv":
+        lq, lk = q.detach().clone().requires_grad_(True), k.detach().clone().requires_grad_(True)
+        return [lq, lk], lq, lk
+    B, HQ, S, D = q.shape
+    HK = k.shape[1]
+    flat = [t.transpose(1, 2).reshape(B, S, -1) for t in (q, k, k)]
+    qkv = torch.cat(flat, -1).detach().requires_grad_(True)
+    qv = qkv[..., : HQ * D].view(B, S, HQ, D).transpose(1, 2)
+    kv = qkv[..., HQ * D:(HQ + HK) * D].view(B, S, HK, D).transpose(1, 2)
+    assert not qv.is_contiguous() and qv.stride(2) == (HQ + 2 * HK) * D  # gaps between tokens
+    return [qkv], qv, kv
 
 
 QK_CASES = [  # (layout, head dim, cos batch, half table, fp32 master weights, per_op norm weight)
@@ -650,10 +670,13 @@ def test_qk_norm_rope_equals_the_two_op_chain_bitwise(reduction, case):
                                              norm_weight="per_op" if per_op else "fused")
     q, k, wq, wk, cos, sin, ud = _qk_case(layout, dim + cos_batch, dim=dim, cos_batch=cos_batch, half=half,
                                           wdtype=torch.float32 if master else torch.bfloat16)
-    a = [t.detach().clone().requires_grad_(True) for t in (q, k, wq, wk)]
-    b = [t.detach().clone().requires_grad_(True) for t in (q, k, wq, wk)]
-    got = ops.qk_norm_rope(*a, 1e-6, cos, sin, prof, unsqueeze_dim=ud)
-    want = _two_op_chain(*b, 1e-6, cos, sin, prof, ud)
+    la, qa, ka = _qk_leaves(layout, q, k)
+    lb, qb, kb = _qk_leaves(layout, q, k)
+    wa = [w.detach().clone().requires_grad_(True) for w in (wq, wk)]
+    wb = [w.detach().clone().requires_grad_(True) for w in (wq, wk)]
+    a, b = la + wa, lb + wb
+    got = ops.qk_norm_rope(qa, ka, *wa, 1e-6, cos, sin, prof, unsqueeze_dim=ud)
+    want = _two_op_chain(qb, kb, *wb, 1e-6, cos, sin, prof, ud)
     assert type(got[0].grad_fn).__name__ == "_QkNormRopeFnBackward"  # the fused kernel ran
     tag = f"{reduction} {case}"
     for i, (x, y) in enumerate(zip(got, want)):
