@@ -29,7 +29,7 @@ def main():
 
     rows = []
     calls = {"n": 0}
-    for name in ("rope", "swiglu", "rms_norm", "add_rms_norm"):
+    for name in ("rope", "swiglu", "rms_norm", "add_rms_norm", "qk_norm_rope"):
         f = getattr(fused, name)
 
         def counted(*a, _f=f, **k):

@@ -603,3 +603,245 @@ def test_rope_reads_fp32_qk_and_rounds_once(name, layout):
     assert got[0].dtype == torch.float32
     for a, b in zip(got, want):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------ q/k norm -> RoPE as one kernel
+
+
+def _two_op_chain(q, k, wq, wk, eps, cos, sin, prof, ud):
+    """Today's chain on the fused kernels: the q/k norms (fp32 output) then RoPE (rounds once)."""
+    from rla.ops import fused, reference
+
+    return reference.compose_qk_norm_rope(fused.rms_norm, fused.rope, q, k, wq, wk, eps, cos, sin, prof, ud,
+                                          torch.bfloat16)
+
+
+def _qk_case(layout, seed, batch=2, seq=300, hq=16, hk=4, dim=128, cos_batch=1, half=False, wdtype=torch.bfloat16):
+    """q, k (bf16; for "qkv" dense [B, H, S, D] views: _qk_leaves slices them out of one buffer),
+    the two norm weights, bf16 cos/sin tables (full or half) and unsqueeze_dim."""
+    q, k, cos, sin, ud = rope_inputs(batch, seq, hq, hk, dim, torch.bfloat16, "hf" if layout == "qkv" else layout,
+                                     cos_batch, seed)
+    if half:
+        cos, sin = cos[..., : dim // 2].contiguous(), sin[..., : dim // 2].contiguous()
+    cos, sin = cos.to(torch.bfloat16), sin.to(torch.bfloat16)  # the aligned rotary's rounded tables
+    g = torch.Generator(device=DEV).manual_seed(seed + 1)
+    wq = (1 + 0.2 * torch.randn(dim, device=DEV, generator=g)).to(wdtype)
+    wk = (1 + 0.2 * torch.randn(dim, device=DEV, generator=g)).to(wdtype)
+    return q / 8, k / 8, wq, wk, cos, sin, ud
+
+
+def _qk_leaves(layout, q, k):
+    """(leaves, q, k): fresh autograd leaves holding q and k, and the q/k the op reads. "qkv": one
+    [B, S, (HQ + 2 HK) * D] buffer (the leaf) with q and k sliced out of it, strides with gaps,
+    as a fused qkv projection gives them; else q and k themselves (clone keeps dense strides)."""
+    if layout != "qkv":
+        lq, lk = q.detach().clone().requires_grad_(True), k.detach().clone().requires_grad_(True)
+        return [lq, lk], lq, lk
+    B, HQ, S, D = q.shape
+    HK = k.shape[1]
+    flat = [t.transpose(1, 2).reshape(B, S, -1) for t in (q, k, k)]
+    qkv = torch.cat(flat, -1).detach().requires_grad_(True)
+    qv = qkv[..., : HQ * D].view(B, S, HQ, D).transpose(1, 2)
+    kv = qkv[..., HQ * D:(HQ + HK) * D].view(B, S, HK, D).transpose(1, 2)
+    assert not qv.is_contiguous() and qv.stride(2) == (HQ + 2 * HK) * D  # gaps between tokens
+    return [qkv], qv, kv
+
+
+QK_CASES = [  # (layout, head dim, cos batch, half table, fp32 master weights, per_op norm weight)
+    ("hf", 128, 1, True, False, False),
+    ("hf", 128, 2, False, True, True),
+    ("qkv", 128, 1, True, False, True),
+    ("bshd", 128, 2, True, True, False),
+    ("hf", 64, 1, False, False, False),
+    ("qkv", 256, 2, True, False, False),
+]
+
+
+@pytest.mark.parametrize("reduction", ["unpinned", "vllm_block"])
+@pytest.mark.parametrize("case", QK_CASES, ids=str)
+def test_qk_norm_rope_equals_the_two_op_chain_bitwise(reduction, case):
+    """rla.ops.qk_norm_rope (one kernel each way) against the chain it replaces (q/k norm kernels
+    with an fp32 output, then the RoPE kernel), on the same GPU: outputs, their strides, and the
+    gradients of raw q, raw k and both weights, bit for bit."""
+    from rla import ops
+
+    layout, dim, cos_batch, half, master, per_op = case
+    prof = profiles.get("vllm-0.33").replace(name="t", norm_reduction=reduction,
+                                             norm_weight="per_op" if per_op else "fused")
+    q, k, wq, wk, cos, sin, ud = _qk_case(layout, dim + cos_batch, dim=dim, cos_batch=cos_batch, half=half,
+                                          wdtype=torch.float32 if master else torch.bfloat16)
+    la, qa, ka = _qk_leaves(layout, q, k)
+    lb, qb, kb = _qk_leaves(layout, q, k)
+    wa = [w.detach().clone().requires_grad_(True) for w in (wq, wk)]
+    wb = [w.detach().clone().requires_grad_(True) for w in (wq, wk)]
+    a, b = la + wa, lb + wb
+    got = ops.qk_norm_rope(qa, ka, *wa, 1e-6, cos, sin, prof, unsqueeze_dim=ud)
+    want = _two_op_chain(qb, kb, *wb, 1e-6, cos, sin, prof, ud)
+    assert type(got[0].grad_fn).__name__ == "_QkNormRopeFnBackward"  # the fused kernel ran
+    tag = f"{reduction} {case}"
+    for i, (x, y) in enumerate(zip(got, want)):
+        assert x.stride() == y.stride(), f"{tag} output {i} strides"
+        assert_bitwise(x, y, f"{tag} output {i}")
+    g = torch.Generator(device=DEV).manual_seed(11)
+    grads = [torch.randn(o.shape, device=DEV, generator=g).to(o.dtype) for o in want]
+    torch.autograd.backward(got, grads)
+    torch.autograd.backward(want, grads)
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert x.grad.stride() == y.grad.stride(), f"{tag} grad {i} strides"
+        assert_bitwise(x.grad, y.grad, f"{tag} grad {i}")
+
+
+@pytest.mark.parametrize("reduction", ["unpinned", "vllm_block"])
+def test_qk_norm_rope_small_and_uneven_calls_bitwise(reduction):
+    """Calls where q and k take different tiles (one k row) or a head dim that is not a power of
+    two run one launch each; still the chain's numbers. Only one weight needing a gradient too."""
+    from rla import ops
+
+    prof = profiles.get("vllm-0.33").replace(name="t", norm_reduction=reduction)
+    for batch, seq, hq, hk, dim in ((1, 1, 2, 1, 64), (1, 3, 5, 1, 96), (3, 17, 6, 2, 80)):
+        q, k, wq, wk, cos, sin, ud = _qk_case("hf", seq, batch=batch, seq=seq, hq=hq, hk=hk, dim=dim, cos_batch=1)
+        a = [q.clone().requires_grad_(True), k.clone().requires_grad_(True), wq.clone().requires_grad_(True), wk]
+        b = [q.clone().requires_grad_(True), k.clone().requires_grad_(True), wq.clone().requires_grad_(True), wk]
+        got = ops.qk_norm_rope(*a, 1e-6, cos, sin, prof, unsqueeze_dim=ud)
+        want = _two_op_chain(*b, 1e-6, cos, sin, prof, ud)
+        tag = f"{reduction} {(batch, seq, hq, hk, dim)}"
+        for i, (x, y) in enumerate(zip(got, want)):
+            assert_bitwise(x, y, f"{tag} output {i}")
+        grads = [torch.randn_like(o) for o in want]
+        torch.autograd.backward(got, grads)
+        torch.autograd.backward(want, grads)
+        for i in range(3):
+            assert_bitwise(a[i].grad, b[i].grad, f"{tag} grad {i}")
+
+
+def test_qk_norm_rope_saves_only_inputs_and_rstd():
+    from rla import ops
+
+    prof = profiles.get("vllm-0.33")
+    q, k, wq, wk, cos, sin, ud = _qk_case("hf", 0)
+    for t in (q, k, wq, wk):
+        t.requires_grad_(True)
+    rows = q.numel() // q.shape[-1] + k.numel() // k.shape[-1]
+    inputs = (q, k, wq, wk, cos, sin)
+    fused = lambda q, k, wq, wk, c, s: ops.qk_norm_rope(q, k, wq, wk, 1e-6, c, s, prof)  # noqa: E731
+    chain = lambda q, k, wq, wk, c, s: _two_op_chain(q, k, wq, wk, 1e-6, c, s, prof, ud)  # noqa: E731
+    assert saved_bytes(fused, inputs) == rows * 4  # one fp32 rstd per (token, head) row
+    # the two-op chain saves the same (its fp32 q/k is not kept either), but writes and reads it
+    assert saved_bytes(chain, inputs) == rows * 4
+
+
+def _qk_opcheck_cases():
+    lp = torch.bfloat16
+    rq = lambda t: t.detach().clone().requires_grad_(True)  # noqa: E731
+    q, k, wq, wk, cos, sin, _ = _qk_case("hf", 0, seq=16, hq=4, hk=2, dim=64, half=True)
+    bq, bk, _, _, _, _, _ = _qk_case("bshd", 0, seq=16, hq=4, hk=2, dim=64)
+    cq, ck, _, _, fcos, fsin, _ = _qk_case("qkv", 0, seq=16, hq=4, hk=2, dim=64, cos_batch=2)
+    w32 = wq.float()
+    rstd_q = torch.rand(2 * 16 * 4, device=DEV) + 0.5
+    rstd_k = torch.rand(2 * 16 * 2, device=DEV) + 0.5
+    g = torch.randn_like(q)
+    gk = torch.randn_like(k)
+    return [
+        ("qk_norm_rope", (rq(q), rq(k), rq(wq), rq(wk), 1e-6, 1e-5, cos, sin, True, False, False, "unpinned", 1)),
+        ("qk_norm_rope", (rq(bq), rq(bk), rq(w32), rq(wk), 1e-6, 1e-6, cos, sin, True, True, True, "vllm_block", 2)),
+        ("qk_norm_rope", (rq(cq), rq(ck), rq(wq), rq(wk), 1e-6, 1e-6, fcos, fsin, True, False, False, "unpinned", 1)),
+        ("qk_norm_rope_backward", (g, gk, q, k, wq, wk, cos, sin, rstd_q, rstd_k, True, 1, True, True)),
+        ("qk_norm_rope_backward", (g, gk, q, k, w32, wk, cos, sin, rstd_q, rstd_k, False, 1, False, True)),
+    ]
+
+
+@pytest.mark.parametrize("i", range(5))
+def test_opcheck_qk_norm_rope(i):
+    from rla.ops import fused  # noqa: F401  (registers the ops)
+
+    name, args = _qk_opcheck_cases()[i]
+    torch.library.opcheck(getattr(torch.ops.rla, name).default, args)
+
+
+def _qk_block(q, k, wq, wk, cos, sin):
+    from rla import ops
+
+    return ops.qk_norm_rope(q, k, wq, wk, 1e-6, cos, sin, "vllm-0.33")
+
+
+def test_qk_norm_rope_torch_compile_matches_eager():
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(_qk_block, fullgraph=True)
+    graphs = []
+    for seq in (64, 96, 130, 257):
+        q, k, wq, wk, cos, sin, _ = _qk_case("hf", seq, seq=seq, hq=8, hk=2, dim=128, half=True)
+        a = [t.detach().clone().requires_grad_(True) for t in (q, k, wq, wk)]
+        b = [t.detach().clone().requires_grad_(True) for t in (q, k, wq, wk)]
+        outs, ref = compiled(*a, cos, sin), _qk_block(*b, cos, sin)
+        _backward(outs)
+        _backward(ref)
+        for i, (x, y) in enumerate(zip(outs, ref)):
+            assert_bitwise(x, y, f"compiled seq {seq} output {i}")
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_bitwise(x.grad, y.grad, f"compiled seq {seq} grad {i}")
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[-1] == graphs[1] <= 2, f"recompiled after the dynamic recompile: {graphs}"
+
+
+def test_qk_norm_rope_cuda_graph_capture_and_replay():
+    q, k, wq, wk, cos, sin, _ = _qk_case("hf", 1, seq=128, hq=8, hk=2, dim=128, half=True)
+    static = [t.detach().clone().requires_grad_(True) for t in (q, k, wq, wk)]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            _backward(_qk_block(*static, cos, sin))
+            for t in static:
+                t.grad = None
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = _qk_block(*static, cos, sin)
+        _backward(outs)
+    new = _qk_case("hf", 2, seq=128, hq=8, hk=2, dim=128, half=True)[:4]
+    with torch.no_grad():
+        for dst, src in zip(static, new):
+            dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = [t.detach().clone().requires_grad_(True) for t in new]
+    ref = _qk_block(*eager, cos, sin)
+    _backward(ref)
+    for i, (x, y) in enumerate(zip(outs, ref)):
+        assert_bitwise(x, y, f"graph output {i}")
+    for i, (x, y) in enumerate(zip(static, eager)):
+        assert_bitwise(x.grad, y.grad, f"graph grad {i}")
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_aligned_model_fused_chain_equals_two_op_chain_on_gpu(family, monkeypatch):
+    """An aligned tiny model on the GPU (fused kernels everywhere): the fused q/k norm + RoPE gives
+    the two-op chain's logits and every parameter's gradient bit for bit."""
+    import rla
+    from rla.alignment import rope as rope_alignment
+
+    from align_spec import tiny_model, tokens
+
+    model = tiny_model(family).to(DEV)
+    ids = tokens(2, 64).to(DEV)
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        logits = model(ids).logits
+        (logits.float().logsumexp(-1).mean() - logits.float()[..., 3].mean()).backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    report = rla.align(model, "vllm-0.33")
+    assert report.counts["rope"]["fused q/k norm + RoPE"] == model.config.num_hidden_layers
+    fused_logits, fused_grads = run()
+    monkeypatch.setattr(rope_alignment, "FUSE_QK_NORM_ROPE", False)
+    rla.align(model, "vllm-0.33")
+    chain_logits, chain_grads = run()
+    rla.unalign(model)
+    assert_bitwise(fused_logits, chain_logits, f"{family} logits")
+    for name, g in chain_grads.items():
+        assert_bitwise(fused_grads[name], g, f"{family} grad {name}")

@@ -17,6 +17,10 @@ What changes, per region (everything else in the model runs HF's own code):
 - ``rmsnorm``: every RMSNorm (input, post-attention, final, Qwen3's q/k norms) runs
   ``rla.ops.rms_norm``; under ``norm_residual='fp32_sum'`` decoder layers hand the fp32 residual
   sum to the next norm, as fused add+norm kernels do (see ``rla.alignment.rmsnorm``).
+- ``qk_norm_out='fp32'`` (rope and rmsnorm regions): Qwen3's q/k norms and RoPE run as one op,
+  ``rla.ops.qk_norm_rope``, in an attention forward rebuilt from HF's own source
+  (``rla.alignment.qk_chain``; the two-op chain, with a note in the report, where the source
+  has another shape).
 
 Supported families: Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Mixtral
 (``rla.alignment.families``); transformers 5.17 and 5.24 (``rla.alignment.compat``).

@@ -212,8 +212,11 @@ def align(
     try:
         if "rope" in regions:
             report.hazards.extend(align_rotary(found.rotary, p, report, round_tables=chain))
-            align_attention(found.attentions, family, p, impl)
+            fused, notes = align_attention(found.attentions, family, p, impl, qk_chain=chain)
             report.counts["rope"] = {"rotary_emb": 1, "self_attn": len(found.attentions)}
+            if fused:  # the q/k norms run inside RoPE's op (rla.alignment.qk_chain)
+                report.counts["rope"]["fused q/k norm + RoPE"] = fused
+            report.notes.extend(notes)
         if "swiglu" in regions:
             align_mlps(found.mlps + found.shared_experts, p, impl)
             align_experts(found.experts, p, impl)

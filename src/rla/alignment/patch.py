@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Patch", "install", "uninstall", "patch_of", "with_globals", "PATCH_ATTR"]
+__all__ = ["Patch", "install", "uninstall", "patch_of", "with_globals", "defined_in", "PATCH_ATTR"]
 
 PATCH_ATTR = "_rla_patch"
 
@@ -128,18 +128,21 @@ def uninstall(module: torch.nn.Module) -> Patch | None:
 # --------------------------------------------------------------------------------------------
 
 
-def with_globals(fn: types.FunctionType, module_globals: dict, replacements: dict) -> types.FunctionType:
+def with_globals(
+    fn: types.FunctionType, module_globals: dict, replacements: dict, code: types.CodeType | None = None
+) -> types.FunctionType:
     """A copy of ``fn`` whose code from ``module_globals``' module sees ``replacements`` instead.
 
     ``fn`` may be a decorator's wrapper (``deprecate_kwarg``, ``functools.wraps``): the
     ``__wrapped__`` chain is followed down to the function defined in that module, which is
     rebuilt with ``types.FunctionType(code, new_globals, ...)``; every wrapper above it is rebuilt
     with the closure cell that held the old inner function pointing to the new one. Nothing is
-    mutated: ``fn``, its class and the module keep their objects.
+    mutated: ``fn``, its class and the module keep their objects. ``code`` replaces the inner
+    function's code object (a rewrite of its own source, see ``rla.alignment.qk_chain``).
     """
     new_globals = dict(module_globals)
     new_globals.update(replacements)
-    rebuilt = _rebuild(fn, module_globals, new_globals)
+    rebuilt = _rebuild(fn, module_globals, new_globals, code)
     if rebuilt is fn:
         raise RuntimeError(
             f"{getattr(fn, '__qualname__', fn)!r}: no function in its __wrapped__ chain is defined "
@@ -149,8 +152,17 @@ def with_globals(fn: types.FunctionType, module_globals: dict, replacements: dic
     return rebuilt
 
 
-def _copy_function(fn, new_globals, closure):
-    new = types.FunctionType(fn.__code__, new_globals, fn.__name__, fn.__defaults__, closure)
+def defined_in(fn, module_globals):
+    """The function of ``fn``'s ``__wrapped__`` chain that is defined in ``module_globals``' module."""
+    while isinstance(fn, types.FunctionType):
+        if fn.__globals__ is module_globals:
+            return fn
+        fn = getattr(fn, "__wrapped__", None)
+    return None
+
+
+def _copy_function(fn, new_globals, closure, code=None):
+    new = types.FunctionType(code or fn.__code__, new_globals, fn.__name__, fn.__defaults__, closure)
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__dict__.update(fn.__dict__)
     new.__qualname__ = fn.__qualname__
@@ -160,15 +172,15 @@ def _copy_function(fn, new_globals, closure):
     return new
 
 
-def _rebuild(fn, old_globals, new_globals):
+def _rebuild(fn, old_globals, new_globals, code=None):
     if not isinstance(fn, types.FunctionType):
         return fn
     if fn.__globals__ is old_globals:
-        return _copy_function(fn, new_globals, fn.__closure__)
+        return _copy_function(fn, new_globals, fn.__closure__, code)
     inner = getattr(fn, "__wrapped__", None)
     if inner is None or not fn.__closure__:
         return fn
-    new_inner = _rebuild(inner, old_globals, new_globals)
+    new_inner = _rebuild(inner, old_globals, new_globals, code)
     if new_inner is inner:
         return fn
     cells = []

@@ -27,10 +27,13 @@ from rla import ops
 from rla.alignment import compat
 from rla.alignment.families import Family, class_named
 from rla.alignment.patch import install, with_globals
+from rla.alignment.qk_chain import fuse_qk_norm_into_rope
+from rla.alignment.rmsnorm import stack_dtype
 from rla.alignment.report import FixedHazard
 from rla.profiles import RoundingProfile
 
-__all__ = ["align_rotary", "align_attention", "make_apply_rotary", "fp32_inv_freq", "angle_error"]
+__all__ = ["align_rotary", "align_attention", "make_apply_rotary", "make_apply_qk_norm_rope", "fp32_inv_freq",
+           "angle_error"]
 
 
 #: Rope types whose frequencies HF's ``dynamic_rope_update`` recomputes during the forward.
@@ -109,10 +112,13 @@ def make_apply_rotary(profile: RoundingProfile, impl=None):
     Under ``qk_norm_out='fp32'`` the aligned q/k norms hand RoPE their unrounded fp32 output and
     the aligned rotary hands it cos/sin already rounded to the stack dtype (the profile rounds
     them anyway): RoPE reads the stack dtype off the tables and rounds its output to it once.
+    (An attention forward rebuilt by ``rla.alignment.qk_chain`` calls
+    :func:`make_apply_qk_norm_rope`'s function instead: one op for the whole chain.)
 
     The function closes over the profile alone and reads ``ops`` as a module global: Dynamo names
     a guard on any other closure cell of a function rebuilt around copied globals by the module
-    the globals came from, and fails to build it (torch 2.13).
+    the globals came from, and fails to build it (torch 2.13). For the same reason its defaults
+    are HF's own (``unsqueeze_dim=1``): Dynamo reads them back through HF's function.
     """
     if impl is None:
         def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
@@ -126,6 +132,34 @@ def make_apply_rotary(profile: RoundingProfile, impl=None):
             return rope(q, k, cos, sin, profile, unsqueeze_dim=unsqueeze_dim, dtype=dtype)
 
     apply_rotary_pos_emb.__doc__ = f"rla.ops.rope under profile {profile.name!r} (installed by rla.align)."
+    return apply_rotary_pos_emb
+
+
+def make_apply_qk_norm_rope(profile: RoundingProfile, impl=None):
+    """The ``apply_rotary_pos_emb`` of an attention forward rebuilt by ``rla.alignment.qk_chain``:
+    it receives the raw q/k and the norm modules (``qk_norm=(q_norm, k_norm)``, a required
+    keyword, so no default of it exists for Dynamo to guard) and runs ``rla.ops.qk_norm_rope``
+    with the norms' own weights and eps, in the stack dtype the aligned norm would use."""
+    if impl is None:
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *, qk_norm):
+            qn, kn = qk_norm
+            return ops.qk_norm_rope(
+                q, k, qn.weight, kn.weight, (qn.variance_epsilon, kn.variance_epsilon), cos, sin, profile,
+                unsqueeze_dim=unsqueeze_dim, dtype=stack_dtype(q, qn.weight),
+            )
+    else:
+        qk_norm_rope = impl.qk_norm_rope
+
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, *, qk_norm):
+            qn, kn = qk_norm
+            return qk_norm_rope(
+                q, k, qn.weight, kn.weight, (qn.variance_epsilon, kn.variance_epsilon), cos, sin, profile,
+                unsqueeze_dim=unsqueeze_dim, dtype=stack_dtype(q, qn.weight),
+            )
+
+    apply_rotary_pos_emb.__doc__ = (
+        f"rla.ops.qk_norm_rope under profile {profile.name!r}: q/k norm and RoPE as one op (installed by rla.align)."
+    )
     return apply_rotary_pos_emb
 
 
@@ -190,18 +224,49 @@ def align_rotary(rotary: torch.nn.Module, profile: RoundingProfile, report, roun
     return hazards
 
 
+#: Run the q/k norm -> RoPE chain as one op (``rla.ops.qk_norm_rope``) in attention forwards
+#: rebuilt by ``rla.alignment.qk_chain``. False keeps the two-op chain (norms with an fp32 output,
+#: then RoPE): the tests compare the two, which must agree bit for bit.
+FUSE_QK_NORM_ROPE = True
+
+
 def align_attention(
-    attentions: list[torch.nn.Module], family: Family, profile: RoundingProfile, impl=None,
-) -> None:
-    """Give each attention instance a forward whose ``apply_rotary_pos_emb`` is ``rla.ops.rope``."""
+    attentions: list[torch.nn.Module], family: Family, profile: RoundingProfile, impl=None, qk_chain: bool = False,
+) -> tuple[int, list[str]]:
+    """Give each attention instance a forward whose ``apply_rotary_pos_emb`` is ``rla.ops.rope``.
+
+    ``qk_chain`` (``qk_norm_out='fp32'`` with q/k norms): the forward is rebuilt from HF's source
+    so that the q/k norms run inside RoPE's op (``rla.alignment.qk_chain``). Returns (how many
+    attentions run the fused op, notes for the report: why a class keeps the two-op chain)."""
     apply_rotary = make_apply_rotary(profile, impl)
-    rebuilt: dict[type, types.FunctionType] = {}
+    fuse = qk_chain and FUSE_QK_NORM_ROPE
+    notes: list[str] = []
+    if fuse and not callable(getattr(ops if impl is None else impl, "qk_norm_rope", None)):
+        notes.append(f"q/k norm -> RoPE runs as two ops (an fp32 q/k between them): {impl!r} has no qk_norm_rope")
+        fuse = False
+    rebuilt: dict[type, tuple[types.FunctionType, bool]] = {}
+    fused = 0
     for attn in attentions:
         klass = class_named(attn, family.cls("attention"))
         if klass not in rebuilt:
             modeling = sys.modules[klass.__module__]
             compat.check_apply_rotary_signature(modeling.apply_rotary_pos_emb)
-            rebuilt[klass] = with_globals(
-                klass.forward, modeling.__dict__, {"apply_rotary_pos_emb": apply_rotary}
-            )
-        install(attn, "attention", {"forward": types.MethodType(rebuilt[klass], attn)})
+            replacements = {"apply_rotary_pos_emb": apply_rotary}
+            forward, why = None, ""
+            if fuse:
+                forward, why = fuse_qk_norm_into_rope(
+                    klass.forward, modeling.__dict__, {"apply_rotary_pos_emb": make_apply_qk_norm_rope(profile, impl)}
+                )
+            if forward is None and fuse:
+                notes.append(
+                    f"q/k norm -> RoPE runs as two ops (an fp32 q/k between them): transformers "
+                    f"{compat.TRANSFORMERS_VERSION}'s {klass.__name__}.forward does not have the shape "
+                    f"rla.alignment.qk_chain rewrites ({why})"
+                )
+            if forward is None:
+                forward = with_globals(klass.forward, modeling.__dict__, replacements)
+            rebuilt[klass] = (forward, why == "" and fuse)
+        forward, is_fused = rebuilt[klass]
+        fused += is_fused
+        install(attn, "attention", {"forward": types.MethodType(forward, attn)})
+    return fused, notes

@@ -1,8 +1,9 @@
 """Training-side RoPE, SwiGLU and RMSNorm that round exactly where a chosen engine does.
 
 ``profile`` is a profile name (``"vllm"``) or a :class:`rla.profiles.RoundingProfile`. The
-low-precision dtype is the input's (bf16 or fp16); on fp32 inputs nothing is rounded. All four ops
-are differentiable. On CUDA they run the fused kernels of ``rla.ops.fused`` when Triton is
+low-precision dtype is the input's (bf16 or fp16); on fp32 inputs nothing is rounded. All ops
+are differentiable; ``carry_add`` and ``qk_norm_rope`` are the two chains across ops that a
+compiled engine fuses (``residual_stream='fp32_carry'``, ``qk_norm_out='fp32'``), one kernel each. On CUDA they run the fused kernels of ``rla.ops.fused`` when Triton is
 available; everywhere else the PyTorch reference of ``rla.ops.reference``, which is the oracle
 the fused kernels are tested against. ``launch_config()`` / ``set_launch_config(dict)`` read and
 set the fused kernels' launch parameters (:mod:`rla.ops.launch`).
@@ -17,7 +18,7 @@ from rla.ops._checks import check_carry_add, check_norm, check_rope, check_swigl
 from rla.ops.launch import launch_config, set_launch_config
 from rla.profiles import RoundingProfile, resolve
 
-__all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm", "carry_add", "backend", "launch_config", "set_launch_config"]
+__all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope", "backend", "launch_config", "set_launch_config"]
 
 
 def backend(*tensors: torch.Tensor):
@@ -48,6 +49,40 @@ def rope(q, k, cos, sin, profile: str | RoundingProfile, unsqueeze_dim: int = 1,
     p = resolve(profile)
     check_rope(q, k, cos, sin, p, unsqueeze_dim, dtype)
     return backend(q, k).rope(q, k, cos, sin, p, unsqueeze_dim, dtype)
+
+
+def qk_norm_rope(
+    q, k, q_weight, k_weight, eps, cos, sin, profile: str | RoundingProfile, unsqueeze_dim: int = 1,
+    dtype: torch.dtype | None = None,
+):
+    """RoPE(RMSNorm(q)), RoPE(RMSNorm(k)) as one op: Qwen3's per-head q/k norms and the rotary
+    embedding under ``qk_norm_out='fp32'`` -> ``(q_out, k_out)`` in the stack dtype.
+
+    ``q``/``k`` are the raw projections (any layout :func:`rope` takes: HF's [B, H, S, D] view,
+    slices of a fused qkv, [B, S, H, D] with ``unsqueeze_dim=2``); ``q_weight``/``k_weight`` the
+    norms' weights; ``eps`` a float or a (q_eps, k_eps) pair; ``cos``/``sin`` as for :func:`rope`;
+    ``dtype`` the stack dtype (default q's). The numbers are those of ``rms_norm(...,
+    out_dtype=torch.float32)`` followed by ``rope(..., dtype=dtype)``, bit for bit, forward and
+    backward, in the profile's ``norm_reduction`` order: the norm's output reaches the rotation
+    unrounded and the rotation rounds once, as vLLM's compiled graph does.
+
+    What fusing buys: on CUDA one Triton kernel forward and one backward, the fp32 q/k between
+    the norm and the rotation never exists in memory (the two-op chain writes and reads it, 8
+    bytes per element, and keeps nothing of it for backward either). Saved for backward: the raw
+    q/k (their storage; the chain's norms save them too) and one fp32 rstd per (token, head) row.
+    The CPU path composes the two reference ops.
+    """
+    p = resolve(profile)
+    check_rope(q, k, cos, sin, p, unsqueeze_dim, dtype)
+    lp = q.dtype if dtype is None else dtype
+    if q.dtype != lp:
+        raise TypeError(f"qk_norm_rope takes the raw q/k in the stack dtype {lp}, got {q.dtype}")
+    q_eps, k_eps = (eps, eps) if isinstance(eps, (int, float)) else tuple(eps)
+    check_norm(q, None, q_weight, q_eps, lp)
+    check_norm(k, None, k_weight, k_eps, lp)
+    return backend(q, k, q_weight, k_weight).qk_norm_rope(
+        q, k, q_weight, k_weight, (float(q_eps), float(k_eps)), cos, sin, p, unsqueeze_dim, lp
+    )
 
 
 def swiglu(gate, up, profile: str | RoundingProfile):

@@ -48,6 +48,39 @@ def _bwd_warps(block: int) -> int:
     return BWD_WARPS or max(4, min(16, block // 256))
 
 
+# The row math, shared with the fused q/k norm + RoPE kernel (``_triton_qk_norm_rope``), which
+# must produce these kernels' numbers bit for bit: one definition, inlined into both.
+
+
+@triton.jit
+def row_rstd(v, inv_n, eps):
+    """rstd of fp32 rows ``v`` [ROWS, BLOCK] (zeros past the row's end), the sum in Triton's tree."""
+    return rsqrt(tl.sum(v * v, axis=1) * inv_n + eps)
+
+
+@triton.jit
+def scale_rows(v, rstd, w, PER_OP: tl.constexpr, LP: tl.constexpr):
+    """The normalised rows in fp32: ``v`` [ROWS, BLOCK], ``rstd`` [ROWS], ``w`` [1, BLOCK] (the
+    engine's copy of the weight); RN(w * RN(v*rstd)) per_op, RN((v*rstd) * w) fused, unrounded."""
+    n = v * rstd[:, None]
+    if PER_OP:
+        y = w * to_lp(n, LP)
+    else:
+        y = n * w
+    return y
+
+
+@triton.jit
+def row_grad(dy, v, rstd, w, inv_n):
+    """(d_v, n) of rows: ``dy``, ``v`` [ROWS, BLOCK] fp32, ``rstd`` [ROWS, 1], ``w`` [1, BLOCK];
+    d_v = rstd * (dy*w - n * mean(dy*w*n)) with n = v*rstd (every rounding straight-through)."""
+    n = v * rstd
+    dyw = dy * w
+    c = tl.sum(dyw * n, axis=1) * inv_n
+    dv = rstd * (dyw - n * c[:, None])
+    return dv, n
+
+
 @triton.jit
 def _norm_fwd_kernel(
     x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, rstd_ptr,
@@ -74,13 +107,9 @@ def _norm_fwd_kernel(
     w = tl.load(w_ptr + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
     if ROUND_W:
         w = to_lp(w, LP)
-    rstd = rsqrt(tl.sum(v * v, axis=1) * inv_n + eps)
+    rstd = row_rstd(v, inv_n, eps)
     tl.store(rstd_ptr + rows, rstd, mask=rm)
-    n = v * rstd[:, None]
-    if PER_OP:
-        y = w[None, :] * to_lp(n, LP)
-    else:
-        y = n * w[None, :]
+    y = scale_rows(v, rstd, w[None, :], PER_OP, LP)
     tl.store(y_ptr + r2 * N + c2, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -111,10 +140,7 @@ def _norm_bwd_kernel(
         if HAS_B:
             v = v + tl.load(b_ptr + r2 * sb + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
         rstd = tl.load(rstd_ptr + rows, mask=rm, other=0.0)[:, None]
-        n = v * rstd
-        dyw = dy * w
-        c = tl.sum(dyw * n, axis=1) * inv_n
-        dv = rstd * (dyw - n * c[:, None])
+        dv, n = row_grad(dy, v, rstd, w, inv_n)
         if HAS_DRES:
             dv = dv + tl.load(dres_ptr + r2 * sdres + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
         tl.store(dx_ptr + r2 * N + c2, dv.to(dx_ptr.dtype.element_ty), mask=mask)  # new, contiguous
@@ -166,6 +192,17 @@ def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, lp=No
     return y, (new_res if has_res else None), rstd
 
 
+def backward_grid(M: int, device) -> tuple[int, int, int]:
+    """(rows per loop step, programs, rows per program) of the persistent backward over M rows.
+    The partition decides which rows each d_weight partial sums: the fused q/k norm + RoPE
+    backward takes the same one, so its d_weight equals this kernel's bit for bit."""
+    rows = min(BWD_ROWS, next_pow2(max(M, 1)))
+    programs = max(1, min(cdiv(M, rows), sm_count(device) * BWD_PROGRAMS_PER_SM))
+    rows_per_program = max(1, cdiv(cdiv(M, programs), rows)) * rows  # M = 0: no division by 0
+    programs = max(1, cdiv(M, rows_per_program))
+    return rows, programs, rows_per_program
+
+
 def backward(dy, dres, a, b, weight, rstd, need_dw: bool, lp=None):
     """d_v (in a's dtype) and d_weight (weight's dtype, or None) for v = a (+ b); the stack
     dtype ``lp`` defaults to dy's (an fp32 dy is the gradient of an unrounded q/k norm output)."""
@@ -177,10 +214,7 @@ def backward(dy, dres, a, b, weight, rstd, need_dw: bool, lp=None):
     dres2 = _rows(dres) if dres is not None else dy2
     M = a2.shape[0]
     dx = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-    rows = min(BWD_ROWS, next_pow2(max(M, 1)))
-    programs = max(1, min(cdiv(M, rows), sm_count(a.device) * BWD_PROGRAMS_PER_SM))
-    rows_per_program = max(1, cdiv(cdiv(M, programs), rows)) * rows  # M = 0: no division by 0
-    programs = max(1, cdiv(M, rows_per_program))
+    rows, programs, rows_per_program = backward_grid(M, a.device)
     dw_partial = torch.empty((programs, N), dtype=torch.float32, device=a.device) if need_dw else dx
     if M:
         _norm_bwd_kernel[(programs,)](

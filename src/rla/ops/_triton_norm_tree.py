@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from rla.ops._triton_common import LAUNCH_OPTS, cdiv, div_rn, lp_kind, next_pow2, rsqrt, to_lp
+from rla.ops._triton_norm import scale_rows
 from rla.ops.reduction import WARP, BlockTree
 
 ROWS = 4  # rows per program: q/k norms have millions of rows of 128
@@ -26,11 +27,12 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _value(x_ptr, r_ptr, rows, cols, mask, sx, sr, HAS_RES: tl.constexpr, FP32_SUM: tl.constexpr, LP: tl.constexpr):
-    """The fp32 value the norm reads at (rows, cols): x, or RN(x + r) / x + r."""
-    v = tl.load(x_ptr + rows * sx + cols, mask=mask, other=0.0).to(tl.float32)
+def _value(x_ptr, r_ptr, xoff, roff, cols, mask, HAS_RES: tl.constexpr, FP32_SUM: tl.constexpr, LP: tl.constexpr):
+    """The fp32 value the norm reads at (row, cols), rows at offsets xoff / roff [R, 1]: x, or
+    RN(x + r) / x + r."""
+    v = tl.load(x_ptr + xoff + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
-        total = v + tl.load(r_ptr + rows * sr + cols, mask=mask, other=0.0).to(tl.float32)
+        total = v + tl.load(r_ptr + roff + cols, mask=mask, other=0.0).to(tl.float32)
         if FP32_SUM:
             v = total
         else:
@@ -39,17 +41,16 @@ def _value(x_ptr, r_ptr, rows, cols, mask, sx, sr, HAS_RES: tl.constexpr, FP32_S
 
 
 @triton.jit
-def _tree_fwd_kernel(
-    x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, rstd_ptr,
-    M, N, eps, sx, sr,
-    HAS_RES: tl.constexpr, FP32_SUM: tl.constexpr, PER_OP: tl.constexpr, ROUND_W: tl.constexpr, LP: tl.constexpr,
+def tree_sum_squares(
+    x_ptr, r_ptr, xoff, roff, rm, N,
+    HAS_RES: tl.constexpr, FP32_SUM: tl.constexpr, LP: tl.constexpr,
     THREADS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr, ROUNDS: tl.constexpr,
-    PAIRWISE: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr,
+    PAIRWISE: tl.constexpr, R: tl.constexpr,
 ):
+    """sum(v*v) of R rows (at offsets xoff / roff [R, 1]; rm [R] which exist) in vLLM's order
+    -> [R] fp32. Every add is explicit, so the result does not depend on the kernel it is inlined
+    into (the fused q/k norm + RoPE kernel shares it)."""
     W: tl.constexpr = LANES // 32
-    rows = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
-    rm = rows < M
-    r2 = rows[:, None]
     t = tl.arange(0, LANES)[None, :]
     nv = N // VEC
     partial = tl.zeros([R, LANES], dtype=tl.float32)
@@ -59,13 +60,13 @@ def _tree_fwd_kernel(
         if PAIRWISE:  # a vector's squares as pair sums, left to right, then into the partial
             s = tl.zeros([R, LANES], dtype=tl.float32)
             for j in tl.static_range(0, VEC, 2):
-                a = _value(x_ptr, r_ptr, r2, vi * VEC + j, m, sx, sr, HAS_RES, FP32_SUM, LP)
-                b = _value(x_ptr, r_ptr, r2, vi * VEC + j + 1, m, sx, sr, HAS_RES, FP32_SUM, LP)
+                a = _value(x_ptr, r_ptr, xoff, roff, vi * VEC + j, m, HAS_RES, FP32_SUM, LP)
+                b = _value(x_ptr, r_ptr, xoff, roff, vi * VEC + j + 1, m, HAS_RES, FP32_SUM, LP)
                 s = s + (a * a + b * b)
             partial = partial + s
         else:  # each square into the partial, one after the other
             for j in tl.static_range(VEC):
-                a = _value(x_ptr, r_ptr, r2, vi * VEC + j, m, sx, sr, HAS_RES, FP32_SUM, LP)
+                a = _value(x_ptr, r_ptr, xoff, roff, vi * VEC + j, m, HAS_RES, FP32_SUM, LP)
                 partial = partial + a * a
     # within a warp: neighbours first, five levels of one add each
     lanes = tl.reshape(partial, [R, W, 32])
@@ -79,7 +80,29 @@ def _tree_fwd_kernel(
     total = tl.sum(tl.where(widx == 0, warps, 0.0), axis=1)
     for w in tl.static_range(1, W):
         total = total + tl.sum(tl.where(widx == w, warps, 0.0), axis=1)
-    rstd = rsqrt(div_rn(total, N.to(tl.float32)) + eps)
+    return total
+
+
+@triton.jit
+def tree_rstd(total, N, eps):
+    """rstd from the row sum: an IEEE division by n, + eps, rsqrt."""
+    return rsqrt(div_rn(total, N.to(tl.float32)) + eps)
+
+
+@triton.jit
+def _tree_fwd_kernel(
+    x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, rstd_ptr,
+    M, N, eps, sx, sr,
+    HAS_RES: tl.constexpr, FP32_SUM: tl.constexpr, PER_OP: tl.constexpr, ROUND_W: tl.constexpr, LP: tl.constexpr,
+    THREADS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr, ROUNDS: tl.constexpr,
+    PAIRWISE: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
+    rm = rows < M
+    r2 = rows[:, None]
+    total = tree_sum_squares(x_ptr, r_ptr, r2 * sx, r2 * sr, rm, N, HAS_RES, FP32_SUM, LP,
+                             THREADS, LANES, VEC, ROUNDS, PAIRWISE, R)
+    rstd = tree_rstd(total, N, eps)
     tl.store(rstd_ptr + rows, rstd, mask=rm)
 
     cols = tl.arange(0, BLOCK)[None, :]
@@ -98,11 +121,7 @@ def _tree_fwd_kernel(
     w = tl.load(w_ptr + cols, mask=cm, other=0.0).to(tl.float32)
     if ROUND_W:
         w = to_lp(w, LP)
-    n = v * rstd[:, None]
-    if PER_OP:
-        y = w * to_lp(n, LP)
-    else:
-        y = n * w
+    y = scale_rows(v, rstd, w, PER_OP, LP)
     tl.store(y_ptr + r2 * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 

@@ -22,7 +22,10 @@ dynamic recompile). In eager mode the same launchers run through a plain
 ``torch.autograd.Function``: the custom-op dispatcher costs tens of microseconds of host time
 per call, which is longer than the RoPE kernel itself (measured on the H200). CUDA graphs
 capture either. Saved for backward: the inputs (the rounded sum instead of x and r for the
-``rounded_sum`` add+norm) and one fp32 rstd per norm row; everything else is recomputed.
+``rounded_sum`` add+norm) and one fp32 rstd per norm row; everything else is recomputed. The
+q/k norm -> RoPE chain (``qk_norm_rope``) is one kernel each way whose row math is the norm
+kernels' own helpers, so it equals the chain of ``rms_norm(out_dtype=fp32)`` and ``rope`` bit for
+bit; it keeps q, k and one rstd per (token, head) row, and no fp32 q/k at all.
 
 ``triton`` is imported only when a kernel first runs, so importing this module on a machine
 without Triton or CUDA costs nothing. ``RLA_FUSED=0`` in the environment turns the path off.
@@ -38,10 +41,10 @@ import torch
 from torch import Tensor
 
 from rla.ops import reference
-from rla.ops._layout import output_like
+from rla.ops._layout import output_like, token_major
 from rla.profiles import RoundingProfile
 
-__all__ = ["available", "rope", "swiglu", "rms_norm", "add_rms_norm", "carry_add"]
+__all__ = ["available", "rope", "swiglu", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope"]
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
 _ENABLED = os.environ.get("RLA_FUSED", "1") != "0"
@@ -438,3 +441,121 @@ class _CarryAddFn(torch.autograd.Function):
 def carry_add(x, residual, m, out_dtype: torch.dtype):
     """Fused (x + residual) + m, one read of each, one rounding; see ``rla.ops.carry_add``."""
     return (_carry_add_op if _compiling() else _CarryAddFn.apply)(x, residual, m, out_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# q/k norm -> RoPE (qk_norm_out='fp32'): one kernel forward, one backward
+# --------------------------------------------------------------------------------------------
+
+
+def _qk_fwd(q, k, wq, wk, eps_q, eps_k, cos, sin, round_cos_sin, per_op_rope, per_op_norm, reduction, head_axis):
+    from rla.ops import _triton_qk_norm_rope
+
+    return _triton_qk_norm_rope.forward(q, k, wq, wk, eps_q, eps_k, cos, sin, round_cos_sin, per_op_rope,
+                                        per_op_norm, reduction, head_axis)
+
+
+def _qk_bwd(gq, gk, q, k, wq, wk, cos, sin, rq, rk, round_cos_sin, head_axis, need_dwq, need_dwk):
+    from rla.ops import _triton_qk_norm_rope
+
+    return _triton_qk_norm_rope.backward(gq, gk, q, k, wq, wk, cos, sin, rq, rk, round_cos_sin, head_axis,
+                                         need_dwq, need_dwk)
+
+
+@torch.library.custom_op("rla::qk_norm_rope", mutates_args=())
+def _qk_norm_rope_op(
+    q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, q_eps: float, k_eps: float, cos: Tensor, sin: Tensor,
+    round_cos_sin: bool, per_op_rope: bool, per_op_norm: bool, reduction: str, head_axis: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _qk_fwd(q, k, q_weight, k_weight, q_eps, k_eps, cos, sin, round_cos_sin, per_op_rope, per_op_norm,
+                   reduction, head_axis)
+
+
+def _rows_of(x: Tensor, head_axis: int) -> int:
+    return x.shape[0] * x.shape[3 - head_axis] * x.shape[head_axis]
+
+
+@_qk_norm_rope_op.register_fake
+def _(q, k, q_weight, k_weight, q_eps, k_eps, cos, sin, round_cos_sin, per_op_rope, per_op_norm, reduction, head_axis):
+    return (
+        token_major(q, head_axis),
+        token_major(k, head_axis),
+        q.new_empty((_rows_of(q, head_axis),), dtype=torch.float32),
+        k.new_empty((_rows_of(k, head_axis),), dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("rla::qk_norm_rope_backward", mutates_args=())
+def _qk_norm_rope_bwd_op(
+    gq: Tensor, gk: Tensor, q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, cos: Tensor, sin: Tensor,
+    rstd_q: Tensor, rstd_k: Tensor, round_cos_sin: bool, head_axis: int, need_dwq: bool, need_dwk: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(d_q, d_k, d_q_weight, d_k_weight); a d_weight is empty when it is not needed."""
+    dq, dk, dwq, dwk = _qk_bwd(gq, gk, q, k, q_weight, k_weight, cos, sin, rstd_q, rstd_k, round_cos_sin,
+                               head_axis, need_dwq, need_dwk)
+    return dq, dk, (dwq if dwq is not None else q_weight.new_empty(0)), (dwk if dwk is not None else k_weight.new_empty(0))
+
+
+@_qk_norm_rope_bwd_op.register_fake
+def _(gq, gk, q, k, q_weight, k_weight, cos, sin, rstd_q, rstd_k, round_cos_sin, head_axis, need_dwq, need_dwk):
+    return (
+        token_major(q, head_axis),
+        token_major(k, head_axis),
+        q_weight.new_empty(q_weight.shape if need_dwq else (0,)),
+        k_weight.new_empty(k_weight.shape if need_dwk else (0,)),
+    )
+
+
+def _qk_save(ctx, q, k, wq, wk, cos, sin, rq, rk, round_cos_sin, head_axis):
+    ctx.save_for_backward(q, k, wq, wk, cos, sin, rq, rk)
+    ctx.flags = (round_cos_sin, head_axis)
+
+
+def _qk_setup(ctx, inputs, output):
+    q, k, wq, wk, _, _, cos, sin, round_cos_sin, _, _, _, head_axis = inputs
+    _qk_save(ctx, q, k, wq, wk, cos, sin, output[2], output[3], round_cos_sin, head_axis)
+
+
+def _qk_backward(ctx, gq, gk, _drq, _drk):
+    q, k, wq, wk, cos, sin, rq, rk = ctx.saved_tensors
+    need_wq, need_wk = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+    dq, dk, dwq, dwk = _qk_norm_rope_bwd_op(gq, gk, q, k, wq, wk, cos, sin, rq, rk, *ctx.flags, need_wq, need_wk)
+    return (dq, dk, (dwq if need_wq else None), (dwk if need_wk else None)) + (None,) * 9
+
+
+_qk_norm_rope_op.register_autograd(_qk_backward, setup_context=_qk_setup)
+
+
+class _QkNormRopeFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, wq, wk, eps_q: float, eps_k: float, cos, sin, round_cos_sin: bool, per_op_rope: bool,
+                per_op_norm: bool, reduction: str, head_axis: int):
+        oq, ok, rq, rk = _qk_fwd(q, k, wq, wk, eps_q, eps_k, cos, sin, round_cos_sin, per_op_rope, per_op_norm,
+                                 reduction, head_axis)
+        _qk_save(ctx, q, k, wq, wk, cos, sin, rq, rk, round_cos_sin, head_axis)
+        return oq, ok
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        q, k, wq, wk, cos, sin, rq, rk = ctx.saved_tensors
+        need_wq, need_wk = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        dq, dk, dwq, dwk = _qk_bwd(gq, gk, q, k, wq, wk, cos, sin, rq, rk, *ctx.flags, need_wq, need_wk)
+        return (dq, dk, dwq, dwk) + (None,) * 9
+
+
+def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin, profile: RoundingProfile, unsqueeze_dim: int = 1,
+                 dtype=None):
+    """Fused q/k RMSNorm -> RoPE (one kernel each way); see ``rla.ops.qk_norm_rope``. Layouts the
+    kernel does not cover run the two-op chain on the fused norm and RoPE kernels (same numbers)."""
+    q_eps, k_eps = (eps, eps) if isinstance(eps, (int, float)) else eps
+    lp = dtype or q.dtype
+    axis = _rope_head_axis(q, k, cos, unsqueeze_dim)
+    if axis is None or q.dtype != lp or q.shape[-1] > 65536 or q.shape[-1] % 2:
+        return reference.compose_qk_norm_rope(rms_norm, rope, q, k, q_weight, k_weight, (q_eps, k_eps), cos, sin,
+                                              profile, unsqueeze_dim, lp)
+    flags = (float(q_eps), float(k_eps), cos, sin, profile.rope_cos_sin == "round", profile.rope_apply == "per_op",
+             profile.norm_weight == "per_op", profile.norm_reduction, axis)
+    if _compiling():
+        oq, ok, _, _ = _qk_norm_rope_op(q, k, q_weight, k_weight, *flags)
+        return oq, ok
+    return _QkNormRopeFn.apply(q, k, q_weight, k_weight, *flags)

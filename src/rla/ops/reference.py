@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from rla.ops.reduction import block_sum_squares, call_tree
 from rla.profiles import RoundingProfile
 
-__all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm", "carry_add"]
+__all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope"]
 
 
 def _rn(v: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
@@ -297,3 +297,40 @@ def carry_add(x, residual, m, out_dtype: torch.dtype):
     """(x + residual) + m in fp32, rounded once to ``out_dtype`` (``residual_stream='fp32_carry'``:
     the MLP's add reads the attention's unrounded sum x + residual)."""
     return _CarryAdd.apply(x, residual, m, out_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# The q/k norm -> RoPE chain (qk_norm_out='fp32')
+# --------------------------------------------------------------------------------------------
+
+
+def _token_major(x: torch.Tensor, head_axis: int | None) -> torch.Tensor:
+    """``x`` as the [B, S, H, D] view HF's q/k norm reads (before its ``transpose(1, 2)``)."""
+    return x.transpose(1, 2) if head_axis == 1 else x
+
+
+def qk_norm_rope(
+    q, k, q_weight, k_weight, eps, cos, sin, profile: RoundingProfile, unsqueeze_dim: int = 1,
+    dtype: torch.dtype | None = None,
+):
+    """RoPE of RMSNorm(q), RMSNorm(k) with the norms' output unrounded (``qk_norm_out='fp32'``),
+    rounded once to ``dtype`` at RoPE's output (inputs already validated; ``eps`` a float or a
+    (q_eps, k_eps) pair). The composition of :func:`rms_norm` (``out_dtype=torch.float32``) and
+    :func:`rope`, op for op: the CPU path, and the oracle of the fused kernel."""
+    return compose_qk_norm_rope(rms_norm, rope, q, k, q_weight, k_weight, eps, cos, sin, profile, unsqueeze_dim, dtype)
+
+
+def compose_qk_norm_rope(rms_norm_fn, rope_fn, q, k, q_weight, k_weight, eps, cos, sin, profile, unsqueeze_dim=1,
+                         dtype=None):
+    """The two-op chain with the given ``rms_norm`` and ``rope`` implementations. A 4-D q/k with
+    ``unsqueeze_dim=1`` ([B, H, S, D], HF's transposed view) is normalised as the [B, S, H, D]
+    view HF's q/k norm reads, so every op sees the tensors it sees in HF's attention."""
+    lp = q.dtype if dtype is None else dtype
+    q_eps, k_eps = (eps, eps) if isinstance(eps, (int, float)) else eps
+    axis = 1 if q.ndim == 4 and unsqueeze_dim in (1, -3) else None
+
+    def norm(x, w, e):
+        y = rms_norm_fn(_token_major(x, axis), w, e, profile, lp, torch.float32)
+        return _token_major(y, axis)
+
+    return rope_fn(norm(q, q_weight, q_eps), norm(k, k_weight, k_eps), cos, sin, profile, unsqueeze_dim, lp)
