@@ -29,12 +29,16 @@ pytestmark = pytest.mark.skipif(
 def _shard(model, cast_forward_inputs):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from torch.distributed.device_mesh import init_device_mesh
+
     policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=cast_forward_inputs
     )
+    # a CPU mesh: without one, fully_shard takes the accelerator where there is one (a GPU box)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for layer in model.model.layers:
-        fully_shard(layer, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 

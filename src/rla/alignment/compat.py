@@ -112,6 +112,8 @@ def dynamic_rope_update(rope_forward):
 
     @functools.wraps(inner)
     def wrapper(self, x, position_ids, *args, **kwargs):
+        if "dynamic" not in self.rope_type:  # HF's update touches the cached length for dynamic NTK only;
+            return inner(self, x, position_ids, *args, **kwargs)  # and Dynamo (torch 2.11) cannot trace __dict__.pop
         _sync_cached_len(self)
         try:
             return inner(self, x, position_ids, *args, **kwargs)
