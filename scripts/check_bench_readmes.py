@@ -206,6 +206,16 @@ def forward_e2e(root):
     return out
 
 
+QK = "benchmarks/results/qk_norm_rope_h200_2026-11-30"
+
+
+def qk_e2e(root):
+    """e2e_fused.json: tok/s, / hf-bf16's, peak GiB, / hf-bf16's."""
+    rows = _e2e_rows(root, f"{QK}/e2e_fused.json")
+    return {(m, v): [r["tok_s"], r["tok_s"] / rows[(m, "hf-bf16")]["tok_s"], r["peak_gib"],
+                     r["peak_gib"] / rows[(m, "hf-bf16")]["peak_gib"]] for (m, v), r in rows.items()}
+
+
 def sglang_points(root, report="calibration.report.json", only=None):
     """calibration.report.json: choice, evidence, '<choice>: <100 fraction>%' per choice, max ulp;
     a point whose op did not run: its kept evidence and 'not run here' (a word each)."""
@@ -242,6 +252,8 @@ TABLES: list[TableCheck] = [
                f"{SGLANG}/norm_cute/calibration.report.json", "choice, evidence, 100 x fraction per choice, max ulp",
                lambda root: sglang_points(root, "norm_cute/calibration.report.json",
                                           ("norm_weight", "norm_residual", "residual_stream", "norm_reduction"))),
+    TableCheck("fused q/k norm + RoPE e2e", R(QK), "| model | variant | tok/s | vs hf-bf16 | peak GiB | vs hf-bf16 |",
+               f"{QK}/e2e_fused.json", "tok/s, / hf-bf16 tok/s, peak GiB, / hf-bf16 peak", qk_e2e, key_cols=2),
     TableCheck("SGLang 0.5.23 rest", R(SGLANG), "| kernel | elements | differ from the chosen rounding",
                f"{SGLANG}/rest_diagnosis.json", "element counts", sglang_rest),
     TableCheck("engine-backed default mode vs the twin", R(FORWARD),

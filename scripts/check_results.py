@@ -240,6 +240,19 @@ def sglang_norm_points(root):
     return [100 * rep[p]["fractions"][rep[p]["choice"]] for p in ("norm_weight", "norm_residual", "residual_stream")]
 
 
+QK = "benchmarks/results/qk_norm_rope_h200_2026-11-30"
+
+
+def qk_step(root):
+    """e2e_fused.json: rla-vllm tok/s / hf-bf16 tok/s and peak / hf-bf16 peak, Qwen3-1.7B then Qwen2.5-1.5B."""
+    rows = {(r["model"], r["variant"]): r for r in _json(root, f"{QK}/e2e_fused.json")["results"]}
+    out = []
+    for m in ("qwen3-1.7b", "qwen2.5-1.5b"):
+        a, h = rows[(m, "rla-vllm")], rows[(m, "hf-bf16")]
+        out += [a["tok_s"] / h["tok_s"], a["peak_gib"] / h["peak_gib"]]
+    return out
+
+
 def _order_e2e(root, stem):
     return root / f"{ORDER}/{stem}.json"
 
@@ -628,6 +641,19 @@ CHECKS: list[Check] = [
           sglang_points),
     Check("SGLang norm path", "README",
           r"fused weight\s+([\d.]+)%, fp32 sum ([\d.]+)%, rounded residual stream ([\d.]+)%",
+          f"{SGLANG}/norm_cute/calibration.report.json", "chosen fraction of norm_weight, norm_residual, residual_stream",
+          sglang_norm_points),
+    Check("fused q/k chain step", "README",
+          r"Qwen3-1\.7B training step runs at ([\d.]+)x HF eager's tokens/s with ([\d.]+) of its peak memory, the\s+"
+          r"same as the two-op chain within run-to-run noise \(its fp32 transient never set the peak\); Qwen2\.5-1\.5B\s+"
+          r"keeps ([\d.]+)x at (\d\.\d+)",
+          f"{QK}/e2e_fused.json", "rla-vllm / hf-bf16 tok_s and peak_gib, qwen3-1.7b then qwen2.5-1.5b", qk_step),
+    Check("fused q/k chain step (index)", "benchmarks/results/README",
+          r"Qwen3-1\.7B step ([\d.]+)x HF tokens/s at ([\d.]+) of its memory, the same as the two-op chain within noise; "
+          r"Qwen2\.5-1\.5B ([\d.]+)x at ([\d.]+) \(no regression\)",
+          f"{QK}/e2e_fused.json", "as above", qk_step),
+    Check("SGLang norm path (index)", "benchmarks/results/README",
+          r"its norm path \(FlashInfer 0\.7\.2's CuTe-DSL kernels\): ([\d.]+)% / ([\d.]+)%, residual stream ([\d.]+)%",
           f"{SGLANG}/norm_cute/calibration.report.json", "chosen fraction of norm_weight, norm_residual, residual_stream",
           sglang_norm_points),
     # ---- README: dose-response
