@@ -8,6 +8,14 @@ def test_profiles_table_and_json(capsys):
     out = capsys.readouterr().out
     assert "vllm-0.33-eager" in out and "fp32_sum" in out and "vllm-eager -> vllm-0.33-eager" in out
     assert "vllm-0.33-eager: evidence per point" in out and "kernel" in out  # versions and evidence
+    # the table (a row per point, a column per profile) shows every value whole in 80 columns
+    from rla import profiles
+
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.split() and line.split()[0] in profiles.POINTS}
+    names = list(profiles.all_profiles())
+    assert set(rows) == set(profiles.POINTS)
+    for point, cells in rows.items():
+        assert cells == [getattr(profiles.get(n), point) for n in names], point
     assert main(["profiles", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in data["profiles"]] == ["hf", "sglang-0.5.23", "vllm-0.33", "vllm-0.33-eager", "rla"]

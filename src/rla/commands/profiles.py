@@ -22,15 +22,18 @@ def run(args) -> int:
         print(json.dumps({"profiles": [profiles.to_dict(p) for p in rows], "aliases": aliases}, indent=2))
         return 0
     console = Console()
-    table = Table(title="Rounding profiles (docs/rounding.md): where each stack rounds fp32 to bf16")
-    table.add_column("profile", no_wrap=True)
-    table.add_column("engine, mode", no_wrap=True)
+    # one row per point, one column per profile: fits an 80-column terminal (a column per point did not)
+    from rich import box
+
+    table = Table(title="Rounding profiles (docs/rounding.md): where each stack rounds fp32 to bf16",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("point", no_wrap=True)
+    for p in rows:  # a version on a line of its own keeps the columns narrow
+        table.add_column(p.name.replace("-", "-\n", 1), no_wrap=True)
+    table.add_row("[dim]calibrated[/]", *[f"[dim]{p.calibration.mode}[/]" if p.calibration else "[dim]-[/]" for p in rows])
+    values = [p.points() for p in rows]
     for point in profiles.POINTS:
-        table.add_column(point.replace("_", "."), no_wrap=True)
-    for p in rows:
-        cal = p.calibration
-        where = f"{cal.engine} {cal.version}, {cal.mode}" if cal else "hand-made"
-        table.add_row(p.name, where, *p.points().values())
+        table.add_row(point, *[v[point] for v in values])
     console.print(table)
     console.print("aliases (the newest calibrated row of each engine and mode): "
                   + ", ".join(f"{a} -> {t}" for a, t in aliases.items()), highlight=False)
