@@ -216,6 +216,15 @@ def qk_e2e(root):
                      r["peak_gib"] / rows[(m, "hf-bf16")]["peak_gib"]] for (m, v), r in rows.items()}
 
 
+def qk_alternating(root):
+    """e2e_alternating_<i>.json: the chain (odd runs fused), rla-vllm tok/s and peak GiB."""
+    out = {}
+    for i in range(1, 5):
+        (r,) = _json(root, f"{QK}/e2e_alternating_{i}.json")["results"]
+        out[(f"e2e_alternating_{i}",)] = ["fused" if i % 2 else "two-op", r["tok_s"], r["peak_gib"]]
+    return out
+
+
 def sglang_points(root, report="calibration.report.json", only=None):
     """calibration.report.json: choice, evidence, '<choice>: <100 fraction>%' per choice, max ulp;
     a point whose op did not run: its kept evidence and 'not run here' (a word each)."""
@@ -254,6 +263,8 @@ TABLES: list[TableCheck] = [
                                           ("norm_weight", "norm_residual", "residual_stream", "norm_reduction"))),
     TableCheck("fused q/k norm + RoPE e2e", R(QK), "| model | variant | tok/s | vs hf-bf16 | peak GiB | vs hf-bf16 |",
                f"{QK}/e2e_fused.json", "tok/s, / hf-bf16 tok/s, peak GiB, / hf-bf16 peak", qk_e2e, key_cols=2),
+    TableCheck("fused vs two-op q/k chain, alternating", R(QK), "| run | chain | tok/s | peak GiB |",
+               f"{QK}/e2e_alternating_*.json", "chain by run (odd: fused), tok/s, peak GiB", qk_alternating),
     TableCheck("SGLang 0.5.23 rest", R(SGLANG), "| kernel | elements | differ from the chosen rounding",
                f"{SGLANG}/rest_diagnosis.json", "element counts", sglang_rest),
     TableCheck("engine-backed default mode vs the twin", R(FORWARD),
