@@ -40,12 +40,11 @@ def run(args) -> int:
         raise ValueError(f"--parallel must be >= 1, got {args.parallel}")
     grid = load_grid(args.grid)
     say = lambda msg: console.print(msg, highlight=False)  # noqa: E731
+    gpus = [g.strip() for g in args.gpus.split(",")] if args.gpus else None
     if args.probe:
-        from rla.rl.probe import probe_step0
-
         from rla.rl.experiment import make_warm_starts
         from rla.rl.grid import matches_only
-        from rla.rl.probe import check_pick, pick_doses
+        from rla.rl.probe import check_pick, pick_doses, probe_step0
 
         out = Path(args.out)
         targets, picked = None, out / "picked_grid.yaml"
@@ -60,7 +59,6 @@ def run(args) -> int:
         seeds = [int(x) for x in args.probe_seeds.split(",")] if args.probe_seeds else None
         # the probe needs each model's initial weights: make missing warm starts, as a run would
         out.mkdir(parents=True, exist_ok=True)
-        gpus = [g.strip() for g in args.gpus.split(",")] if args.gpus else None
         make_warm_starts([s for s in grid.runs(out) if matches_only(s.name, args.only)], out,
                          parallel=args.parallel, gpus=gpus, say=say, grace_s=args.grace)
         result = probe_step0(grid, out, only=args.only, seeds=seeds, say=say)
@@ -80,7 +78,6 @@ def run(args) -> int:
     if args.summarize_only:
         summary = summarize(args.out, grid, dose_criterion=args.collapse)
     else:
-        gpus = [g.strip() for g in args.gpus.split(",")] if args.gpus else None
         summary = run_grid(grid, args.out, parallel=args.parallel, time_limit_s=args.time_limit, gpus=gpus,
                            only=args.only, say=say, grace_s=args.grace, dose_criterion=args.collapse)
     done = sum(r["finished"] for r in summary["runs"])

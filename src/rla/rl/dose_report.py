@@ -50,7 +50,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CRITERIA", "run_outcome", "fit_threshold", "dose_report", "is_dose_grid", "CHI2_95", "MIN_RUNS"]
+__all__ = ["CRITERIA", "run_outcome", "fit_threshold", "dose_report", "is_dose_arm", "is_dose_grid", "CHI2_95",
+           "MIN_RUNS"]
 
 CRITERIA = ("reward", "signal", "either")
 #: chi-square(1) 95% quantile: the profile-likelihood interval's cut
@@ -237,13 +238,18 @@ def curve(threshold_k3: float, slope: float | None, k3: np.ndarray) -> np.ndarra
 # ----------------------------------------------------------------------------------------- report
 
 
+def is_dose_arm(over: dict) -> bool:
+    """True when an arm's overrides set ``train_dose_bits`` (a dose arm)."""
+    return over.get("train_dose_bits") is not None
+
+
 def is_dose_grid(grid) -> bool:
     """True when some arm sets ``train_dose_bits`` (the grid is a dose-response experiment)."""
-    return any(over.get("train_dose_bits") is not None for over in grid.arms.values())
+    return any(is_dose_arm(over) for over in grid.arms.values())
 
 
 def _role(over: dict) -> str:
-    if over.get("train_dose_bits") is not None:
+    if is_dose_arm(over):
         return "dose"
     if over.get("train_precision") == "aligned" and not over.get("align_regions"):
         return "aligned"

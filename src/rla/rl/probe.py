@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rla.rl.dose_report import is_dose_arm
 from rla.rl.grid import Grid, RunSpec, matches_only
 
 __all__ = ["probe_step0", "probe_markdown", "pick_doses", "check_pick"]
@@ -176,7 +177,7 @@ def check_pick(grid: Grid, targets: list[float], only: str | None = None) -> Non
     if len(models) != 1:
         raise ValueError(f"--pick-doses picks arms for one model; the probed runs are of {models or 'none'} "
                          "(select one with --only MODEL__)")
-    doses = [a for a, over in grid.arms.items() if over.get("train_dose_bits") is not None]
+    doses = [a for a, over in grid.arms.items() if is_dose_arm(over)]
     if len(doses) < len(targets):
         raise ValueError(f"--pick-doses: {len(targets)} target(s) but only {len(doses)} dose arm(s) "
                          f"(arms with train_dose_bits) in the grid: {doses}")
@@ -192,7 +193,7 @@ def pick_doses(result: dict[str, Any], grid: Grid, targets: list[float]) -> tupl
     mapping (non-dose arms first, then the picked doses by increasing k3) and one row per target
     (target, arm, probed geomean k3, signed distance in decades)."""
     probed = {a["arm"]: a["k3_geomean"] for a in result["arms"]
-              if grid.arms.get(a["arm"], {}).get("train_dose_bits") is not None and a["k3_geomean"]}
+              if is_dose_arm(grid.arms.get(a["arm"], {})) and a["k3_geomean"]}
     if len(probed) < len(targets):
         raise ValueError(f"--pick-doses: {len(targets)} target(s) but {len(probed)} dose arm(s) with a probed, "
                          f"positive k3 ({sorted(probed)})")
@@ -216,7 +217,7 @@ def pick_doses(result: dict[str, Any], grid: Grid, targets: list[float]) -> tupl
         i, j = i - 1, j - 1
     rows = [{"target": t, "arm": chosen[i], "k3_geomean": probed[chosen[i]],
              "decades_off": math.log10(probed[chosen[i]]) - math.log10(t)} for i, t in enumerate(targets)]
-    arms = {a: over for a, over in grid.arms.items() if over.get("train_dose_bits") is None}
+    arms = {a: over for a, over in grid.arms.items() if not is_dose_arm(over)}
     for row in sorted(rows, key=lambda r: r["k3_geomean"]):
         arms[row["arm"]] = grid.arms[row["arm"]]
     return arms, rows
