@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from readme_tables import TableCheck, check_results_module, main  # noqa: E402
 
 _cr = check_results_module()
-D29C, D29, TWIN, ORDER, FORWARD, SGLANG = _cr.D29C, _cr.D29, _cr.TWIN, _cr.ORDER, _cr.FORWARD, _cr.SGLANG
+D29C, D29, TWIN, ORDER, FORWARD, SGLANG, QK = _cr.D29C, _cr.D29, _cr.TWIN, _cr.ORDER, _cr.FORWARD, _cr.SGLANG, _cr.QK
 FSDP2 = "benchmarks/results/h200x2_2026-11-29_fsdp2"
 
 MODELS = {"Qwen2.5-1.5B": "qwen2.5-1.5b", "Qwen2.5-7B": "qwen2.5-7b"}
@@ -195,9 +195,9 @@ def rope_tables(root):
     return out
 
 
-def forward_e2e(root):
-    """e2e.json: batch x seq, tok/s, / hf-bf16's, peak GiB, / hf-bf16's."""
-    rows = _e2e_rows(root, f"{FORWARD}/e2e.json")
+def _e2e_vs_hf(root, path):
+    """(model, variant) -> batch x seq, tok/s, / hf-bf16's, peak GiB, / hf-bf16's (same file, same model)."""
+    rows = _e2e_rows(root, path)
     out = {}
     for (model, variant), r in rows.items():
         hf = rows[(model, "hf-bf16")]
@@ -206,14 +206,14 @@ def forward_e2e(root):
     return out
 
 
-QK = "benchmarks/results/qk_norm_rope_h200_2026-11-30"
+def forward_e2e(root):
+    """e2e.json: batch x seq, tok/s, / hf-bf16's, peak GiB, / hf-bf16's."""
+    return _e2e_vs_hf(root, f"{FORWARD}/e2e.json")
 
 
 def qk_e2e(root):
-    """e2e_fused.json: tok/s, / hf-bf16's, peak GiB, / hf-bf16's."""
-    rows = _e2e_rows(root, f"{QK}/e2e_fused.json")
-    return {(m, v): [r["tok_s"], r["tok_s"] / rows[(m, "hf-bf16")]["tok_s"], r["peak_gib"],
-                     r["peak_gib"] / rows[(m, "hf-bf16")]["peak_gib"]] for (m, v), r in rows.items()}
+    """e2e_fused.json: tok/s, / hf-bf16's, peak GiB, / hf-bf16's (the table has no shape column)."""
+    return {key: vals[1:] for key, vals in _e2e_vs_hf(root, f"{QK}/e2e_fused.json").items()}
 
 
 def qk_alternating(root):

@@ -98,8 +98,7 @@ PROSE: list = [
     Check("dose high: warm starts", R(DOSE_HIGH),
           r"fired at step (\d+) here \(sampled\s+([\d.]+)\) and at step (\d+) in the first cell \(sampled ([\d.]+)\)",
           f"{{{DOSE_HIGH},{DOSE}}}/init/qwen2-50m/sft.json", "steps_done and the last evaluation's sample_acc, here then "
-          "the first cell", lambda root: [v for pair in zip(dose_high_warm_starts(root)[0::2],
-                                                             dose_high_warm_starts(root)[1::2]) for v in pair]),
+          "the first cell", dose_high_warm_starts),
     Check("dose high: vs the first 52M cell", R(DOSE_HIGH),
           r"b2x0\.7, gives ([\d.]+)x the k3 here \(([\d.e+-]+) vs ([\d.e+-]+)\) and bf16 ([\d.]+)x\s+\(([\d.e+-]+) vs "
           r"([\d.e+-]+)\); the aligned arm's step-0 token entropy is ([\d.]+) here against ([\d.]+) there",

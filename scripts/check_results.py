@@ -32,6 +32,7 @@ TWIN = "benchmarks/results/vllm033_calibration_twin_h200_2026-11-30"
 ORDER = "benchmarks/results/vllm033_reduction_order_h200_2026-11-30"
 FORWARD = "benchmarks/results/vllm033_engine_forward_h200_2026-11-30"
 SGLANG = "benchmarks/results/sglang0523_calibration_h200_2026-11-30"
+QK = "benchmarks/results/qk_norm_rope_h200_2026-11-30"
 GRPO = "experiments/grpo_h200_2026-11-29"
 SESSION4 = "benchmarks/results/rope_liger_compile_h200_2026-11-29"
 D29 = SESSION4
@@ -238,9 +239,6 @@ def sglang_norm_points(root):
     residual_stream (SGLang's norm path, FlashInfer 0.7.2's CuTe-DSL kernels)."""
     rep = _json(root, f"{SGLANG}/norm_cute/calibration.report.json")["points"]
     return [100 * rep[p]["fractions"][rep[p]["choice"]] for p in ("norm_weight", "norm_residual", "residual_stream")]
-
-
-QK = "benchmarks/results/qk_norm_rope_h200_2026-11-30"
 
 
 def qk_step(root):

@@ -41,10 +41,10 @@ def _cell(root: Path, model: str, folder: str = DOSE) -> dict:
     return cell
 
 
-def dose_table(root: Path, model: str = "qwen2-tiny") -> dict:
+def dose_table(root: Path, model: str = "qwen2-tiny", folder: str = DOSE) -> dict:
     """arm -> step-0 k3 geometric mean; collapsed / scored; signal / runs; reward start mean,
     final mean, final sample std (``rla.rl.experiment_summary.stats``)."""
-    cell = _cell(root, model)
+    cell = _cell(root, model, folder)
     return {(a["arm"],): [a["step0_k3_geomean"], [a["collapsed"], a["scored"]], [a["signal"], a["runs"]],
                           [a["reward_first"]["mean"], a["final_reward"]["mean"], a["final_reward"]["std"]]]
             for a in cell["arms"]}
@@ -84,12 +84,12 @@ def _runs(root: Path, model: str = M50) -> dict:
     return {r["name"]: r for r in _report(root)["runs"] if r["model"] == model}
 
 
-def _log(root: Path, name: str) -> list[dict]:
+def _log(root: Path, name: str, folder: str = DOSE) -> list[dict]:
     if str(root / "src") not in sys.path:
         sys.path.insert(0, str(root / "src"))
     from rla.rl.runlog import read_log
 
-    return read_log(root / DOSE / "runs" / name / "log.jsonl")
+    return read_log(root / folder / "runs" / name / "log.jsonl")
 
 
 def dose50_table(root: Path) -> dict:
@@ -253,8 +253,7 @@ DOSE_HIGH = "experiments/dose_response_50m_high_h200_2026-11-30"
 
 
 def _high(root: Path) -> dict:
-    (cell,) = [c for c in _report(root, DOSE_HIGH)["cells"] if c["model"] == M50]
-    return cell
+    return _cell(root, M50, DOSE_HIGH)
 
 
 def _high_arms(root: Path) -> dict:
@@ -272,9 +271,8 @@ def dose_high_probe_table(root: Path) -> dict:
 
 def dose_high_table(root: Path) -> dict:
     """as ``dose_table`` for the high-dose cell, plus the gain: mean final - mean starting reward."""
-    return {(arm,): [a["step0_k3_geomean"], [a["collapsed"], a["scored"]], [a["signal"], a["runs"]],
-                     [a["reward_first"]["mean"], a["final_reward"]["mean"], a["final_reward"]["std"]], _gain(a)]
-            for arm, a in _high_arms(root).items()}
+    arms = _high_arms(root)
+    return {key: [*vals, _gain(arms[key[0]])] for key, vals in dose_table(root, M50, DOSE_HIGH).items()}
 
 
 def dose_high_calls(root: Path) -> list:
@@ -323,17 +321,9 @@ def dose_high_vs_first(root: Path) -> list:
         out += [h / f, h, f]
     ent = []
     for folder in (DOSE_HIGH, DOSE):
-        vals = [_log_in(root, folder, f"{M50}__aligned__s{s}")[0]["train/entropy"] for s in range(3)]
+        vals = [_log(root, f"{M50}__aligned__s{s}", folder)[0]["train/entropy"] for s in range(3)]
         ent.append(sum(vals) / 3)
     return out + ent
-
-
-def _log_in(root: Path, folder: str, name: str) -> list[dict]:
-    if str(root / "src") not in sys.path:
-        sys.path.insert(0, str(root / "src"))
-    from rla.rl.runlog import read_log
-
-    return read_log(root / folder / "runs" / name / "log.jsonl")
 
 
 def dose_high_scale2(root: Path) -> list:
