@@ -51,8 +51,14 @@ def _steps_done(run_dir: Path) -> int:
 
 def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: float | None = None,
              gpus: list[str] | None = None, only: str | None = None, say=print, show_progress: bool = True,
-             grace_s: float = 30.0, dose_criterion: str = "reward") -> dict:
-    """Warm starts, then every unfinished run; then ``summarize_grid``. Returns the summary."""
+             grace_s: float = 30.0, dose_criterion: str = "reward", runs_per_process: int = 1) -> dict:
+    """Warm starts, then every unfinished run; then ``summarize_grid``. Returns the summary.
+
+    ``runs_per_process`` > 1 puts up to that many runs of one GPU into one process, a thread each
+    (``rla.rl.run_group``); ``parallel`` counts processes.
+    """
+    if runs_per_process < 1:
+        raise ValueError(f"runs_per_process must be >= 1, got {runs_per_process}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + time_limit_s if time_limit_s else None
@@ -78,15 +84,36 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
         # the grid's config for this run; the trainer keeps what it ran as config.yaml and refuses
         # to resume under a changed one
         (run_dir / "run.yaml").write_text(s.config.to_yaml())
-        cmd = [sys.executable, "-m", "rla.cli", "train", str(run_dir / "run.yaml"), "--resume"]
-        todo.append(Job(s.name, cmd, run_dir / "train.out", gpu=gpus[i % len(gpus)] if gpus else None))
-    say(f"{len(specs)} run(s): {len(specs) - len(todo)} finished, {len(todo)} to run, {parallel} at a time")
+        todo.append((s.name, run_dir, gpus[i % len(gpus)] if gpus else None))
+    jobs = _jobs(todo, runs_per_process, out)
+    at_once = (f"{parallel} process(es) of up to {runs_per_process} runs at a time" if runs_per_process > 1
+               else f"{parallel} at a time")
+    say(f"{len(specs)} run(s): {len(specs) - len(todo)} finished, {len(todo)} to run, {at_once}")
     bar = _ProgressBar(show_progress, specs)
     try:
-        run_jobs(todo, parallel, deadline, say, progress=bar.refresh, grace_s=grace_s)
+        run_jobs(jobs, parallel, deadline, say, progress=bar.refresh, grace_s=grace_s)
     finally:
         bar.close()
     return summarize(out, grid, dose_criterion=dose_criterion)
+
+
+def _jobs(todo: list[tuple[str, Path, str | None]], per_process: int, out: Path) -> list[Job]:
+    """One ``rla train`` process per run, or with ``per_process`` > 1 groups of up to that many runs
+    of the same GPU in one ``rla.rl.run_group`` process (its own output in ``OUT/logs/``)."""
+    if per_process == 1:
+        return [Job(name, [sys.executable, "-m", "rla.cli", "train", str(d / "run.yaml"), "--resume"],
+                    d / "train.out", gpu=gpu) for name, d, gpu in todo]
+    by_gpu: dict[str | None, list] = {}
+    for t in todo:
+        by_gpu.setdefault(t[2], []).append(t)
+    jobs = []
+    for gpu, runs in by_gpu.items():
+        for k in range(0, len(runs), per_process):
+            part = runs[k:k + per_process]
+            name = "+".join(n for n, _, _ in part)
+            cmd = [sys.executable, "-m", "rla.rl.run_group", *(str(d / "run.yaml") for _, d, _ in part)]
+            jobs.append(Job(name, cmd, out / "logs" / f"group__{part[0][0]}.out", gpu=gpu))
+    return jobs
 
 
 def make_warm_starts(specs: list[RunSpec], out: Path, *, parallel: int = 1, deadline: float | None = None,

@@ -18,6 +18,8 @@ but the capture itself, and the GPU test checks that replay equals eager bit for
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 __all__ = ["StaticDecoder", "bucket", "next_token_logits"]
@@ -25,6 +27,8 @@ __all__ = ["StaticDecoder", "bucket", "next_token_logits"]
 #: static caches are allocated in multiples of this many positions, so batches whose prompt
 #: lengths differ a little share one cache and one captured graph
 BUCKET = 64
+
+_CAPTURE_LOCK = threading.Lock()
 
 
 def bucket(n: int) -> int:
@@ -138,7 +142,10 @@ class StaticDecoder:
             self._warm_up()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # one capture at a time per process, on its own stream (torch.cuda.graph's default capture
+        # stream is shared), and only this thread's calls checked: several runs of one process
+        # (rla.rl.run_group) keep their other threads' kernels going meanwhile
+        with _CAPTURE_LOCK, torch.cuda.graph(graph, stream=torch.cuda.Stream(), capture_error_mode="thread_local"):
             self._logits = self._step()
         self._graph = graph
 
