@@ -36,6 +36,12 @@ from dose_numbers import (  # noqa: E402
     dose_high_probe_table, dose_high_run_vs_probe, dose_high_scale2, dose_high_signal, dose_high_table,
     dose_high_vs_first, dose_high_warm_starts,
 )
+from dose_long_numbers import (  # noqa: E402
+    LONG, long_52m_cost, long_52m_prediction, long_at_1e3, long_bench, long_bench_table, long_bf16, long_bf16_cells,
+    long_bf16_trend, long_call2, long_call4_start, long_calls, long_decades, long_entropy_grad, long_gains, long_max_k3,
+    long_no_collapse, long_picks, long_prediction, long_probe_table, long_repro, long_signal, long_sizes, long_table,
+    long_vs_short_at_40, long_warm_starts,
+)
 from readme_tables import TableCheck, check_results_module, main  # noqa: E402
 
 Check = check_results_module().Check
@@ -79,12 +85,98 @@ TABLES: list[TableCheck] = [
                "geometric mean over seeds of step-0 k3; per seed in seed order", dose_calibration_table),
     TableCheck("dose 52M high probe table", R(DOSE_HIGH), "| arm | bits | scale", f"{DOSE_HIGH}/probe.json",
                "geometric mean over seeds of step-0 k3; per seed in seed order", dose_high_probe_table),
+    TableCheck("dose long probe table", R(LONG), "| arm | step-0 k3, 4M long", f"{LONG}/probe/*/probe.json",
+               "geometric mean over 3 seeds of the probe's step-0 k3, 4M then 52M", long_probe_table),
+    TableCheck("dose long table", R(LONG), "| arm | step-0 k3 (geomean) | collapsed", f"{LONG}/{LOGS}",
+               "rla's dose report recomputed from the logs: as the dose-response table; gain = mean final - mean "
+               "starting reward", long_table),
+    TableCheck("dose long: bf16 by cell", R(LONG), "| cell | task, response tokens", f"{{{DOSE},{DOSE_HIGH},{LONG}}}",
+               "bf16 and aligned step-0 k3 geomeans per cell (dose reports; the 52M long cell: its probe.json)", long_bf16_cells),
+    TableCheck("dose long: run-group bench", R(LONG), "| layout | steady", f"{LONG}/run_group_bench/*/runs, logs/call1_commands.log",
+               "median step 0 of the thread layout; mean time/step_s of steps 1-2 over 7 runs, and / 7; the commands "
+               "log's start-to-exit seconds", long_bench_table),
     TableCheck("dose 52M high table", R(DOSE_HIGH), "| arm | step-0 k3 (geomean) | collapsed", f"{DOSE_HIGH}/{LOGS}",
                "rla's dose report recomputed from the logs: as the dose-response table; gain = mean final - mean "
                "starting reward", dose_high_table),
 ]
 
 PROSE: list = [
+    # ---- dose-response, the long cells
+    Check("dose long: warm starts", R(LONG),
+          r"stopped at step (\d+) \((\d+) s\), greedy ([\d.]+), sampled ([\d.]+);.*?stopped at step (\d+) \((\d+) s\), "
+          r"greedy ([\d.]+), sampled ([\d.]+)", f"{LONG}/init/*/sft.json", "steps_done, wall_time_s, the last "
+          "evaluation's greedy and sampled accuracy, 4M then 52M", long_warm_starts),
+    Check("dose long: sizes", R(LONG), r"`qwen2-tiny-long` \(([\d,]+) parameters\).*?\(hidden (\d+), (\d+) layers\)",
+          f"{LONG}/{{dose_report.json,init/qwen2-50m-long/config.json}}", "parameters; hidden size, layers", long_sizes),
+    Check("dose long: the calls", R(LONG),
+          r"call 1's commands ran (\d+) s, call 3's (\d+) s \((\d+) of (\d+) steps: (\d+) runs finished 40 steps, (\d+) "
+          r"were stopped at (\d+)-(\d+) by the time limit\), call 4's (\d+) s \(all (\d+) runs",
+          f"{LONG}/logs/call*_commands.log, {LONG}/{LOGS}", "the commands logs' last stamp; steps per run", long_calls),
+    Check("dose long: the picks", R(LONG), r"For both models the pick \(targets [^)]*\) chose (.+?)\. ## What happened",
+          f"{LONG}/probe/*/picked_grid.yaml", "the dose arms of both picked grids (equal)", long_picks),
+    Check("dose long: no collapse", R(LONG),
+          r"no run of (\d+) \(dose and aligned arms\) collapsed, and at 95% \(profile likelihood\) the threshold lies "
+          r"above k3 = ([\d.]+), (\d+)x the short 4M cell's k3_50 \(([\d.]+)\)\. At b1x4 .*? off by ([\d.]+) nats",
+          f"{{{LONG},{DOSE}}}/{LOGS}, {LONG}/probe/qwen2-tiny-long/probe.json", "the fits (rla's dose report); "
+          "b1x4's probe abs_mean", long_no_collapse),
+    Check("dose long: largest k3", R(LONG), r"No run collapsed, up to step-0 k3 ([\d.]+)\.", f"{LONG}/{LOGS}",
+          "largest step-0 k3 of the fitted runs", long_max_k3),
+    Check("dose long: the short cell at step 40", R(LONG),
+          r"already finds (\d) of 3 b3 runs \(k3 ([\d.]+)\) and (\d) of 3 b2x0\.7 runs \(k3 ([\d.]+)\) collapsed\. Here, "
+          r"at 40 steps, none of (\d+) runs up to k3 ([\d.]+) did", f"{{{DOSE},{LONG}}}/{LOGS}",
+          "short 4M runs whose steps 35-39 mean reward is below half their steps 0-4 mean; k3 geomeans; fitted runs "
+          "here and their largest k3", long_vs_short_at_40),
+    Check("dose long: gains", R(LONG),
+          r"\+([\d.]+) \(aligned\), \+([\d.]+) at k3 ([\d.e-]+), \+([\d.]+) at ([\d.e-]+), \+([\d.]+) at ([\d.]+), and "
+          r"from k3 ([\d.]+) up the reward ends below where it started \((-[\d.]+), (-[\d.]+), (-[\d.]+)\)",
+          f"{LONG}/{LOGS}", "mean final - mean start reward per arm with its step-0 k3 geomean", long_gains),
+    Check("dose long: at 1e-3", R(LONG), r"b2x0\.7 at ([\d.e-]+): \+([\d.]+); b2 at ([\d.e-]+): \+([\d.]+)\)",
+          f"{LONG}/{LOGS}", "step-0 k3 geomean and gain", long_at_1e3),
+    Check("dose long: bf16", R(LONG),
+          r"bf16's step-0 k3 \(([\d.e-]+)\) is (\d+)x aligned's and (\d+)x below the smallest dose \(([\d.e-]+)\); its "
+          r"gain \(\+([\d.]+)\) is aligned's \(\+([\d.]+)\) within the seeds' spread \(final reward ([\d.]+) ± ([\d.]+) "
+          r"vs ([\d.]+) ± ([\d.]+)\)", f"{LONG}/{LOGS}", "rla's dose report: k3 geomeans, ratios, gains, final reward "
+          "mean ± sample std", long_bf16),
+    Check("dose long: the collapse signal", R(LONG), r"The collapse signal fired in (\d+) of (\d+) runs, none of which "
+          r"collapsed", f"{LONG}/{LOGS}", "runs whose signal fired / runs (none collapsed)", long_signal),
+    Check("dose long: entropy and grad norm", R(LONG),
+          r"step-0 token entropy is ([\d.]+) nats, against ([\d.]+) in the short addition cell, and their step-0 "
+          r"gradient norm ([\d.]+) against (\d+\.\d+)", f"{{{LONG},{DOSE}}}/{LOGS}",
+          "aligned runs' step-0 train/entropy and train/grad_norm, mean over seeds, long then short 4M", long_entropy_grad),
+    Check("dose long: decades", R(LONG), r"more than two decades \(([\d.]+) -> > ([\d.]+)\)", f"{{{DOSE},{LONG}}}/{LOGS}",
+          "the short 4M k3_50; the long cell's 95% lower bound", long_decades),
+    Check("dose long: call 4's prediction", R(LONG),
+          r"Measured: final rewards ([\d.]+), ([\d.]+), ([\d.]+), no collapse\..*?starts to fall near ([\d.]+) and still "
+          r"holds ([\d.]+) at ([\d.]+)\. Its timing held: 9 processes on one H200 took ([\d.]+) s a step \(predicted "
+          r"~11 s\), 40 steps in (\d+) s", f"{LONG}/{LOGS}", "final reward means; b1x2's k3; b1x4's final and k3; "
+          "mean time/step_s of call 4's runs, x 40", long_prediction),
+    Check("dose long: call 4's start", R(LONG), r"the call started (\d\d:\d\d:\d\d)\)", f"{LONG}/logs/call4_commands.log",
+          "the experiment line's UTC stamp", long_call4_start),
+    Check("dose long: bf16 trend", R(LONG),
+          r"at 4M it fell (\d+)x \(with the task changed\); at 1,026 tokens, 4M and 52M give the same k3 within "
+          r"([\d.]+)x; at ~123 tokens, 52M gives (\d+)-(\d+)x less", f"{{{DOSE},{DOSE_HIGH},{LONG}}}",
+          "ratios of the bf16 step-0 k3 geomeans of the table", long_bf16_trend),
+    Check("dose long: the 52M probe prediction", R(LONG),
+          r"it gave ([\d.e-]+), the 4M value\..*?\(greedy ([\d.]+) vs ([\d.]+)\).*?held: (\d+) s\.",
+          f"{LONG}/{{probe,init}}/qwen2-*-long/", "52M long bf16 probe geomean; last greedy accuracy 52M, 4M; 52M SFT "
+          "wall seconds", long_52m_prediction),
+    Check("dose long: call 2", R(LONG),
+          r"the 52M runs reached (\d+)-(\d+) of (\d+) steps at (\d+) s a step and the 4M runs (\d+)-(\d+) steps",
+          f"{LONG}/partial_2026-11-30", "logged steps of the 52M runs, planned steps, mean time/step_s; 4M runs' steps",
+          long_call2),
+    Check("dose long: the 52M cell's cost", R(LONG),
+          r"each GPU made ([\d.]+) 4M steps and (\d+) 52M steps in (\d+) s; at call 3's ([\d.]+) GPU-seconds per 4M step "
+          r"\((\d+) steps of 21 runs on two GPUs in (\d+) s\), the 52M steps took the other ~([\d.]+) s each\. The "
+          r"cell's 21 runs x 40 steps would then need ~([\d,]+) GPU-seconds", f"{LONG}/{{partial_2026-11-30,runs}}",
+          "steps logged per GPU; (500 - 4M steps x GPU-s per 4M step) / 52M steps; x 21 x 40", long_52m_cost),
+    Check("dose long: run-group bench", R(LONG),
+          r"Threads are ([\d.]+)x slower than processes.*?missed by (\d+)x\..*?so 7 give ([\d.]+)x one run alone",
+          f"{LONG}/run_group_bench", "threads / processes steady step time; 2 x that; alone / (processes / 7)",
+          long_bench),
+    Check("dose long: reproducibility", R(LONG),
+          r"\(b1 seed 0: ([\d.e-]+) vs ([\d.e-]+)\) and by up to ([\d.]+)x at the aligned arm's 1e-7 scale \(seed 1: "
+          r"([\d.e-]+) vs ([\d.e-]+)\)", f"{LONG}/{{partial_2026-11-30/qwen2-tiny-long,.}}/runs",
+          "step 0 mismatch/k3, call 2 then call 3", long_repro),
     # ---- dose-response, the 52M high-dose cell
     Check("dose high: the calls", R(DOSE_HIGH),
           r"commands ran (\d+) s \(the probe with its warm start (\d+) s; (\d+) runs finished, the other (\d+)\s+"

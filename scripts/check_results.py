@@ -317,9 +317,23 @@ def _dose_high_row(root):
     return [nc[1], nc[2], nc[9], g[5], d.dose_high_bf16(root)[0], first[0]]
 
 
-def _dose_long_ratio(root):
-    ratios = [short / long for long, short in _dose().dose_long_table(root).values()]
-    return [min(ratios), max(ratios)]
+def _dose_long():
+    _dose()
+    import dose_long_numbers
+    return dose_long_numbers
+
+
+def _dose_long_readme(root):
+    d = _dose_long()
+    nc, g, cells, bench = d.long_no_collapse(root), d.long_gains(root), d.long_bf16_cells(root), d.long_bench(root)
+    return [d.long_max_k3(root)[0], nc[1], nc[2], g[0], g[7], cells[("4M, long",)][1], cells[("52M, long",)][1], bench[0]]
+
+
+def _dose_long_index(root):
+    d = _dose_long()
+    nc, g, cells, bench = d.long_no_collapse(root), d.long_gains(root), d.long_bf16_cells(root), d.long_bench(root)
+    return [d.long_max_k3(root)[0], nc[1], nc[2], g[7], cells[("4M, long",)][1], cells[("4M, long",)][2],
+            cells[("52M, long",)][1], bench[0]]
 
 
 def order_calibration_words(root):
@@ -679,9 +693,19 @@ CHECKS: list[Check] = [
           r"The doses' k3 depends on the warm start: ([\d.]+)x more than in the first 52M cell",
           "experiments/dose_response_50m_high_h200_2026-11-30/runs/*/log.jsonl.gz",
           "as above; bf16's step-0 k3 geomean; b2x0.7's geomean here / in the first 52M cell", _dose_high_row),
-    Check("dose-response: long cell", "README", r"gave (\d+)-(\d+)x smaller\s+step-0 k3 for every arm",
-          "experiments/dose_response_h200_2026-11-30/long_cell_seed0/runs/*/log.jsonl.gz",
-          "min-max over arms of the short cell's geomean / the long cell's seed-0 step-0 k3", _dose_long_ratio),
+    Check("dose-response: long cell", "README",
+          r"no 4M run collapsed up to step-0 k3 ([\d.]+) \(at 95% the threshold lies above ([\d.]+), (\d+)x the short\s+4M "
+          r"cell's\), though the reward gain fell from \+([\d.]+) \(aligned\) to below zero from k3 ([\d.]+); bf16 sat at\s+"
+          r"([\d.e-]+) there and ([\d.e-]+) for the 52M model.*?was ([\d.]+)x slower than\s+processes",
+          "experiments/dose_response_long_h200_2026-12-01/{runs,probe,run_group_bench}",
+          "rla's dose report of the long cell: largest fitted k3, 95% lower bound / the short 4M k3_50; aligned's gain; "
+          "b1x2's k3; bf16 geomeans 4M (runs) and 52M (probe); threads / processes step time", _dose_long_readme),
+    Check("dose-response: long cell (index)", "experiments/README",
+          r"4M: no collapse up to step-0 k3 ([\d.]+) in 40 steps \(threshold above ([\d.]+) at 95%, (\d+)x the short cell's\); "
+          r"reward gain falls with the dose, below zero from k3 ([\d.]+); bf16 ([\d.e-]+), aligned ([\d.e-]+)\. 52M: probed only "
+          r"\(bf16 ([\d.e-]+)\)\. Several runs as threads of one process: ([\d.]+)x slower than processes",
+          "experiments/dose_response_long_h200_2026-12-01/{runs,probe,run_group_bench}", "as above, with aligned's geomean",
+          _dose_long_index),
     # ---- README: attribution
     Check("attribution at ~123 tokens", "README",
           r"aligning all three regions removes (\d+)% of k3 at ~(\d+)-token responses \(RoPE's Shapley share (\d+)%\)",
