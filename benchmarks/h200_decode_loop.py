@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -87,16 +88,41 @@ def per_token_generate(sampler, prompts: list[list[int]], params, decoders: dict
             break
         positions = positions[:, -1:] + 1
         logits = dec.decode(nxt[:, None], positions, longest + step)
-    return torch.stack(out_ids, 1).cpu(), torch.stack(out_lp, 1).double().cpu()
+    ids, lps = torch.stack(out_ids, 1).cpu().tolist(), torch.stack(out_lp, 1).double().cpu().tolist()
+    ends = [next((t + 1 for t, tok in enumerate(row) if tok in stops), len(row)) for row in ids]  # as generate cuts
+    return [row[:e] for row, e in zip(ids, ends)], [row[:e] for row, e in zip(lps, ends)]
 
 
 def graph_loop_generate(sampler, prompts, params):
+    """Today's ``Sampler.generate`` -> (response ids, logprobs) per row, as :func:`per_token_generate`."""
     recs = sampler.generate(prompts, params)
     return [r.response_ids for r in recs], [r.logprobs for r in recs]
 
 
-def as_lists(ids: torch.Tensor, lps: torch.Tensor):
-    return ids.tolist(), lps.tolist()
+def threaded_tok_s(fns, tokens_per_call: int) -> float:
+    """Aggregate tokens/s of ``fns`` run at once, one thread and one CUDA stream each (as
+    ``rla.rl.run_group`` runs several runs in one process); each runs once before, to capture."""
+    streams = [torch.cuda.Stream() for _ in fns]
+    for fn, st in zip(fns, streams):
+        with torch.cuda.stream(st):
+            fn()
+    torch.cuda.synchronize()
+    barrier = threading.Barrier(len(fns) + 1)
+
+    def work(fn, st):
+        with torch.cuda.stream(st):
+            barrier.wait()
+            fn()
+            st.synchronize()
+
+    threads = [threading.Thread(target=work, args=(fn, st)) for fn, st in zip(fns, streams)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return len(fns) * tokens_per_call / (time.perf_counter() - t0)
 
 
 def timed(fn, reps: int) -> tuple[float, float]:
@@ -121,6 +147,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=30)
     ap.add_argument("--new", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=7, help="also run this many samplers as threads of one process (0: skip)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("h200_decode_loop.py measures the CUDA-graph loop: it needs a CUDA GPU")
@@ -152,9 +179,25 @@ def main():
         row["speedup"] = row["per_token"]["seconds_per_generate"] / row["graph_loop"]["seconds_per_generate"]
         new = graph_loop_generate(graphed, prompts, params)
         eager = Sampler(model, "vllm", device="cuda", cuda_graph=False)
+        old = per_token_generate(graphed, prompts, params, decoders)
         row["graph_equals_eager_bitwise"] = new == graph_loop_generate(eager, prompts, params)
-        row["graph_equals_per_token_bitwise"] = new == as_lists(*per_token_generate(graphed, prompts, params, decoders))
-        print(size, "equal:", row["graph_equals_eager_bitwise"], row["graph_equals_per_token_bitwise"], flush=True)
+        row["graph_equals_per_token_bitwise"] = new == old
+        # the control: is the forward itself reproducible at this size? (the same path twice)
+        row["per_token_run_to_run_bitwise"] = old == per_token_generate(graphed, prompts, params, decoders)
+        row["graph_run_to_run_bitwise"] = new == graph_loop_generate(graphed, prompts, params)
+        print(size, {k: v for k, v in row.items() if k.endswith("bitwise")}, flush=True)
+        if args.threads:
+            many = [Sampler(model, "vllm", device="cuda") for _ in range(args.threads)]
+            tokens = args.batch * args.new
+            dicts = [{} for _ in many]
+            row[f"threads_{args.threads}"] = {
+                "per_token_tok_per_s": threaded_tok_s(
+                    [lambda s=s, d=d: per_token_generate(s, prompts, params, d) for s, d in zip(many, dicts)], tokens),
+                "graph_loop_tok_per_s": threaded_tok_s(
+                    [lambda s=s: graph_loop_generate(s, prompts, params) for s in many], tokens),
+            }
+            print(size, "threads", row[f"threads_{args.threads}"], flush=True)
+            del many, dicts
         result["rows"].append(row)
         del graphed, eager, model, decoders
         torch.cuda.empty_cache()

@@ -206,14 +206,11 @@ class Sampler:
             ids, lps = self._generate_dynamic(batch, positions, loop_params, params.max_new_tokens, seed)
         records = []
         stop_set = set(loop_params.stop_ids)
-        for i in range(len(prompts)):
-            resp, lp = [], []
-            for t in range(ids.shape[1]):
-                tok = int(ids[i, t])
-                resp.append(tok)
-                lp.append(float(lps[i, t]))
-                if tok in stop_set:
-                    break
+        # .tolist() once, not int()/float() per element: the same Python ints and floats (fp64
+        # logprobs convert exactly), without ~5 us of tensor indexing per token (0.4 s for 64 x 1024)
+        for i, (row, row_lp) in enumerate(zip(ids.tolist(), lps.tolist())):
+            end = next((t + 1 for t, tok in enumerate(row) if tok in stop_set), len(row))
+            resp, lp = row[:end], row_lp[:end]
             records.append(
                 RolloutRecord(
                     prompt_ids=prompts[i],
