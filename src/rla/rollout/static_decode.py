@@ -153,6 +153,7 @@ class StaticDecoder:
             self.cache_position.add_(1)
             self.loop.logits.copy_(self._step())
 
+    @torch.no_grad()
     def prepare(self, k: int, params: LoopParams) -> None:
         """Capture the ``k``-token loop for ``params`` if capturing and not yet captured.
 
@@ -163,6 +164,7 @@ class StaticDecoder:
                 self._loops.pop(next(iter(self._loops)))
             self._loops[(k, params)] = self._capture_loop(k, params)
 
+    @torch.no_grad()
     def run(self, k: int, params: LoopParams) -> None:
         """Sample and decode ``k`` tokens: one graph replay if :meth:`prepare` captured them, else eagerly.
 
