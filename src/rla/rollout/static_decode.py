@@ -20,6 +20,10 @@ steps). :meth:`StaticDecoder.run` is K whole tokens: sample from the logits buff
 (``rla.rollout.token_loop``), feed the token back, advance position and cache position on the
 device, decode -- K times, captured once per sampling setting as one graph. The host then does
 one replay per K tokens instead of ~20 op launches and a ``torch.multinomial`` sync per token.
+On an H200 that gained only 1.01-1.03x for the 4M and 52M models at 64 x 1024 tokens
+(``benchmarks/results/h200_2026-12-01_decode_loop.md``): there the decode step's GPU time, not
+the host, sets the pace. It matters where the host is the bottleneck (a slower host, more runs
+per GPU).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Per token, the rollout sampler turns the model's next-token logits into the engine's processed
 logprobs (:func:`rla.rollout.sampling.process_logits`), draws a token (:func:`sample_token`,
 bit-identical to ``torch.multinomial``), records the token and its logprob, and marks the rows
-that stopped. For a small model on GPU those ~20 small ops cost more host time than the model's
-decode step itself, and ``torch.multinomial`` blocked the host once per token. Here every tensor
+that stopped: ~20 small op launches per token, and ``torch.multinomial`` blocked the host once
+per token (an ``.item()`` check). Here every tensor
 they touch lives at a fixed address (the logits they read, the ``[batch, width]`` output columns
 they write at a device-side column index, the done mask, the generator), so
 ``rla.rollout.static_decode.StaticDecoder`` can capture K tokens of sampling *and* decoding as one
