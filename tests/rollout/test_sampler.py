@@ -225,4 +225,4 @@ def test_cuda_graph_decode_replays_the_eager_step_bit_for_bit():
         a, b = graphed.generate(prompts, params), eager.generate(prompts, params)
         assert [r.response_ids for r in a] == [r.response_ids for r in b]
         assert [r.logprobs for r in a] == [r.logprobs for r in b]
-    assert graphed._decoders[(3, 64)]._graph is not None
+    assert len(graphed._decoders[(3, 64)]._loops) == 1  # the token loop was captured and replayed

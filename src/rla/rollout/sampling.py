@@ -5,13 +5,16 @@ after the logits were upcast to fp32, divided by the temperature and filtered by
 the filtered distribution is renormalised. The rollout sampler (``rla.rollout.sampler``) and the
 training-side recomputation (``rla.logprobs``, in ``rla.rollout.train_logprobs``) both call :func:`process_logits`, so any
 difference between their logprobs comes from the forward pass, not from this step.
+
+:func:`sample_token` draws the next token from the processed distribution without a host sync,
+so that the whole token loop can be replayed as one CUDA graph (``rla.rollout.token_loop``).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["process_logits", "check_sampling_params"]
+__all__ = ["process_logits", "check_sampling_params", "sample_token"]
 
 
 def check_sampling_params(temperature: float, top_p: float, top_k: int) -> None:
@@ -42,3 +45,27 @@ def process_logits(logits: torch.Tensor, temperature: float, top_k: int = -1, to
         drop[..., 0] = False
         x = x.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return torch.log_softmax(x, dim=-1)
+
+
+def sample_token(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of ``probs`` ([V] or [B, V], unnormalised is fine) -> indices, [1] or [B, 1].
+
+    Equal to ``torch.multinomial(probs, 1, generator=generator)`` -- the same index, and the
+    generator left in the same state -- without its host sync. For one sample, ATen's multinomial
+    (torch 2.11-2.14, ``aten/src/ATen/native/Distributions.cpp``) takes its exponential-race path:
+    it fills a tensor like ``probs`` with Exp(1) draws from ``generator``, divides ``probs`` by it
+    and returns the argmax (``p_i / q_i`` is largest for token i with probability ``p_i / sum p``).
+    Before drawing it checks the input with ``.item()`` (no inf/nan/negative entry, no all-zero
+    row), which blocks the host until the GPU has caught up: once per token, and it cannot be
+    captured in a CUDA graph. This function runs the same draw, division and argmax on the same
+    dtype, so it consumes the same random numbers and returns the same index bit for bit: rollouts
+    sampled before and after the change are identical for a given seed. The input check is the
+    caller's job (``rla.rollout.token_loop`` flags NaN rows on the device and raises once per
+    generate); a NaN entry here would win the argmax instead of raising.
+    """
+    if not probs.is_floating_point():
+        raise TypeError(f"sample_token needs floating-point probabilities, got {probs.dtype}")
+    if probs.dim() not in (1, 2):
+        raise ValueError(f"sample_token needs probabilities of shape [V] or [B, V], got {tuple(probs.shape)}")
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return torch.argmax(probs / race, dim=-1, keepdim=True)

@@ -14,6 +14,16 @@ fixed shape, which this class provides:
 Prefill is not captured (its shape changes with every batch); it runs eagerly into the same cache.
 On CPU, or with ``capture=False``, the same step runs eagerly: the CPU tests exercise everything
 but the capture itself, and the GPU test checks that replay equals eager bit for bit.
+
+Two granularities. :meth:`StaticDecoder.decode` is one model step (the host samples between
+steps). :meth:`StaticDecoder.run` is K whole tokens: sample from the logits buffer
+(``rla.rollout.token_loop``), feed the token back, advance position and cache position on the
+device, decode -- K times, captured once per sampling setting as one graph. The host then does
+one replay per K tokens instead of ~20 op launches and a ``torch.multinomial`` sync per token.
+On an H200 that gained only 1.01-1.03x for the 4M and 52M models at 64 x 1024 tokens
+(``benchmarks/results/h200_2026-12-01_decode_loop.md``): there the decode step's GPU time, not
+the host, sets the pace. It matters where the host is the bottleneck (a slower host, more runs
+per GPU).
 """
 
 from __future__ import annotations
@@ -22,7 +32,12 @@ import threading
 
 import torch
 
+from rla.rollout.token_loop import LoopParams, TokenLoop
+
 __all__ = ["StaticDecoder", "bucket", "next_token_logits"]
+
+#: captured token loops kept per decoder (one per sampling setting and chunk length)
+_KEEP_LOOPS = 4
 
 #: static caches are allocated in multiples of this many positions, so batches whose prompt
 #: lengths differ a little share one cache and one captured graph
@@ -49,7 +64,7 @@ def next_token_logits(model, cache_kw: str, cache, ids, mask, positions, *, cach
 class StaticDecoder:
     """Prefill + single-token decode steps for ``batch`` sequences of up to ``max_len`` tokens."""
 
-    def __init__(self, model, cache_kw: str, batch: int, max_len: int, *, capture: bool):
+    def __init__(self, model, cache_kw: str, batch: int, max_len: int, *, capture: bool, pad_id: int = 0):
         from transformers import StaticCache
 
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
@@ -76,6 +91,8 @@ class StaticDecoder:
         self._cols = torch.arange(max_len, device=device)
         self._graph = None
         self._logits = None
+        self.loop = TokenLoop(batch, max_len, model.config.vocab_size, model.dtype, device, pad_id)
+        self._loops: dict[tuple[int, LoopParams], torch.cuda.CUDAGraph] = {}
 
     # ---------------------------------------------------------------- prefill
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -120,19 +137,69 @@ class StaticDecoder:
         self._graph.replay()
         return self._logits
 
-    def _warm_up(self, times: int = 2) -> None:
-        """Run the step ``times`` times and put the cache back as it was.
+    # ---------------------------------------------------------------- K tokens per call
+    def begin(self, logits: torch.Tensor, last_positions: torch.Tensor, prompt_len: int) -> None:
+        """Start the token loop after :meth:`prefill`: its logits, each row's last prompt position
+        (``[batch, 1]``) and the padded prompt length."""
+        self.loop.begin(logits)
+        self.positions.copy_(last_positions)
+        self.cache_position.fill_(prompt_len - 1)
+
+    def _tokens(self, k: int, params: LoopParams) -> None:
+        """``k`` tokens: sample from the logits buffer, feed the token back, decode the next logits.
+
+        Reads and writes only static buffers and advances positions on the device, so the same
+        code runs eagerly and under capture.
+        """
+        for _ in range(k):
+            self.tokens.copy_(self.loop.sample(params))
+            self.positions.add_(1)
+            self.cache_position.add_(1)
+            self.loop.logits.copy_(self._step())
+
+    @torch.no_grad()
+    def prepare(self, k: int, params: LoopParams) -> None:
+        """Capture the ``k``-token loop for ``params`` if capturing and not yet captured.
+
+        Call after :meth:`begin` and *before* seeding ``loop.generator``: the warm-up draws from it.
+        """
+        if self.capture and (k, params) not in self._loops:
+            while len(self._loops) >= _KEEP_LOOPS:
+                self._loops.pop(next(iter(self._loops)))
+            self._loops[(k, params)] = self._capture_loop(k, params)
+
+    @torch.no_grad()
+    def run(self, k: int, params: LoopParams) -> None:
+        """Sample and decode ``k`` tokens: one graph replay if :meth:`prepare` captured them, else eagerly.
+
+        Each call writes columns ``[c, c + k)`` of ``loop.ids`` / ``loop.logprobs`` and cache
+        positions ``prompt_len + c ..`` for the ``c`` tokens sampled so far: the caller keeps
+        ``c + k`` within the ``max_len - prompt_len`` columns the cache has left.
+        """
+        graph = self._loops.get((k, params)) if self.capture else None
+        if graph is None:
+            self._tokens(k, params)
+        else:
+            graph.replay()
+
+    def _warm_up(self, times: int = 2, run=None) -> None:
+        """Run ``run`` (default: one decode step) ``times`` times, each time putting back the
+        cache and every buffer it writes as they were.
 
         The cache's write position is its own device-side counter (``StaticLayer.cumulative_length``,
         advanced by every update; transformers ignores ``cache_position`` for the write), so a warm-up
         step that is not undone would shift every later write past what the mask and positions say.
+        The token loop also advances positions and output columns, so each warm-up run starts
+        where the real one will and stays inside the cache.
         """
-        saved = [(layer, name, t.clone()) for layer in self.cache.layers
-                 for name, t in vars(layer).items() if isinstance(t, torch.Tensor)]
+        run = run or self._step
+        tensors = [t for layer in self.cache.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+        tensors += [self.tokens, self.positions, self.cache_position, *self.loop.state()]
+        saved = [t.clone() for t in tensors]
         for _ in range(times):
-            self._step()
-        for layer, name, t in saved:
-            getattr(layer, name).copy_(t)
+            run()
+            for t, s in zip(tensors, saved):
+                t.copy_(s)
 
     def _capture(self) -> None:
         # warm-up on a side stream (lazy inits, Triton/cuBLAS setup), as torch.cuda.graphs asks
@@ -148,6 +215,20 @@ class StaticDecoder:
         with _CAPTURE_LOCK, torch.cuda.graph(graph, stream=torch.cuda.Stream(), capture_error_mode="thread_local"):
             self._logits = self._step()
         self._graph = graph
+
+    def _capture_loop(self, k: int, params: LoopParams) -> torch.cuda.CUDAGraph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._warm_up(run=lambda: self._tokens(k, params))
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        # the graph's RNG kernels then read the generator's seed and offset at each replay (and
+        # advance the offset by the graph's draws), so a manual_seed between replays takes effect
+        graph.register_generator_state(self.loop.generator)
+        with _CAPTURE_LOCK, torch.cuda.graph(graph, stream=torch.cuda.Stream(), capture_error_mode="thread_local"):
+            self._tokens(k, params)
+        return graph
 
 
 def _graphable(cache) -> bool:
