@@ -37,7 +37,7 @@ from dose_numbers import (  # noqa: E402
     dose_high_vs_first, dose_high_warm_starts,
 )
 from dose_long_numbers import (  # noqa: E402
-    LONG, long_52m_cost, long_52m_prediction, long_at_1e3, long_bench, long_bench_table, long_bf16, long_bf16_cells,
+    LONG, long_52m_cost, long_52m_prediction, long_at_1e3, long_bench, long_bench_table, long_decode_loop, long_bf16, long_bf16_cells,
     long_bf16_trend, long_call2, long_call4_start, long_calls, long_decades, long_entropy_grad, long_gains, long_max_k3,
     long_no_collapse, long_picks, long_prediction, long_probe_table, long_repro, long_signal, long_sizes, long_table,
     long_vs_short_at_40, long_warm_starts,
@@ -173,6 +173,10 @@ PROSE: list = [
           r"Threads are ([\d.]+)x slower than processes.*?missed by (\d+)x\..*?so 7 give ([\d.]+)x one run alone",
           f"{LONG}/run_group_bench", "threads / processes steady step time; 2 x that; alone / (processes / 7)",
           long_bench),
+    Check("dose long: the decode loop", R(LONG),
+          r"8-token CUDA graph made a 64 x 1024-token generate of this model ([\d.]+)x faster, and 7 threads of generation "
+          r"alone ran ([\d,]+) tok/s against one thread's ([\d,]+)", "benchmarks/results/h200_2026-12-01_decode_loop*.json",
+          "tiny: speedup; threads_7 per_token_tok_per_s; per_token tok_per_s", long_decode_loop),
     Check("dose long: reproducibility", R(LONG),
           r"\(b1 seed 0: ([\d.e-]+) vs ([\d.e-]+)\) and by up to ([\d.]+)x at the aligned arm's 1e-7 scale \(seed 1: "
           r"([\d.e-]+) vs ([\d.e-]+)\)", f"{LONG}/{{partial_2026-11-30/qwen2-tiny-long,.}}/runs",

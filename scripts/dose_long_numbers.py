@@ -287,3 +287,11 @@ def long_repro(root: Path) -> list:
     b2, b3 = k3(p, f"{TINY}__b1__s0"), k3(".", f"{TINY}__b1__s0")
     a2, a3 = k3(p, f"{TINY}__aligned__s1"), k3(".", f"{TINY}__aligned__s1")
     return [b2, b3, a3 / a2, a2, a3]
+
+
+def long_decode_loop(root: Path) -> list:
+    """the 4M graph loop's speedup; 7 threads' per-token tok/s (the threads JSON); one thread's (the main JSON)."""
+    res = root / "benchmarks" / "results"
+    main = {r["size"]: r for r in json.loads((res / "h200_2026-12-01_decode_loop.json").read_text())["rows"]}
+    threads = {r["size"]: r for r in json.loads((res / "h200_2026-12-01_decode_loop_threads7.json").read_text())["rows"]}
+    return [main["tiny"]["speedup"], threads["tiny"]["threads_7"]["per_token_tok_per_s"], main["tiny"]["per_token"]["tok_per_s"]]
