@@ -485,6 +485,9 @@ class Trainer:
         if self.runlog is not None:
             self.runlog.close()
         if self.dist.active:
+            # leave together: a rank that tears gloo down while its peer is still in the last
+            # collective can abort the peer ("terminate called without an active exception")
+            torch.distributed.barrier()
             torch.distributed.destroy_process_group()
 
 
