@@ -706,6 +706,9 @@ CHECKS: list[Check] = [
           r"\(bf16 ([\d.e-]+)\)\. Several runs as threads of one process: ([\d.]+)x slower than processes",
           "experiments/dose_response_long_h200_2026-12-01/{runs,probe,run_group_bench}", "as above, with aligned's geomean",
           _dose_long_index),
+    Check("decode loop", "README", r"gained only ([\d.]+)x on the 4M model",
+          "benchmarks/results/h200_2026-12-01_decode_loop.json", "rows[tiny].speedup",
+          lambda root: [_dose_long().long_decode_loop(root)[0]]),
     # ---- README: attribution
     Check("attribution at ~123 tokens", "README",
           r"aligning all three regions removes (\d+)% of k3 at ~(\d+)-token responses \(RoPE's Shapley share (\d+)%\)",
