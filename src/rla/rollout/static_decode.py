@@ -202,34 +202,31 @@ class StaticDecoder:
                 t.copy_(s)
 
     def _capture(self) -> None:
+        self._graph, self._logits = self._graph_of(self._step)
+
+    def _capture_loop(self, k: int, params: LoopParams) -> torch.cuda.CUDAGraph:
+        # the graph's RNG kernels read the generator's seed and offset at each replay (and advance
+        # the offset by the graph's draws), so a manual_seed between replays takes effect
+        graph, _ = self._graph_of(lambda: self._tokens(k, params), generator=self.loop.generator)
+        return graph
+
+    def _graph_of(self, run, generator: torch.Generator | None = None) -> tuple[torch.cuda.CUDAGraph, object]:
+        """``run`` captured as a CUDA graph, after a warm-up that leaves no trace -> (graph, run's output)."""
         # warm-up on a side stream (lazy inits, Triton/cuBLAS setup), as torch.cuda.graphs asks
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self._warm_up()
+            self._warm_up(run=run)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
+        if generator is not None:
+            graph.register_generator_state(generator)
         # one capture at a time per process, on its own stream (torch.cuda.graph's default capture
         # stream is shared), and only this thread's calls checked: several runs of one process
         # (rla.rl.run_group) keep their other threads' kernels going meanwhile
         with _CAPTURE_LOCK, torch.cuda.graph(graph, stream=torch.cuda.Stream(), capture_error_mode="thread_local"):
-            self._logits = self._step()
-        self._graph = graph
-
-    def _capture_loop(self, k: int, params: LoopParams) -> torch.cuda.CUDAGraph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._warm_up(run=lambda: self._tokens(k, params))
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        # the graph's RNG kernels then read the generator's seed and offset at each replay (and
-        # advance the offset by the graph's draws), so a manual_seed between replays takes effect
-        graph.register_generator_state(self.loop.generator)
-        with _CAPTURE_LOCK, torch.cuda.graph(graph, stream=torch.cuda.Stream(), capture_error_mode="thread_local"):
-            self._tokens(k, params)
-        return graph
-
+            out = run()
+        return graph, out
 
 def _graphable(cache) -> bool:
     from transformers.cache_utils import StaticLayer
