@@ -11,12 +11,11 @@ import re
 import statistics
 from pathlib import Path
 
-from dose_numbers import DOSE, DOSE_HIGH, M50, _cell, _log, _report, dose_table
+from dose_numbers import DOSE, DOSE_HIGH, M50, _cell, _log, _report, _step0_mean, _window, dose_table
 
 LONG = "experiments/dose_response_long_h200_2026-12-01"
 TINY = "qwen2-tiny-long"
 BIG = "qwen2-50m-long"
-PICKED = ("b2x0.7", "b2", "b1x0.7", "b1", "b1x1.4")
 
 
 def _probe(root: Path, model: str) -> dict:
@@ -132,7 +131,7 @@ def long_calls(root: Path) -> list:
 
 
 def long_picks(root: Path) -> list:
-    """the arms of each model's picked grid (the probe's pick), 4M then 52M, if both equal PICKED."""
+    """the dose arms of the two models' picked grids (the probes' picks), once if they are the same."""
     from rla.rl.grid import load_grid
 
     got = [tuple(a for a in load_grid(root / LONG / "probe" / m / "picked_grid.yaml").arms if a not in ("bf16", "aligned"))
@@ -156,12 +155,8 @@ def long_max_k3(root: Path) -> list:
 
 def _collapsed_at(root: Path, arm: str, lo: int = 35, hi: int = 39, window: int = 5) -> int:
     """short 4M cell: seeds whose mean reward over steps lo-hi is below half that of the first ``window`` steps."""
-    n = 0
-    for s in range(3):
-        r = {x["step"]: x["reward/mean"] for x in _log(root, f"qwen2-tiny__{arm}__s{s}")}
-        first = sum(r[i] for i in range(window)) / window
-        n += sum(r[i] for i in range(lo, hi + 1)) / (hi - lo + 1) < 0.5 * first
-    return n
+    return sum(_window(root, f"qwen2-tiny__{arm}__s{s}", lo, hi) < 0.5 * _window(root, f"qwen2-tiny__{arm}__s{s}", 0, window - 1)
+               for s in range(3))
 
 
 def long_vs_short_at_40(root: Path) -> list:
@@ -199,15 +194,11 @@ def long_signal(root: Path) -> list:
     return [sum(r["signal"] for r in runs), len(runs)]
 
 
-def _step0_mean(root: Path, folder: str, model: str, arm: str, key: str) -> float:
-    return sum(_log(root, f"{model}__{arm}__s{s}", folder)[0][key] for s in range(3)) / 3
-
-
 def long_entropy_grad(root: Path) -> list:
     """aligned runs' step-0 train/entropy and train/grad_norm (mean over seeds): long then short 4M."""
     out = []
     for key in ("train/entropy", "train/grad_norm"):
-        out += [_step0_mean(root, LONG, TINY, "aligned", key), _step0_mean(root, DOSE, "qwen2-tiny", "aligned", key)]
+        out += [_step0_mean(root, TINY, "aligned", key, LONG), _step0_mean(root, "qwen2-tiny", "aligned", key)]
     return out
 
 
@@ -246,18 +237,22 @@ def long_52m_prediction(root: Path) -> list:
             _sft(root, TINY)["evals"][-1]["greedy_acc"], _sft(root, BIG)["wall_time_s"]]
 
 
-def _partial(root: Path, model: str) -> list[int]:
+def _partial_logs(root: Path, model: str) -> list[list[dict]]:
     base = root / LONG / "partial_2026-11-30" / model / "runs"
-    return [len(_read(p / "log.jsonl")) for p in sorted(base.iterdir())]
+    return [_read(p / "log.jsonl") for p in sorted(base.iterdir())]
+
+
+def _partial(root: Path, model: str) -> list[int]:
+    return [len(log) for log in _partial_logs(root, model)]
 
 
 def long_call2(root: Path) -> list:
     """call 2: 52M runs' fewest and most steps, their planned steps, mean step seconds; 4M runs' fewest and most."""
-    big, tiny = _partial(root, BIG), _partial(root, TINY)
-    base = root / LONG / "partial_2026-11-30" / BIG / "runs"
-    times = [r["time/step_s"] for p in sorted(base.iterdir()) for r in _read(p / "log.jsonl")]
     from rla.rl.grid import load_grid
 
+    logs = _partial_logs(root, BIG)
+    big, tiny = [len(log) for log in logs], _partial(root, TINY)
+    times = [r["time/step_s"] for log in logs for r in log]
     planned = load_grid(root / LONG / "partial_2026-11-30" / BIG / "grid.yaml").models[BIG]["steps"]
     return [min(big), max(big), planned, statistics.mean(times), min(tiny), max(tiny)]
 

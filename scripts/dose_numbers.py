@@ -180,8 +180,8 @@ def dose_bf16_move(root: Path) -> list:
     return [b4, b52, b4 / b52, a4, a52, b4 / a4, b52 / a52]
 
 
-def _step0_mean(root: Path, model: str, arm: str, key: str) -> float:
-    return sum(_log(root, f"{model}__{arm}__s{s}")[0][key] for s in range(3)) / 3
+def _step0_mean(root: Path, model: str, arm: str, key: str, folder: str = DOSE) -> float:
+    return sum(_log(root, f"{model}__{arm}__s{s}", folder)[0][key] for s in range(3)) / 3
 
 
 def dose_delta_entropy(root: Path) -> list:
