@@ -84,7 +84,8 @@ def per_token_generate(sampler, prompts: list[list[int]], params, decoders: dict
     ids, mask = ids.to(dev), mask.to(dev)
     key = (n, bucket(longest + params.max_new_tokens))
     if key not in decoders:
-        decoders[key] = StaticDecoder(sampler.model, sampler._cache_kw, n, key[1], capture=sampler.cuda_graph)
+        decoders[key] = StaticDecoder(sampler.model, sampler._cache_kw, n, key[1], capture=sampler.cuda_graph,
+                                     attention="model")  # as it ran on 2026-12-01
     dec = decoders[key]
     gen = torch.Generator(device=dev).manual_seed(params.seed)
     stops = sorted(set(() if params.ignore_eos else sampler.eos_ids) | set(params.stop_token_ids))
@@ -183,7 +184,7 @@ def main():
         config = models.tiny_config("qwen2", size)
         model = models.build_model(config, dtype=torch.float32, seed=0)
         prompts = torch.randint(3, config.vocab_size, (args.batch, args.prompt), generator=g).tolist()
-        graphed = Sampler(model, "vllm", device="cuda")
+        graphed = Sampler(model, "vllm", device="cuda", decode_attention="model")
         row = {"size": size, "params": models.param_count(config)}
         decoders = {}
         for arm, fn in (("per_token", lambda: per_token_generate(graphed, prompts, params, decoders)),
@@ -195,7 +196,7 @@ def main():
             print(size, arm, row[arm], flush=True)
         row["speedup"] = row["per_token"]["seconds_per_generate"] / row["graph_loop"]["seconds_per_generate"]
         new = graph_loop_generate(graphed, prompts, params)
-        eager = Sampler(model, "vllm", device="cuda", cuda_graph=False)
+        eager = Sampler(model, "vllm", device="cuda", decode_attention="model", cuda_graph=False)
         old = per_token_generate(graphed, prompts, params, decoders)
         row["graph_equals_eager_bitwise"] = new == graph_loop_generate(eager, prompts, params)
         row["graph_equals_per_token_bitwise"] = new == old
@@ -205,7 +206,7 @@ def main():
         # the same checks with cuDNN's SDPA kernel ruled out (fresh samplers, so fresh captures)
         torch.backends.cuda.enable_cudnn_sdp(False)
         try:
-            graphed_nc = Sampler(model, "vllm", device="cuda")
+            graphed_nc = Sampler(model, "vllm", device="cuda", decode_attention="model")
             new = graph_loop_generate(graphed_nc, prompts, params)
             row["no_cudnn_sdp"] = {
                 "graph_equals_eager_bitwise": new == graph_loop_generate(eager, prompts, params),
@@ -217,7 +218,7 @@ def main():
             torch.backends.cuda.enable_cudnn_sdp(True)
         print(size, {k: v for k, v in row.items() if "bitwise" in k or k == "no_cudnn_sdp"}, flush=True)
         if args.threads:
-            many = [Sampler(model, "vllm", device="cuda") for _ in range(args.threads)]
+            many = [Sampler(model, "vllm", device="cuda", decode_attention="model") for _ in range(args.threads)]
             tokens = args.batch * args.new
             dicts = [{} for _ in many]
             row[f"threads_{args.threads}"] = {

@@ -82,6 +82,11 @@ class TrainConfig:
         "KV cache of the rollout sampler: auto (static with a CUDA-graph decode step on GPU, dynamic on CPU), "
         "static or dynamic",
     )
+    rollout_decode_attention: str = _f(
+        "grouped",
+        "attention of the static-cache decode step: grouped (grouped K/V heads as they are, filled cache columns "
+        "only; since 2026-12-01) or model (the model's own attention over the whole cache, as before)",
+    )
     temperature: float = _f(1.0, "sampling temperature (engines divide logits by it before log_softmax; so does the trainer)")
     top_p: float = _f(1.0, "nucleus sampling; 1 disables")
     top_k: int = _f(-1, "top-k sampling; -1 disables")
@@ -207,6 +212,7 @@ class TrainConfig:
         choice("lr_schedule", SCHEDULES)
         choice("rollout_dtype", ("auto", "bf16", "fp16", "fp32"))
         choice("rollout_cache", ("auto", "static", "dynamic"))
+        choice("rollout_decode_attention", ("grouped", "model"))
         choice("train_inv_freq", ("fp32", "rounded"))
         need(
             self.train_inv_freq == "fp32" or self.train_precision in ("bf16", "fp16"),

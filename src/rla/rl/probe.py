@@ -33,6 +33,7 @@ __all__ = ["probe_step0", "probe_markdown", "pick_doses", "check_pick"]
 
 #: Config fields that decide the step-0 rollouts (arms that agree on them share one batch).
 _ROLLOUT_FIELDS = ("init", "arch", "size", "task", "difficulty", "task_args", "rollout_profile", "rollout_cache",
+                   "rollout_decode_attention",
                    "temperature", "top_p", "top_k", "max_new_tokens", "prompts_per_step", "group_size", "seed",
                    "device", "init_seed")
 

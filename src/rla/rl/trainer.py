@@ -123,7 +123,7 @@ class Trainer:
 
         master = initial_model(cfg, self.dist, self.device, self.say).float().to(self.device)
         self.sampler = Sampler(master, profile=cfg.rollout_profile, dtype=cfg.rollout_torch_dtype(), device=self.device,
-                               cache=cfg.rollout_cache)
+                               cache=cfg.rollout_cache, decode_attention=cfg.rollout_decode_attention)
         self.policy = Policy(
             master, precision=cfg.train_precision, rollout_profile=cfg.rollout_profile,
             align_regions=cfg.align_regions, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,

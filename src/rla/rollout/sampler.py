@@ -89,6 +89,7 @@ class Sampler:
         cache: str = "auto",
         cuda_graph: bool | None = None,
         tokens_per_check: int = 8,
+        decode_attention: str = "grouped",
     ):
         """``cache="auto"`` is ``"static"`` on a CUDA device and ``"dynamic"`` elsewhere.
         ``cache="static"`` preallocates the KV cache (prompt + max_new_tokens, rounded up to
@@ -99,7 +100,11 @@ class Sampler:
         ``tokens_per_check``: tokens sampled between checks whether every row has stopped (each
         check is a host sync). With the static cache it is also the number of tokens one CUDA-graph
         replay samples and decodes; a response length that is not a multiple runs its last
-        ``max_new_tokens % tokens_per_check`` tokens eagerly. The rollouts do not depend on it."""
+        ``max_new_tokens % tokens_per_check`` tokens eagerly. The rollouts do not depend on it.
+
+        ``decode_attention`` (static cache): ``"grouped"`` attends over the grouped K/V heads as
+        they are and the filled cache columns only (:mod:`rla.rollout.decode_attention`); ``"model"``
+        runs the model's own attention over the whole cache (HF's SDPA repeats grouped K/V heads)."""
         from rla.alignment import align
 
         if cache not in ("auto", "dynamic", "static"):
@@ -107,6 +112,9 @@ class Sampler:
         if not isinstance(tokens_per_check, int) or tokens_per_check < 1:
             raise ValueError(f"tokens_per_check must be an int >= 1, got {tokens_per_check!r}")
         self.tokens_per_check = tokens_per_check
+        if decode_attention not in ("grouped", "model"):
+            raise ValueError(f"decode_attention must be 'grouped' or 'model', got {decode_attention!r}")
+        self.decode_attention = decode_attention
         self.profile = resolve(profile)
         self.dtype = dtype
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -156,7 +164,7 @@ class Sampler:
             while len(self._decoders) >= _KEEP_DECODERS:  # drop the oldest cache and graph
                 self._decoders.pop(next(iter(self._decoders)))
             self._decoders[key] = StaticDecoder(self.model, self._cache_kw, n, max_len, capture=self.cuda_graph,
-                                                pad_id=self.pad_id)
+                                                pad_id=self.pad_id, attention=self.decode_attention)
         return self._decoders[key]
 
     def _left_pad(self, prompts: list[list[int]]) -> _Batch:
@@ -236,17 +244,19 @@ class Sampler:
         dec = self._decoder(n, bucket(prompt_len + max_new))
         dec.begin(dec.prefill(batch.ids, batch.mask, positions), positions[:, -1:], prompt_len)
         chunks, rest = divmod(max_new, k)
+        # chunk i decodes into cache columns up to prompt_len + (i + 1) k - 1: its attention width
+        widths = [dec.width(prompt_len + (i + 1) * k) for i in range(chunks)]
         if chunks:
-            dec.prepare(k, params)  # captures on first use: before seeding, the warm-up draws
+            dec.prepare(k, params, widths)  # captures on first use: before seeding, the warm-up draws
         dec.loop.generator.manual_seed(seed)
         steps = 0
-        for _ in range(chunks):
-            dec.run(k, params)
+        for width in widths:
+            dec.run(k, params, width)
             steps += k
             if steps == max_new or bool(dec.loop.done.all()):
                 break
         else:
-            dec.run(rest, params)
+            dec.run(rest, params, dec.width(prompt_len + max_new))
             steps += rest
         return dec.loop.result(steps)
 

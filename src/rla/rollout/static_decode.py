@@ -24,6 +24,11 @@ On an H200 that gained only 1.01-1.03x for the 4M and 52M models at 64 x 1024 to
 (``benchmarks/results/h200_2026-12-01_decode_loop.md``): there the decode step's GPU time, not
 the host, sets the pace. It matters where the host is the bottleneck (a slower host, more runs
 per GPU).
+
+The decode step attends with :func:`rla.rollout.decode_attention.grouped_decode_attention` (sdpa
+models): the grouped K/V heads as they are, and only the first ``W`` cache columns, ``W`` the filled
+columns rounded up to :data:`WINDOW`. Each width is its own captured graph (a 1,088-column cache has
+nine); they share one memory pool. Eager-attention models keep HF's attention over all columns.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import threading
 
 import torch
 
+from rla.rollout.decode_attention import decode_attention_of
 from rla.rollout.token_loop import LoopParams, TokenLoop
 
 __all__ = ["StaticDecoder", "bucket", "next_token_logits"]
@@ -42,6 +48,10 @@ _KEEP_LOOPS = 4
 #: static caches are allocated in multiples of this many positions, so batches whose prompt
 #: lengths differ a little share one cache and one captured graph
 BUCKET = 64
+
+#: the decode step reads the first ``W`` cache columns, ``W`` the filled ones rounded up to this
+#: (each ``W`` is one captured graph per sampling setting)
+WINDOW = 128
 
 _CAPTURE_LOCK = threading.Lock()
 
@@ -64,8 +74,14 @@ def next_token_logits(model, cache_kw: str, cache, ids, mask, positions, *, cach
 class StaticDecoder:
     """Prefill + single-token decode steps for ``batch`` sequences of up to ``max_len`` tokens."""
 
-    def __init__(self, model, cache_kw: str, batch: int, max_len: int, *, capture: bool, pad_id: int = 0):
+    def __init__(self, model, cache_kw: str, batch: int, max_len: int, *, capture: bool, pad_id: int = 0,
+                 attention: str = "grouped"):
+        """``attention``: ``"grouped"`` (:mod:`rla.rollout.decode_attention`, sdpa models) or
+        ``"model"`` (the model's own attention over every cache column, as before 2026-12-01)."""
         from transformers import StaticCache
+
+        if attention not in ("grouped", "model"):
+            raise ValueError(f"attention must be 'grouped' or 'model', got {attention!r}")
 
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
         if impl not in ("sdpa", "eager"):
@@ -76,6 +92,8 @@ class StaticDecoder:
         self.model, self.cache_kw, self.batch, self.max_len = model, cache_kw, batch, max_len
         self.capture = capture
         self._bool_mask = impl == "sdpa"
+        # the grouped decode attention takes boolean masks of W columns: sdpa models only
+        self._windowed = impl == "sdpa" and attention == "grouped"
         device = next(model.parameters()).device
         self.cache = StaticCache(config=model.config, max_cache_len=max_len)
         if capture and not _graphable(self.cache):
@@ -91,8 +109,16 @@ class StaticDecoder:
         self._cols = torch.arange(max_len, device=device)
         self._graph = None
         self._logits = None
+        self._pool = None  # one memory pool for every graph of this decoder (they never run at once)
         self.loop = TokenLoop(batch, max_len, model.config.vocab_size, model.dtype, device, pad_id)
-        self._loops: dict[tuple[int, LoopParams], torch.cuda.CUDAGraph] = {}
+        # (k, params) -> {width: graph}
+        self._loops: dict[tuple[int, LoopParams], dict[int, torch.cuda.CUDAGraph]] = {}
+
+    def width(self, columns: int) -> int:
+        """The cache columns a decode step reads when the first ``columns`` may be filled."""
+        if not self._windowed:
+            return self.max_len
+        return min(self.max_len, -(-columns // WINDOW) * WINDOW)
 
     # ---------------------------------------------------------------- prefill
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -112,15 +138,22 @@ class StaticDecoder:
                                  cache_position=torch.arange(p, device=ids.device))
 
     # ---------------------------------------------------------------- decode
-    def _step(self) -> torch.Tensor:
-        """One token per row at ``cache_position``; everything it touches is a static buffer."""
-        visible = self.key_mask & (self._cols <= self.cache_position)  # causal + padding
+    def _step(self, width: int | None = None) -> torch.Tensor:
+        """One token per row at ``cache_position``, attending over the first ``width`` cache columns
+        (default all; the caller keeps ``cache_position < width``); everything it touches is a
+        static buffer."""
+        width = self.max_len if width is None else width
+        visible = self.key_mask[:, :width] & (self._cols[:width] <= self.cache_position)  # causal + padding
         mask = visible[:, None, None, :]
         if not self._bool_mask:  # eager attention adds the mask to the scores
             dtype = next(self.model.parameters()).dtype
             mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-        return next_token_logits(self.model, self.cache_kw, self.cache, self.tokens, mask, self.positions,
-                                 cache_position=self.cache_position)
+        if not self._windowed:
+            return next_token_logits(self.model, self.cache_kw, self.cache, self.tokens, mask, self.positions,
+                                     cache_position=self.cache_position)
+        with decode_attention_of(self.model):
+            return next_token_logits(self.model, self.cache_kw, self.cache, self.tokens, mask, self.positions,
+                                     cache_position=self.cache_position)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, cache_position: int) -> torch.Tensor:
         """Logits of the next token after ``tokens`` (``[batch, 1]``) at ``cache_position``.
@@ -145,8 +178,9 @@ class StaticDecoder:
         self.positions.copy_(last_positions)
         self.cache_position.fill_(prompt_len - 1)
 
-    def _tokens(self, k: int, params: LoopParams) -> None:
-        """``k`` tokens: sample from the logits buffer, feed the token back, decode the next logits.
+    def _tokens(self, k: int, params: LoopParams, width: int | None = None) -> None:
+        """``k`` tokens: sample from the logits buffer, feed the token back, decode the next logits
+        (over the first ``width`` cache columns).
 
         Reads and writes only static buffers and advances positions on the device, so the same
         code runs eagerly and under capture.
@@ -155,30 +189,41 @@ class StaticDecoder:
             self.tokens.copy_(self.loop.sample(params))
             self.positions.add_(1)
             self.cache_position.add_(1)
-            self.loop.logits.copy_(self._step())
+            self.loop.logits.copy_(self._step(width))
 
     @torch.no_grad()
-    def prepare(self, k: int, params: LoopParams) -> None:
-        """Capture the ``k``-token loop for ``params`` if capturing and not yet captured.
+    def prepare(self, k: int, params: LoopParams, widths=None) -> None:
+        """Capture the ``k``-token loop for ``params`` at each of ``widths`` (default: all columns)
+        if capturing and not yet captured.
 
         Call after :meth:`begin` and *before* seeding ``loop.generator``: the warm-up draws from it.
         """
-        if self.capture and (k, params) not in self._loops:
+        if not self.capture:
+            return
+        key = (k, params)
+        if key not in self._loops:
             while len(self._loops) >= _KEEP_LOOPS:
                 self._loops.pop(next(iter(self._loops)))
-            self._loops[(k, params)] = self._capture_loop(k, params)
+            self._loops[key] = {}
+        graphs = self._loops[key]
+        for w in sorted(set(widths or [self.max_len])):
+            if w not in graphs:
+                graphs[w] = self._capture_loop(k, params, w)
 
     @torch.no_grad()
-    def run(self, k: int, params: LoopParams) -> None:
-        """Sample and decode ``k`` tokens: one graph replay if :meth:`prepare` captured them, else eagerly.
+    def run(self, k: int, params: LoopParams, width: int | None = None) -> None:
+        """Sample and decode ``k`` tokens over the first ``width`` cache columns (default all): one
+        graph replay if :meth:`prepare` captured them, else eagerly.
 
         Each call writes columns ``[c, c + k)`` of ``loop.ids`` / ``loop.logprobs`` and cache
         positions ``prompt_len + c ..`` for the ``c`` tokens sampled so far: the caller keeps
-        ``c + k`` within the ``max_len - prompt_len`` columns the cache has left.
+        ``c + k`` within the ``max_len - prompt_len`` columns the cache has left, and ``width`` at
+        least ``prompt_len + c + k`` (:meth:`width`).
         """
-        graph = self._loops.get((k, params)) if self.capture else None
+        width = self.max_len if width is None else width
+        graph = self._loops.get((k, params), {}).get(width) if self.capture else None
         if graph is None:
-            self._tokens(k, params)
+            self._tokens(k, params, width)
         else:
             graph.replay()
 
@@ -204,10 +249,10 @@ class StaticDecoder:
     def _capture(self) -> None:
         self._graph, self._logits = self._graph_of(self._step)
 
-    def _capture_loop(self, k: int, params: LoopParams) -> torch.cuda.CUDAGraph:
+    def _capture_loop(self, k: int, params: LoopParams, width: int) -> torch.cuda.CUDAGraph:
         # the graph's RNG kernels read the generator's seed and offset at each replay (and advance
         # the offset by the graph's draws), so a manual_seed between replays takes effect
-        graph, _ = self._graph_of(lambda: self._tokens(k, params), generator=self.loop.generator)
+        graph, _ = self._graph_of(lambda: self._tokens(k, params, width), generator=self.loop.generator)
         return graph
 
     def _graph_of(self, run, generator: torch.Generator | None = None) -> tuple[torch.cuda.CUDAGraph, object]:
@@ -224,7 +269,12 @@ class StaticDecoder:
         # one capture at a time per process, on its own stream (torch.cuda.graph's default capture
         # stream is shared), and only this thread's calls checked: several runs of one process
         # (rla.rl.run_group) keep their other threads' kernels going meanwhile
-        with _CAPTURE_LOCK, torch.cuda.graph(graph, stream=torch.cuda.Stream(), capture_error_mode="thread_local"):
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        # every graph's state lives in static buffers allocated outside the pool: what one replay
+        # leaves in the pool is dead by the next, so the graphs of one decoder can share it
+        with _CAPTURE_LOCK, torch.cuda.graph(graph, pool=self._pool, stream=torch.cuda.Stream(),
+                                             capture_error_mode="thread_local"):
             out = run()
         return graph, out
 
