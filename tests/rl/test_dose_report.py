@@ -105,8 +105,30 @@ def test_too_few_runs_or_one_dose_is_not_fitted():
     assert fit_threshold([1e-3, 1e-2, 1e-3], [0, 1, 0])["status"] == "too_few"
     one_dose = fit_threshold([1e-3] * 6, [0, 1, 0, 1, 0, 1])
     assert one_dose["status"] == "too_few" and one_dose["threshold_k3"] is None
-    with pytest.raises(ValueError, match="positive"):
-        fit_threshold([0.0, 1e-3, 1e-2, 1e-1], [0, 0, 1, 1])
+    with pytest.raises(ValueError, match="finite number >= 0"):
+        fit_threshold([-1e-3, 1e-3, 1e-2, 1e-1], [0, 0, 1, 1])
+    assert fit_threshold([0.0, 0.0, 0.0, 0.0], [0, 0, 1, 1])["status"] == "too_few"  # no positive k3
+
+
+def test_exact_runs_sit_at_minus_infinity():
+    """k3 = 0 (bit-for-bit equal logprobs): a surviving exact run is what every curve with b > 0
+    already predicts there, so it leaves the fit as it was; a collapsed one is evidence against any
+    steep curve, and the fit must feel it."""
+    base = fit_threshold(K3, Y)
+    with_exact = fit_threshold(np.concatenate([K3, [0.0, 0.0, 0.0]]), np.concatenate([Y, [0, 0, 0]]))
+    assert with_exact["status"] == "fit" and with_exact["exact"] == 3 and with_exact["n"] == 15
+    assert with_exact["threshold_k3"] == pytest.approx(base["threshold_k3"], rel=1e-6)
+    assert with_exact["slope_per_decade"] == pytest.approx(base["slope_per_decade"], rel=1e-6)
+    for a, b in zip(with_exact["interval_k3"], base["interval_k3"]):
+        assert a == pytest.approx(b, rel=0.01)  # the same grid point, or its neighbour
+    collapsed_exact = fit_threshold(np.concatenate([K3, [0.0, 0.0]]), np.concatenate([Y, [1, 1]]))
+    assert collapsed_exact["slope_per_decade"] < 0.5 * base["slope_per_decade"]  # flatter: collapse without mismatch
+    none = fit_threshold([0.0, 0.0, 0.0, 1e-3, 1e-2, 1e-1], [0] * 6)
+    assert none["status"] == "no_collapse" and "k3 up to 0.1" in none["statement"]
+    # separated with every survivor exact: the maximum-likelihood set reaches down to k3 = 0
+    sep = fit_threshold([0.0, 0.0, 0.0, 1e-3, 1e-2, 1e-1], [0, 0, 0, 1, 1, 1])
+    assert sep["status"] == "separated" and sep["threshold_k3"] == pytest.approx(1e-3)
+    assert "between k3 = 0 and 0.001" in sep["statement"]
 
 
 def _summary(steps, k3=1e-3, first=0.5, final=0.6, events=()):
@@ -126,7 +148,10 @@ def test_run_outcome_criteria():
     assert run_outcome(collapsed, 5, "signal")["collapsed"] is False
     short = run_outcome(_summary(9), 5)
     assert short["scored"] is False and short["collapsed"] is None and "9 steps" in short["why"]
-    assert run_outcome(_summary(50, k3=0.0), 5)["scored"] is False  # no place on a log axis
+    exact = run_outcome(_summary(50, k3=0.0), 5)  # bit-for-bit equal logprobs: scored, marked exact
+    assert exact["scored"] is True and exact["exact"] is True and exact["collapsed"] is False
+    assert run_outcome(_summary(50, k3=-1e-9), 5)["scored"] is False  # not a k3 at all
+    assert run_outcome(_summary(50, k3=float("nan")), 5)["scored"] is False
     with pytest.raises(ValueError):
         run_outcome(fine, 5, "vibes")
 
@@ -204,3 +229,28 @@ def test_report_from_synthetic_run_logs_matches_a_direct_fit(tmp_path, pattern):
     else:
         assert cell["p_collapse_at_1e-3"] is None
         assert ("above" if pattern == "none" else "below") in cell["fit"]["statement"]
+
+
+def test_report_with_an_exact_aligned_arm(tmp_path):
+    """The aligned arm at k3 = 0 in every run (as the 52M long cell measured on an H200): scored,
+    said to be exact in the tables, drawn at the plot's left edge, and fitted at -infinity."""
+    grid_path = _write_grid(tmp_path)
+    out = tmp_path / "exp"
+    k3s, ys = [], []
+    for arm, k3 in {**BASE_K3, "aligned": 0.0}.items():
+        for seed in range(3):
+            collapse = arm == "b2" or (arm == "b3" and seed != 1)
+            _write_log(out / "runs" / f"tiny__{arm}__s{seed}", k3, collapse)
+            if arm != "bf16":
+                k3s.append(k3), ys.append(collapse)
+    summarize(out, load_grid(grid_path))
+    rep = json.loads((out / "dose_report.json").read_text())
+    (cell,) = rep["cells"]
+    arms = {a["arm"]: a for a in cell["arms"]}
+    assert arms["aligned"]["scored"] == 3 and arms["aligned"]["exact"] == 3 and arms["aligned"]["collapsed"] == 0
+    assert cell["fit"]["n"] == 12 and cell["fit"]["exact"] == 3
+    direct = fit_threshold(k3s, ys)
+    assert cell["fit"]["threshold_k3"] == direct["threshold_k3"] and cell["fit"]["status"] == direct["status"]
+    md = (out / "dose_report.md").read_text()
+    assert "0 (exact) in 3 of 3" in md and "not a finite number" not in md
+    assert (out / "plots" / "dose_response.png").stat().st_size > 10_000

@@ -37,6 +37,12 @@ found on a grid of t 0.002 decades apart. The profile handles what a Wald interv
   (t above the bound, or below it); the plain statement is "no run collapsed up to k3 = X".
 - fewer than ``MIN_RUNS`` scored runs or fewer than 2 distinct doses: not fitted.
 
+**k3 = 0 exactly** (the training forward equals the rollout's logprobs bit for bit, as the aligned
+arm can): the run is scored; on the log axis it lies at -infinity, where any curve with b > 0 gives
+P(collapse) = 0. In the fit it stands at :data:`EXACT_DECADES` decades below the cell's smallest
+positive k3 (P < 1e-12 there for any b >= 0.5 per decade; b = 0 gives 0.5 wherever it stands); the
+plot draws it at the left edge, marked as exact.
+
 numpy only (scipy is not a dependency): the inner maximisation over b for fixed t is concave
 (logistic regression through the origin in x - t), solved by a safeguarded Newton iteration.
 """
@@ -60,6 +66,8 @@ CHI2_95 = 3.841458820694124
 MIN_RUNS = 4
 #: bound on the slope b (per decade of k3) standing in for "infinitely steep" under separation
 B_MAX = 1.0e3
+#: where a run with k3 = 0 (exact) stands in the fit: this many decades below the smallest positive k3
+EXACT_DECADES = 60.0
 #: the reference magnitude of public BF16 reports (docs/metrics.md): k3 ~ 1e-3 at step 0
 PUBLIC_BF16_K3 = 1e-3
 
@@ -71,20 +79,22 @@ def run_outcome(summary: dict[str, Any], window: int, criterion: str = "reward",
                 fraction: float = 0.5) -> dict[str, Any]:
     """One run's collapse under ``criterion`` from ``rla.rl.runlog.summarize``'s output.
 
-    Returns ``{"scored", "collapsed", "reward_collapse", "signal", "why"}``; ``scored`` is False
-    (and ``collapsed`` None) for a run too short to judge or without a finite step-0 k3.
+    Returns ``{"scored", "collapsed", "reward_collapse", "signal", "exact", "why"}``; ``scored`` is
+    False (and ``collapsed`` None) for a run too short to judge or without a finite step-0 k3 >= 0;
+    ``exact``: its step-0 k3 is 0 (training logprobs equal to the rollout's bit for bit).
     """
     if criterion not in CRITERIA:
         raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
     steps = summary.get("steps", 0)
     k3 = (summary.get("step0") or {}).get("k3")
     signal = bool(summary.get("collapse_events"))
-    out = {"scored": False, "collapsed": None, "reward_collapse": None, "signal": signal, "why": ""}
+    exact = isinstance(k3, (int, float)) and k3 == 0
+    out = {"scored": False, "collapsed": None, "reward_collapse": None, "signal": signal, "exact": exact, "why": ""}
     if steps < 2 * window:
         out["why"] = f"{steps} steps < 2 x window {window}"
         return out
-    if not isinstance(k3, (int, float)) or not math.isfinite(k3) or k3 <= 0:
-        out["why"] = f"step-0 k3 is {k3!r} (not a positive number: no place on a log axis)"
+    if not isinstance(k3, (int, float)) or not math.isfinite(k3) or k3 < 0:
+        out["why"] = f"step-0 k3 is {k3!r} (not a finite number >= 0: no place on the axis)"
         return out
     first, final = summary.get("reward_first"), summary.get("final_reward")
     if first is None or final is None:
@@ -147,17 +157,22 @@ def fit_threshold(k3: list[float] | np.ndarray, collapsed: list[bool] | np.ndarr
     y = np.asarray(collapsed, dtype=np.float64)
     if k3.shape != y.shape or k3.ndim != 1:
         raise ValueError("k3 and collapsed must be 1-D and of one length")
-    if (k3 <= 0).any() or not np.isfinite(k3).all():
-        raise ValueError("every k3 must be a positive finite number")
-    x = np.log10(k3)
+    if (k3 < 0).any() or not np.isfinite(k3).all():
+        raise ValueError("every k3 must be a finite number >= 0")
+    positive = k3 > 0
     n, c = int(y.size), int(y.sum())
-    out: dict[str, Any] = {"n": n, "collapses": c, "threshold_k3": None, "interval_k3": [None, None],
-                           "slope_per_decade": None, "ml_set_k3": None, "searched_k3": None}
-    if n < MIN_RUNS or np.unique(x).size < 2:
-        out.update(status="too_few", statement=f"not fitted: {n} scored run(s) at {np.unique(x).size} distinct k3 "
-                                               f"(needs >= {MIN_RUNS} runs at >= 2)")
+    out: dict[str, Any] = {"n": n, "collapses": c, "exact": int((~positive).sum()), "threshold_k3": None,
+                           "interval_k3": [None, None], "slope_per_decade": None, "ml_set_k3": None,
+                           "searched_k3": None}
+    distinct = np.unique(k3).size
+    if n < MIN_RUNS or distinct < 2 or not positive.any():
+        out.update(status="too_few", statement=f"not fitted: {n} scored run(s) at {distinct} distinct k3 "
+                                               f"(needs >= {MIN_RUNS} runs at >= 2, one of them > 0)")
         return out
-    lo, hi = x.min() - margin, x.max() + margin
+    x = np.log10(np.where(positive, k3, 1.0))
+    x_min, x_max = x[positive].min(), x[positive].max()
+    x = np.where(positive, x, x_min - EXACT_DECADES)  # k3 = 0: log10 is -inf; see EXACT_DECADES
+    lo, hi = x_min - margin, x_max + margin
     t = np.arange(lo, hi + grid_step / 2, grid_step)
     out["searched_k3"] = [float(10**lo), float(10**hi)]
     prof, bs = _profile(x, y, t)
@@ -172,10 +187,10 @@ def fit_threshold(k3: list[float] | np.ndarray, collapsed: list[bool] | np.ndarr
     out["interval_k3"] = [low, high]
     zero_max = x[y == 0].max() if (y == 0).any() else None
     one_min = x[y == 1].min() if (y == 1).any() else None
-    fmt = lambda v: f"{v:.2g}"  # noqa: E731
+    fmt = lambda v: "0" if v < 10 ** (x_min - EXACT_DECADES / 2) else f"{v:.2g}"  # noqa: E731
     if c == 0:
         out.update(status="no_collapse",
-                   statement=f"no run of {n} collapsed (k3 up to {fmt(10 ** x.max())}): no threshold; "
+                   statement=f"no run of {n} collapsed (k3 up to {fmt(10 ** x_max)}): no threshold; "
                              + (f"at 95% (profile likelihood) it lies above k3 = {fmt(low)}" if low else
                                 "the data bound it on neither side"))
         return out
@@ -186,7 +201,8 @@ def fit_threshold(k3: list[float] | np.ndarray, collapsed: list[bool] | np.ndarr
                                 "the data bound it on neither side"))
         return out
     if zero_max < one_min:  # complete separation: any t in the gap reaches the supremum (b -> inf)
-        mid = (zero_max + one_min) / 2
+        # (when every surviving run is exact, the gap reaches down to k3 = 0: its upper end stands for it)
+        mid = (zero_max + one_min) / 2 if zero_max >= x_min else one_min
         out.update(status="separated", threshold_k3=float(10**mid), ml_set_k3=[float(10**zero_max), float(10**one_min)],
                    statement=f"separated: every collapsed run has a larger k3 than every other; the threshold lies "
                              f"between k3 = {fmt(10 ** zero_max)} and {fmt(10 ** one_min)} (midpoint {fmt(10 ** mid)}), "
@@ -292,6 +308,7 @@ def dose_report(out: str | Path, grid, summary: dict, *, criterion: str = "rewar
             sc = [r for r in ar if r["scored"]]
             k3 = [r["step0_k3"] for r in ar if isinstance(r["step0_k3"], (int, float)) and r["step0_k3"] > 0]
             row = {"arm": arm, "role": _role(over), "overrides": over, "runs": len(ar), "scored": len(sc),
+                   "exact": sum(bool(r["exact"]) for r in ar),
                    "collapsed": sum(bool(r["collapsed"]) for r in sc),
                    "reward_collapse": sum(bool(r["reward_collapse"]) for r in sc),
                    "signal": sum(r["signal"] for r in ar if r["steps"]),
@@ -413,6 +430,9 @@ def _markdown(report: dict, out: Path) -> str:
         for a in c["arms"]:
             k = a["step0_k3"]
             rng = "-" if k["mean"] is None else f"{_fmt(a['step0_k3_geomean'])}; {k['min']:.1e}-{k['max']:.1e}"
+            if a.get("exact"):  # k3 = 0: training logprobs equal to the rollout's bit for bit
+                rng = (f"0 (exact) in {a['exact']} of {a['runs']}" if k["mean"] is None else
+                       f"{rng} (positive runs); 0 (exact) in {a['exact']}")
             fs, rf = a["final_reward"], a["reward_first"]
             rew = "-" if fs["mean"] is None else (f"{rf['mean']:.3f} -> {fs['mean']:.3f}"
                                                   + (f" ± {fs['std']:.3f}" if fs.get("std") is not None else ""))
@@ -452,8 +472,12 @@ def _plot(report: dict, path: Path) -> Path | None:
 
     fig, axes = plt.subplots(2, len(cells), figsize=(5.2 * len(cells), 7.5), squeeze=False, sharex=True,
                              constrained_layout=True)
-    xs = [r["step0_k3"] for r in report["runs"] if r["scored"]]
+    xs = [r["step0_k3"] for r in report["runs"] if r["scored"] and r["step0_k3"] > 0]
+    if not xs:
+        return None
     xlo, xhi = min(xs) / 2.5, max(xs) * 2.5
+    if any(r["scored"] and r["exact"] for r in report["runs"]):
+        xlo /= 4  # room at the left edge for the runs with k3 = 0 (exact)
     style = {"dose": ("o", "tab:red"), "aligned": ("s", "tab:green"), "other": ("D", "tab:blue")}
     # dose arms light to dark red by their k3 (geometric mean over the grid's runs), named in the legend
     dose_k3: dict[str, list[float]] = {}
@@ -493,9 +517,14 @@ def _plot(report: dict, path: Path) -> Path | None:
             lab = label if label not in seen else None
             seen.add(label)
             jitter = rng.uniform(-0.04, 0.04)
-            top.scatter(r["step0_k3"], float(r["collapsed"]) + jitter, marker=marker, color=color, s=28, alpha=0.8,
-                        label=lab, zorder=3)
-            bottom.scatter(r["step0_k3"], r["final_reward"], marker=marker, color=color, s=28, alpha=0.8, zorder=3)
+            # k3 = 0 has no place on a log axis: drawn hollow at the left edge, named in the legend
+            x, face = (xlo * 1.15, "none") if r["exact"] else (r["step0_k3"], color)
+            if r["exact"] and lab:
+                lab = f"{lab} (k3 = 0 exactly: at the left edge)"
+            top.scatter(x, float(r["collapsed"]) + jitter, marker=marker, facecolors=face, edgecolors=color, s=28,
+                        alpha=0.8, label=lab, zorder=3)
+            bottom.scatter(x, r["final_reward"], marker=marker, facecolors=face, edgecolors=color, s=28, alpha=0.8,
+                           zorder=3)
         top.set_xscale("log")
         top.set_xlim(xlo, xhi)
         top.set_ylim(-0.12, 1.25)
@@ -504,7 +533,7 @@ def _plot(report: dict, path: Path) -> Path | None:
         top.set_title(f"{c['model']} (~{_fmt(c['response_length']['mean'], '.0f')} tokens): {f['status']}", fontsize=10)
         top.grid(alpha=0.3)
         handles, labels = top.get_legend_handles_labels()
-        order = sorted(range(len(labels)), key=lambda i: (labels[i] not in ("aligned",), labels[i] in ranked,
+        order = sorted(range(len(labels)), key=lambda i: (not labels[i].startswith("aligned"), labels[i] in ranked,
                                                           ranked.index(labels[i]) if labels[i] in ranked else 0))
         top.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=7, loc="center left")
         bottom.set_xlabel("step-0 k3 of the run (log)")
