@@ -42,6 +42,10 @@ from dose_long_numbers import (  # noqa: E402
     long_no_collapse, long_picks, long_prediction, long_probe_table, long_repro, long_signal, long_sizes, long_table,
     long_vs_short_at_40, long_warm_starts,
 )
+from dose_long52_numbers import (  # noqa: E402
+    LONG52, long52_bench, long52_bf16, long52_calls, long52_doses_vs_probe, long52_exact, long52_gains,
+    long52_no_collapse, long52_prediction, long52_table, long52_timing, long52_warm_start,
+)
 from readme_tables import TableCheck, check_results_module, main  # noqa: E402
 
 Check = check_results_module().Check
@@ -95,6 +99,9 @@ TABLES: list[TableCheck] = [
     TableCheck("dose long: run-group bench", R(LONG), "| layout | steady", f"{LONG}/run_group_bench/*/runs, logs/call1_commands.log",
                "median step 0 of the thread layout; mean time/step_s of steps 1-2 over 7 runs, and / 7; the commands "
                "log's start-to-exit seconds", long_bench_table),
+    TableCheck("dose long 52M table", R(LONG52), "| arm | step-0 k3 (geomean) | collapsed", f"{LONG52}/{LOGS}",
+               "rla's dose report recomputed from the logs: as the dose-response table (an arm whose runs all have k3 = 0 "
+               "written as such); gain = mean final - mean starting reward; logged steps of seeds 0-2", long52_table),
     TableCheck("dose 52M high table", R(DOSE_HIGH), "| arm | step-0 k3 (geomean) | collapsed", f"{DOSE_HIGH}/{LOGS}",
                "rla's dose report recomputed from the logs: as the dose-response table; gain = mean final - mean "
                "starting reward", dose_high_table),
@@ -368,6 +375,51 @@ PROSE: list = [
           r"It fired in (\d+) of 21 runs .*?At seed 2's step (\d+) it fired in (\d+) of 7 arms",
           f"{DOSE}/{LOGS}", "runs whose collapse signal fired; the step most seed-2 runs fired at, and how many "
           "(every event's kinds are k3_spike + reward_falling)", dose50_signal),
+    # ---- dose-response, the 52M long cell
+    Check("dose long 52M: warm start", R(LONG52),
+          r"it stopped at step (\d+) \((\d+) s\), greedy ([\d.]+), sampled ([\d.]+) \(`init/`; the probe's warm start "
+          r"stopped at the same step with sampled ([\d.]+):", f"{{{LONG52},{LONG}}}/init/qwen2-50m-long/sft.json",
+          "steps_done, wall_time_s, the last evaluation's greedy and sampled accuracy; the probe's last sampled", long52_warm_start),
+    Check("dose long 52M: the calls", R(LONG52),
+          r"The calls ran (\d+) s, (\d+) s, (\d+) s and (\d+) s .*?each process peaked at ([\d.]+)-([\d.]+) GB \(([\d.]+)-([\d.]+) GB "
+          r"in the 52M runs of 11-30, .*? and (\d+) runs died at their start .*? stopped them at (\d+)-(\d+) of (\d+) steps",
+          f"{LONG52}/logs/call*_{{commands,experiment}}.log, {LONG52}/{LOGS}, {LONG}/partial_2026-11-30",
+          "each call's exit seconds; min and max over runs of the peak memory/peak_mb / 1000; the 11-30 runs' min and max; "
+          "runs failed in call 2; the failed runs' logged steps and the planned steps", long52_calls),
+    Check("dose long 52M: no collapse", R(LONG52),
+          r"No run collapsed, up to step-0 k3 ([\d.]+)\.\*\* No run of the (\d+) fitted .*? lies above k3 = ([\d.]+)\. "
+          r"The same as the 4M long cell \(above ([\d.]+)\)", f"{{{LONG52},{LONG}}}/{LOGS}",
+          "largest step-0 k3 of the fitted runs; fitted runs; the 95% lower bounds here and of the 4M long cell", long52_no_collapse),
+    Check("dose long 52M: gains and signal", R(LONG52),
+          r"from \+([\d.]+) \(aligned\) to \+([\d.]+) at k3 ([\d.]+) and -([\d.]+) at k3 ([\d.]+),.*?fired in (\d+) of "
+          r"the (\d+) runs of b1 and above \(k3 ([\d.e-]+) and up\)", f"{LONG52}/{LOGS}",
+          "gains (mean final - mean start) of aligned, b1x2, -b1x4 with their k3 geomeans; signal runs of b1..b1x4, "
+          "their runs, b1's k3 geomean", long52_gains),
+    Check("dose long 52M: bf16 vs aligned", R(LONG52),
+          r"bf16's gain \(\+([\d.]+)\) is aligned's \(\+([\d.]+)\) within the seeds' spread \(final ([\d.]+) ± ([\d.]+) "
+          r"vs ([\d.]+) ± ([\d.]+)\)", f"{LONG52}/{LOGS}", "gains; final reward mean ± sample std", long52_bf16),
+    Check("dose long 52M: the exact aligned arm", R(LONG52),
+          r"In all (\d+) logged steps of the (\d+) aligned runs \(([\d,]+) sampled tokens\).*?step-0 k3 was ([\d.e-]+) and (\d+)% "
+          r"of tokens were bit-equal at step 0, and this model's probe \(same\) gave (\d\.\d+e-\d+)",
+          f"{{{LONG52},{LONG}}}/runs/*aligned*, {LONG}/probe", "aligned log lines (all bit-equal, k3 0), runs, "
+          "sum of mismatch/n_tokens; the 4M long aligned geomean and mean step-0 mismatch/bitwise/equal; the probe's geomean",
+          long52_exact),
+    Check("dose long 52M: the bench", R(LONG52),
+          r"52M ([\d.]+) s a generate with the grouped attention against ([\d.]+) s, \*\*([\d.]+)x\*\*.*?4M ([\d.]+) s "
+          r"against ([\d.]+) s, \*\*([\d.]+)x\*\*.*?mean common prefix of (\d+) \(52M\) and (\d+) \(4M\) of ([\d,]+) "
+          r"tokens, logprobs within ([\d.]+)", "benchmarks/results/h200_2026-12-01_decode_attention.json",
+          "rows: grouped and model seconds_per_generate, speedup; mean common prefix; new tokens; max logprob diff",
+          long52_bench),
+    Check("dose long 52M: doses vs the probe", R(LONG52),
+          r"b2 ([\d.]+)x and b1x4 ([\d.]+)x of it .*? but b1 ([\d.]+)x, b1x1\.4 ([\d.]+)x and b1x2 ([\d.]+)x .*? "
+          r"sampled ([\d.]+) against the probe's ([\d.]+)", f"{LONG52}/{LOGS}, {LONG}/probe/qwen2-50m-long/probe.json",
+          "step-0 k3 geomean here / the probe's, per arm; the warm starts' last sampled accuracy", long52_doses_vs_probe),
+    Check("dose long 52M: the prediction", R(LONG52),
+          r"\*\*Warm start\*\*: step (\d+) \(predicted 200-250: held\), (\d+) s .*?\(missed: \+([\d.]+)\s+there.*?"
+          r"bf16's step-0 k3 ([\d.e-]+) \(predicted", f"{LONG52}/init, {LONG52}/{LOGS}",
+          "steps_done, wall_time_s; b1x2's gain; bf16's step-0 k3 geomean", long52_prediction),
+    Check("dose long 52M: timing", R(LONG52), r"averaged\s+([\d.]+)-([\d.]+) s a step", f"{LONG52}/{LOGS}",
+          "min and max over the 16 runs not lost in call 2 of their mean time/step_s", long52_timing),
     # ---- SFT
     Check("SFT: the CPU Llama", R(SFT), r"stopped at \*\*step (\d+): greedy ([\d.]+), sampled ([\d.]+)\*\*, after (\d+) s wall",
           f"{SFT}/runs/llama-tiny-add4-cpu.json", "steps_done; final_eval greedy_acc, sample_acc; wall_s", sft_cpu),
