@@ -252,9 +252,24 @@ def sglang_rest(root):
             ("SwiGLU (ActivationKernel, 4096 x 4096 at input scales 1, 4, 16, 64)",): swiglu}
 
 
+# ---------------------------------------------------------------- the decode attention (2026-12-01)
+
+DECODE_ATTN = "benchmarks/results/h200_2026-12-01_decode_attention"
+
+
+def decode_attention_table(root):
+    """per model: model and grouped seconds_per_generate, speedup, graphs (model, grouped), peak GiB (model, grouped)."""
+    rows = {r["size"]: r for r in _json(root, f"{DECODE_ATTN}.json")["rows"]}
+    return {(name,): [r["model"]["seconds_per_generate"], r["grouped"]["seconds_per_generate"], r["speedup"],
+                      [r["model"]["graphs"], r["grouped"]["graphs"]], [r["model"]["peak_gib"], r["grouped"]["peak_gib"]]]
+            for name, r in (("4M", rows["tiny"]), ("52M", rows["50m"]))}
+
+
 R = lambda folder: f"{folder}/README.md"  # noqa: E731
 
 TABLES: list[TableCheck] = [
+    TableCheck("decode attention", f"{DECODE_ATTN}.md", "| model | model attention", f"{DECODE_ATTN}.json",
+               "rows: seconds_per_generate of each arm, speedup, captured graphs, peak_gib", decode_attention_table),
     TableCheck("SGLang 0.5.23 calibration", R(SGLANG), "| point | choice | evidence | fraction equal per choice",
                f"{SGLANG}/calibration.report.json", "choice, evidence, 100 x fraction per choice, max ulp", sglang_points),
     TableCheck("SGLang 0.5.23 norm path (CuTe-DSL)", R(SGLANG), "| point (norm path) | choice | evidence",

@@ -336,6 +336,29 @@ def _dose_long_index(root):
             cells[("52M, long",)][1], bench[0]]
 
 
+def _dose_long52():
+    _dose()
+    import dose_long52_numbers
+    return dose_long52_numbers
+
+
+def _dose_long52_readme(root):
+    d = _dose_long52()
+    nc, g, ex = d.long52_no_collapse(root), d.long52_gains(root), d.long52_exact(root)
+    return [nc[0], nc[2], g[3], g[4], ex[0], ex[3]]
+
+
+def _dose_long52_index(root):
+    d = _dose_long52()
+    nc, g, ex = d.long52_no_collapse(root), d.long52_gains(root), d.long52_exact(root)
+    return [nc[0], nc[2], g[3], g[4], d._arms(root)["bf16"]["step0_k3_geomean"], ex[0]]
+
+
+def _decode_attention(root):
+    b = _dose_long52().long52_bench(root)
+    return [b[2], b[5]]
+
+
 def order_calibration_words(root):
     fraction, points = order_calibration(root)
     return [fraction, {9: "nine"}.get(points, str(points))]
@@ -702,10 +725,24 @@ CHECKS: list[Check] = [
           "b1x2's k3; bf16 geomeans 4M (runs) and 52M (probe); threads / processes step time", _dose_long_readme),
     Check("dose-response: long cell (index)", "experiments/README",
           r"4M: no collapse up to step-0 k3 ([\d.]+) in 40 steps \(threshold above ([\d.]+) at 95%, (\d+)x the short cell's\); "
-          r"reward gain falls with the dose, below zero from k3 ([\d.]+); bf16 ([\d.e-]+), aligned ([\d.e-]+)\. 52M: probed only "
-          r"\(bf16 ([\d.e-]+)\)\. Several runs as threads of one process: ([\d.]+)x slower than processes",
+          r"reward gain falls with the dose, below zero from k3 ([\d.]+); bf16 ([\d.e-]+), aligned ([\d.e-]+)\. 52M: probed here "
+          r"\(bf16 ([\d.e-]+); its runs: next row\)\. Several runs as threads of one process: ([\d.]+)x slower than processes",
           "experiments/dose_response_long_h200_2026-12-01/{runs,probe,run_group_bench}", "as above, with aligned's geomean",
           _dose_long_index),
+    Check("dose-response: the 52M long cell", "README",
+          r"did not collapse up\s+to k3 ([\d.]+) either \(at 95% the threshold lies above ([\d.]+)\); its gain fell with the dose "
+          r"to -([\d.]+) at k3 ([\d.]+),\s+and its aligned arm was exact: step-0 k3 0 in all (\d+) logged steps.*?aligned arm, "
+          r"decoded with HF's attention, gave ([\d.e-]+)\)", "experiments/dose_response_long52_h200_2026-12-01/runs, "
+          "experiments/dose_response_long_h200_2026-12-01/runs", "largest fitted k3; 95% lower bound; -b1x4's gain, its k3 "
+          "geomean; aligned log lines (all k3 0); the 4M long aligned geomean", _dose_long52_readme),
+    Check("dose-response: the 52M long cell (index)", "experiments/README",
+          r"No collapse up to step-0 k3 ([\d.]+) in 40 steps \(threshold above ([\d.]+) at 95%\); the gain falls with the dose, "
+          r"to -([\d.]+) at k3 ([\d.]+); bf16 ([\d.e-]+) gains as much as aligned, whose k3 is exactly 0 in all (\d+) steps",
+          "experiments/dose_response_long52_h200_2026-12-01/runs", "as above; bf16's step-0 k3 geomean", _dose_long52_index),
+    Check("decode attention", "README",
+          r"([\d.]+)x faster on the 52M model and ([\d.]+)x on the 4M one",
+          "benchmarks/results/h200_2026-12-01_decode_attention.json", "rows[50m].speedup, rows[tiny].speedup",
+          _decode_attention),
     Check("decode loop", "README", r"gained only ([\d.]+)x on the 4M model",
           "benchmarks/results/h200_2026-12-01_decode_loop.json", "rows[tiny].speedup",
           lambda root: [_dose_long().long_decode_loop(root)[0]]),
