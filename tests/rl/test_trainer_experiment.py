@@ -100,3 +100,20 @@ def test_grid_errors_name_the_problem(tmp_path):
     bad.write_text("base: {}\narms: {x: {}}\nseeds: [0]\nmodels: {m: {}}\n")
     specs = load_grid(bad).runs(tmp_path / "o")
     assert [s.name for s in specs] == ["m__x__s0"] and specs[0].config.init == str(tmp_path / "o" / "init" / "m")
+
+
+def test_resumed_runs_take_the_free_slots_first(tmp_path):
+    """A grid resumed after some runs died starts the runs with the most checkpointed steps first;
+    runs without a checkpoint keep the grid's order behind them."""
+    from rla.rl.experiment import resume_first
+
+    steps = {"a": None, "b": 12, "c": None, "d": 30, "e": 12}
+    todo = []
+    for name, step in steps.items():
+        d = tmp_path / name
+        if step is not None:
+            (d / "checkpoints" / f"step_{step}").mkdir(parents=True)
+            (d / "checkpoints" / f"step_{step}" / "state.json").write_text("{}")
+            (d / "checkpoints" / "step_99").mkdir()  # incomplete (no state.json): not progress
+        todo.append((name, d, None))
+    assert [n for n, _, _ in resume_first(todo)] == ["d", "b", "e", "a", "c"]

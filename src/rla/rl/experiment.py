@@ -85,6 +85,7 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
         # to resume under a changed one
         (run_dir / "run.yaml").write_text(s.config.to_yaml())
         todo.append((s.name, run_dir, gpus[i % len(gpus)] if gpus else None))
+    todo = resume_first(todo)
     jobs = _jobs(todo, runs_per_process, out)
     at_once = (f"{parallel} process(es) of up to {runs_per_process} runs at a time" if runs_per_process > 1
                else f"{parallel} at a time")
@@ -95,6 +96,21 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
     finally:
         bar.close()
     return summarize(out, grid, dose_criterion=dose_criterion)
+
+
+def resume_first(todo: list[tuple[str, Path, str | None]]) -> list[tuple[str, Path, str | None]]:
+    """The runs ordered by their latest checkpoint's step, furthest first; grid order otherwise.
+
+    With fewer slots than runs, the runs closest to done get them: a resumed grid whose earlier call
+    lost some runs (out of memory, say) finishes the survivors before it restarts those.
+    """
+    from rla.rl.checkpoint import list_checkpoints
+
+    def done(entry) -> int:
+        found = list_checkpoints(entry[1] / "checkpoints")
+        return found[-1][0] if found else -1
+
+    return sorted(todo, key=lambda entry: -done(entry))  # sorted is stable: ties keep the grid's order
 
 
 def _jobs(todo: list[tuple[str, Path, str | None]], per_process: int, out: Path) -> list[Job]:
