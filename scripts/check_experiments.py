@@ -44,7 +44,7 @@ from dose_long_numbers import (  # noqa: E402
 )
 from dose_long52_numbers import (  # noqa: E402
     LONG52, long52_bench, long52_bf16, long52_calls, long52_doses_vs_probe, long52_exact, long52_gains,
-    long52_no_collapse, long52_prediction, long52_table, long52_timing, long52_warm_start,
+    long52_no_collapse, long52_prediction, long52_table, long52_throughput, long52_timing, long52_warm_start,
 )
 from readme_tables import TableCheck, check_results_module, main  # noqa: E402
 
@@ -420,6 +420,11 @@ PROSE: list = [
           "steps_done, wall_time_s; b1x2's gain; bf16's step-0 k3 geomean", long52_prediction),
     Check("dose long 52M: timing", R(LONG52), r"averaged\s+([\d.]+)-([\d.]+) s a step", f"{LONG52}/{LOGS}",
           "min and max over the 16 runs not lost in call 2 of their mean time/step_s", long52_timing),
+    Check("dose long 52M: throughput", R(LONG52),
+          r"give (\d+) steps in (\d+) s in call 2 .*?, (\d+) in (\d+) s in call 3 \(16\) and (\d+) in (\d+) s in call 4 "
+          r"\(5\): ([\d.]+), ([\d.]+) and ([\d.]+) run-steps a second", f"{LONG52}/logs/call{{2,3,4}}_experiment.log",
+          "the last progress bar of each call: steps (call 3: minus call 2's), elapsed seconds, and their ratio",
+          long52_throughput),
     # ---- SFT
     Check("SFT: the CPU Llama", R(SFT), r"stopped at \*\*step (\d+): greedy ([\d.]+), sampled ([\d.]+)\*\*, after (\d+) s wall",
           f"{SFT}/runs/llama-tiny-add4-cpu.json", "steps_done; final_eval greedy_acc, sample_acc; wall_s", sft_cpu),

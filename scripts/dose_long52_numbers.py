@@ -156,3 +156,20 @@ def long52_timing(root: Path) -> list:
     means = [statistics.mean(d["time/step_s"] for d in log) for name, log in _logs(root).items()
              if not name.endswith(FAILED)]
     return [min(means), max(means)]
+
+
+def long52_throughput(root: Path) -> list:
+    """per call 2-4, from the last progress bar of its experiment log: steps made (the bar's count minus the
+    steps its runs had logged before: call 3's 16 runs had call 2's total), seconds; then steps / seconds."""
+    out, rates, before = [], [], {2: 0, 3: None, 4: 0}
+    bars = {}
+    for c in (2, 3, 4):
+        text = (root / LONG52 / "logs" / f"call{c}_experiment.log").read_text()
+        n, _, h, m, sec = re.findall(r"experiment steps\D*?(\d+)/(\d+) (\d+):(\d\d):(\d\d)", text)[-1]
+        bars[c] = (int(n), 3600 * int(h) + 60 * int(m) + int(sec))
+    before[3] = bars[2][0]  # call 3 resumed exactly the runs call 2 had advanced
+    for c in (2, 3, 4):
+        made, secs = bars[c][0] - before[c], bars[c][1]
+        out += [made, secs]
+        rates.append(made / secs)
+    return out + rates
