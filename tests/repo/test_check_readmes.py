@@ -145,3 +145,21 @@ def test_formatting_follows_the_written_number():
     assert t.like(1.749e-4, "1.8e-4") == "1.7e-4"        # rounded from the value, not accepted as written
     assert t.like(31510.8, "31,510") == "31,511"
     assert t.like(0.0, "0") == "0" and t.like(4.1e-5, "4e-05") == "4e-05"
+
+
+def test_the_cells_figure_draws_every_scored_run_of_the_four_reports(tmp_path):
+    """scripts/dose_cells_figure.py redraws experiments/dose_response_cells.png from the committed
+    reports alone; its printed counts are the reports' own (every scored run of each cell)."""
+    import json
+
+    out = tmp_path / "cells.png"
+    res = subprocess.run([sys.executable, str(SCRIPTS / "dose_cells_figure.py"), "--root", str(ROOT), "--out", str(out)],
+                         capture_output=True, text=True, check=True)
+    assert out.stat().st_size > 50_000
+    fig = _load("dose_cells_figure")
+    for (size, length), sources in fig.CELLS.items():
+        runs = [r for folder, model, _ in sources
+                for r in json.loads((ROOT / "experiments" / folder / "dose_report.json").read_text())["runs"]
+                if r["model"] == model and r["scored"]]
+        collapsed = sum(bool(r["collapsed"]) for r in runs)
+        assert f"{size}, {length}: {collapsed}/{len(runs)} runs collapsed" in res.stdout
