@@ -1,11 +1,12 @@
 """The static decoder's attention: one query token, grouped K/V heads as they are, filled columns only.
 
 HF's SDPA attention, given an explicit mask (which the static cache needs), repeats every grouped-query
-K/V head of the *whole* cache before attending (``repeat_kv``; transformers 5.24 packs the query heads
-instead, earlier releases do not), and attends over all ``max_len`` columns however few are filled.
-On an H200 that was ~85% of a 52M model's decode step at 64 x 1,088 columns
-(``benchmarks/results/h200_2026-12-01_decode_loop.md``). This function attends the same query to the
-same keys with neither cost:
+K/V head of the *whole* cache before attending (``repeat_kv``; transformers 5.17 does, 5.24 packs the
+query heads instead), and attends over all ``max_len`` columns however few are filled. In a profile of
+the 4M model's decode step on an H200 (64 x 1,088 columns) that was 68% of the GPU time: 53% the copies,
+15% the attention (``benchmarks/results/h200_2026-12-01_decode_loop.md``). This function attends the same
+query to the same keys with neither cost (3.81x faster 52M rollouts,
+``benchmarks/results/h200_2026-12-01_decode_attention.md``):
 
 - the ``G = heads / kv_heads`` query heads that share a K/V head become ``G`` query rows of that head
   (``[b, heads, 1, d] -> [b, kv_heads, G, d]``), so no K/V is copied;
@@ -23,6 +24,7 @@ It is registered with transformers as :data:`NAME` and selected only for the dec
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +58,7 @@ def grouped_decode_attention(module, query, key, value, attention_mask, dropout=
     return out.reshape(b, heads, 1, d).transpose(1, 2).contiguous(), None
 
 
+@functools.cache  # once per process: the eager decode path enters decode_attention_of every step
 def _register() -> None:
     from transformers import AttentionInterface
 

@@ -33,6 +33,7 @@ nine); they share one memory pool. Eager-attention models keep HF's attention ov
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
@@ -148,10 +149,7 @@ class StaticDecoder:
         if not self._bool_mask:  # eager attention adds the mask to the scores
             dtype = next(self.model.parameters()).dtype
             mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-        if not self._windowed:
-            return next_token_logits(self.model, self.cache_kw, self.cache, self.tokens, mask, self.positions,
-                                     cache_position=self.cache_position)
-        with decode_attention_of(self.model):
+        with decode_attention_of(self.model) if self._windowed else contextlib.nullcontext():
             return next_token_logits(self.model, self.cache_kw, self.cache, self.tokens, mask, self.positions,
                                      cache_position=self.cache_position)
 
@@ -277,6 +275,7 @@ class StaticDecoder:
                                              capture_error_mode="thread_local"):
             out = run()
         return graph, out
+
 
 def _graphable(cache) -> bool:
     from transformers.cache_utils import StaticLayer
