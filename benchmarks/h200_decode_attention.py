@@ -27,29 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 
-
-def generate(sampler, prompts, params):
-    recs = sampler.generate(prompts, params)
-    return [r.response_ids for r in recs], [r.logprobs for r in recs]
-
-
-def timed(fn, reps: int) -> tuple[float, float, object]:
-    """(first call incl. capture, mean of ``reps`` timed calls in s, the first call's result)."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    first_out = fn()
-    torch.cuda.synchronize()
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    torch.cuda.synchronize()
-    return first, (time.perf_counter() - t0) / reps, first_out
+# the decode-loop bench's timing and its (ids, logprobs) view of Sampler.generate (this folder is on the path
+# when a script here runs)
+from h200_decode_loop import graph_loop_generate as generate, timed
 
 
 def agreement(a, b) -> dict:

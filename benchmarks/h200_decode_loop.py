@@ -143,18 +143,18 @@ def threaded_tok_s(fns, tokens_per_call: int) -> float:
     return len(fns) * tokens_per_call / (time.perf_counter() - t0)
 
 
-def timed(fn, reps: int) -> tuple[float, float]:
-    """(first call incl. capture, mean of ``reps`` timed calls), seconds."""
+def timed(fn, reps: int) -> tuple[float, float, object]:
+    """(first call incl. capture, mean of ``reps`` timed calls in s, the first call's result)."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    fn()
+    first_out = fn()
     torch.cuda.synchronize()
     first = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(reps):
         fn()
     torch.cuda.synchronize()
-    return first, (time.perf_counter() - t0) / reps
+    return first, (time.perf_counter() - t0) / reps, first_out
 
 
 def main():
@@ -190,7 +190,7 @@ def main():
         for arm, fn in (("per_token", lambda: per_token_generate(graphed, prompts, params, decoders)),
                         ("graph_loop", lambda: graph_loop_generate(graphed, prompts, params))):
             torch.cuda.reset_peak_memory_stats()
-            first, sec = timed(fn, args.reps)
+            first, sec, _ = timed(fn, args.reps)
             row[arm] = {"seconds_per_generate": sec, "tok_per_s": args.batch * args.new / sec, "first_call_s": first,
                         "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
             print(size, arm, row[arm], flush=True)
