@@ -7,9 +7,7 @@ its JSON; the calls from their commands logs.
 
 from __future__ import annotations
 
-import gzip
 import json
-import math
 import re
 import statistics
 from pathlib import Path
@@ -71,8 +69,8 @@ def long52_calls(root: Path) -> list:
         text = (root / LONG52 / "logs" / f"call{i}_commands.log").read_text()
         secs.append(int(re.findall(r"exit 0 \((\d+) s", text)[-1]))
     peaks = [max(d["memory/peak_mb"] for d in log) for log in _logs(root).values()]
-    old = [json.loads(line)["memory/peak_mb"] for f in (root / LONG / "partial_2026-11-30" / BIG / "runs").glob(
-        "*/log.jsonl*") for line in (gzip.open(f, "rt") if f.suffix == ".gz" else open(f))]
+    partial = f"{LONG}/partial_2026-11-30/{BIG}"
+    old = [d["memory/peak_mb"] for run in (root / partial / "runs").iterdir() for d in _log(root, run.name, partial)]
     lost = len(re.findall(r"^\S+ failed \(exit 1\)", (root / LONG52 / "logs" / "call2_experiment.log").read_text(), re.M))
     runs = _runs(root)
     steps = [runs[f"{BIG}__{r}"]["steps"] for r in FAILED]
@@ -89,10 +87,10 @@ def long52_warm_start(root: Path) -> list:
 
 def long52_no_collapse(root: Path) -> list:
     """largest positive step-0 k3 of the fitted runs; fitted runs; the 95% lower bound; the 4M long cell's bound."""
-    cell, fit = _cell(root, BIG, LONG52), _cell(root, BIG, LONG52)["fit"]
+    fit = _cell(root, BIG, LONG52)["fit"]
     rs = [r for r in _report(root, LONG52)["runs"] if r["scored"] and r["role"] in ("dose", "aligned")]
     return [max(r["step0_k3"] for r in rs), fit["n"], fit["interval_k3"][0],
-            _cell(root, "qwen2-tiny-long", LONG)["fit"]["interval_k3"][0]] if cell else []
+            _cell(root, "qwen2-tiny-long", LONG)["fit"]["interval_k3"][0]]
 
 
 def long52_gains(root: Path) -> list:
@@ -161,15 +159,11 @@ def long52_timing(root: Path) -> list:
 def long52_throughput(root: Path) -> list:
     """per call 2-4, from the last progress bar of its experiment log: steps made (the bar's count minus the
     steps its runs had logged before: call 3's 16 runs had call 2's total), seconds; then steps / seconds."""
-    out, rates, before = [], [], {2: 0, 3: None, 4: 0}
     bars = {}
     for c in (2, 3, 4):
         text = (root / LONG52 / "logs" / f"call{c}_experiment.log").read_text()
         n, _, h, m, sec = re.findall(r"experiment steps\D*?(\d+)/(\d+) (\d+):(\d\d):(\d\d)", text)[-1]
         bars[c] = (int(n), 3600 * int(h) + 60 * int(m) + int(sec))
-    before[3] = bars[2][0]  # call 3 resumed exactly the runs call 2 had advanced
-    for c in (2, 3, 4):
-        made, secs = bars[c][0] - before[c], bars[c][1]
-        out += [made, secs]
-        rates.append(made / secs)
-    return out + rates
+    # call 3 resumed exactly the runs call 2 had advanced; calls 2 and 4 started their runs from step 0
+    made = {2: bars[2][0], 3: bars[3][0] - bars[2][0], 4: bars[4][0]}
+    return [v for c in (2, 3, 4) for v in (made[c], bars[c][1])] + [made[c] / bars[c][1] for c in (2, 3, 4)]
