@@ -217,7 +217,8 @@ def test_compiled_pytorch_op_takes_the_custom_op_and_equals_eager():
 
     compiled = torch.compile(lambda x, w: op(x, w, alpha=0.5, square=True), backend=recording, fullgraph=True)
     got, want = _toy_run(compiled, True), _toy_run(lambda x, w: op(x, w, alpha=0.5, square=True), True)
-    assert nodes == ["rla.t_scale.default", "<built-in function getitem>"], nodes
+    # one opaque node (the Function door traced inline would put aten's muls in the graph)
+    assert [n for n in nodes if "getitem" not in n] == ["rla.t_scale.default"], nodes
     for a, b in zip(got[:3], want[:3]):
         assert torch.equal(a, b)
 
