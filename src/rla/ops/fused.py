@@ -64,9 +64,10 @@ def available(*tensors: Tensor) -> bool:
     return _ENABLED and _HAS_TRITON and len(tensors) > 0 and all([t.is_cuda for t in tensors])
 
 
-def _empty_unless(need: bool, grad: Optional[Tensor], like: Tensor) -> Tensor:
-    """A d_weight a custom op may return: the launcher's, or an empty tensor when it is not needed."""
-    return grad if need and grad is not None else like.new_empty(0)
+def _or_empty(grad: Optional[Tensor], like: Tensor) -> Tensor:
+    """A d_weight a custom op may return: the kernel's, or an empty tensor where it was not asked for
+    (a custom op cannot return ``None``; the grad rule turns it back into ``None``)."""
+    return grad if grad is not None else like.new_empty(0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,7 +215,7 @@ def _norm_bwd(dy, dresidual, a, b, weight, rstd, need_dw, lp):
     from rla.ops import _triton_norm
 
     dx, dw = _triton_norm.backward(dy, dresidual, a, b, weight.contiguous(), rstd, need_dw, lp)
-    return dx, _empty_unless(need_dw, dw, weight)
+    return dx, _or_empty(dw, weight)
 
 
 def _norm_bwd_fake(dy, dresidual, a, b, weight, rstd, need_dw, lp):
@@ -370,7 +371,7 @@ def _qk_bwd(gq, gk, q, k, q_weight, k_weight, cos, sin, rstd_q, rstd_k, round_co
 
     dq, dk, dwq, dwk = _triton_qk_norm_rope.backward(gq, gk, q, k, q_weight, k_weight, cos, sin, rstd_q, rstd_k,
                                                      round_cos_sin, head_axis, need_dwq, need_dwk)
-    return dq, dk, _empty_unless(need_dwq, dwq, q_weight), _empty_unless(need_dwk, dwk, k_weight)
+    return dq, dk, _or_empty(dwq, q_weight), _or_empty(dwk, k_weight)
 
 
 def _qk_bwd_fake(gq, gk, q, k, q_weight, k_weight, cos, sin, rstd_q, rstd_k, round_cos_sin, head_axis, need_dwq,
