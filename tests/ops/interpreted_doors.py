@@ -113,7 +113,7 @@ def _custom_op_door(op):
     """The first door as a caller would meet it under torch.compile: the custom op, outputs picked."""
 
     def call(*tensors, **flags):
-        args = (*tensors, *[flags[n] for n in op._names[len(tensors):]])
+        args = (*tensors, *[flags[n] for n in op.names[len(tensors):]])
         out = op.custom_op(*args)
         out = out if isinstance(out, tuple) else (out,)
         return out[: op.spec.returns]
@@ -123,7 +123,7 @@ def _custom_op_door(op):
 
 def _function_door(op):
     def call(*tensors, **flags):
-        return op.function.apply(*tensors, *[flags[n] for n in op._names[len(tensors):]])
+        return op.function.apply(*tensors, *[flags[n] for n in op.names[len(tensors):]])
 
     return call
 
@@ -143,7 +143,7 @@ def check_doors():
             _same(a, b, f"{what} grad {j}")
             _same(a, c, f"{what} grad {j} (op call)")
             assert (a is not None) == (j in grads), (what, j, "gradient where none was asked, or none where asked")
-        args = (*tensors, *[flags[nm] for nm in op._names[len(tensors):]])
+        args = (*tensors, *[flags[nm] for nm in op.names[len(tensors):]])
         real = op.spec.forward.launch(*args)
         fake = op.spec.forward.fake(*args)
         for j, (r, f) in enumerate(zip(*((x,) if isinstance(x, torch.Tensor) else x for x in (real, fake)))):
@@ -161,7 +161,7 @@ def check_opcheck():
             continue
         seen.add(op.name)
         leaves = [t.detach().clone().requires_grad_(i in grads) for i, t in enumerate(tensors)]
-        args = (*leaves, *[flags[nm] for nm in op._names[len(tensors):]])
+        args = (*leaves, *[flags[nm] for nm in op.names[len(tensors):]])
         torch.library.opcheck(op.custom_op, args)
         n += 1
         bwd = op.spec.backward

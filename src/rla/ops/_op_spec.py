@@ -133,12 +133,13 @@ class Op:
     """Both doors of one :class:`OpSpec`: ``op(*tensors, **flags)`` runs the custom op under
     ``torch.compile`` and the ``autograd.Function`` otherwise, and returns the returned outputs
     (one bare, several as a tuple). Leading parameters may be passed by position, the rest by
-    name; ``custom_op`` and ``function`` are the two doors themselves."""
+    name; ``custom_op`` and ``function`` are the two doors themselves, called with all of
+    ``names`` by position."""
 
     def __init__(self, spec: OpSpec):
         self.spec = spec
         fwd = spec.forward
-        self.name, self._names = fwd.name, fwd.names
+        self.name, self.names = fwd.name, fwd.names
         self.custom_op = fwd.op
         self.function = _function(spec)
         n_params, returns, single, grad = len(fwd.params), spec.returns, fwd.outputs == 1, spec.grad
@@ -155,7 +156,7 @@ class Op:
         fwd.op.register_autograd(backward, setup_context=setup_context)
 
     def __call__(self, *tensors, **flags):
-        names = self._names
+        names = self.names
         if len(tensors) + len(flags) != len(names):
             raise TypeError(f"rla::{self.name} takes {names}; got {len(tensors)} positional and {sorted(flags)}")
         args = (*tensors, *[flags[n] for n in names[len(tensors):]])
