@@ -106,11 +106,18 @@ def _rope_grad(ctx, backward, gq, gk):
     return backward(gq, gk, cos, sin, ctx.round_cos_sin, ctx.head_axis, ctx.in_dtype)
 
 
-_ROPE_BWD = Kernel("rope_backward", dict(gq=Tensor, gk=Tensor, cos=Tensor, sin=Tensor, round_cos_sin=bool,
-                                         head_axis=int, out_dtype=torch.dtype), 2, _rope_bwd, _rope_bwd_fake)
+_ROPE_BWD = Kernel(
+    "rope_backward",
+    dict(gq=Tensor, gk=Tensor, cos=Tensor, sin=Tensor, round_cos_sin=bool, head_axis=int, out_dtype=torch.dtype),
+    outputs=2, launch=_rope_bwd, fake=_rope_bwd_fake,
+)
 _ROPE = Op(OpSpec(
-    Kernel("rope", dict(q=Tensor, k=Tensor, cos=Tensor, sin=Tensor, round_cos_sin=bool, per_op=bool, head_axis=int,
-                        out_dtype=torch.dtype), 2, _rope_fwd, _rope_fwd_fake),
+    Kernel(
+        "rope",
+        dict(q=Tensor, k=Tensor, cos=Tensor, sin=Tensor, round_cos_sin=bool, per_op=bool, head_axis=int,
+             out_dtype=torch.dtype),
+        outputs=2, launch=_rope_fwd, fake=_rope_fwd_fake,
+    ),
     returns=2, save=_rope_save, grad=_rope_grad, backward=_ROPE_BWD, function_name="_RopeFn",
 ))
 
@@ -179,9 +186,10 @@ def _swiglu_grad(ctx, backward, dy):
 
 
 _SWIGLU = Op(OpSpec(
-    Kernel("swiglu", dict(gate=Tensor, up=Tensor, per_op=bool), 1, _swiglu_fwd, _swiglu_fwd_fake),
+    Kernel("swiglu", dict(gate=Tensor, up=Tensor, per_op=bool), outputs=1, launch=_swiglu_fwd, fake=_swiglu_fwd_fake),
     returns=1, save=_swiglu_save, grad=_swiglu_grad, function_name="_SwiGLUFn",
-    backward=Kernel("swiglu_backward", dict(dy=Tensor, gate=Tensor, up=Tensor), 2, _swiglu_bwd, _swiglu_bwd_fake),
+    backward=Kernel("swiglu_backward", dict(dy=Tensor, gate=Tensor, up=Tensor), outputs=2, launch=_swiglu_bwd,
+                    fake=_swiglu_bwd_fake),
 ))
 
 
@@ -222,8 +230,12 @@ def _norm_bwd_fake(dy, dresidual, a, b, weight, rstd, need_dw, lp):
     return a.new_empty(a.shape), weight.new_empty(weight.shape if need_dw else (0,))
 
 
-_NORM_BWD = Kernel("rms_norm_backward", dict(dy=Tensor, dresidual=_OptTensor, a=Tensor, b=_OptTensor, weight=Tensor,
-                                             rstd=Tensor, need_dw=bool, lp=torch.dtype), 2, _norm_bwd, _norm_bwd_fake)
+_NORM_BWD = Kernel(
+    "rms_norm_backward",
+    dict(dy=Tensor, dresidual=_OptTensor, a=Tensor, b=_OptTensor, weight=Tensor, rstd=Tensor, need_dw=bool,
+         lp=torch.dtype),
+    outputs=2, launch=_norm_bwd, fake=_norm_bwd_fake,
+)
 
 
 def _rms_norm_fwd(x, weight, eps, per_op, lp, out_dtype, reduction, after_add):
@@ -248,8 +260,12 @@ def _rms_norm_grad(ctx, backward, dy):
 
 
 _RMS_NORM = Op(OpSpec(
-    Kernel("rms_norm", dict(x=Tensor, weight=Tensor, eps=float, per_op=bool, lp=torch.dtype, out_dtype=torch.dtype,
-                            reduction=str, after_add=bool), 2, _rms_norm_fwd, _rms_norm_fwd_fake),
+    Kernel(
+        "rms_norm",
+        dict(x=Tensor, weight=Tensor, eps=float, per_op=bool, lp=torch.dtype, out_dtype=torch.dtype, reduction=str,
+             after_add=bool),
+        outputs=2, launch=_rms_norm_fwd, fake=_rms_norm_fwd_fake,
+    ),
     returns=1, save=_rms_norm_save, grad=_rms_norm_grad, backward=_NORM_BWD, function_name="_RMSNormFn",
 ))
 
@@ -282,8 +298,11 @@ def _add_rms_norm_grad(ctx, backward, dnormed, dresidual):
 
 
 _ADD_RMS_NORM = Op(OpSpec(
-    Kernel("add_rms_norm", dict(x=Tensor, residual=Tensor, weight=Tensor, eps=float, per_op=bool, fp32_sum=bool,
-                                reduction=str), 3, _add_rms_norm_fwd, _add_rms_norm_fwd_fake),
+    Kernel(
+        "add_rms_norm",
+        dict(x=Tensor, residual=Tensor, weight=Tensor, eps=float, per_op=bool, fp32_sum=bool, reduction=str),
+        outputs=3, launch=_add_rms_norm_fwd, fake=_add_rms_norm_fwd_fake,
+    ),
     returns=2, save=_add_rms_norm_save, grad=_add_rms_norm_grad, backward=_NORM_BWD, function_name="_AddRMSNormFn",
 ))
 
@@ -327,8 +346,11 @@ def _carry_add_grad(ctx, backward, g):
 
 
 _CARRY_ADD = Op(OpSpec(
-    Kernel("carry_add", dict(x=Tensor, residual=Tensor, m=Tensor, out_dtype=torch.dtype), 1, _carry_add_fwd,
-           _carry_add_fwd_fake),
+    Kernel(
+        "carry_add",
+        dict(x=Tensor, residual=Tensor, m=Tensor, out_dtype=torch.dtype),
+        outputs=1, launch=_carry_add_fwd, fake=_carry_add_fwd_fake,
+    ),
     returns=1, save=_carry_add_save, grad=_carry_add_grad, backward=None, function_name="_CarryAddFn",
 ))
 
@@ -398,13 +420,19 @@ def _qk_grad(ctx, backward, gq, gk):
     return dq, dk, (dwq if need_wq else None), (dwk if need_wk else None)
 
 
-_QK_BWD = Kernel("qk_norm_rope_backward", dict(
-    gq=Tensor, gk=Tensor, q=Tensor, k=Tensor, q_weight=Tensor, k_weight=Tensor, cos=Tensor, sin=Tensor, rstd_q=Tensor,
-    rstd_k=Tensor, round_cos_sin=bool, head_axis=int, need_dwq=bool, need_dwk=bool), 4, _qk_bwd, _qk_bwd_fake)
+_QK_BWD = Kernel(
+    "qk_norm_rope_backward",
+    dict(gq=Tensor, gk=Tensor, q=Tensor, k=Tensor, q_weight=Tensor, k_weight=Tensor, cos=Tensor, sin=Tensor,
+         rstd_q=Tensor, rstd_k=Tensor, round_cos_sin=bool, head_axis=int, need_dwq=bool, need_dwk=bool),
+    outputs=4, launch=_qk_bwd, fake=_qk_bwd_fake,
+)
 _QK_NORM_ROPE = Op(OpSpec(
-    Kernel("qk_norm_rope", dict(
-        q=Tensor, k=Tensor, q_weight=Tensor, k_weight=Tensor, q_eps=float, k_eps=float, cos=Tensor, sin=Tensor,
-        round_cos_sin=bool, per_op_rope=bool, per_op_norm=bool, reduction=str, head_axis=int), 4, _qk_fwd, _qk_fwd_fake),
+    Kernel(
+        "qk_norm_rope",
+        dict(q=Tensor, k=Tensor, q_weight=Tensor, k_weight=Tensor, q_eps=float, k_eps=float, cos=Tensor, sin=Tensor,
+             round_cos_sin=bool, per_op_rope=bool, per_op_norm=bool, reduction=str, head_axis=int),
+        outputs=4, launch=_qk_fwd, fake=_qk_fwd_fake,
+    ),
     returns=2, save=_qk_save, grad=_qk_grad, backward=_QK_BWD, function_name="_QkNormRopeFn",
 ))
 
