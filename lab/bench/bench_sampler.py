@@ -4,7 +4,7 @@ Qwen2.5-0.5B shapes (random init, bf16), a batch of prompts, a fixed number of n
 early stop, sampling at temperature 1. Each arm runs once to warm up (and compile), then is timed.
 A failing arm is recorded with its error, not dropped.
 
-    python benchmarks/bench_sampler.py --out results_dir
+    python lab/bench/bench_sampler.py --out results_dir
 """
 
 from __future__ import annotations

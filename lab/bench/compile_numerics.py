@@ -1,6 +1,6 @@
 """Does torch.compile (Inductor) keep an aligned model's numbers? Eager vs compiled, bit for bit:
 the aligned rotary's cos/sin tables, and the logits of a small random-init Qwen2 aligned to vllm.
-    python benchmarks/compile_numerics.py --out F.json
+    python lab/bench/compile_numerics.py --out F.json
 """
 
 import argparse

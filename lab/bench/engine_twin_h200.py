@@ -191,7 +191,7 @@ def stage_twin(engine, modes, library, out, quick=False):
     pieces = engine_forward(engine, "default") if "default" in modes else None
     for name, shapes in cases.items():
         if name == "tiny-qwen2-trained":
-            model = load_model(str(Path(__file__).resolve().parents[1] / "src/rla/assets/tiny-qwen2"), BF16, DEV)
+            model = load_model(str(Path(__file__).resolve().parents[2] / "src/rla/assets/tiny-qwen2"), BF16, DEV)
         else:
             model = random_model(configs()[name])
         for mode in modes:

@@ -1,7 +1,7 @@
 """FSDP2 check: an aligned model sharded with ``fully_shard`` computes what the unsharded aligned
 bf16 model computes, bit for bit; and what alignment costs under FSDP2 (tokens/s, peak memory).
 
-    torchrun --nproc_per_node 2 benchmarks/fsdp2_check.py --out DIR [--shape 1.5b|micro] [--device cuda|cpu]
+    torchrun --nproc_per_node 2 lab/bench/fsdp2_check.py --out DIR [--shape 1.5b|micro] [--device cuda|cpu]
 
 Legs, in this order (every rank runs every leg; the reference only on rank 0):
 
@@ -112,7 +112,7 @@ def init(args) -> tuple[int, int, torch.device]:
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         if key not in os.environ:
             raise SystemExit(f"fsdp2_check.py runs under torchrun ({key} is unset): "
-                             "torchrun --nproc_per_node 2 benchmarks/fsdp2_check.py --out DIR")
+                             "torchrun --nproc_per_node 2 lab/bench/fsdp2_check.py --out DIR")
     # NVLink multicast stays off on the lent machines, whatever the environment says (it can take
     # the host's shared GPUs out of service); fsdp2_x2.sh exports the same
     for key, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):

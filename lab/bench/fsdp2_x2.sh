@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call on 2 GPUs of one host (kind nvidia-h200-x2, NCCL), run from the repo root, OUT set:
-#     bash benchmarks/fsdp2_x2.sh
+#     bash lab/bench/fsdp2_x2.sh
 # Stages, in order (STAGES picks; default all three):
 #   env    GPUs, NVLink topology, driver, python / torch / NCCL / transformers / triton versions
-#   check  benchmarks/fsdp2_check.py under torchrun, 2 ranks, Qwen2.5-1.5B shapes: the aligned (vllm)
+#   check  lab/bench/fsdp2_check.py under torchrun, 2 ranks, Qwen2.5-1.5B shapes: the aligned (vllm)
 #          model sharded by FSDP2 vs the unsharded aligned bf16 model on rank 0 (rope / swiglu outputs,
 #          cos/sin dtype, logits, loss), baseline vs aligned tokens/s and peak memory per GPU, and
 #          what the default cast_forward_inputs=True does
@@ -12,9 +12,9 @@
 # Every stage's timeout is cut to what is left of DEADLINE seconds (the call's limit less the tar);
 # everything lands in $OUT/r and comes back as $OUT/results.tgz. r/commands.txt holds the exact
 # commands as run. To commit: r/check/fsdp2_check.{json,md}, r/train/{log.jsonl,summary.json,
-# config.yaml} and r/commands.txt under benchmarks/results/ with a date/GPU stem.
+# config.yaml} and r/commands.txt under results/benchmarks/ with a date/GPU stem.
 # CPU dry run of this script (gloo, micro shapes):
-#     DEVICE=cpu SHAPE=micro TRAIN_OVERRIDES="size=micro device=cpu" OUT=/tmp/o bash benchmarks/fsdp2_x2.sh
+#     DEVICE=cpu SHAPE=micro TRAIN_OVERRIDES="size=micro device=cpu" OUT=/tmp/o bash lab/bench/fsdp2_x2.sh
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
 # NVLink multicast stays off on these machines (it can take the host's shared GPUs out of service)
@@ -53,7 +53,7 @@ fi
 
 if has check; then
   stamp check
-  run check $(cap 240) $TORCHRUN benchmarks/fsdp2_check.py --out "$OUT/r/check" --shape "$SHAPE" --device "$DEVICE"
+  run check $(cap 240) $TORCHRUN lab/bench/fsdp2_check.py --out "$OUT/r/check" --shape "$SHAPE" --device "$DEVICE"
   rc=$?
   if [[ -f "$OUT/r/check/fsdp2_check.md" ]]; then
     sed -n '/^## Checks/,$p' "$OUT/r/check/fsdp2_check.md" | grep -v '^$' | cut -c1-400

@@ -5,7 +5,7 @@ logits are computed twice on the GPU: with the fused Triton path (the default) a
 reference forced (``rla.ops.fused._ENABLED = False``). It records the fraction of equal logits
 and the max difference, and counts fused-kernel launches to prove the fused path ran.
 
-    PYTHONPATH=src:tests python benchmarks/gpu_align_check.py --out DIR
+    PYTHONPATH=src:tests python lab/bench/gpu_align_check.py --out DIR
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def main():
             print(rows[-1], flush=True)
     with open(f"{args.out}/align_cuda.json", "w") as fh:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date.today().isoformat(),
-                   "command": "PYTHONPATH=src:tests python benchmarks/gpu_align_check.py", "rows": rows}, fh, indent=2)
+                   "command": "PYTHONPATH=src:tests python lab/bench/gpu_align_check.py", "rows": rows}, fh, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Rollout speed of the grouped, windowed decode attention against the model's own attention.
 
-    PYTHONPATH=src python3 benchmarks/h200_decode_attention.py --out DIR      (one GPU, ~2 minutes)
+    PYTHONPATH=src python3 lab/bench/h200_decode_attention.py --out DIR      (one GPU, ~2 minutes)
 
 Same shapes as ``h200_decode_loop.py``: Qwen2 ``tiny`` (4.1M) and ``50m`` (52M, 10 query heads on 2
 K/V heads), random init, bf16 engine copy aligned to the vllm profile, 64 prompts of 30 tokens,

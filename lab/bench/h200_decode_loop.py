@@ -1,6 +1,6 @@
 """Rollout speed of the token loop as one CUDA graph per 8 tokens, against the per-token loop.
 
-    PYTHONPATH=src python3 benchmarks/h200_decode_loop.py --out DIR      (one GPU, < 3 minutes)
+    PYTHONPATH=src python3 lab/bench/h200_decode_loop.py --out DIR      (one GPU, < 3 minutes)
 
 Shapes as the GRPO runs use them: the bundled model's ``tiny`` Qwen2 (4.1M parameters) and the
 ``50m`` one (52M), built as ``rla.rl`` builds them (``rla.models.tiny_config`` + ``build_model``,
@@ -44,7 +44,7 @@ The gain shrinks as the model grows because only host time goes away; and severa
 process (``rla.rl.run_group``) should gain more than one run alone, since the host time removed
 is what the GIL serialised.
 
-Measured (H200, 2026-12-01, ``benchmarks/results/h200_2026-12-01_decode_loop.md``): the prediction
+Measured (H200, 2026-12-01, ``results/benchmarks/h200_2026-12-01_decode_loop.md``): the prediction
 was wrong. 1.03x (4M) and 1.01x (52M), and 1.02x / 1.00x with 7 threads. The per-token path was
 not host-bound at this shape: the decode graph's GPU time is ~1 ms per token, and the host's ~25
 ops per token hid behind it. A profile of the eager step puts 53% of the GPU time in two copies

@@ -4,7 +4,7 @@
 # then one training step per variant beside HF eager, rla's kernels and Liger. Carries .engine/mini
 # (vLLM's Python files as a 108 KB wheel: no kernel library is needed in default mode) and .whl
 # (liger-kernel). Everything lands in $OUT/results.tgz.
-#   run: bash benchmarks/h200_engine_forward_session.sh twin|e2e
+#   run: bash lab/bench/h200_engine_forward_session.sh twin|e2e
 set -u
 CALL=$1
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 RLA_ENGINE_CACHE=$PWD/.engine/mini
@@ -16,8 +16,8 @@ stamp() { echo "== $1 $(date -u +%FT%TZ)" | tee -a $R/commands.log; }
 nvidia-smi > $R/nvidia-smi.txt 2>&1
 python3 -c "import torch, triton, transformers; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" > $R/env.txt 2>&1
 if [ "$CALL" = twin ]; then
-  stamp "benchmarks/engine_twin_h200.py --stages twin --modes default --only qwen2-h1536 qwen3-h2048 llama31-h2048"
-  timeout 250 python3 benchmarks/engine_twin_h200.py --stages twin --modes default --only qwen2-h1536 qwen3-h2048 llama31-h2048 --wheel $W --out $R/default > $R/twin_default.log 2>&1
+  stamp "lab/bench/engine_twin_h200.py --stages twin --modes default --only qwen2-h1536 qwen3-h2048 llama31-h2048"
+  timeout 250 python3 lab/bench/engine_twin_h200.py --stages twin --modes default --only qwen2-h1536 qwen3-h2048 llama31-h2048 --wheel $W --out $R/default > $R/twin_default.log 2>&1
 elif [ "$CALL" = e2e ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
   export RLA_ENGINE_WHEEL=$W

@@ -14,18 +14,18 @@ stamp() { echo "== $1 $(date -u +%FT%TZ)" | tee -a $R/commands.log; }
 if [ "$CALL" = call5 ]; then  # after the reference-ops fix of the q/k chain
   L=/tmp/vllm_C.so.xz
   cat /tmp/vllm_a .engine/b > $L
-  stamp "benchmarks/engine_twin_h200.py --stages twin --modes default eager --only qwen3-h2048 llama31-h2048 tiny-qwen2-trained"
-  timeout 400 python3 benchmarks/engine_twin_h200.py --stages twin --modes default eager --only qwen3-h2048 llama31-h2048 tiny-qwen2-trained --wheel $W --library $L --out $R/call5 > $R/call5_twin.log 2>&1
+  stamp "lab/bench/engine_twin_h200.py --stages twin --modes default eager --only qwen3-h2048 llama31-h2048 tiny-qwen2-trained"
+  timeout 400 python3 lab/bench/engine_twin_h200.py --stages twin --modes default eager --only qwen3-h2048 llama31-h2048 tiny-qwen2-trained --wheel $W --library $L --out $R/call5 > $R/call5_twin.log 2>&1
 elif [ "$CALL" = call4 ]; then  # device inv_freq for the default rope type on transformers 5.17
   L=/tmp/vllm_C.so.xz
   cat /tmp/vllm_a .engine/b > $L
-  stamp "benchmarks/engine_twin_h200.py --stages tables twin --modes eager default --only qwen2-h1536 qwen3-h2048 tiny-qwen2-trained"
-  timeout 400 python3 benchmarks/engine_twin_h200.py --stages tables twin --modes eager default --only qwen2-h1536 qwen3-h2048 tiny-qwen2-trained --wheel $W --library $L --out $R/call4 > $R/call4_twin.log 2>&1
+  stamp "lab/bench/engine_twin_h200.py --stages tables twin --modes eager default --only qwen2-h1536 qwen3-h2048 tiny-qwen2-trained"
+  timeout 400 python3 lab/bench/engine_twin_h200.py --stages tables twin --modes eager default --only qwen2-h1536 qwen3-h2048 tiny-qwen2-trained --wheel $W --library $L --out $R/call4 > $R/call4_twin.log 2>&1
 elif [ "$CALL" = call3 ]; then  # after the engine-backed fused-add fix and the merges
   L=/tmp/vllm_C.so.xz
   cat /tmp/vllm_a .engine/b > $L && (cd /tmp && sha256sum vllm_C.so.xz) > $R/library_sha256.txt
-  stamp "benchmarks/engine_twin_h200.py --stages twin --modes eager"
-  timeout 200 python3 benchmarks/engine_twin_h200.py --stages twin --modes eager --wheel $W --library $L --out $R/eager > $R/call3_twin.log 2>&1
+  stamp "lab/bench/engine_twin_h200.py --stages twin --modes eager"
+  timeout 200 python3 lab/bench/engine_twin_h200.py --stages twin --modes eager --wheel $W --library $L --out $R/eager > $R/call3_twin.log 2>&1
   stamp "pytest tests/ops/test_fused_gpu.py"
   timeout 130 python3 -m pytest -q -p no:cacheprovider tests/ops/test_fused_gpu.py > $R/call3_fused_tests.log 2>&1
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
@@ -43,17 +43,17 @@ elif [ "$CALL" = call1 ]; then
   timeout 130 python3 -m pytest -q -p no:cacheprovider tests/ops/test_fused_gpu.py > $R/call1_fused_tests.log 2>&1
   stamp "rla calibrate --engine vllm --mode default --device cuda --scale full"
   timeout 110 python3 -m rla.cli calibrate --engine vllm --mode default --device cuda --scale full --wheel $W --out $R/vllm-0.33-default.json > $R/call1_calibrate.log 2>&1
-  stamp "benchmarks/inductor_norm_code.py"
-  timeout 45 python3 benchmarks/inductor_norm_code.py --wheel $W > $R/inductor_norm_code.txt 2>&1
-  stamp "benchmarks/engine_twin_h200.py --stages tables twin --modes default"
-  timeout 250 python3 benchmarks/engine_twin_h200.py --stages tables twin --modes default --wheel $W --out $R/default > $R/call1_twin.log 2>&1
+  stamp "lab/bench/inductor_norm_code.py"
+  timeout 45 python3 lab/bench/inductor_norm_code.py --wheel $W > $R/inductor_norm_code.txt 2>&1
+  stamp "lab/bench/engine_twin_h200.py --stages tables twin --modes default"
+  timeout 250 python3 lab/bench/engine_twin_h200.py --stages tables twin --modes default --wheel $W --out $R/default > $R/call1_twin.log 2>&1
 else
   L=/tmp/vllm_C.so.xz
   cat .engine/a .engine/b > $L && (cd /tmp && sha256sum vllm_C.so.xz) > $R/library_sha256.txt
   stamp "rla calibrate --engine vllm --mode eager --device cuda --scale full"
   timeout 110 python3 -m rla.cli calibrate --engine vllm --mode eager --device cuda --scale full --wheel $W --library $L --out $R/vllm-0.33-eager.json > $R/call2_calibrate.log 2>&1
-  stamp "benchmarks/engine_twin_h200.py --stages order twin --modes eager"
-  timeout 220 python3 benchmarks/engine_twin_h200.py --stages order twin --modes eager --wheel $W --library $L --out $R/eager > $R/call2_twin.log 2>&1
+  stamp "lab/bench/engine_twin_h200.py --stages order twin --modes eager"
+  timeout 220 python3 lab/bench/engine_twin_h200.py --stages order twin --modes eager --wheel $W --library $L --out $R/eager > $R/call2_twin.log 2>&1
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
   mkdir -p /tmp/old && tar xzf .engine/old_src.tar.gz -C /tmp/old
   for side in new old; do

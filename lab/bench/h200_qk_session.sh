@@ -4,8 +4,8 @@
 # and a Qwen2.5-1.5B shape (no q/k norm: the no-regression check of the shared norm helpers), beside
 # HF eager and Liger, and the Qwen3 step with the two-op chain (rla.alignment.rope.FUSE_QK_NORM_ROPE
 # = False). Carries .whl (liger-kernel). Everything lands in $OUT/results_qk.tgz.
-#   run: bash benchmarks/h200_qk_session.sh            (call 1)
-#        bash benchmarks/h200_qk_session.sh call2      (call 2: the GPU tests call 1's time limit cut off,
+#   run: bash lab/bench/h200_qk_session.sh            (call 1)
+#        bash lab/bench/h200_qk_session.sh call2      (call 2: the GPU tests call 1's time limit cut off,
 #        then the Qwen3 step alternating fused / two-op chain in four processes, rla-vllm only, 10 steps)
 set -u
 CALL=${1:-call1}

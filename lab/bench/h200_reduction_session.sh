@@ -24,8 +24,8 @@ elif [ "$CALL" = callB ]; then
   cat /tmp/vllm_a .engine/b > $L && (cd /tmp && sha256sum vllm_C.so.xz) > $R/library_sha256.txt
   stamp "rla calibrate --engine vllm --mode eager --device cuda --scale full"
   timeout 120 python3 -m rla.cli calibrate --engine vllm --mode eager --device cuda --scale full --wheel $W --library $L --out $R/vllm-0.33-eager.json > $R/callB_calibrate.log 2>&1
-  stamp "benchmarks/engine_twin_h200.py --stages order twin --modes eager"
-  timeout 400 python3 benchmarks/engine_twin_h200.py --stages order twin --modes eager --wheel $W --library $L --out $R/eager > $R/callB_twin.log 2>&1
+  stamp "lab/bench/engine_twin_h200.py --stages order twin --modes eager"
+  timeout 400 python3 lab/bench/engine_twin_h200.py --stages order twin --modes eager --wheel $W --library $L --out $R/eager > $R/callB_twin.log 2>&1
 elif [ "$CALL" = callC ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
   mkdir -p /tmp/old && tar xzf .engine/old_src.tar.gz -C /tmp/old
@@ -41,14 +41,14 @@ elif [ "$CALL" = callD ]; then  # the fp32 q/k chain through the kernels; defaul
   nvidia-smi > $R/nvidia-smi.txt 2>&1
   stamp "pytest tests/test_fused_gpu.py"
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_fused_gpu.py > $R/callD_gpu_tests.log 2>&1
-  stamp "benchmarks/engine_twin_h200.py --stages twin --modes default --only qwen3-h2048 qwen2-h1536"
-  timeout 300 python3 benchmarks/engine_twin_h200.py --stages twin --modes default --only qwen3-h2048 qwen2-h1536 --wheel $W --out $R/default > $R/callD_twin.log 2>&1
+  stamp "lab/bench/engine_twin_h200.py --stages twin --modes default --only qwen3-h2048 qwen2-h1536"
+  timeout 300 python3 lab/bench/engine_twin_h200.py --stages twin --modes default --only qwen3-h2048 qwen2-h1536 --wheel $W --out $R/default > $R/callD_twin.log 2>&1
 elif [ "$CALL" = callE ]; then  # the dose-response small grid (issue #19), 21 runs at once
-  stamp "rla experiment configs/experiment_dose_h200_small.yaml --out /tmp/dose --parallel 21 --time-limit 480 --grace 15"
-  timeout 570 python3 -m rla.cli experiment configs/experiment_dose_h200_small.yaml --out /tmp/dose --parallel 21 --time-limit 480 --grace 15 > $R/callE_experiment.log 2>&1
+  stamp "rla experiment lab/dose/configs/experiment_dose_h200_small.yaml --out /tmp/dose --parallel 21 --time-limit 480 --grace 15"
+  timeout 570 python3 -m rla.cli experiment lab/dose/configs/experiment_dose_h200_small.yaml --out /tmp/dose --parallel 21 --time-limit 480 --grace 15 > $R/callE_experiment.log 2>&1
   tar czf $R/dose_runs.tgz -C /tmp/dose --exclude='*.pt' --exclude='*.safetensors' --exclude='checkpoints' --exclude='ckpt*' .
 elif [ "$CALL" = callF ]; then  # the long-response cell of the tiny model, seed 0 only (what the budget left holds)
-  stamp "rla experiment configs/experiment_dose_h200.yaml --only qwen2-tiny-long__,__s0 --out /tmp/dose_long --parallel 7 --time-limit 330 --grace 15"
-  timeout 450 python3 -m rla.cli experiment configs/experiment_dose_h200.yaml --only qwen2-tiny-long__,__s0 --out /tmp/dose_long --parallel 7 --time-limit 330 --grace 15 > $R/callF_experiment.log 2>&1
+  stamp "rla experiment lab/dose/configs/experiment_dose_h200.yaml --only qwen2-tiny-long__,__s0 --out /tmp/dose_long --parallel 7 --time-limit 330 --grace 15"
+  timeout 450 python3 -m rla.cli experiment lab/dose/configs/experiment_dose_h200.yaml --only qwen2-tiny-long__,__s0 --out /tmp/dose_long --parallel 7 --time-limit 330 --grace 15 > $R/callF_experiment.log 2>&1
   tar czf $R/dose_long_runs.tgz -C /tmp/dose_long --exclude='*.pt' --exclude='*.safetensors' --exclude='checkpoints' --exclude='ckpt*' --exclude='model.safetensors' .
 fi

@@ -6,11 +6,11 @@
 #   demo2k    rla demo at 2,048-token responses
 #   ops       per-op benchmark without Inductor in the process, then Inductor first (the swiglu question)
 #   grpo      rla experiment $GRPO_GRID [--only $GRPO_ONLY] for $GRPO_TIMEOUT s, $GRPO_PARALLEL at once
-#   tune      benchmarks/tune_fused.py --only $TUNE_ONLY (default rope) -> r/tuned.json, which opsiso uses
+#   tune      lab/bench/tune_fused.py --only $TUNE_ONLY (default rope) -> r/tuned.json, which opsiso uses
 #   fused     the fused-kernel GPU tests (tests/ops/test_fused_gpu.py: bitwise, gradients, opcheck, graphs)
-#   variants  benchmarks/rope_variants.py: RoPE kernel variants, Liger with model-given tables, GPU time
-#   align     benchmarks/gpu_align_check.py: every family x profile aligned model, fused == reference
-#   hosttime  benchmarks/host_time.py for this tree and for commit $OLD_REV (host us per op call)
+#   variants  lab/bench/rope_variants.py: RoPE kernel variants, Liger with model-given tables, GPU time
+#   align     lab/bench/gpu_align_check.py: every family x profile aligned model, fused == reference
+#   hosttime  lab/bench/host_time.py for this tree and for commit $OLD_REV (host us per op call)
 #   opsiso    per-op benchmark, each implementation in its own process ($OPS_IMPLS, default rla liger hf)
 #   e2e       end-to-end training step through rla.align, 1.5B and 7B shapes ($E2E_VARIANTS)
 # Every stage has its own timeout and writes under $OUT; results come back as $OUT/results.tgz
@@ -36,12 +36,12 @@ cap() { local left=$(( DEADLINE - ($(date +%s) - t0) - 5 )); (( left < $1 )) && 
 if has gputests; then
   stamp gputests
   timeout $(cap 60) python3 -m pytest -q -p no:cacheprovider tests/rollout/test_sampler.py > "$OUT/r/gputests.log" 2>&1; echo rc=$?; tail -3 "$OUT/r/gputests.log"
-  timeout $(cap 45) python3 benchmarks/gpu_align_check.py --out "$OUT/r" > "$OUT/r/align_cuda.log" 2>&1; echo rc=$?; tail -2 "$OUT/r/align_cuda.log"
+  timeout $(cap 45) python3 lab/bench/gpu_align_check.py --out "$OUT/r" > "$OUT/r/align_cuda.log" 2>&1; echo rc=$?; tail -2 "$OUT/r/align_cuda.log"
 fi
 if has sampler; then
   stamp sampler
-  [[ " ${SAMPLER_MODELS:-bundled 0.5b} " == *" bundled "* ]] && timeout $(cap 60) python3 benchmarks/bench_sampler.py --model bundled --arms dynamic,rla --out "$OUT/r" --batch 128 --prompt 32 --new 128 > "$OUT/r/sampler_bundled.log" 2>&1; echo rc=$?; tail -6 "$OUT/r/sampler_bundled.log"
-  [[ " ${SAMPLER_MODELS:-bundled 0.5b} " == *" 0.5b "* ]] && timeout $(cap 130) python3 benchmarks/bench_sampler.py --model 0.5b --arms "${SAMPLER_ARMS:-}" --out "$OUT/r" --batch 64 --new 128 > "$OUT/r/sampler_05b.log" 2>&1; echo rc=$?; tail -6 "$OUT/r/sampler_05b.log"
+  [[ " ${SAMPLER_MODELS:-bundled 0.5b} " == *" bundled "* ]] && timeout $(cap 60) python3 lab/bench/bench_sampler.py --model bundled --arms dynamic,rla --out "$OUT/r" --batch 128 --prompt 32 --new 128 > "$OUT/r/sampler_bundled.log" 2>&1; echo rc=$?; tail -6 "$OUT/r/sampler_bundled.log"
+  [[ " ${SAMPLER_MODELS:-bundled 0.5b} " == *" 0.5b "* ]] && timeout $(cap 130) python3 lab/bench/bench_sampler.py --model 0.5b --arms "${SAMPLER_ARMS:-}" --out "$OUT/r" --batch 64 --new 128 > "$OUT/r/sampler_05b.log" 2>&1; echo rc=$?; tail -6 "$OUT/r/sampler_05b.log"
 fi
 if has demo2k; then
   stamp demo2k
@@ -50,12 +50,12 @@ fi
 if has ops; then
   stamp ops
   mkdir -p "$OUT/r/ops-noinductor" "$OUT/r/ops-inductor-first"
-  timeout $(cap 100) python3 benchmarks/bench_ops.py --out "$OUT/r/ops-noinductor" --impls rla liger hf > "$OUT/r/ops-noinductor.log" 2>&1; echo rc=$?; grep -E "^(swiglu|add_rms|rope)" "$OUT/r/ops-noinductor.log" | cut -c1-150
-  timeout $(cap 45) python3 benchmarks/bench_ops.py --out "$OUT/r/ops-inductor-first" --only swiglu --impls compile rla > "$OUT/r/ops-inductor-first.log" 2>&1; echo rc=$?; grep -E "^swiglu" "$OUT/r/ops-inductor-first.log" | cut -c1-150
+  timeout $(cap 100) python3 lab/bench/bench_ops.py --out "$OUT/r/ops-noinductor" --impls rla liger hf > "$OUT/r/ops-noinductor.log" 2>&1; echo rc=$?; grep -E "^(swiglu|add_rms|rope)" "$OUT/r/ops-noinductor.log" | cut -c1-150
+  timeout $(cap 45) python3 lab/bench/bench_ops.py --out "$OUT/r/ops-inductor-first" --only swiglu --impls compile rla > "$OUT/r/ops-inductor-first.log" 2>&1; echo rc=$?; grep -E "^swiglu" "$OUT/r/ops-inductor-first.log" | cut -c1-150
 fi
 if has tune; then
   stamp tune
-  timeout $(cap 120) python3 benchmarks/tune_fused.py --only ${TUNE_ONLY:-rope} --out "$OUT/r/tuned.json" > "$OUT/r/tune.log" 2>&1; echo rc=$?
+  timeout $(cap 120) python3 lab/bench/tune_fused.py --only ${TUNE_ONLY:-rope} --out "$OUT/r/tuned.json" > "$OUT/r/tune.log" 2>&1; echo rc=$?
   grep -E "BEST|failed|tuned:" "$OUT/r/tune.log" | cut -c1-200
 fi
 if has fused; then
@@ -65,12 +65,12 @@ if has fused; then
 fi
 if has variants; then
   stamp variants
-  timeout $(cap 150) python3 benchmarks/rope_variants.py --out "$OUT/r/rope_variants.json" > "$OUT/r/rope_variants.log" 2>&1; echo rc=$?
+  timeout $(cap 150) python3 lab/bench/rope_variants.py --out "$OUT/r/rope_variants.json" > "$OUT/r/rope_variants.log" 2>&1; echo rc=$?
   tail -20 "$OUT/r/rope_variants.log" | cut -c1-200
 fi
 if has align; then
   stamp align
-  timeout $(cap 60) python3 benchmarks/gpu_align_check.py --out "$OUT/r" > "$OUT/r/align_cuda.log" 2>&1; echo rc=$?; tail -2 "$OUT/r/align_cuda.log"
+  timeout $(cap 60) python3 lab/bench/gpu_align_check.py --out "$OUT/r" > "$OUT/r/align_cuda.log" 2>&1; echo rc=$?; tail -2 "$OUT/r/align_cuda.log"
 fi
 if has hosttime; then
   stamp hosttime
@@ -78,7 +78,7 @@ if has hosttime; then
   i=0
   for v in ${HOST_ORDER:-old new}; do
     i=$((i + 1)); src=$PWD/src; [[ $v == old ]] && src=/tmp/old/src
-    PYTHONPATH=$src:$PYTHONPATH timeout $(cap 90) python3 benchmarks/host_time.py --out "$OUT/r/host_$v$i.json" --label "$v (${OLD_REV:-HEAD~1} for old), round $i" > "$OUT/r/host_$v$i.log" 2>&1; echo rc=$?; grep -E "rla.ops|liger|autograd" "$OUT/r/host_$v$i.log"
+    PYTHONPATH=$src:$PYTHONPATH timeout $(cap 90) python3 lab/bench/host_time.py --out "$OUT/r/host_$v$i.json" --label "$v (${OLD_REV:-HEAD~1} for old), round $i" > "$OUT/r/host_$v$i.log" 2>&1; echo rc=$?; grep -E "rla.ops|liger|autograd" "$OUT/r/host_$v$i.log"
   done
 fi
 if has opsiso; then

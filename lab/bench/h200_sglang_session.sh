@@ -6,7 +6,7 @@
 # What travels in .sgl/ (git-ignored; carry it): sglang-0.5.23-pyfiles.zip, the cp312 wheel's
 # members without its five compiled Rust extensions (the server's; 41 MB, never imported here), and
 # whl/: apache-tvm-ffi 0.1.11 (SGLang's pin), msgspec, orjson, pybase64, starlette, ninja -- what
-# the JIT kernels' import closure needs beyond the image. Rebuild it with benchmarks/sglang_carry.sh.
+# the JIT kernels' import closure needs beyond the image. Rebuild it with lab/bench/sglang_carry.sh.
 # Everything lands in $OUT/results.tgz (r/: commands.log, env, build.json, the profile and its
 # reports, the logs); a kernel that fails to build leaves the others calibrated and the report
 # names it. About 3-4 minutes after the machine starts.
@@ -40,8 +40,8 @@ fi
   ${CUDA_HOME:-/usr/local/cuda}/bin/nvcc --version | tail -2; } > $R/env.txt 2>&1
 sha256sum $W $S/whl/*.whl > $R/carried_sha256.txt
 
-stamp "python3 benchmarks/sglang_jit_build.py --wheel $W"
-(cd $SRC && timeout 240 python3 benchmarks/sglang_jit_build.py --wheel $W --out $R/build.json) > $R/build.log 2>&1
+stamp "python3 lab/bench/sglang_jit_build.py --wheel $W"
+(cd $SRC && timeout 240 python3 lab/bench/sglang_jit_build.py --wheel $W --out $R/build.json) > $R/build.log 2>&1
 
 stamp "rla calibrate --engine sglang --device cuda --scale full --wheel $W --out $R/sglang-0.5.23.json"
 timeout 240 python3 -m rla.cli calibrate --engine sglang --device cuda --scale full --wheel $W --out $R/sglang-0.5.23.json > $R/calibrate.log 2>&1

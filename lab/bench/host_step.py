@@ -2,7 +2,7 @@
 
 At Qwen2.5-1.5B shapes and 1 x 512 tokens the GPU finishes each kernel before the host launches
 the next, so the step time is the host's time. One variant per process (Liger's patch is global):
-  python benchmarks/host_step.py --variant rla-vllm --out F.json [--shape 1x512] [--top 30]
+  python lab/bench/host_step.py --variant rla-vllm --out F.json [--shape 1x512] [--top 30]
                                  [--compile MODE]
 Writes the median step time (CUDA events, 20 steps), the total Python function-call count of one
 step, and the top functions by own time of 5 profiled steps; with ``--compile`` also Dynamo's

@@ -14,7 +14,7 @@ over many calls on tiny inputs (the GPU never waits on itself), synchronised onc
 
 forward = one call without grad; fwd+bwd = a call with grad and ``torch.autograd.grad``.
 
-    python benchmarks/host_time.py --out host.json [--label new]
+    python lab/bench/host_time.py --out host.json [--label new]
 Run it once per code version (PYTHONPATH) in the same device call to compare versions.
 """
 

@@ -5,11 +5,11 @@
    Liger and HF eager. When this exceeds the kernel time, a per-op timing measures the host.
 2. torch.profiler at the benchmark shapes: every CUDA kernel of rla's forward+backward.
 3. --what timed-bwd: torch.profiler over the backward timing itself, rep by rep, per impl.
-Usage (GPU): python benchmarks/profile_ops.py [--ops rope] [--impls rla liger] [--what timed-bwd]
+Usage (GPU): python lab/bench/profile_ops.py [--ops rope] [--impls rla liger] [--what timed-bwd]
 """
 
 import torch
-from host_time import per_call_us  # benchmarks/, beside this script
+from host_time import per_call_us  # lab/bench/, beside this script
 
 from rla.bench import ops as B
 

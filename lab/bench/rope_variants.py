@@ -15,7 +15,7 @@ launches without autograd. Arms:
 
 The variants are checked bit for bit against the shipped kernel (forward and backward, vllm
 profile: rounded cos/sin, one rounding) before they are timed.
-Usage: python benchmarks/rope_variants.py --out F.json
+Usage: python lab/bench/rope_variants.py --out F.json
 """
 
 import argparse
@@ -200,7 +200,7 @@ def main():
         eager[name] = statistics.median(time_reps_ms(lambda _: (fn(False), fn(True)), reps=args.reps, device=dev))
     out = {"env": environment(dev), "copy_gbs": bw, "shape": [B, S, HQ, HK, D], "rows": rows,
            "eager_launch_fwd_bwd_ms": eager,
-           "command": "python benchmarks/rope_variants.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items())}
+           "command": "python lab/bench/rope_variants.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items())}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
 

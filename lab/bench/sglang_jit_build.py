@@ -1,13 +1,13 @@
 """Build SGLang's JIT region kernels on this machine and write what happened as one JSON.
 
-The first step of ``benchmarks/h200_sglang_session.sh``: the versions that matter (torch, CUDA,
+The first step of ``lab/bench/h200_sglang_session.sh``: the versions that matter (torch, CUDA,
 nvcc, tvm-ffi, ninja), what the adapter finds missing, then SGLang's own ``load_jit`` builds of the
 variants calibration reaches (in parallel), each with its time or its compiler error, and what the
 norms run through here. The builds land in SGLang's JIT cache (``$SGLANG_JIT_CACHE_DIR``), so a
 later ``rla calibrate --engine sglang`` in the same machine reuses them.
 
-    python benchmarks/sglang_jit_build.py --wheel sglang-0.5.23-....whl --out build.json
-    python benchmarks/sglang_jit_build.py --wheel ... --arch 9.0   # compile only, no GPU needed
+    python lab/bench/sglang_jit_build.py --wheel sglang-0.5.23-....whl --out build.json
+    python lab/bench/sglang_jit_build.py --wheel ... --arch 9.0   # compile only, no GPU needed
 """
 
 from __future__ import annotations

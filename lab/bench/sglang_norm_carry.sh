@@ -4,7 +4,7 @@
 # for torch 2.14 and does not load) with nvidia-cutlass-dsl 4.8.0 (cu13), then
 # `rla calibrate --engine sglang` with every region kernel SGLang runs.
 #
-# The pieces (made here by benchmarks/sglang_norm_pack.sh into the git-ignored .sgl/norm/) do not
+# The pieces (made here by lab/bench/sglang_norm_pack.sh into the git-ignored .sgl/norm/) do not
 # fit one call, so it takes three calls on one warm machine (it is given back 30 s after a call:
 # make them back to back). Each call carries .sgl/norm/bin and one piece, and runs the same line:
 #   bash .sgl/norm/bin/sglang_norm_carry.sh p1     carry [".sgl/norm/bin", ".sgl/norm/p1"]

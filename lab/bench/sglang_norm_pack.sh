@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Make the pieces that benchmarks/sglang_norm_carry.sh takes to the GPU machine, so SGLang 0.5.23's
+# Make the pieces that lab/bench/sglang_norm_carry.sh takes to the GPU machine, so SGLang 0.5.23's
 # RMSNorm / fused add+RMSNorm run there from their own code: FlashInfer 0.7.2's CuTe-DSL norm
 # kernels (what sgl_kernel.rmsnorm hands bf16 to) with nvidia-cutlass-dsl 4.8.0 (cu13 flavour),
 # plus FlashInfer's JIT norm.cu sources (its fallback path) for a cross-check.
 #
-#   bash benchmarks/sglang_norm_pack.sh /work/main/.sgl/norm   # needs /work/main/.sgl made by sglang_carry.sh
+#   bash lab/bench/sglang_norm_pack.sh /work/main/.sgl/norm   # needs /work/main/.sgl made by sglang_carry.sh
 #
 # What one device call can carry is 64 MiB with the working tree (~23-25 MB), so the payload is one
 # site tree (xz -9), cut in three byte ranges: p1 (+ SGLang's kernel-closure wheels from .sgl/whl),
@@ -14,10 +14,10 @@
 # DSL's cu12 flavour (the H200's driver is CUDA 13) and its aarch64/QNX stubs.
 set -euo pipefail
 DEST=${1:?usage: sglang_norm_pack.sh DEST_DIR (e.g. /work/main/.sgl/norm)}
-HERE=$(cd "$(dirname "$0")/.." && pwd)
+HERE=$(cd "$(dirname "$0")/../.." && pwd)
 SGL=$(cd "$(dirname "$DEST")" && pwd)   # the .sgl folder that sglang_carry.sh made
 [ -f "$SGL/sglang-0.5.23-pyfiles.zip" ] && ls "$SGL"/whl/apache_tvm_ffi-0.1.11-*.whl > /dev/null \
-  || { echo "run benchmarks/sglang_carry.sh $SGL first"; exit 1; }
+  || { echo "run lab/bench/sglang_carry.sh $SGL first"; exit 1; }
 W=/tmp/sglnorm_pack; rm -rf "$W"; mkdir -p "$W/dl" "$W/site"
 PLAT="--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
 python3 -m pip download -q --no-deps $PLAT -d "$W/dl" flashinfer-python==0.7.2 nvidia-cutlass-dsl==4.8.0 \

@@ -1,6 +1,6 @@
 """Which kernel FlashInfer 0.7.2's rmsnorm / fused_add_rmsnorm run here, and do they run: one JSON.
 
-Run by benchmarks/sglang_norm_carry.sh before ``rla calibrate`` (same environment). FlashInfer
+Run by lab/bench/sglang_norm_carry.sh before ``rla calibrate`` (same environment). FlashInfer
 falls back to its JIT norm.cuh *silently* when ``from .kernels import ...`` (the CuTe-DSL kernels)
 raises ImportError/AttributeError, so this re-raises that import to show the exact error, and
 reads the CuTe kernels' compile caches after a call to show which path ran.

@@ -3,7 +3,7 @@
 Times the kernel launchers directly (no autograd), L2 flushed before each repetition, prints one
 line per configuration and writes the fastest to ``--out`` (JSON: ``rla.ops.launch_config()`` keys -> value), which
 ``rla bench --config`` applies (``rla.ops.set_launch_config``). The defaults in ``rla/ops/_triton_*.py`` are the values
-this sweep picked on the H200 (see results/). Usage: python benchmarks/tune_fused.py --out F
+this sweep picked on the H200 (see results/). Usage: python lab/bench/tune_fused.py --out F
 """
 
 import argparse

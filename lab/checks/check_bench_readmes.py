@@ -1,10 +1,10 @@
-"""Recompute the headline tables of every ``benchmarks/results/*/README.md`` from the JSON beside it.
+"""Recompute the headline tables of every ``results/benchmarks/*/README.md`` from the JSON beside it.
 
-    python scripts/check_bench_readmes.py          # the table; exit 1 on any MISMATCH
+    python lab/checks/check_bench_readmes.py          # the table; exit 1 on any MISMATCH
 
-Every table row is compared cell by cell at the written precision (``scripts/readme_tables.py``);
+Every table row is compared cell by cell at the written precision (``lab/checks/readme_tables.py``);
 a README row the files do not produce is a mismatch. The session folders' paths are the constants
-of ``scripts/check_results.py`` (one place to rename them).
+of ``lab/checks/check_results.py`` (one place to rename them).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from readme_tables import TableCheck, check_results_module, main  # noqa: E402
 
 _cr = check_results_module()
 D29C, D29, TWIN, ORDER, FORWARD, SGLANG, QK = _cr.D29C, _cr.D29, _cr.TWIN, _cr.ORDER, _cr.FORWARD, _cr.SGLANG, _cr.QK
-FSDP2 = "benchmarks/results/h200x2_2026-11-29_fsdp2"
+FSDP2 = "results/benchmarks/h200x2_2026-11-29_fsdp2"
 
 MODELS = {"Qwen2.5-1.5B": "qwen2.5-1.5b", "Qwen2.5-7B": "qwen2.5-7b"}
 
@@ -254,7 +254,7 @@ def sglang_rest(root):
 
 # ---------------------------------------------------------------- the decode attention (2026-12-01)
 
-DECODE_ATTN = "benchmarks/results/h200_2026-12-01_decode_attention"
+DECODE_ATTN = "results/benchmarks/h200_2026-12-01_decode_attention"
 
 
 def decode_attention_table(root):

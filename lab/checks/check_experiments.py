@@ -1,6 +1,6 @@
-"""Recompute the headline numbers of every ``experiments/*/README.md`` from the files in its folder.
+"""Recompute the headline numbers of every ``results/experiments/*/README.md`` from the files in its folder.
 
-    python scripts/check_experiments.py            # the table; exit 1 on any MISMATCH
+    python lab/checks/check_experiments.py            # the table; exit 1 on any MISMATCH
 
 GRPO folders are read the way ``rla experiment GRID --out DIR --summarize-only`` reads them: the
 grid (``rla.rl.grid.load_grid``), each run's log (``rla.rl.runlog.read_log``), its summary
@@ -8,7 +8,7 @@ grid (``rla.rl.grid.load_grid``), each run's log (``rla.rl.runlog.read_log``), i
 (``rla.rl.experiment_summary.stats``: mean, **sample** std with ddof=1). Demo folders are read
 from their ``report.json``. Each check names its statistic; the written number is parsed out of
 the README (tables cell by cell, prose by one regex) and compared at its own precision
-(``scripts/readme_tables.py``).
+(``lab/checks/readme_tables.py``).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ PROSE: list = [
           long_bench),
     Check("dose long: the decode loop", R(LONG),
           r"8-token CUDA graph made a 64 x 1024-token generate of this model ([\d.]+)x faster, and 7 threads of generation "
-          r"alone ran ([\d,]+) tok/s against one thread's ([\d,]+)", "benchmarks/results/h200_2026-12-01_decode_loop*.json",
+          r"alone ran ([\d,]+) tok/s against one thread's ([\d,]+)", "results/benchmarks/h200_2026-12-01_decode_loop*.json",
           "tiny: speedup; threads_7 per_token_tok_per_s; per_token tok_per_s", long_decode_loop),
     Check("dose long: reproducibility", R(LONG),
           r"\(b1 seed 0: ([\d.e-]+) vs ([\d.e-]+)\) and by up to ([\d.]+)x at the aligned arm's 1e-7 scale \(seed 1: "
@@ -262,7 +262,7 @@ PROSE: list = [
           f"{GRPO}/{LOGS}", "bf16-invfreq steps with train/grad_norm == 0 / logged steps (3 seeds pooled)", grpo_zero_grad),
     Check("GRPO: collapse steps", R(GRPO),
           r"the mean reward of the last 5 steps fell below 0\.05 by step (\d+)-(\d+) \(the collapse signal fired at step (\d+)-(\d+)\)",
-          f"{GRPO}/{LOGS}", "as scripts/check_results.py (first step N whose steps N-4..N mean reward < 0.05; first collapse event)",
+          f"{GRPO}/{LOGS}", "as lab/checks/check_results.py (first step N whose steps N-4..N mean reward < 0.05; first collapse event)",
           lambda root: check_results_module().invfreq_collapse_steps(root)),
     Check("GRPO: the aligned arm's spike", R(GRPO),
           r"\(qwen3-10m aligned, seed (\d+), step (\d+)\) is a single k3 spike to ([\d.e-]+) \((\d+)x its step-0 value of ([\d.e-]+)\)",
@@ -292,7 +292,7 @@ PROSE: list = [
           f"{INVFREQ_CPU}/runs/qwen2-tiny__{{mis,tis}}__s0", "min-max over steps 0-9 of train/is_weight/mean; of TIS / MIS train/grad_norm",
           invfreq_mis),
     Check("IS CPU: the H200 collapse", R(INVFREQ_CPU), r"collapsed in (\d+)/(\d+) runs \(the mean reward of the last 5 steps below 0\.05 by step (\d+)-(\d+)\)",
-          f"{GRPO}/{LOGS}", "as scripts/check_results.py", lambda root: check_results_module().invfreq_collapse(root)
+          f"{GRPO}/{LOGS}", "as lab/checks/check_results.py", lambda root: check_results_module().invfreq_collapse(root)
           + check_results_module().invfreq_collapse_steps(root)[:2]),
     # ---- demos
     Check("demo 2k CPU: shares and detection", R(DEMO_CPU),
@@ -407,7 +407,7 @@ PROSE: list = [
     Check("dose long 52M: the bench", R(LONG52),
           r"52M ([\d.]+) s a generate with the grouped attention against ([\d.]+) s, \*\*([\d.]+)x\*\*.*?4M ([\d.]+) s "
           r"against ([\d.]+) s, \*\*([\d.]+)x\*\*.*?mean common prefix of (\d+) \(52M\) and (\d+) \(4M\) of ([\d,]+) "
-          r"tokens, logprobs within ([\d.]+)", "benchmarks/results/h200_2026-12-01_decode_attention.json",
+          r"tokens, logprobs within ([\d.]+)", "results/benchmarks/h200_2026-12-01_decode_attention.json",
           "rows: grouped and model seconds_per_generate, speedup; mean common prefix; new tokens; max logprob diff",
           long52_bench),
     Check("dose long 52M: doses vs the probe", R(LONG52),

@@ -10,7 +10,7 @@ string; a range ``a-b`` compares both ends.
 A claim that the committed files cannot support (a number that exists only in prose, a file never
 committed) is listed as ``not recomputable: <why>``, never skipped silently.
 
-    python scripts/check_results.py            # the table; exit 1 on any MISMATCH
+    python lab/checks/check_results.py            # the table; exit 1 on any MISMATCH
 
 Run from the repository root (or pass ``--root``). Uses ``rla.rl.runlog`` (the repo's own log reader
 and per-run summary) for the GRPO logs, so the numbers are the ones ``rla experiment
@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-TWIN = "benchmarks/results/vllm033_calibration_twin_h200_2026-11-30"
-ORDER = "benchmarks/results/vllm033_reduction_order_h200_2026-11-30"
-FORWARD = "benchmarks/results/vllm033_engine_forward_h200_2026-11-30"
-SGLANG = "benchmarks/results/sglang0523_calibration_h200_2026-11-30"
-QK = "benchmarks/results/qk_norm_rope_h200_2026-11-30"
-GRPO = "experiments/grpo_h200_2026-11-29"
-SESSION4 = "benchmarks/results/rope_liger_compile_h200_2026-11-29"
+TWIN = "results/benchmarks/vllm033_calibration_twin_h200_2026-11-30"
+ORDER = "results/benchmarks/vllm033_reduction_order_h200_2026-11-30"
+FORWARD = "results/benchmarks/vllm033_engine_forward_h200_2026-11-30"
+SGLANG = "results/benchmarks/sglang0523_calibration_h200_2026-11-30"
+QK = "results/benchmarks/qk_norm_rope_h200_2026-11-30"
+GRPO = "results/experiments/grpo_h200_2026-11-29"
+SESSION4 = "results/benchmarks/rope_liger_compile_h200_2026-11-29"
 D29 = SESSION4
-D29C = "benchmarks/results/e2e_align_ops_isolated_h200_2026-11-29"   # session 3 (its isolated per-op runs and e2e); the one place this path is named
+D29C = "results/benchmarks/e2e_align_ops_isolated_h200_2026-11-29"   # session 3 (its isolated per-op runs and e2e); the one place this path is named
 
 
 # ---------------------------------------------------------------- README text
@@ -62,8 +62,8 @@ def readme_texts(root: Path) -> dict[str, str]:
     """The three texts the claims are parsed from, keyed by a short name."""
     norm = lambda p: " ".join((root / p).read_text().split())  # noqa: E731
     return {"README": section((root / "README.md").read_text(), "## Results so far"),
-            "benchmarks/results/README": norm("benchmarks/results/README.md"),
-            "experiments/README": norm("experiments/README.md")}
+            "results/benchmarks/README": norm("results/benchmarks/README.md"),
+            "results/experiments/README": norm("results/experiments/README.md")}
 
 
 # ---------------------------------------------------------------- formatting
@@ -276,7 +276,7 @@ def order_carry_vs_old(root):
     return [min(r["qwen2.5-1.5b"]), max(r["qwen2.5-1.5b"]), min(r["qwen2.5-7b"]), max(r["qwen2.5-7b"])]
 
 
-# -- dose-response (the recomputation lives in scripts/dose_numbers.py)
+# -- dose-response (the recomputation lives in lab/checks/dose_numbers.py)
 
 def _dose():
     here = str(Path(__file__).resolve().parent)
@@ -387,14 +387,14 @@ def _removed_and_rope(rep):
 
 
 def demo_short(root):
-    rep = _json(root, "docs/demo/report.json")
+    rep = _json(root, "results/demo/report.json")
     removed, rope = _removed_and_rope(rep)
     return [removed, rep["n_tokens"] / rep["n_sequences"], rope]
 
 
 def demo_2k(folder, with_length):
     def f(root):
-        rep = _json(root, f"experiments/{folder}/report.json")
+        rep = _json(root, f"results/experiments/{folder}/report.json")
         removed, rope = _removed_and_rope(rep)
         return ([rep["n_tokens"] / rep["n_sequences"]] if with_length else []) + [removed, rope]
     return f
@@ -491,7 +491,7 @@ def reward_gap(root):
 
 
 def invfreq_is_cpu(root):
-    runs = sorted((root / "experiments/invfreq_is_cpu_2026-11-29/runs").iterdir())
+    runs = sorted((root / "results/experiments/invfreq_is_cpu_2026-11-29/runs").iterdir())
     steps = set()
     for d in runs:
         steps.add(json.loads((d / "summary.json").read_text())["steps"])
@@ -506,14 +506,14 @@ def invfreq_is_cpu(root):
 # -- GPU benchmarks
 
 def sampler(root):
-    rows = _json(root, "benchmarks/results/ops_inductor_sampler_h200_2026-11-29/sampler_bundled.json")["rows"]
+    rows = _json(root, "results/benchmarks/ops_inductor_sampler_h200_2026-11-29/sampler_bundled.json")["rows"]
     graph = next(r for r in rows if "CUDA-graph" in r["arm"])["tok_per_s"]
     hf = next(r for r in rows if r["arm"].startswith("HF generate"))["tok_per_s"]
     return [graph / 1000, graph / hf]
 
 
 def sampler_earlier(root):
-    d = _json(root, "benchmarks/results/logs/s2_call1_sampler_bundled_prefix.json")
+    d = _json(root, "results/benchmarks/logs/s2_call1_sampler_bundled_prefix.json")
     rows = d["rows"]
     graph = next(r for r in rows if "CUDA-graph" in r["arm"])["tok_per_s"]
     hf = next(r for r in rows if r["arm"].startswith("HF generate"))["tok_per_s"]
@@ -610,13 +610,13 @@ def norm_ulps(root):
 
 
 def fsdp2(root):
-    t = _json(root, "benchmarks/results/h200x2_2026-11-29_fsdp2/check/fsdp2_check.json")["throughput"]
+    t = _json(root, "results/benchmarks/h200x2_2026-11-29_fsdp2/check/fsdp2_check.json")["throughput"]
     return [t["aligned"]["tokens_per_s_per_gpu_mean"] / t["baseline"]["tokens_per_s_per_gpu_mean"],
             t["aligned"]["peak_mem_gib_max"] / t["baseline"]["peak_mem_gib_max"]]
 
 
 def mutations(root):
-    text = (root / "scripts/mutation_report.md").read_text()
+    text = (root / "results/mutation_report.md").read_text()
     rows = [l for l in text.splitlines() if l.startswith("| ") and not l.startswith("| mutation") and not l.startswith("|---")]
     killed = sum("| killed |" in l for l in rows)
     return [killed, len(rows)]
@@ -683,78 +683,78 @@ CHECKS: list[Check] = [
           r"same as the two-op chain within run-to-run noise \(its fp32 transient never set the peak\); Qwen2\.5-1\.5B\s+"
           r"keeps ([\d.]+)x at (\d\.\d+)",
           f"{QK}/e2e_fused.json", "rla-vllm / hf-bf16 tok_s and peak_gib, qwen3-1.7b then qwen2.5-1.5b", qk_step),
-    Check("fused q/k chain step (index)", "benchmarks/results/README",
+    Check("fused q/k chain step (index)", "results/benchmarks/README",
           r"Qwen3-1\.7B step ([\d.]+)x HF tokens/s at ([\d.]+) of its memory, the same as the two-op chain within noise; "
           r"Qwen2\.5-1\.5B ([\d.]+)x at ([\d.]+) \(no regression\)",
           f"{QK}/e2e_fused.json", "as above", qk_step),
-    Check("SGLang norm path (index)", "benchmarks/results/README",
+    Check("SGLang norm path (index)", "results/benchmarks/README",
           r"its norm path \(FlashInfer 0\.7\.2's CuTe-DSL kernels\): ([\d.]+)% / ([\d.]+)%, residual stream ([\d.]+)%",
           f"{SGLANG}/norm_cute/calibration.report.json", "chosen fraction of norm_weight, norm_residual, residual_stream",
           sglang_norm_points),
     # ---- README: dose-response
     Check("dose-response", "README",
           r"half the runs collapse at step-0 k3 ([\d.]+) \(95% profile-likelihood interval ([\d.]+)-([\d.]+)\); the final reward already falls below its start from k3 ~([\d.e-]+), and not at ~([\d.e-]+); bf16 \(([\d.e-]+)\) and aligned \(([\d.e-]+)\) sit far below",
-          "experiments/dose_response_h200_2026-11-30/runs/*/log.jsonl.gz",
+          "results/experiments/dose_response_h200_2026-11-30/runs/*/log.jsonl.gz",
           "rla's dose report recomputed from the logs: threshold, interval; step-0 k3 geomean of the first arm whose mean final "
           "reward < its mean start and of the arm below it; bf16 and aligned geomeans", _dose_prose),
     Check("dose-response: 52M", "README",
           r"3\s+seeds,\s+(\d+)\s+of\s+21\s+runs\s+to\s+100\s+steps\),\s+no\s+run\s+collapsed\s+up\s+to\s+step-0\s+k3\s+([\d.]+),\s+and\s+"
           r"the\s+same\s+doses\s+gave\s+(\d+)-(\d+)x\s+smaller\s+step-0\s+k3\s+than\s+at\s+4M\s+\(bf16:\s+([\d.e-]+),\s+(\d+)x\s+smaller\)",
-          "experiments/dose_response_h200_2026-11-30/runs/qwen2-50m__*/log.jsonl.gz",
+          "results/experiments/dose_response_h200_2026-11-30/runs/qwen2-50m__*/log.jsonl.gz",
           "rla's dose report, cell qwen2-50m: runs with 100 steps; largest fitted step-0 k3 (none collapsed); min-max over the dose arms of the "
           "4M / 52M step-0 k3 geomean; bf16's 52M geomean and 4M / 52M", _dose_52m),
     Check("dose-response: 52M, high doses", "README",
           r"no 52M run collapsed\s+up to k3 ([\d.]+) \(at 95% the threshold lies above ([\d.]+), at least ([\d.]+)x the 4M interval's "
           r"upper end\), but\s+from k3 ([\d.e-]+) up the reward stopped improving \(gain over 100 steps \+([\d.]+) to (-?[\d.]+), "
           r"against\s+\+([\d.]+) aligned\)",
-          "experiments/dose_response_50m_high_h200_2026-11-30/runs/*/log.jsonl.gz",
+          "results/experiments/dose_response_50m_high_h200_2026-11-30/runs/*/log.jsonl.gz",
           "rla's dose report: largest fitted step-0 k3, 95% lower bound, / the 4M upper end; b1x0.7's k3 geomean; gains "
           "(mean final - mean start) of b1x0.7 and b1x1.4; aligned's gain", _dose_high),
-    Check("dose-response: 52M, high doses (index)", "experiments/README",
+    Check("dose-response: 52M, high doses (index)", "results/experiments/README",
           r"No run collapsed up to step-0 k3 ([\d.]+) \(threshold above ([\d.]+) at 95%, >= ([\d.]+)x the 4M one\); from k3 ([\d.e-]+) "
           r"up the reward stops improving instead \(the 4M runs unlearned there\); bf16 \(([\d.e-]+)\) gains as much as aligned\. "
           r"The doses' k3 depends on the warm start: ([\d.]+)x more than in the first 52M cell",
-          "experiments/dose_response_50m_high_h200_2026-11-30/runs/*/log.jsonl.gz",
+          "results/experiments/dose_response_50m_high_h200_2026-11-30/runs/*/log.jsonl.gz",
           "as above; bf16's step-0 k3 geomean; b2x0.7's geomean here / in the first 52M cell", _dose_high_row),
     Check("dose-response: long cell", "README",
           r"no 4M run collapsed up to step-0 k3 ([\d.]+) \(at 95% the threshold lies above ([\d.]+), (\d+)x the short\s+4M "
           r"cell's\), though the reward gain fell from \+([\d.]+) \(aligned\) to below zero from k3 ([\d.]+); bf16 sat at\s+"
           r"([\d.e-]+) there and ([\d.e-]+) for the 52M model.*?was ([\d.]+)x slower than\s+processes",
-          "experiments/dose_response_long_h200_2026-12-01/{runs,probe,run_group_bench}",
+          "results/experiments/dose_response_long_h200_2026-12-01/{runs,probe,run_group_bench}",
           "rla's dose report of the long cell: largest fitted k3, 95% lower bound / the short 4M k3_50; aligned's gain; "
           "b1x2's k3; bf16 geomeans 4M (runs) and 52M (probe); threads / processes step time", _dose_long_readme),
-    Check("dose-response: long cell (index)", "experiments/README",
+    Check("dose-response: long cell (index)", "results/experiments/README",
           r"4M: no collapse up to step-0 k3 ([\d.]+) in 40 steps \(threshold above ([\d.]+) at 95%, (\d+)x the short cell's\); "
           r"reward gain falls with the dose, below zero from k3 ([\d.]+); bf16 ([\d.e-]+), aligned ([\d.e-]+)\. 52M: probed here "
           r"\(bf16 ([\d.e-]+); its runs: next row\)\. Several runs as threads of one process: ([\d.]+)x slower than processes",
-          "experiments/dose_response_long_h200_2026-12-01/{runs,probe,run_group_bench}", "as above, with aligned's geomean",
+          "results/experiments/dose_response_long_h200_2026-12-01/{runs,probe,run_group_bench}", "as above, with aligned's geomean",
           _dose_long_index),
     Check("dose-response: the 52M long cell", "README",
           r"did not collapse up\s+to k3 ([\d.]+) either \(at 95% the threshold lies above ([\d.]+)\); its gain fell with the dose "
           r"to -([\d.]+) at k3 ([\d.]+),\s+and its aligned arm was exact: step-0 k3 0 in all (\d+) logged steps.*?aligned arm, "
-          r"decoded with HF's attention, gave ([\d.e-]+)\)", "experiments/dose_response_long52_h200_2026-12-01/runs, "
-          "experiments/dose_response_long_h200_2026-12-01/runs", "largest fitted k3; 95% lower bound; -b1x4's gain, its k3 "
+          r"decoded with HF's attention, gave ([\d.e-]+)\)", "results/experiments/dose_response_long52_h200_2026-12-01/runs, "
+          "results/experiments/dose_response_long_h200_2026-12-01/runs", "largest fitted k3; 95% lower bound; -b1x4's gain, its k3 "
           "geomean; aligned log lines (all k3 0); the 4M long aligned geomean", _dose_long52_readme),
-    Check("dose-response: the 52M long cell (index)", "experiments/README",
+    Check("dose-response: the 52M long cell (index)", "results/experiments/README",
           r"No collapse up to step-0 k3 ([\d.]+) in 40 steps \(threshold above ([\d.]+) at 95%\); the gain falls with the dose, "
           r"to -([\d.]+) at k3 ([\d.]+); bf16 ([\d.e-]+) gains as much as aligned, whose k3 is exactly 0 in all (\d+) steps",
-          "experiments/dose_response_long52_h200_2026-12-01/runs", "as above; bf16's step-0 k3 geomean", _dose_long52_index),
+          "results/experiments/dose_response_long52_h200_2026-12-01/runs", "as above; bf16's step-0 k3 geomean", _dose_long52_index),
     Check("decode attention", "README",
           r"([\d.]+)x faster on the 52M model and ([\d.]+)x on the 4M one",
-          "benchmarks/results/h200_2026-12-01_decode_attention.json", "rows[50m].speedup, rows[tiny].speedup",
+          "results/benchmarks/h200_2026-12-01_decode_attention.json", "rows[50m].speedup, rows[tiny].speedup",
           _decode_attention),
     Check("decode loop", "README", r"gained only ([\d.]+)x on the 4M model",
-          "benchmarks/results/h200_2026-12-01_decode_loop.json", "rows[tiny].speedup",
+          "results/benchmarks/h200_2026-12-01_decode_loop.json", "rows[tiny].speedup",
           lambda root: [_dose_long().long_decode_loop(root)[0]]),
     # ---- README: attribution
     Check("attribution at ~123 tokens", "README",
           r"aligning all three regions removes (\d+)% of k3 at ~(\d+)-token responses \(RoPE's Shapley share (\d+)%\)",
-          "docs/demo/report.json", "1 - k3[all]/k3[none]; n_tokens / n_sequences; Shapley k3[rope] / k3[none]", demo_short),
+          "results/demo/report.json", "1 - k3[all]/k3[none]; n_tokens / n_sequences; Shapley k3[rope] / k3[none]", demo_short),
     Check("attribution at 2k, CPU", "README", r"at ([\d,]+) tokens it removed ([\d.]+)% on the CPU \(RoPE ([\d.]+)%",
-          "experiments/demo_2k_cpu_2026-11-29/report.json", "n_tokens / n_sequences; 1 - k3[all]/k3[none]; Shapley k3[rope] / k3[none]",
+          "results/experiments/demo_2k_cpu_2026-11-29/report.json", "n_tokens / n_sequences; 1 - k3[all]/k3[none]; Shapley k3[rope] / k3[none]",
           demo_2k("demo_2k_cpu_2026-11-29", True)),
     Check("attribution at 2k, H200", "README", r"and (\d+)% on the H200 \(RoPE (\d+)%",
-          "experiments/demo_2k_h200_2026-11-29/report.json", "1 - k3[all]/k3[none]; Shapley k3[rope] / k3[none]",
+          "results/experiments/demo_2k_h200_2026-11-29/report.json", "1 - k3[all]/k3[none]; Shapley k3[rope] / k3[none]",
           demo_2k("demo_2k_h200_2026-11-29", False)),
     # ---- README: GRPO
     Check("GRPO grid and length", "README", r"`, (\d+) models x (\d+) arms x (\d+) seeds, (\d+)-(\d+) steps\)",
@@ -776,13 +776,13 @@ CHECKS: list[Check] = [
     Check("GRPO final-reward gap", "README",
           r"its mean final reward is ([\d.]+) \(qwen2-tiny\) and ([\d.]+) \(qwen3-10m\) below the aligned arm's, ([\d.]+) and ([\d.]+) sample stds",
           f"{GRPO}/runs/*/log.jsonl.gz", "difference of means (aligned - bf16) of final_reward; / sample std (ddof=1) of the bf16 arm", reward_gap),
-    Check("CPU inv_freq/IS experiment", "README", r"\(`experiments/invfreq_is_cpu_2026-11-29/`, (\d+) steps, (\d+)-(\d+) seeds\)",
-          "experiments/invfreq_is_cpu_2026-11-29/runs/*/summary.json", "steps per run (all equal); min-max seeds per arm", invfreq_is_cpu),
+    Check("CPU inv_freq/IS experiment", "README", r"\(`results/experiments/invfreq_is_cpu_2026-11-29/`, (\d+) steps, (\d+)-(\d+) seeds\)",
+          "results/experiments/invfreq_is_cpu_2026-11-29/runs/*/summary.json", "steps per run (all equal); min-max seeds per arm", invfreq_is_cpu),
     # ---- README: throughput and GPU fast path
     Check("sampler throughput", "README", r"at (\d+)k tok/s on the bundled model: ([\d.]+)x plain HF generate",
-          "benchmarks/results/ops_inductor_sampler_h200_2026-11-29/sampler_bundled.json", "graph-decode tok/s / 1000; graph / HF generate tok/s (one call per arm)", sampler),
+          "results/benchmarks/ops_inductor_sampler_h200_2026-11-29/sampler_bundled.json", "graph-decode tok/s / 1000; graph / HF generate tok/s (one call per arm)", sampler),
     Check("sampler earlier call", "README", r"an earlier call measured ([\d.]+)x",
-          "benchmarks/results/logs/s2_call1_sampler_bundled_prefix.json", "graph / HF generate tok/s", sampler_earlier),
+          "results/benchmarks/logs/s2_call1_sampler_bundled_prefix.json", "graph / HF generate tok/s", sampler_earlier),
     Check("e2e through rla.align", "README",
           r"runs at ([\d.]+)x/([\d.]+)x HF eager's tokens/s with ([\d.]+)x/([\d.]+)x its peak memory",
           f"{SESSION4}/call2_e2e_liger.json", "rla-vllm / hf-bf16 tok_s and peak_gib (1.5B, 7B; one call)", e2e_session4),
@@ -806,46 +806,46 @@ CHECKS: list[Check] = [
           "min-max max-ulp over norm cases with a difference, 100 (1 - min equal fraction); families all bit-equal vs "
           "rla.alignment.families; rows", norm_ulps),
     Check("FSDP2", "README", r"at ([\d.]+)x the baseline's tokens/s and ([\d.]+)x its memory per GPU",
-          "benchmarks/results/h200x2_2026-11-29_fsdp2/check/fsdp2_check.json", "aligned / baseline: tok/s per GPU (mean of ranks), peak GiB (max of ranks)",
+          "results/benchmarks/h200x2_2026-11-29_fsdp2/check/fsdp2_check.json", "aligned / baseline: tok/s per GPU (mean of ranks), peak GiB (max of ranks)",
           fsdp2),
-    # ---- benchmarks/results/README headlines
-    Check("[bench] calibration headline", "benchmarks/results/README", r"every point ([\d.]+)-([\d.]+)%; RoPE tables (\d+)%",
+    # ---- results/benchmarks/README headlines
+    Check("[bench] calibration headline", "results/benchmarks/README", r"every point ([\d.]+)-([\d.]+)%; RoPE tables (\d+)%",
           CAL + f", {TWIN}/rope_tables.json", "as the README checks above",
           lambda root: calib_chosen(root) + rope_tables(root)[:1]),
-    Check("[bench] default mode", "benchmarks/results/README", r"default mode (\d+)-(\d+)% bit-equal logits",
+    Check("[bench] default mode", "results/benchmarks/README", r"default mode (\d+)-(\d+)% bit-equal logits",
           f"{TWIN}/twin_default.json", "as above", lambda root: _multi_token_rla(root, "default")[:2]),
-    Check("[bench] e2e cost", "benchmarks/results/README", r"new points cost 1\.5B ([\d.]+)-([\d.]+)% tokens/s",
+    Check("[bench] e2e cost", "results/benchmarks/README", r"new points cost 1\.5B ([\d.]+)-([\d.]+)% tokens/s",
           f"{TWIN}/e2e_*", "as above", e2e_cost),
-    Check("[bench] reduction order headline", "benchmarks/results/README",
+    Check("[bench] reduction order headline", "results/benchmarks/README",
           r"every eager point (\d+)%; aligned model with rla's kernels bit-equal to the vLLM-eager twin in (\d+) of (\d+) cases; step ([\d.]+)-([\d.]+)x HF \(1\.5B\), Liger ([\d.]+)-([\d.]+)x; fused fp32_carry add: ([\d.]+)x of the step before",
           f"{ORDER}/*", "as the README checks above",
           order_headline),
-    Check("[bench] engine-backed default mode", "benchmarks/results/README",
+    Check("[bench] engine-backed default mode", "results/benchmarks/README",
           r"bit-equal to the default-mode twin in (\d+) of \d+ cases; rla's own kernels ([\d.]+)-([\d.]+)%; step ([\d.]+)x / ([\d.]+)x HF tokens/s \(1\.5B / 7B\) at ([\d.]+) / ([\d.]+) of its memory",
           f"{FORWARD}/twin_default.json, e2e.json", "as the README's checks", lambda root: forward_twin(root) + forward_e2e(root)),
-    Check("[bench] SGLang kernels", "benchmarks/results/README",
+    Check("[bench] SGLang kernels", "results/benchmarks/README",
           r"q/k-norm kernels: ([\d.]+)% / ([\d.]+)% / ([\d.]+)%, every rest explained \(FMA: (\d+)% with it",
           f"{SGLANG}/calibration.report.json, rest_diagnosis.json", "rope_apply, swiglu, qk_norm_out chosen fractions; the FMA model over RoPE",
           lambda root: [sglang_points(root)[i] for i in (0, 2, 3, 1)]),
-    Check("[bench] sampler", "benchmarks/results/README", r"(\d+)k tok/s on the bundled model, ([\d.]+)x plain HF generate in one call per arm \(an earlier call: ([\d.]+)x\)",
-          "benchmarks/results/ops_inductor_sampler_h200_2026-11-29/sampler_bundled.json, logs/s2_call1_sampler_bundled_prefix.json", "as above",
+    Check("[bench] sampler", "results/benchmarks/README", r"(\d+)k tok/s on the bundled model, ([\d.]+)x plain HF generate in one call per arm \(an earlier call: ([\d.]+)x\)",
+          "results/benchmarks/ops_inductor_sampler_h200_2026-11-29/sampler_bundled.json, logs/s2_call1_sampler_bundled_prefix.json", "as above",
           lambda root: sampler(root) + sampler_earlier(root)),
-    Check("[bench] session 3 e2e", "benchmarks/results/README", r"e2e ([\d.]+)x / ([\d.]+)x HF tokens/s",
-          "benchmarks/results/e2e_align_ops_isolated_h200_2026-11-29/call5_e2e.json", "rla-vllm / hf-bf16 tok_s (1.5B, 7B)", e2e_29c),
-    Check("[bench] session 4 e2e and Liger", "benchmarks/results/README", r"e2e ([\d.]+)x / ([\d.]+)x HF, Liger ([\d.]+)x / ([\d.]+)x",
+    Check("[bench] session 3 e2e", "results/benchmarks/README", r"e2e ([\d.]+)x / ([\d.]+)x HF tokens/s",
+          "results/benchmarks/e2e_align_ops_isolated_h200_2026-11-29/call5_e2e.json", "rla-vllm / hf-bf16 tok_s (1.5B, 7B)", e2e_29c),
+    Check("[bench] session 4 e2e and Liger", "results/benchmarks/README", r"e2e ([\d.]+)x / ([\d.]+)x HF, Liger ([\d.]+)x / ([\d.]+)x",
           f"{SESSION4}/call2_e2e_liger.json", "rla-vllm / hf-bf16 and liger / hf-bf16 tok_s (one call)", e2e_session4_and_liger),
-    Check("[bench] FSDP2", "benchmarks/results/README", r"unsharded; ([\d.]+)x baseline tokens/s",
-          "benchmarks/results/h200x2_2026-11-29_fsdp2/check/fsdp2_check.json", "as above", lambda root: fsdp2(root)[:1]),
-    Check("[bench] mutation report", "benchmarks/results/README", r"(\d+) of (\d+) named mutations caught",
-          "scripts/mutation_report.md", "rows with status killed; rows", mutations),
-    # ---- experiments/README headlines
-    Check("[exp] GRPO", "experiments/README", r"aligning cuts k3 ([\d.]+)x / ([\d.]+)x at step 0; a rounded-`inv_freq` trainer collapsed in (\d+) of (\d+) runs",
+    Check("[bench] FSDP2", "results/benchmarks/README", r"unsharded; ([\d.]+)x baseline tokens/s",
+          "results/benchmarks/h200x2_2026-11-29_fsdp2/check/fsdp2_check.json", "as above", lambda root: fsdp2(root)[:1]),
+    Check("[bench] mutation report", "results/benchmarks/README", r"(\d+) of (\d+) named mutations caught",
+          "results/mutation_report.md", "rows with status killed; rows", mutations),
+    # ---- results/experiments/README headlines
+    Check("[exp] GRPO", "results/experiments/README", r"aligning cuts k3 ([\d.]+)x / ([\d.]+)x at step 0; a rounded-`inv_freq` trainer collapsed in (\d+) of (\d+) runs",
           f"{GRPO}/runs/*/log.jsonl.gz", "as the README checks above", lambda root: k3_ratio("step0")(root) + invfreq_collapse(root)),
-    Check("[exp] demo 2k CPU", "experiments/README", r"([\d.]+)% of k3 removed at ([\d,]+) tokens, RoPE's Shapley share ([\d.]+)%",
-          "experiments/demo_2k_cpu_2026-11-29/report.json", "as above",
+    Check("[exp] demo 2k CPU", "results/experiments/README", r"([\d.]+)% of k3 removed at ([\d,]+) tokens, RoPE's Shapley share ([\d.]+)%",
+          "results/experiments/demo_2k_cpu_2026-11-29/report.json", "as above",
           lambda root: (lambda v: [v[1], v[0], v[2]])(demo_2k("demo_2k_cpu_2026-11-29", True)(root))),
-    Check("[exp] demo 2k H200", "experiments/README", r"\| (\d+)% removed, RoPE (\d+)% \|",
-          "experiments/demo_2k_h200_2026-11-29/report.json", "as above", demo_2k("demo_2k_h200_2026-11-29", False)),
+    Check("[exp] demo 2k H200", "results/experiments/README", r"\| (\d+)% removed, RoPE (\d+)% \|",
+          "results/experiments/demo_2k_h200_2026-11-29/report.json", "as above", demo_2k("demo_2k_h200_2026-11-29", False)),
 ]
 
 
@@ -896,7 +896,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--root", default=str(Path(__file__).resolve().parents[1]), help="repository root")
+    ap.add_argument("--root", default=str(Path(__file__).resolve().parents[2]), help="repository root")
     args = ap.parse_args(argv)
     rows = run_all(Path(args.root))
     print(table(rows))

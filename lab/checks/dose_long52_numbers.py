@@ -1,5 +1,5 @@
-"""Recomputations for ``experiments/dose_response_long52_h200_2026-12-01`` (issue #19's 52M long cell) and
-``benchmarks/results/h200_2026-12-01_decode_attention.md``.
+"""Recomputations for ``results/experiments/dose_response_long52_h200_2026-12-01`` (issue #19's 52M long cell) and
+``results/benchmarks/h200_2026-12-01_decode_attention.md``.
 
 The report is recomputed from the runs' logs by rla's own summariser (``dose_numbers._report``); the bench from
 its JSON; the calls from their commands logs.
@@ -15,9 +15,9 @@ from pathlib import Path
 from dose_numbers import _cell, _log, _report, dose_table
 from dose_long_numbers import LONG, _arms as _long_arms, _probe
 
-LONG52 = "experiments/dose_response_long52_h200_2026-12-01"
+LONG52 = "results/experiments/dose_response_long52_h200_2026-12-01"
 BIG = "qwen2-50m-long"
-BENCH = "benchmarks/results/h200_2026-12-01_decode_attention.json"
+BENCH = "results/benchmarks/h200_2026-12-01_decode_attention.json"
 FAILED = ("bf16__s0", "aligned__s1", "b1x2__s1", "b1__s2", "b1x2__s0")  # call 2's out-of-memory runs
 
 

@@ -1,4 +1,4 @@
-"""Recomputations for ``experiments/dose_response_long_h200_2026-12-01`` (issue #19's long-response cells).
+"""Recomputations for ``results/experiments/dose_response_long_h200_2026-12-01`` (issue #19's long-response cells).
 
 The report is recomputed from the runs' logs by rla's own summariser (``dose_numbers._report``); the
 probes from their ``probe.json``; timings from the calls' commands logs and the runs' logs.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dose_numbers import DOSE, DOSE_HIGH, M50, _cell, _log, _report, _step0_mean, _window, dose_table
 
-LONG = "experiments/dose_response_long_h200_2026-12-01"
+LONG = "results/experiments/dose_response_long_h200_2026-12-01"
 TINY = "qwen2-tiny-long"
 BIG = "qwen2-50m-long"
 
@@ -286,7 +286,7 @@ def long_repro(root: Path) -> list:
 
 def long_decode_loop(root: Path) -> list:
     """the 4M graph loop's speedup; 7 threads' per-token tok/s (the threads JSON); one thread's (the main JSON)."""
-    res = root / "benchmarks" / "results"
+    res = root / "results" / "benchmarks"
     main = {r["size"]: r for r in json.loads((res / "h200_2026-12-01_decode_loop.json").read_text())["rows"]}
     threads = {r["size"]: r for r in json.loads((res / "h200_2026-12-01_decode_loop_threads7.json").read_text())["rows"]}
     return [main["tiny"]["speedup"], threads["tiny"]["threads_7"]["per_token_tok_per_s"], main["tiny"]["per_token"]["tok_per_s"]]

@@ -1,9 +1,9 @@
-"""Recomputations for the dose-response folders (issue #19), for ``scripts/check_experiments.py``.
+"""Recomputations for the dose-response folders (issue #19), for ``lab/checks/check_experiments.py``.
 
-``experiments/dose_response_h200_2026-11-30``: the report is recomputed from the runs' logs by rla's
+``results/experiments/dose_response_h200_2026-11-30``: the report is recomputed from the runs' logs by rla's
 own summariser (``rla.rl.experiment.summarize``, the code behind ``rla experiment GRID --out DIR
 --summarize-only``), in a temporary copy of the folder so the check writes nothing into the
-repository. ``experiments/dose_calibration_cpu_2026-11-30``: step-0 k3 per arm from ``probe.json``.
+repository. ``results/experiments/dose_calibration_cpu_2026-11-30``: step-0 k3 per arm from ``probe.json``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-DOSE = "experiments/dose_response_h200_2026-11-30"
+DOSE = "results/experiments/dose_response_h200_2026-11-30"
 DOSE_LONG = f"{DOSE}/long_cell_seed0"
-DOSE_CAL = "experiments/dose_calibration_cpu_2026-11-30"
+DOSE_CAL = "results/experiments/dose_calibration_cpu_2026-11-30"
 _CACHE: dict = {}
 
 
@@ -249,7 +249,7 @@ def dose50_ratio_range(root: Path) -> list:
 
 # ---------------------------------------------------------------- the 52M high-dose cell
 
-DOSE_HIGH = "experiments/dose_response_50m_high_h200_2026-11-30"
+DOSE_HIGH = "results/experiments/dose_response_50m_high_h200_2026-11-30"
 
 
 def _high(root: Path) -> dict:

@@ -1,5 +1,5 @@
 """The numbers of the experiment READMEs, recomputed from each folder's files (used by
-``scripts/check_experiments.py``, which pairs each function with the README text it checks).
+``lab/checks/check_experiments.py``, which pairs each function with the README text it checks).
 
 GRPO folders are read as ``rla experiment GRID --out DIR --summarize-only`` reads them: the grid
 (``rla.rl.grid.load_grid``), each run's log (``rla.rl.runlog.read_log``), its summary
@@ -15,16 +15,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-GRPO = "experiments/grpo_h200_2026-11-29"
-PILOT = "experiments/grpo_h200_pilot_2026-11-29"
-INVFREQ_CPU = "experiments/invfreq_is_cpu_2026-11-29"
-LR3E5 = "experiments/lr3e5_cpu_2026-11-29"
-SFT = "experiments/sft_warmstart"
-DEMO_CPU = "experiments/demo_2k_cpu_2026-11-29"
-DEMO_H200 = "experiments/demo_2k_h200_2026-11-29"
-DEMO_SHORT = "experiments/demo_h200_2026-11-29"
-# the 123-token demo of 2026-11-29 (five-point `vllm` row); docs/demo/ was rerun under vllm-0.33 since
-OLD_DEMO = ("15055fd", "docs/demo/report.json")
+GRPO = "results/experiments/grpo_h200_2026-11-29"
+PILOT = "results/experiments/grpo_h200_pilot_2026-11-29"
+INVFREQ_CPU = "results/experiments/invfreq_is_cpu_2026-11-29"
+LR3E5 = "results/experiments/lr3e5_cpu_2026-11-29"
+SFT = "results/experiments/sft_warmstart"
+DEMO_CPU = "results/experiments/demo_2k_cpu_2026-11-29"
+DEMO_H200 = "results/experiments/demo_2k_h200_2026-11-29"
+DEMO_SHORT = "results/experiments/demo_h200_2026-11-29"
+# the 123-token demo of 2026-11-29 (five-point `vllm` row); results/demo/ was rerun under vllm-0.33 since
+OLD_DEMO = ("15055fd", "docs/demo/report.json")  # its path at that commit
 
 
 def _rla(root: Path):
@@ -352,7 +352,7 @@ def _field(text, name):
 
 
 def sft_table(root):
-    """each run's record (runs/<name>.md, written by scripts/train_tiny_model.py): parameters (M),
+    """each run's record (runs/<name>.md, written by lab/tools/train_tiny_model.py): parameters (M),
     mean response tokens, steps (of planned), ms/step, final loss, held-out greedy / sampled."""
     import re
     out = {}

@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def check_results_module():
-    """``scripts/check_results.py`` as a module (its Check, run_check, table and formatting)."""
+    """``lab/checks/check_results.py`` as a module (its Check, run_check, table and formatting)."""
     if "check_results" not in sys.modules:
         spec = importlib.util.spec_from_file_location("check_results", HERE / "check_results.py")
         mod = importlib.util.module_from_spec(spec)

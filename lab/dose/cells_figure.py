@@ -1,7 +1,7 @@
 """Issue #19's four cells on one figure: model size (rows) x response length (columns), each run's final
 reward relative to its start against its step-0 k3, with each cell's fitted threshold or bound.
 
-    python scripts/dose_cells_figure.py          # -> experiments/dose_response_cells.png
+    python lab/dose/cells_figure.py          # -> results/experiments/dose_response_cells.png
 
 Reads only the cells' committed ``dose_report.json`` (written by ``rla experiment --summarize-only``); the
 numbers behind every point are those reports' runs. A run collapsed (criterion ``reward``) when its final
@@ -27,8 +27,8 @@ CELLS = {
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", default=str(Path(__file__).resolve().parents[1]))
-    ap.add_argument("--out", default="experiments/dose_response_cells.png")
+    ap.add_argument("--root", default=str(Path(__file__).resolve().parents[2]))
+    ap.add_argument("--out", default="results/experiments/dose_response_cells.png")
     args = ap.parse_args(argv)
     root = Path(args.root)
     import matplotlib
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     for key, sources in CELLS.items():
         runs, fits = [], []
         for folder, model, label in sources:
-            report = json.loads((root / "experiments" / folder / "dose_report.json").read_text())
+            report = json.loads((root / "results" / "experiments" / folder / "dose_report.json").read_text())
             runs += [{**r, "source": label} for r in report["runs"] if r["model"] == model and r["scored"]]
             fits += [c["fit"] for c in report["cells"] if c["model"] == model]
         cells[key] = (runs, fits)

@@ -4,7 +4,7 @@
 profile as the aligned arm does and then rounds the output of every aligned region -- RoPE's
 ``q``/``k``, SwiGLU's ``silu(gate) * up``, RMSNorm's normalised output (also the post-attention
 norm of the fused add + norm; the residual stream is left alone) -- to ``B`` explicit mantissa bits
-with :func:`rla.ops.mantissa.round_mantissa` (round to nearest even, bf16's exponent range,
+with :func:`lab.dose.mantissa.round_mantissa` (round to nearest even, bf16's exponent range,
 straight-through gradient). The rollout side is untouched: it stays the engine profile in bf16.
 
 So the dose is a *physical* mismatch: the trainer computes the same function as the engine at the
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from rla import ops as rla_ops
-from rla.ops.mantissa import round_mantissa, round_mantissa_values
+from lab.dose.mantissa import round_mantissa, round_mantissa_values
 
 __all__ = ["DoseOps", "dose", "dose_values"]
 

@@ -6,10 +6,10 @@ a run, so this module measures it for every (model, arm, seed) of a grid in one 
 rollouts of step 0 are sampled once per (model, seed, rollout settings) exactly as the trainer
 samples them (same prompts, same sampling seed, same engine copy), and every arm's training forward
 (``rla.rl.precision.Policy``, the trainer's own) scores them. The k3 it reports is the number the
-run's ``log.jsonl`` would record at step 0 on the same machine (``tests/test_dose_experiment.py`` checks that
+run's ``log.jsonl`` would record at step 0 on the same machine (``tests/lab/test_dose_experiment.py`` checks that
 against a 1-step run).
 
-Used to calibrate the dose knob (``train_dose_bits``, ``rla.rl.dose``) before spending GPU time:
+Used to calibrate the dose knob (``train_dose_bits``, ``lab.dose.knob``) before spending GPU time:
 ``probe.json`` / ``probe.md`` in the output folder list the step-0 k3 of every arm.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rla.rl.dose_report import is_dose_arm
+from lab.dose.report import is_dose_arm
 from rla.rl.grid import Grid, RunSpec, matches_only
 
 __all__ = ["probe_step0", "probe_markdown", "pick_doses", "check_pick"]

@@ -1,7 +1,7 @@
 """Mutation check over the core modules: does the suite catch small, plausible bugs?
 
-    python scripts/mutation_check.py                 # every mutation, report to scripts/mutation_report.md
-    python scripts/mutation_check.py --only swiglu   # the mutations whose name contains "swiglu"
+    python lab/mutation/mutation_check.py                 # every mutation, report to results/mutation_report.md
+    python lab/mutation/mutation_check.py --only swiglu   # the mutations whose name contains "swiglu"
 
 Each mutation below is one exact text replacement in one source file (a bug someone could write:
 a biased gradient, a wrong denominator, a check left out), paired with the test files that cover
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def _run_pytest(tree: Path, tests: tuple[str, ...]) -> tuple[bool, float, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=None, help="run the mutations whose name contains this")
-    ap.add_argument("--report", default=str(ROOT / "scripts" / "mutation_report.md"), help="Markdown report path")
+    ap.add_argument("--report", default=str(ROOT / "results" / "mutation_report.md"), help="Markdown report path")
     args = ap.parse_args(argv)
     chosen = [m for m in MUTATIONS if args.only is None or args.only in m.name]
     if not chosen:
@@ -205,7 +205,7 @@ def _write_report(path: Path, rows, argv, baseline: dict) -> None:
         f"- GPU: none (CPU: {platform.machine()}, {platform.system()})",
         f"- Versions: python {platform.python_version()}, torch {torch.__version__}, transformers {tf}",
         f"- Date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}",
-        f"- Command: `python scripts/mutation_check.py{' ' + ' '.join(argv) if argv else ''}` (at commit {commit or 'unknown'})",
+        f"- Command: `python lab/mutation/mutation_check.py{' ' + ' '.join(argv) if argv else ''}` (at commit {commit or 'unknown'})",
         "",
         f"{sum(r[1] == 'killed' for r in rows)} of {len(rows)} mutations killed; "
         + (f"surviving or stale: {', '.join(survived)}." if survived else "none survives."),

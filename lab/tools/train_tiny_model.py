@@ -9,12 +9,12 @@ versions, date, and the command that reproduces the run step for step).
 The bundled model, as recorded in its TRAINING.md (751 steps of 256 problems, ~2 min on a shared
 H200):
 
-    python scripts/train_tiny_model.py --arch qwen2 --size tiny --task addition --difficulty 12 \\
+    python lab/tools/train_tiny_model.py --arch qwen2 --size tiny --task addition --difficulty 12 \\
         --lr 2e-3 --evals 3 --max-mb 10 --steps 751 --out src/rla/assets/tiny-qwen2
 
 A Qwen3 / Llama warm start for the GRPO experiments (records only, no weights):
 
-    python scripts/train_tiny_model.py --arch qwen3 --size 10m --task addition --difficulty 12 \\
+    python lab/tools/train_tiny_model.py --arch qwen3 --size 10m --task addition --difficulty 12 \\
         --lr 1.5e-3 --time-budget 55 --no-weights --out runs/qwen3-10m-add12
 
 ``--time-budget S`` without ``--steps`` times a few steps on a throw-away copy of the model and
@@ -120,7 +120,7 @@ def write_record(out: Path, args, info: dict, hist, saved_eval: dict | None) -> 
     lines = [
         f"# {info['name']}: {info['arch']} {info['size']} trained on {info['task_repr']}",
         "",
-        "Made by `scripts/train_tiny_model.py` (SFT warm start, `rla.rl.sft.sft_train`).",
+        "Made by `lab/tools/train_tiny_model.py` (SFT warm start, `rla.rl.sft.sft_train`).",
         "",
         "| | |",
         "|---|---|",
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
         info["calibration"] = f"{per_step * 1e3:.1f} ms/step timed on a copy -> {steps} steps for {args.time_budget:g} s"
         print(info["calibration"], flush=True)
     argv_list = sys.argv[1:] if argv is None else list(argv)
-    info["command"] = "python scripts/train_tiny_model.py " + shlex.join(argv_list)
+    info["command"] = "python lab/tools/train_tiny_model.py " + shlex.join(argv_list)
     repro = list(argv_list)
     for flag in ("--time-budget", "--time-limit"):  # the step count alone fixes the run
         if flag in repro:
@@ -227,7 +227,7 @@ def main(argv=None) -> int:
         print(f"saved bf16 model: {info['file_mb']:.2f} MB; greedy {saved_eval['greedy_acc']:.3f} "
               f"sampled {saved_eval['sample_acc']:.3f} mean_len {saved_eval['mean_len']:.0f}", flush=True)
     # a run cut by --time-limit is reproduced by the same command up to the step it stopped at
-    info["reproduce"] = "python scripts/train_tiny_model.py " + shlex.join(repro)
+    info["reproduce"] = "python lab/tools/train_tiny_model.py " + shlex.join(repro)
     (args.out / "task.json").write_text(json.dumps({"task": task.spec(), "seed": args.seed}, indent=1) + "\n")
     info["total_s"] = time.perf_counter() - t_start
     write_record(args.out, args, info, hist, saved_eval)

@@ -1,4 +1,4 @@
-"""scripts/check_experiments.py and scripts/check_bench_readmes.py: every experiment README and every
+"""lab/checks/check_experiments.py and lab/checks/check_bench_readmes.py: every experiment README and every
 results-folder README headline table recomputes from its files, and one changed number is caught."""
 
 import importlib.util
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from repo_root import ROOT  # noqa: E402
-SCRIPTS = ROOT / "scripts"
+SCRIPTS = ROOT / "lab" / "checks"
+FIGURE = ROOT / "lab" / "dose" / "cells_figure.py"
 
 
 def _load(name):
@@ -40,7 +41,7 @@ def test_every_experiment_readme_number_matches_its_folder():
     rows = mod.run_all(ROOT)
     assert not _bad(rows), _explain(_bad(rows))
     # every experiment folder with a README is covered, and not by one row each
-    folders = {p.parent.name for p in (ROOT / "experiments").glob("*/README.md")}
+    folders = {p.parent.name for p in (ROOT / "results" / "experiments").glob("*/README.md")}
     covered = {r["where"].split("/")[1] for r in rows}
     assert folders <= covered, f"experiment READMEs without a check: {sorted(folders - covered)}"
     assert len(rows) >= 60
@@ -54,11 +55,11 @@ def test_every_results_readme_headline_table_matches_its_files():
     mod = _load("check_bench_readmes")
     rows = mod.run_all(ROOT)
     assert not _bad(rows), _explain(_bad(rows))
-    folders = {p.parent.name for p in (ROOT / "benchmarks" / "results").glob("*/README.md")}
+    folders = {p.parent.name for p in (ROOT / "results" / "benchmarks").glob("*/README.md")}
     covered = {r["where"].split("/")[2] for r in rows}
     assert folders - set(FILE_INDEXES) <= covered, f"results READMEs without a check: {sorted(folders - covered)}"
     for folder in FILE_INDEXES:  # an index writes no result: no ratio, percentage, rate or ms
-        text = (ROOT / "benchmarks" / "results" / folder / "README.md").read_text()
+        text = (ROOT / "results" / "benchmarks" / folder / "README.md").read_text()
         assert not re.search(r"\d\.\d+x|\d%|tok/s|\d ms", text), f"{folder}/README.md writes results: check them"
 
 
@@ -72,15 +73,15 @@ def _changed(rel, old, new):
 
 @pytest.mark.parametrize("module, rel, old, new, claim", [
     # the population std the table used to show (ddof=0): the sample std is 0.05
-    ("check_experiments", "experiments/grpo_h200_2026-11-29/README.md", "| 0.62 ± 0.05 | 0.66 | 1/3",
+    ("check_experiments", "results/experiments/grpo_h200_2026-11-29/README.md", "| 0.62 ± 0.05 | 0.66 | 1/3",
      "| 0.62 ± 0.04 | 0.66 | 1/3", "GRPO H200 table: qwen3-10m / aligned"),
-    ("check_experiments", "experiments/grpo_h200_2026-11-29/README.md", "lowers step-0 k3 19x (qwen2-tiny)",
+    ("check_experiments", "results/experiments/grpo_h200_2026-11-29/README.md", "lowers step-0 k3 19x (qwen2-tiny)",
      "lowers step-0 k3 20x (qwen2-tiny)", "GRPO: step-0 k3 cut"),
-    ("check_experiments", "experiments/demo_2k_h200_2026-11-29/README.md", "| all three | 1.75e-04 |",
+    ("check_experiments", "results/experiments/demo_2k_h200_2026-11-29/README.md", "| all three | 1.75e-04 |",
      "| all three | 1.85e-04 |", "demo 2k H200 table: all three"),
-    ("check_experiments", "experiments/dose_response_h200_2026-11-30/README.md", "| b2x0.7 | 5.00e-04 | 0/3 | 1/3 |",
+    ("check_experiments", "results/experiments/dose_response_h200_2026-11-30/README.md", "| b2x0.7 | 5.00e-04 | 0/3 | 1/3 |",
      "| b2x0.7 | 5.00e-04 | 1/3 | 1/3 |", "dose 52M table: b2x0.7"),
-    ("check_bench_readmes", "benchmarks/results/h200x2_2026-11-29_fsdp2/README.md", "| 31,510 | 40.15 |",
+    ("check_bench_readmes", "results/benchmarks/h200x2_2026-11-29_fsdp2/README.md", "| 31,510 | 40.15 |",
      "| 31,510 | 40.05 |", "FSDP2 throughput: aligned (rla.align, vllm)"),
 ])
 def test_a_changed_number_is_a_mismatch_of_that_row_only(module, rel, old, new, claim):
@@ -93,7 +94,7 @@ def test_a_changed_number_is_a_mismatch_of_that_row_only(module, rel, old, new, 
 
 def test_a_row_the_files_do_not_produce_is_a_mismatch():
     mod = _load("check_experiments")
-    rel = "experiments/grpo_h200_pilot_2026-11-29/README.md"
+    rel = "results/experiments/grpo_h200_pilot_2026-11-29/README.md"
     row = "| fp16 trainer + fp16 engine | 3.7e-6 |"
     texts = _changed(rel, row, "| bf16 trainer, aligned engine | 3.7e-6 | 2.7e-6 | 0.0% | 0.59 (0.63) | 0/3 |\n" + row)
     bad = _bad(mod.run_all(ROOT, texts))
@@ -102,21 +103,25 @@ def test_a_row_the_files_do_not_produce_is_a_mismatch():
 
 
 def test_the_command_exits_nonzero_on_a_changed_readme(tmp_path):
-    """End to end: ``python scripts/check_experiments.py --root COPY`` where COPY's one README differs."""
+    """End to end: ``python lab/checks/check_experiments.py --root COPY`` where COPY's one README differs."""
     for entry in ROOT.iterdir():
-        if entry.name not in ("experiments",):
+        if entry.name != "results":
             (tmp_path / entry.name).symlink_to(entry)
-    exp = tmp_path / "experiments"
+    (tmp_path / "results").mkdir()
+    for entry in (ROOT / "results").iterdir():
+        if entry.name != "experiments":
+            (tmp_path / "results" / entry.name).symlink_to(entry)
+    exp = tmp_path / "results" / "experiments"
     exp.mkdir()
-    for folder in (ROOT / "experiments").iterdir():
+    for folder in (ROOT / "results" / "experiments").iterdir():
         if folder.name != "lr3e5_cpu_2026-11-29":
             (exp / folder.name).symlink_to(folder)
     lr = exp / "lr3e5_cpu_2026-11-29"
     lr.mkdir()
-    for entry in (ROOT / "experiments" / "lr3e5_cpu_2026-11-29").iterdir():
+    for entry in (ROOT / "results" / "experiments" / "lr3e5_cpu_2026-11-29").iterdir():
         if entry.name != "README.md":
             (lr / entry.name).symlink_to(entry)
-    rel = "experiments/lr3e5_cpu_2026-11-29/README.md"
+    rel = "results/experiments/lr3e5_cpu_2026-11-29/README.md"
     (lr / "README.md").write_text(_changed(rel, "| 3 | 0.031 | 0.047 |", "| 3 | 0.031 | 0.074 |")[rel])
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, str(SCRIPTS / "check_experiments.py"), "--root"]
@@ -148,18 +153,20 @@ def test_formatting_follows_the_written_number():
 
 
 def test_the_cells_figure_draws_every_scored_run_of_the_four_reports(tmp_path):
-    """scripts/dose_cells_figure.py redraws experiments/dose_response_cells.png from the committed
+    """lab/dose/cells_figure.py redraws results/experiments/dose_response_cells.png from the committed
     reports alone; its printed counts are the reports' own (every scored run of each cell)."""
     import json
 
     out = tmp_path / "cells.png"
-    res = subprocess.run([sys.executable, str(SCRIPTS / "dose_cells_figure.py"), "--root", str(ROOT), "--out", str(out)],
+    res = subprocess.run([sys.executable, str(FIGURE), "--root", str(ROOT), "--out", str(out)],
                          capture_output=True, text=True, check=True)
     assert out.stat().st_size > 50_000
-    fig = _load("dose_cells_figure")
+    spec = importlib.util.spec_from_file_location("cells_figure", FIGURE)
+    fig = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fig)
     for (size, length), sources in fig.CELLS.items():
         runs = [r for folder, model, _ in sources
-                for r in json.loads((ROOT / "experiments" / folder / "dose_report.json").read_text())["runs"]
+                for r in json.loads((ROOT / "results" / "experiments" / folder / "dose_report.json").read_text())["runs"]
                 if r["model"] == model and r["scored"]]
         collapsed = sum(bool(r["collapsed"]) for r in runs)
         assert f"{size}, {length}: {collapsed}/{len(runs)} runs collapsed" in res.stdout

@@ -1,4 +1,4 @@
-"""scripts/check_results.py: every README number recomputes from its files, and an edit is caught."""
+"""lab/checks/check_results.py: every README number recomputes from its files, and an edit is caught."""
 
 import importlib.util
 import shutil
@@ -8,7 +8,7 @@ from repo_root import ROOT
 
 
 def _checker():
-    spec = importlib.util.spec_from_file_location("check_results", ROOT / "scripts" / "check_results.py")
+    spec = importlib.util.spec_from_file_location("check_results", ROOT / "lab" / "checks" / "check_results.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["check_results"] = mod  # dataclasses look their module up by name
     spec.loader.exec_module(mod)
@@ -28,7 +28,7 @@ def test_an_altered_readme_number_is_a_mismatch(tmp_path):
     readme = (ROOT / "README.md").read_text()
     assert "22.5x (qwen3-10m) at step 0" in readme
     (tmp_path / "README.md").write_text(readme.replace("22.5x (qwen3-10m) at step 0", "25.5x (qwen3-10m) at step 0"))
-    for rel in ("benchmarks/results/README.md", "experiments/README.md"):
+    for rel in ("results/benchmarks/README.md", "results/experiments/README.md"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
     texts = mod.readme_texts(tmp_path)

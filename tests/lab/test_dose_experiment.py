@@ -20,8 +20,8 @@ from rla.rl.grid import load_grid, matches_only
 from rla.rl.runlog import read_log
 
 from repo_root import ROOT  # noqa: E402
-SMALL = ROOT / "configs" / "experiment_dose_h200_small.yaml"
-FULL = ROOT / "configs" / "experiment_dose_h200.yaml"
+SMALL = ROOT / "lab" / "dose" / "configs" / "experiment_dose_h200_small.yaml"
+FULL = ROOT / "lab" / "dose" / "configs" / "experiment_dose_h200.yaml"
 
 
 def _doses(grid) -> dict[str, tuple[int, float]]:
@@ -136,7 +136,7 @@ def test_cpu_smoke_two_step_dose_arm_runs_and_is_reported(tmp_path):
 @pytest.mark.slow
 def test_on_the_bundled_model_k3_grows_with_the_dose_and_seven_bits_is_aligned(tmp_path):
     from rla.rl.grid import Grid
-    from rla.rl.probe import probe_step0
+    from lab.dose.probe import probe_step0
 
     arms = {"aligned": {"train_precision": "aligned"},
             "b7": {"train_precision": "aligned", "train_dose_bits": 7},
@@ -209,7 +209,7 @@ def test_probe_makes_the_warm_start_and_picks_the_doses_nearest_each_target(tmp_
 
 def test_pick_doses_greedy_assignment_and_refusals(tmp_path):
     from rla.rl.grid import Grid
-    from rla.rl.probe import check_pick, pick_doses
+    from lab.dose.probe import check_pick, pick_doses
 
     arms = {"aligned": {"train_precision": "aligned"},
             **{f"d{i}": {"train_precision": "aligned", "train_dose_bits": i} for i in (1, 2, 3)}}

@@ -1,4 +1,4 @@
-"""The dose-response report (``rla.rl.dose_report``): outcomes, the threshold fit, and the report
+"""The dose-response report (``lab.dose.report``): outcomes, the threshold fit, and the report
 written from synthetic run logs, checked against direct computations done here.
 
 The direct computations share nothing with the module: an ordinary two-parameter logistic
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rla.rl.dose_report import CHI2_95, fit_threshold, run_outcome
+from lab.dose.report import CHI2_95, fit_threshold, run_outcome
 from rla.rl.experiment import summarize
 from rla.rl.grid import load_grid
 

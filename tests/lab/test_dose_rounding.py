@@ -1,4 +1,4 @@
-"""``rla.ops.mantissa.round_mantissa`` and the dose (``rla.rl.dose``) against independent oracles.
+"""``lab.dose.mantissa.round_mantissa`` and the dose (``lab.dose.knob``) against independent oracles.
 
 The op works on fp32 bit patterns (add half a quantum, clear the dropped bits). The oracles here
 never touch bits: an fp64 one (every step exact in fp64: ``|x| / q`` with ``q`` a power of two,
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from rla.ops.mantissa import MAX_BITS, round_mantissa, round_mantissa_values
-from rla.rl.dose import DoseOps, dose, dose_values
+from lab.dose.mantissa import MAX_BITS, round_mantissa, round_mantissa_values
+from lab.dose.knob import DoseOps, dose, dose_values
 
 
 def oracle_fp64(x: np.ndarray, bits: int) -> np.ndarray:

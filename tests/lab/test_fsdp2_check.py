@@ -1,5 +1,5 @@
-"""The FSDP2 GPU job, validated on CPU: ``benchmarks/fsdp2_x2.sh`` itself, in its CPU mode
-(``DEVICE=cpu SHAPE=micro``): ``benchmarks/fsdp2_check.py`` and the trainer command under torchrun
+"""The FSDP2 GPU job, validated on CPU: ``lab/bench/fsdp2_x2.sh`` itself, in its CPU mode
+(``DEVICE=cpu SHAPE=micro``): ``lab/bench/fsdp2_check.py`` and the trainer command under torchrun
 with two gloo processes, micro shapes, results read back from its ``results.tgz``.
 
 - The check script's JSON reports the sharded aligned model's RoPE and SwiGLU outputs equal to
@@ -37,12 +37,12 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    """``benchmarks/fsdp2_x2.sh`` on CPU (no env stage: it needs nvidia-smi); -> the unpacked r/ folder."""
+    """``lab/bench/fsdp2_x2.sh`` on CPU (no env stage: it needs nvidia-smi); -> the unpacked r/ folder."""
     out = tmp_path_factory.mktemp("job")
     env = dict(os.environ, OUT=str(out), DEVICE="cpu", SHAPE="micro", STAGES="check train", OMP_NUM_THREADS="1",
                TRAIN_OVERRIDES="size=micro device=cpu steps=2", TRAIN_DIR=str(out / "grpo"),
                PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-    proc = subprocess.run(["bash", "benchmarks/fsdp2_x2.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+    proc = subprocess.run(["bash", "lab/bench/fsdp2_x2.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with tarfile.open(out / "results.tgz") as tar:
@@ -55,7 +55,7 @@ def job(tmp_path_factory):
 
 
 def _check_module():
-    spec = importlib.util.spec_from_file_location("fsdp2_check", ROOT / "benchmarks" / "fsdp2_check.py")
+    spec = importlib.util.spec_from_file_location("fsdp2_check", ROOT / "lab" / "bench" / "fsdp2_check.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -126,7 +126,7 @@ def test_trainer_command_two_gloo_ranks(job):
     out = job / "train"
     commands = (job / "commands.txt").read_text().splitlines()
     assert any("-m rla.cli train configs/grpo_fsdp2_1p5b.yaml fsdp=true" in c for c in commands)
-    assert any("benchmarks/fsdp2_check.py" in c and "--device cpu" in c for c in commands)
+    assert any("lab/bench/fsdp2_check.py" in c and "--device cpu" in c for c in commands)
     assert commands[0].startswith("# ") and "NCCL_NVLS_ENABLE=0" in commands[0]
     from rla.rl.runlog import read_log
 

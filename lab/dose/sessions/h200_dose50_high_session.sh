@@ -1,7 +1,7 @@
-# Device calls of the 52M high-dose cell (issue #19; configs/experiment_dose_h200_50m_high.yaml).
+# Device calls of the 52M high-dose cell (issue #19; lab/dose/configs/experiment_dose_h200_50m_high.yaml).
 #
-#   bash benchmarks/h200_dose50_high_session.sh call1 [0,1]   # warm start + probe + pick + the runs until 560 s
-#   bash benchmarks/h200_dose50_high_session.sh call2 [0,1] T # the still-warm machine: resume the runs, limit T s
+#   bash lab/dose/sessions/h200_dose50_high_session.sh call1 [0,1]   # warm start + probe + pick + the runs until 560 s
+#   bash lab/dose/sessions/h200_dose50_high_session.sh call2 [0,1] T # the still-warm machine: resume the runs, limit T s
 #
 # Call 1 makes the SFT warm start and measures every arm's step-0 k3 (3 seeds) in /tmp/d50h, picks per
 # target k3 (1e-3 .. 1e-1) the nearest dose arm into /tmp/d50h/picked_grid.yaml, and runs its 21 runs
@@ -14,7 +14,7 @@ set -u
 CALL=$1 GPUS=${2:-} T=${3:-}
 START=$(date +%s)
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-G=configs/experiment_dose_h200_50m_high.yaml D=/tmp/d50h
+G=lab/dose/configs/experiment_dose_h200_50m_high.yaml D=/tmp/d50h
 GA=${GPUS:+--gpus $GPUS}
 nvidia-smi > $OUT/nvidia-smi.txt 2>&1
 python3 -c "import sys,torch,triton,transformers;print('python',sys.version.split()[0],'torch',torch.__version__,'cuda',torch.version.cuda,'triton',triton.__version__,'transformers',transformers.__version__,'gpus',torch.cuda.device_count(),torch.cuda.get_device_name())" > $OUT/env.txt 2>&1

@@ -1,13 +1,13 @@
 # One device call of the 4M long-response dose cell (issue #19), from a carried warm start:
-#   bash benchmarks/h200_dose_long4_session.sh T [GRID] [GPUS] [PARALLEL]     # with carry: [".carry"]
-# .carry/init4.tgz is the warm start that the probe call of benchmarks/h200_dose_long_pair_session.sh made and
-# brought back (its sha256 is in experiments/dose_response_long_h200_2026-12-01/logs/commands_probe.log).
+#   bash lab/dose/sessions/h200_dose_long4_session.sh T [GRID] [GPUS] [PARALLEL]     # with carry: [".carry"]
+# .carry/init4.tgz is the warm start that the probe call of lab/dose/sessions/h200_dose_long_pair_session.sh made and
+# brought back (its sha256 is in results/experiments/dose_response_long_h200_2026-12-01/logs/commands_probe.log).
 # Runs GRID (default: the picked grid, grid_4m_40steps.yaml) one process per run over GPUS (default 0,1),
 # PARALLEL at once (default 21), time limit T s. What comes back ($OUT): commands.log, env.txt, gpu_util.csv,
 # experiment.log, d4.tgz (the experiment folder without checkpoints and weights).
-#   2026-12-01 call 3 (nvidia-h200-x2):  bash benchmarks/h200_dose_long4_session.sh 530
-#   2026-12-01 call 4 (nvidia-h200):     bash benchmarks/h200_dose_long4_session.sh 480 \
-#       experiments/dose_response_long_h200_2026-12-01/grid_4m_40steps_top.yaml 0 9
+#   2026-12-01 call 3 (nvidia-h200-x2):  bash lab/dose/sessions/h200_dose_long4_session.sh 530
+#   2026-12-01 call 4 (nvidia-h200):     bash lab/dose/sessions/h200_dose_long4_session.sh 480 \
+#       results/experiments/dose_response_long_h200_2026-12-01/grid_4m_40steps_top.yaml 0 9
 set -u
 T=$1 START=$(date +%s)
 G=${2:-experiments/dose_response_long_h200_2026-12-01/grid_4m_40steps.yaml} GPUS=${3:-0,1} P=${4:-21}

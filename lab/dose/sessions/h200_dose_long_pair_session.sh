@@ -1,10 +1,10 @@
 # Device calls of the two long-response dose cells (issue #19) on nvidia-h200-x2, both at once:
-#   4M  configs/experiment_dose_h200_long_high.yaml      -> /tmp/dlong4
-#   52M configs/experiment_dose_h200_50m_long_high.yaml  -> /tmp/dlong52
+#   4M  lab/dose/configs/experiment_dose_h200_long_high.yaml      -> /tmp/dlong4
+#   52M lab/dose/configs/experiment_dose_h200_50m_long_high.yaml  -> /tmp/dlong52
 #
-#   bash benchmarks/h200_dose_long_pair_session.sh probe        # warm starts + probes + picks; then the
+#   bash lab/dose/sessions/h200_dose_long_pair_session.sh probe        # warm starts + probes + picks; then the
 #                                                                # run-group throughput check on GPU 0
-#   bash benchmarks/h200_dose_long_pair_session.sh run K T      # both picked grids, K runs per process,
+#   bash lab/dose/sessions/h200_dose_long_pair_session.sh run K T      # both picked grids, K runs per process,
 #                                                                # time limit T s (again to resume, warm machine)
 # probe: the GPU test of rla.rl.run_group (tests/rl/test_run_group.py -k gpu); each cell's SFT warm start, step-0 probe of every arm (3 seeds) and pick of five doses, the 4M
 # cell on GPU 0 and the 52M cell on GPU 1 side by side. Then, on GPU 0, the 4M picked grid's seed-0
@@ -19,8 +19,8 @@ set -u
 CALL=$1 K=${2:-1} T=${3:-}
 START=$(date +%s)
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-G4=configs/experiment_dose_h200_long_high.yaml D4=/tmp/dlong4
-G52=configs/experiment_dose_h200_50m_long_high.yaml D52=/tmp/dlong52
+G4=lab/dose/configs/experiment_dose_h200_long_high.yaml D4=/tmp/dlong4
+G52=lab/dose/configs/experiment_dose_h200_50m_long_high.yaml D52=/tmp/dlong52
 PICK=1e-3,3e-3,1e-2,3e-2,1e-1
 L=/tmp/session_logs/$CALL; mkdir -p $L
 log() { echo "== $* ($(( $(date +%s) - START )) s, $(date -u +%FT%TZ))" >> $OUT/commands.log; }

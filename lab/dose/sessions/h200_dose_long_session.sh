@@ -1,7 +1,7 @@
-# Device calls of the long-response high-dose cell (issue #19; configs/experiment_dose_h200_long_high.yaml).
+# Device calls of the long-response high-dose cell (issue #19; lab/dose/configs/experiment_dose_h200_long_high.yaml).
 #
-#   bash benchmarks/h200_dose_long_session.sh probe [GPUS]     # warm start + probe + pick into /tmp/dlong
-#   bash benchmarks/h200_dose_long_session.sh run GPUS T       # the picked grid's 21 runs, time limit T s
+#   bash lab/dose/sessions/h200_dose_long_session.sh probe [GPUS]     # warm start + probe + pick into /tmp/dlong
+#   bash lab/dose/sessions/h200_dose_long_session.sh run GPUS T       # the picked grid's 21 runs, time limit T s
 #                                                              # (again on a warm machine to resume)
 # The probe call also returns the warm start's weights (init.tgz: the HF folder, 4.15M parameters in
 # fp32, ~16 MB) so that a later session can carry them (extract into DIR/init/) instead of making the
@@ -10,7 +10,7 @@
 set -u
 CALL=$1 GPUS=${2:-} T=${3:-}
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-G=configs/experiment_dose_h200_long_high.yaml D=/tmp/dlong
+G=lab/dose/configs/experiment_dose_h200_long_high.yaml D=/tmp/dlong
 GA=${GPUS:+--gpus $GPUS}
 python3 -c "import sys,torch,triton,transformers;print('python',sys.version.split()[0],'torch',torch.__version__,'cuda',torch.version.cuda,'triton',triton.__version__,'transformers',transformers.__version__,'gpus',torch.cuda.device_count(),torch.cuda.get_device_name())" > $OUT/env.txt 2>&1
 echo "cores $(nproc)" >> $OUT/env.txt

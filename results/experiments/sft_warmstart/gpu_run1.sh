@@ -9,7 +9,7 @@ EXTRA=${EXTRA:-}
 export PYTHONPATH=src PYTHONUNBUFFERED=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TQDM_DISABLE=1
 W=/tmp/rla_runs; rm -rf $W; mkdir -p $W
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; python3 -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__, torch.cuda.is_available())"; } > $W/env.txt 2>&1
-run() { name=$1; shift; python3 scripts/train_tiny_model.py --time-budget $B --time-limit $L --evals 3 --out $W/$name "$@" $EXTRA > $W/$name.log 2>&1; echo "$name rc=$?" >> $W/rc.txt; }
+run() { name=$1; shift; python3 lab/tools/train_tiny_model.py --time-budget $B --time-limit $L --evals 3 --out $W/$name "$@" $EXTRA > $W/$name.log 2>&1; echo "$name rc=$?" >> $W/rc.txt; }
 run tiny-qwen2-d12 --arch qwen2 --size tiny --task addition --difficulty 12 --lr 2e-3 --max-mb 10 &
 run tiny-qwen2-d15 --arch qwen2 --size tiny --task addition --difficulty 15 --lr 2e-3 --max-mb 10 &
 run tiny-qwen2-d18 --arch qwen2 --size tiny --task addition --difficulty 18 --lr 2e-3 --max-mb 10 &

@@ -19,16 +19,16 @@ def add_arguments(parser) -> None:
                         "occur (qwen2-50m__,__s0: that model's seed-0 runs)")
     parser.add_argument("--summarize-only", action="store_true", help="write summary and plots from the logs; run nothing")
     parser.add_argument("--collapse", default="reward", choices=("reward", "signal", "either"),
-                        help="collapse criterion of the dose report (grids with train_dose_bits arms; rla.rl.dose_report): "
+                        help="collapse criterion of the dose report (grids with train_dose_bits arms; lab.dose.report): "
                         "reward = final reward < 0.5 x the starting reward; signal = docs/metrics.md's signal fired")
     parser.add_argument("--probe", action="store_true",
                         help="measure every arm's step-0 mismatch (one rollout batch per model and seed, no training) "
-                        "into OUT/probe.md and OUT/probe.json; run nothing else (rla.rl.probe)")
+                        "into OUT/probe.md and OUT/probe.json; run nothing else (lab.dose.probe)")
     parser.add_argument("--probe-seeds", default=None, help="with --probe: comma-separated seeds instead of the grid's")
     parser.add_argument("--pick-doses", default=None, metavar="K3,K3,...",
                         help="with --probe: for each step-0 k3 target pick the dose arm whose probed k3 is nearest (log "
                         "scale, each arm once) and write OUT/picked_grid.yaml: the grid with its non-dose arms and "
-                        "the picked doses, for one model (rla.rl.probe.pick_doses)")
+                        "the picked doses, for one model (lab.dose.probe.pick_doses)")
 
 
 def run(args) -> int:
@@ -49,7 +49,7 @@ def run(args) -> int:
     if args.probe:
         from rla.rl.experiment import make_warm_starts
         from rla.rl.grid import matches_only
-        from rla.rl.probe import check_pick, pick_doses, probe_step0
+        from lab.dose.probe import check_pick, pick_doses, probe_step0
 
         out = Path(args.out)
         targets, picked = None, out / "picked_grid.yaml"

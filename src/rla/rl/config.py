@@ -142,7 +142,7 @@ class TrainConfig:
     )
     train_dose_bits: int | None = _f(
         None,
-        "dose of the dose-response experiment (issue #19; rla.rl.dose): with train_precision=aligned, round "
+        "dose of the dose-response experiment (issue #19; lab.dose.knob): with train_precision=aligned, round "
         "the output of every aligned region (RoPE q/k, SwiGLU, RMSNorm) to this many explicit mantissa bits "
         "(round to nearest even, bf16 exponent range; 7 = bf16 = the aligned arm), on top of the profile's "
         "rounding, so the training forward departs from the engine by a set amount. None disables",

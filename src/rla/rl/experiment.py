@@ -20,7 +20,7 @@ With ``init: sft`` in the base config, each model's supervised warm start runs o
 
 At the end (and with ``--summarize-only``) ``DIR/summary.json``, ``DIR/summary.md`` and
 ``DIR/plots/<model>.png`` are written from the runs' logs; a grid with dose arms
-(``train_dose_bits``) also gets the dose-response report (``rla.rl.dose_report``).
+(``train_dose_bits``) also gets the dose-response report (``lab.dose.report``).
 """
 
 from __future__ import annotations
@@ -165,8 +165,8 @@ def make_warm_starts(specs: list[RunSpec], out: Path, *, parallel: int = 1, dead
 def summarize(out: str | Path, grid: Grid | None = None, dose_criterion: str = "reward") -> dict:
     """``summarize_grid`` (summary.json / summary.md / plots), and for a grid with dose arms
     (``train_dose_bits``) also ``dose_report.md`` / ``.json`` and ``plots/dose_response.png``
-    (``rla.rl.dose_report``, collapse judged by ``dose_criterion``). Returns the grid summary."""
-    from rla.rl.dose_report import dose_report, is_dose_grid
+    (``lab.dose.report``, collapse judged by ``dose_criterion``). Returns the grid summary."""
+    from lab.dose.report import dose_report, is_dose_grid
 
     grid = grid if grid is not None else load_grid(Path(out) / "grid.yaml")
     summary = summarize_grid(out, grid)

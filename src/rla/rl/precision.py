@@ -24,7 +24,7 @@ Every arm keeps **fp32 master weights** in AdamW. What differs is the copy the f
 
 ``aligned`` with ``dose_bits`` (``train_dose_bits``, the dose-response experiment of
 docs/dose_response.md): the aligned copy whose region outputs are rounded further to that many
-mantissa bits (``rla.rl.dose.DoseOps``), so the training forward departs from the engine by a set
+mantissa bits (``lab.dose.knob.DoseOps``), so the training forward departs from the engine by a set
 amount.
 
 Why a compute copy rather than ``torch.autocast`` over fp32 parameters: under autocast the
@@ -129,7 +129,7 @@ class Policy:
             raise ValueError(f"dose_bits needs precision='aligned' (it rounds the aligned regions), got {precision!r}")
         region_ops = None
         if dose_bits is not None:
-            from rla.rl.dose import DoseOps
+            from lab.dose.knob import DoseOps
 
             region_ops = DoseOps(dose_bits, dose_scale)
         fwd_kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, chunk=chunk)
