@@ -7,6 +7,7 @@ probes from their ``probe.json``; timings from the calls' commands logs and the 
 from __future__ import annotations
 
 import json
+import sys
 import re
 import statistics
 from pathlib import Path
@@ -130,10 +131,19 @@ def long_calls(root: Path) -> list:
             sum(r["steps"] == 40 for r in call4)]
 
 
+def _dose_grid_loader(root: Path):
+    """``lab.dose.grid.load_dose_grid`` (a dose grid's arms carry the study's keys, which rla refuses)."""
+    for path in (str(root / "src"), str(root)):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    from lab.dose.grid import load_dose_grid
+
+    return load_dose_grid
+
+
 def long_picks(root: Path) -> list:
     """the dose arms of the two models' picked grids (the probes' picks), once if they are the same."""
-    from rla.rl.grid import load_grid
-
+    load_grid = _dose_grid_loader(root)
     got = [tuple(a for a in load_grid(root / LONG / "probe" / m / "picked_grid.yaml").arms if a not in ("bf16", "aligned"))
            for m in (TINY, BIG)]
     return [", ".join(got[0]) if got[0] == got[1] else f"{got[0]} vs {got[1]}"]
@@ -248,8 +258,7 @@ def _partial(root: Path, model: str) -> list[int]:
 
 def long_call2(root: Path) -> list:
     """call 2: 52M runs' fewest and most steps, their planned steps, mean step seconds; 4M runs' fewest and most."""
-    from rla.rl.grid import load_grid
-
+    load_grid = _dose_grid_loader(root)
     logs = _partial_logs(root, BIG)
     big, tiny = [len(log) for log in logs], _partial(root, TINY)
     times = [r["time/step_s"] for log in logs for r in log]

@@ -1,8 +1,8 @@
 """Recomputations for the dose-response folders (issue #19), for ``lab/checks/check_experiments.py``.
 
 ``results/experiments/dose_response_h200_2026-11-30``: the report is recomputed from the runs' logs by rla's
-own summariser (``rla.rl.experiment.summarize``, the code behind ``rla experiment GRID --out DIR
---summarize-only``), in a temporary copy of the folder so the check writes nothing into the
+own summariser (``lab.dose.experiment.summarize``, the code behind ``python -m lab.dose.experiment
+GRID --out DIR --summarize-only``), in a temporary copy of the folder so the check writes nothing into the
 repository. ``results/experiments/dose_calibration_cpu_2026-11-30``: step-0 k3 per arm from ``probe.json``.
 """
 
@@ -24,15 +24,17 @@ _CACHE: dict = {}
 def _report(root: Path, folder: str = DOSE) -> dict:
     key = (str(root), folder)
     if key not in _CACHE:
-        if str(root / "src") not in sys.path:
-            sys.path.insert(0, str(root / "src"))
-        from rla.rl.experiment import summarize
+        for path in (str(root / "src"), str(root)):  # rla, and the lab package
+            if path not in sys.path:
+                sys.path.insert(0, path)
+        from lab.dose.experiment import summarize
+        from lab.dose.grid import load_dose_grid
 
         with tempfile.TemporaryDirectory() as tmp:
             copy = Path(tmp) / "dose"
             shutil.copytree(root / folder, copy,
                             ignore=shutil.ignore_patterns("dose_report.*", "summary.*", "plots", "long_cell_seed0"))
-            _CACHE[key] = summarize(copy)["dose_report"]
+            _CACHE[key] = summarize(copy, load_dose_grid(copy / "grid.yaml"))["dose_report"]
     return _CACHE[key]
 
 

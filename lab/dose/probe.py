@@ -1,4 +1,4 @@
-"""Step-0 mismatch of every arm of a grid, without training: ``rla experiment GRID --probe``.
+"""Step-0 mismatch of every arm of a grid, without training: ``python -m lab.dose.experiment GRID --probe``.
 
 A run's first log line holds its step-0 mismatch: the training forward of the initial weights
 against the engine's rollouts of step 0. That number needs one rollout batch and one forward, not
@@ -16,6 +16,7 @@ Used to calibrate the dose knob (``train_dose_bits``, ``lab.dose.knob``) before 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import tempfile
@@ -26,8 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from lab.dose.report import is_dose_arm
 from rla.rl.grid import Grid, RunSpec, matches_only
+
+from lab.dose.grid import DoseGrid
+from lab.dose.report import is_dose_arm
 
 __all__ = ["probe_step0", "probe_markdown", "pick_doses", "check_pick"]
 
@@ -45,8 +48,9 @@ def _rollout_key(spec: RunSpec) -> str:
 
 
 @torch.no_grad()
-def _score(trainer, spec: RunSpec, ro) -> dict[str, Any]:
-    """Step-0 mismatch metrics of ``spec``'s training forward on the rollouts ``ro``."""
+def _score(trainer, spec: RunSpec, ro, ops=None) -> dict[str, Any]:
+    """Step-0 mismatch metrics of ``spec``'s training forward (with the ``ops=`` plug ``ops``: the
+    arm's dose) on the rollouts ``ro``."""
     from rla.metrics import mismatch
     from rla.rl.forward import make_micro_batch
     from rla.rl.precision import Policy
@@ -57,8 +61,7 @@ def _score(trainer, spec: RunSpec, ro) -> dict[str, Any]:
     master = copy.deepcopy(trainer.policy.master)
     policy = Policy(master, precision=cfg.train_precision, rollout_profile=cfg.rollout_profile,
                     align_regions=cfg.align_regions, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                    chunk=cfg.logprob_chunk, dist=trainer.dist, inv_freq=cfg.train_inv_freq,
-                    dose_bits=cfg.train_dose_bits, dose_scale=cfg.train_dose_scale)
+                    chunk=cfg.logprob_chunk, dist=trainer.dist, inv_freq=cfg.train_inv_freq, ops=ops)
     n = len(ro.responses)
     lengths = [len(ro.prompts[i]) + len(ro.responses[i]) for i in range(n)]
     before: list[np.ndarray | None] = [None] * n
@@ -75,7 +78,7 @@ def _score(trainer, spec: RunSpec, ro) -> dict[str, Any]:
             "n_tokens": int(m["mismatch/n_tokens"]), "n_seqs": n, "nonfinite_seqs": n - len(keep)}
 
 
-def probe_step0(grid: Grid, out: str | Path, *, only: str | None = None, seeds: list[int] | None = None,
+def probe_step0(grid: DoseGrid, out: str | Path, *, only: str | None = None, seeds: list[int] | None = None,
                 say=print) -> dict[str, Any]:
     """Step-0 mismatch of every run of ``grid`` (optionally ``only`` those ``rla.rl.grid.matches_only`` admits,
     and ``seeds`` instead of the grid's), written to ``out/probe.json`` and ``out/probe.md``."""
@@ -84,8 +87,7 @@ def probe_step0(grid: Grid, out: str | Path, *, only: str | None = None, seeds: 
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    g = Grid(models=grid.models, arms=grid.arms, seeds=list(seeds) if seeds else grid.seeds, base=grid.base,
-             source=grid.source)
+    g = dataclasses.replace(grid, seeds=list(seeds) if seeds else grid.seeds)
     specs = [s for s in g.runs(out) if matches_only(s.name, only)]
     groups: dict[str, list[RunSpec]] = {}
     for s in specs:
@@ -106,7 +108,7 @@ def probe_step0(grid: Grid, out: str | Path, *, only: str | None = None, seeds: 
                 t_roll = time.perf_counter() - t0
                 for s in members:
                     t1 = time.perf_counter()
-                    res = _score(trainer, s, ro)
+                    res = _score(trainer, s, ro, grid.ops_for(s.arm))
                     row = {"name": s.name, "model": s.model, "arm": s.arm, "seed": s.seed,
                            "overrides": grid.arms[s.arm], **res,
                            "reward_mean": float(ro.rewards.mean()),

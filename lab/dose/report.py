@@ -1,6 +1,6 @@
 """The dose-response report (issue #19): collapse and final reward against step-0 k3, with a threshold.
 
-Written by ``rla experiment GRID --out DIR`` (and ``--summarize-only``) when the grid has dose
+Written by ``python -m lab.dose.experiment GRID --out DIR`` (and ``--summarize-only``) when the grid has dose
 arms (``train_dose_bits``), beside the usual summary: ``DIR/dose_report.md``,
 ``DIR/dose_report.json`` and ``DIR/plots/dose_response.png``.
 

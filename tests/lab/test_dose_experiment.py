@@ -1,9 +1,10 @@
 """The dose-response experiment (issue #19): its grid files, the dose in training, and the probe.
 
 - the two grid files parse and expand to the runs their comments promise;
-- a 2-step dose arm runs end to end through ``rla experiment`` on CPU (the CI smoke of the GPU
-  grid) and the report is written;
-- ``rla experiment --probe`` reports, for every run, the step-0 k3 that the run itself logs;
+- a 2-step dose arm runs end to end through ``python -m lab.dose.experiment`` on CPU (the CI smoke
+  of the GPU grid): the dose reaches the trainer through its ``ops=`` plug, and the report is written;
+- ``--probe`` reports, for every run, the step-0 k3 that the run itself logs;
+- ``rla`` itself refuses a dose field, naming the lab's plug;
 - on the bundled model, k3 grows with the dose (fewer bits, larger scale) and 7 bits is the
   aligned arm exactly.
 """
@@ -15,9 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from rla.cli import main
-from rla.rl.grid import load_grid, matches_only
+from rla.rl.grid import matches_only
 from rla.rl.runlog import read_log
+
+from lab.dose.experiment import main as lab_main
+from lab.dose.grid import DoseGrid, load_dose_grid as load_grid
+
+
+def main(argv: list[str]) -> int:
+    """``python -m lab.dose.experiment ...`` in this process (argv as ``rla experiment`` took it)."""
+    assert argv[0] == "experiment"
+    return lab_main(argv[1:])
 
 from repo_root import ROOT  # noqa: E402
 SMALL = ROOT / "lab" / "dose" / "configs" / "experiment_dose_h200_small.yaml"
@@ -42,9 +51,10 @@ def test_small_grid_is_21_runs_of_the_bundled_model_5_doses_bf16_and_aligned(tmp
         assert c.init == "bundled" and c.task == "addition" and c.difficulty == 12 and c.steps == 100
         assert c.prompts_per_step * c.group_size == 128 and c.pi_old == "rollout" and c.rollout_profile == "vllm"
         if r.arm in doses:
-            assert c.train_precision == "aligned" and (c.train_dose_bits, c.train_dose_scale) == doses[r.arm]
+            assert c.train_precision == "aligned" and grid.ops_for(r.arm).bits == doses[r.arm][0]
+            assert grid.ops_for(r.arm).scale == doses[r.arm][1]
         else:
-            assert c.train_dose_bits is None and c.train_precision == r.arm
+            assert grid.ops_for(r.arm) is None and c.train_precision == r.arm
     # the doses are ordered: fewer bits, or the same bits at a larger scale, is a larger dose
     order = sorted(doses.values(), key=lambda d: (-d[0], d[1]))
     assert order == [doses[a] for a in ("b4x0.5", "b4", "b3x0.7", "b3", "b2x0.7")]
@@ -117,7 +127,10 @@ def test_cpu_smoke_two_step_dose_arm_runs_and_is_reported(tmp_path):
     assert main(["experiment", str(grid), "--out", str(out), "--parallel", "2"]) == 0
     logs = {arm: read_log(out / "runs" / f"micro__{arm}__s0" / "log.jsonl") for arm in ("aligned", "b2")}
     assert [len(v) for v in logs.values()] == [2, 2]
-    assert (out / "runs" / "micro__b2__s0" / "config.yaml").read_text().count("train_dose_bits: 2") == 1
+    # the dose is the run's plug, recorded beside its config, not a config field
+    assert "train_dose" not in (out / "runs" / "micro__b2__s0" / "config.yaml").read_text()
+    assert json.loads((out / "runs" / "micro__b2__s0" / "dose.json").read_text()) == {"bits": 2, "scale": 1.0}
+    assert not (out / "runs" / "micro__aligned__s0" / "dose.json").exists()
     # same weights and rollouts at step 0: the dose alone moves the training forward off the engine
     assert logs["aligned"][0]["reward/mean"] == logs["b2"][0]["reward/mean"]
     assert logs["b2"][0]["mismatch/k3"] > 10 * logs["aligned"][0]["mismatch/k3"]
@@ -135,7 +148,6 @@ def test_cpu_smoke_two_step_dose_arm_runs_and_is_reported(tmp_path):
 
 @pytest.mark.slow
 def test_on_the_bundled_model_k3_grows_with_the_dose_and_seven_bits_is_aligned(tmp_path):
-    from rla.rl.grid import Grid
     from lab.dose.probe import probe_step0
 
     arms = {"aligned": {"train_precision": "aligned"},
@@ -144,7 +156,7 @@ def test_on_the_bundled_model_k3_grows_with_the_dose_and_seven_bits_is_aligned(t
             "b2": {"train_precision": "aligned", "train_dose_bits": 2}}
     base = {"init": "bundled", "task": "addition", "difficulty": 12, "prompts_per_step": 1, "group_size": 4,
             "device": "cpu"}
-    res = probe_step0(Grid(models={"tiny": {}}, arms=arms, seeds=[0], base=base), tmp_path, say=lambda *a: None)
+    res = probe_step0(DoseGrid(models={"tiny": {}}, arms=arms, seeds=[0], base=base), tmp_path, say=lambda *a: None)
     k3 = {r["arm"]: r["k3"] for r in res["runs"]}
     assert k3["b7"] == k3["aligned"]
     assert 3 * k3["aligned"] < k3["b4x0.5"] and 10 * k3["b4x0.5"] < k3["b2"]
@@ -196,8 +208,6 @@ def test_probe_makes_the_warm_start_and_picks_the_doses_nearest_each_target(tmp_
     assert list(picked["arms"]) == ["bf16", "aligned", "b5", "b1"]
     assert picked["seeds"] == [0, 1] and list(picked["models"]) == ["micro"]
     # the picked grid is a grid: it loads, and its runs start from the same warm start
-    from rla.rl.experiment import load_grid
-
     runs = load_grid(out / "picked_grid.yaml").runs(out)
     assert {Path(r.config.init) for r in runs} == {out / "init" / "micro"}
     # a second pick does not overwrite the first
@@ -208,12 +218,11 @@ def test_probe_makes_the_warm_start_and_picks_the_doses_nearest_each_target(tmp_
 
 
 def test_pick_doses_greedy_assignment_and_refusals(tmp_path):
-    from rla.rl.grid import Grid
     from lab.dose.probe import check_pick, pick_doses
 
     arms = {"aligned": {"train_precision": "aligned"},
             **{f"d{i}": {"train_precision": "aligned", "train_dose_bits": i} for i in (1, 2, 3)}}
-    grid = Grid(models={"m": {}}, arms=arms, seeds=[0], base={"init": "bundled", "device": "cpu"})
+    grid = DoseGrid(models={"m": {}}, arms=arms, seeds=[0], base={"init": "bundled", "device": "cpu"})
     result = {"arms": [{"arm": "aligned", "k3_geomean": 1e-6}, {"arm": "d3", "k3_geomean": 1e-3},
                        {"arm": "d2", "k3_geomean": 2e-3}, {"arm": "d1", "k3_geomean": 1e-1}]}
     # order is kept: 1e-3 -> d3 (exact), 1.5e-3 -> d2, 1 -> d1, although 1.5e-3 alone is nearer d2
@@ -236,7 +245,38 @@ def test_pick_doses_greedy_assignment_and_refusals(tmp_path):
         check_pick(grid, [1e-3, -1.0])
     with pytest.raises(ValueError, match="repeat"):
         check_pick(grid, [1e-3, 1e-3])
-    two = Grid(models={"m": {}, "n": {}}, arms=arms, seeds=[0], base={"init": "bundled", "device": "cpu"})
+    two = DoseGrid(models={"m": {}, "n": {}}, arms=arms, seeds=[0], base={"init": "bundled", "device": "cpu"})
     with pytest.raises(ValueError, match="one model"):
         check_pick(two, [1e-3])
     check_pick(two, [1e-3], only="n__")
+
+
+def test_rla_refuses_a_dose_field_and_names_the_plug(tmp_path):
+    """The knob left TrainConfig: ``rla experiment`` / ``rla train`` refuse a dose, naming the lab's plug;
+    an old run config with the fields at their "off" values (every committed config.yaml) still reads."""
+    import yaml
+
+    from rla.cli import main as rla_main
+    from rla.rl.config import load_config
+    from rla.rl.grid import load_grid as rla_load_grid
+
+    with pytest.raises(ValueError, match=r"train_dose_bits=2 is no longer a TrainConfig field.*lab\.dose"):
+        rla_load_grid(_smoke_grid(tmp_path / "grid.yaml"))
+    assert rla_main(["train", "out_dir=" + str(tmp_path / "r"), "train_dose_bits=3"]) != 0
+    with pytest.raises(ValueError, match=r"train_dose_scale=0\.5 is no longer a TrainConfig field"):
+        load_config(None, ["train_dose_scale=0.5"])
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump({"init": "bundled", "train_dose_bits": None, "train_dose_scale": 1.0}))
+    assert load_config(old).init == "bundled"
+
+
+def test_the_lab_grid_refuses_a_bad_dose(tmp_path):
+    path = _smoke_grid(tmp_path / "grid.yaml")
+    path.write_text(path.read_text().replace("b2: {train_precision: aligned, train_dose_bits: 2}",
+                                             "b2: {train_precision: bf16, train_dose_bits: 2}"))
+    with pytest.raises(ValueError, match="needs train_precision=aligned"):
+        load_grid(path)
+    path.write_text(path.read_text().replace("b2: {train_precision: bf16, train_dose_bits: 2}",
+                                             "b2: {train_precision: aligned, train_dose_bits: 9}"))
+    with pytest.raises(ValueError, match=r"must be an int in \[1, 7\]"):
+        load_grid(path)

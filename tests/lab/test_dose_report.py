@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from lab.dose.report import CHI2_95, fit_threshold, run_outcome
-from rla.rl.experiment import summarize
-from rla.rl.grid import load_grid
+from lab.dose.experiment import summarize
+from lab.dose.grid import load_dose_grid as load_grid
 
 
 def newton_logistic(x, y, iters=100):
