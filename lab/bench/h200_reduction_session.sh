@@ -7,7 +7,7 @@
 # Everything lands in $OUT/results.tgz (the tool returns at most 8 files).
 set -u
 CALL=$1
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 RLA_ENGINE_CACHE=$PWD/.engine/mini
+export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1 RLA_ENGINE_CACHE=$PWD/.engine/mini
 W=$PWD/.engine/mini/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
 L=/tmp/vllm_C.so.xz
 R=$OUT/r; mkdir -p $R
@@ -44,11 +44,11 @@ elif [ "$CALL" = callD ]; then  # the fp32 q/k chain through the kernels; defaul
   stamp "lab/bench/engine_twin_h200.py --stages twin --modes default --only qwen3-h2048 qwen2-h1536"
   timeout 300 python3 lab/bench/engine_twin_h200.py --stages twin --modes default --only qwen3-h2048 qwen2-h1536 --wheel $W --out $R/default > $R/callD_twin.log 2>&1
 elif [ "$CALL" = callE ]; then  # the dose-response small grid (issue #19), 21 runs at once
-  stamp "rla experiment lab/dose/configs/experiment_dose_h200_small.yaml --out /tmp/dose --parallel 21 --time-limit 480 --grace 15"
-  timeout 570 python3 -m rla.cli experiment lab/dose/configs/experiment_dose_h200_small.yaml --out /tmp/dose --parallel 21 --time-limit 480 --grace 15 > $R/callE_experiment.log 2>&1
+  stamp "python -m lab.dose.experiment lab/dose/configs/experiment_dose_h200_small.yaml --out /tmp/dose --parallel 21 --time-limit 480 --grace 15"
+  timeout 570 python3 -m lab.dose.experiment lab/dose/configs/experiment_dose_h200_small.yaml --out /tmp/dose --parallel 21 --time-limit 480 --grace 15 > $R/callE_experiment.log 2>&1
   tar czf $R/dose_runs.tgz -C /tmp/dose --exclude='*.pt' --exclude='*.safetensors' --exclude='checkpoints' --exclude='ckpt*' .
 elif [ "$CALL" = callF ]; then  # the long-response cell of the tiny model, seed 0 only (what the budget left holds)
-  stamp "rla experiment lab/dose/configs/experiment_dose_h200.yaml --only qwen2-tiny-long__,__s0 --out /tmp/dose_long --parallel 7 --time-limit 330 --grace 15"
-  timeout 450 python3 -m rla.cli experiment lab/dose/configs/experiment_dose_h200.yaml --only qwen2-tiny-long__,__s0 --out /tmp/dose_long --parallel 7 --time-limit 330 --grace 15 > $R/callF_experiment.log 2>&1
+  stamp "python -m lab.dose.experiment lab/dose/configs/experiment_dose_h200.yaml --only qwen2-tiny-long__,__s0 --out /tmp/dose_long --parallel 7 --time-limit 330 --grace 15"
+  timeout 450 python3 -m lab.dose.experiment lab/dose/configs/experiment_dose_h200.yaml --only qwen2-tiny-long__,__s0 --out /tmp/dose_long --parallel 7 --time-limit 330 --grace 15 > $R/callF_experiment.log 2>&1
   tar czf $R/dose_long_runs.tgz -C /tmp/dose_long --exclude='*.pt' --exclude='*.safetensors' --exclude='checkpoints' --exclude='ckpt*' --exclude='model.safetensors' .
 fi

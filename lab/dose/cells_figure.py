@@ -3,7 +3,7 @@ reward relative to its start against its step-0 k3, with each cell's fitted thre
 
     python lab/dose/cells_figure.py          # -> results/experiments/dose_response_cells.png
 
-Reads only the cells' committed ``dose_report.json`` (written by ``rla experiment --summarize-only``); the
+Reads only the cells' committed ``dose_report.json`` (written by ``python -m lab.dose.experiment --summarize-only``); the
 numbers behind every point are those reports' runs. A run collapsed (criterion ``reward``) when its final
 reward fell below half its start: below the dashed line.
 """

@@ -147,7 +147,7 @@ def _by_arm(rows: list[dict], grid: Grid) -> list[dict]:
 
 def probe_markdown(result: dict) -> str:
     env = result["environment"]
-    lines = ["# Step-0 mismatch per arm (rla experiment --probe)", "",
+    lines = ["# Step-0 mismatch per arm (python -m lab.dose.experiment --probe)", "",
              f"{env.get('date')} · `{env.get('command')}` · GPU: {env.get('gpu') or 'none (CPU)'} · torch "
              f"{env.get('torch')} · transformers {env.get('transformers')}", "",
              "k3 of the training forward of the initial weights against the engine's step-0 rollouts, per seed "

@@ -13,7 +13,7 @@
 set -u
 CALL=$1 GPUS=${2:-} T=${3:-}
 START=$(date +%s)
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 G=lab/dose/configs/experiment_dose_h200_50m_high.yaml D=/tmp/d50h
 GA=${GPUS:+--gpus $GPUS}
 nvidia-smi > $OUT/nvidia-smi.txt 2>&1
@@ -21,15 +21,15 @@ python3 -c "import sys,torch,triton,transformers;print('python',sys.version.spli
 echo "cores $(nproc)" >> $OUT/env.txt
 (nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 15 > $OUT/${CALL}_gpu_util.csv 2>&1 &)
 if [ "$CALL" = call1 ]; then
-  echo "== call1 rla experiment $G --out $D --probe --pick-doses 1e-3,3e-3,1e-2,3e-2,1e-1 $GA $(date -u +%FT%TZ)" >> $OUT/commands.log
-  timeout 300 python3 -m rla.cli experiment $G --out $D --probe --pick-doses 1e-3,3e-3,1e-2,3e-2,1e-1 $GA > $OUT/probe.log 2>&1
+  echo "== call1 lab.dose.experiment $G --out $D --probe --pick-doses 1e-3,3e-3,1e-2,3e-2,1e-1 $GA $(date -u +%FT%TZ)" >> $OUT/commands.log
+  timeout 300 python3 -m lab.dose.experiment $G --out $D --probe --pick-doses 1e-3,3e-3,1e-2,3e-2,1e-1 $GA > $OUT/probe.log 2>&1
   echo "== probe exit $? after $(( $(date +%s) - START )) s" >> $OUT/commands.log
   cp $D/probe.md $D/probe.json $D/picked_grid.yaml $OUT/ 2>/dev/null
   T=$(( 560 - ($(date +%s) - START) ))
 fi
 [ -f $D/picked_grid.yaml ] || { echo "no picked grid" >> $OUT/commands.log; exit 1; }
-echo "== $CALL rla experiment $D/picked_grid.yaml --out $D --parallel 21 $GA --time-limit $T --grace 20 $(date -u +%FT%TZ)" >> $OUT/commands.log
-timeout $((T + 60)) python3 -m rla.cli experiment $D/picked_grid.yaml --out $D --parallel 21 $GA --time-limit $T --grace 20 \
+echo "== $CALL lab.dose.experiment $D/picked_grid.yaml --out $D --parallel 21 $GA --time-limit $T --grace 20 $(date -u +%FT%TZ)" >> $OUT/commands.log
+timeout $((T + 60)) python3 -m lab.dose.experiment $D/picked_grid.yaml --out $D --parallel 21 $GA --time-limit $T --grace 20 \
     > $OUT/${CALL}_experiment.log 2>&1
 echo "== $CALL exit $? $(date -u +%FT%TZ)" >> $OUT/commands.log
 tar czf $OUT/${CALL}_d50h.tgz -C $D --exclude=checkpoints --exclude='*.safetensors' --exclude='*.pt' .

@@ -18,18 +18,18 @@
 # (the experiment folder without checkpoints and weights).
 set -u
 CALL=$1 T=$2 GPUS=${3:+--gpus $3}
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1
 NOTE=
 if [ "$CALL" = call2 ]; then  # added after 9 runs of call 1 died out of GPU memory (21 processes on one H200)
   export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   NOTE="(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) "
 fi
-echo "== $CALL rla experiment lab/dose/configs/experiment_dose_h200.yaml --only qwen2-50m__ --out /tmp/dose50 --parallel 21 $GPUS --time-limit $T --grace 20 $NOTE$(date -u +%FT%TZ)" >> $OUT/commands.log
+echo "== $CALL lab.dose.experiment lab/dose/configs/experiment_dose_h200.yaml --only qwen2-50m__ --out /tmp/dose50 --parallel 21 $GPUS --time-limit $T --grace 20 $NOTE$(date -u +%FT%TZ)" >> $OUT/commands.log
 nvidia-smi > $OUT/nvidia-smi.txt 2>&1
 [ "$CALL" = call1 ] && python3 -c "import sys,torch,triton,transformers;print('python',sys.version.split()[0],'torch',torch.__version__,'cuda',torch.version.cuda,'triton',triton.__version__,'transformers',transformers.__version__,'gpus',torch.cuda.device_count(),torch.cuda.get_device_name())" > $OUT/env.txt 2>&1
 echo "cores $(nproc)" >> $OUT/env.txt
 (nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 15 > $OUT/${CALL}_gpu_util.csv 2>&1 &)
-timeout $((T + 70)) python3 -m rla.cli experiment lab/dose/configs/experiment_dose_h200.yaml --only qwen2-50m__ --out /tmp/dose50 \
+timeout $((T + 70)) python3 -m lab.dose.experiment lab/dose/configs/experiment_dose_h200.yaml --only qwen2-50m__ --out /tmp/dose50 \
     --parallel 21 $GPUS --time-limit $T --grace 20 > $OUT/${CALL}_experiment.log 2>&1
 echo "== $CALL exit $? $(date -u +%FT%TZ)" >> $OUT/commands.log
 tar czf $OUT/${CALL}_dose50.tgz -C /tmp/dose50 --exclude=checkpoints --exclude='*.safetensors' --exclude='*.pt' .

@@ -9,7 +9,7 @@
 set -u
 CALL=$1 LIMIT=$2 START=$(date +%s)
 G=results/experiments/dose_response_long52_h200_2026-12-01/grid.yaml  # (ran as results/experiments/dose_response_long_h200_2026-12-01/grid_52m_40steps.yaml, the same file) D=/tmp/dl52
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 log() { echo "== $* ($(( $(date +%s) - START )) s, $(date -u +%FT%TZ))" >> $OUT/commands.log; }
 python3 -c "import sys,torch,triton,transformers;print('python',sys.version.split()[0],'torch',torch.__version__,'cuda',torch.version.cuda,'triton',triton.__version__,'transformers',transformers.__version__,'gpus',torch.cuda.device_count(),torch.cuda.get_device_name())" > $OUT/env.txt 2>&1
 echo "cores $(nproc)" >> $OUT/env.txt
@@ -29,8 +29,8 @@ if [ "$CALL" = first ]; then
   [ $GATE = 0 ] || { log "gate failed: no grid"; exit 0; }
 fi
 T=$(( LIMIT - ($(date +%s) - START) - 40 ))
-log "$CALL: rla experiment $G --out $D --gpus 0 --parallel 21 --time-limit $T --grace 30"
-timeout $((T + 60)) python3 -m rla.cli experiment $G --out $D --gpus 0 --parallel 21 --time-limit $T --grace 30 \
+log "$CALL: lab.dose.experiment $G --out $D --gpus 0 --parallel 21 --time-limit $T --grace 30"
+timeout $((T + 60)) python3 -m lab.dose.experiment $G --out $D --gpus 0 --parallel 21 --time-limit $T --grace 30 \
     > $OUT/${CALL}_experiment.log 2>&1
 log "$CALL exit $?"
 tar czf $OUT/${CALL}_d52.tgz -C $D --exclude=checkpoints --exclude='*.safetensors' --exclude='*.pt' .

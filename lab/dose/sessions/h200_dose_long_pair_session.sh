@@ -18,7 +18,7 @@
 set -u
 CALL=$1 K=${2:-1} T=${3:-}
 START=$(date +%s)
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 G4=lab/dose/configs/experiment_dose_h200_long_high.yaml D4=/tmp/dlong4
 G52=lab/dose/configs/experiment_dose_h200_50m_long_high.yaml D52=/tmp/dlong52
 PICK=1e-3,3e-3,1e-2,3e-2,1e-1
@@ -28,12 +28,12 @@ python3 -c "import sys,torch,triton,transformers;print('python',sys.version.spli
 echo "cores $(nproc)" >> $OUT/env.txt
 (nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 10 > $OUT/${CALL}_gpu_util.csv 2>&1 &)
 if [ "$CALL" = probe ]; then
-  log "probe 4M: CUDA_VISIBLE_DEVICES=0 rla experiment $G4 --out $D4 --probe --pick-doses $PICK"
-  (CUDA_VISIBLE_DEVICES=0 timeout 420 python3 -m rla.cli experiment $G4 --out $D4 --probe --pick-doses $PICK \
+  log "probe 4M: CUDA_VISIBLE_DEVICES=0 lab.dose.experiment $G4 --out $D4 --probe --pick-doses $PICK"
+  (CUDA_VISIBLE_DEVICES=0 timeout 420 python3 -m lab.dose.experiment $G4 --out $D4 --probe --pick-doses $PICK \
       > $L/probe4.log 2>&1; log "probe 4M exit $?") &
   P4=$!
-  log "probe 52M: CUDA_VISIBLE_DEVICES=1 rla experiment $G52 --out $D52 --probe --pick-doses $PICK"
-  (CUDA_VISIBLE_DEVICES=1 timeout 540 python3 -m rla.cli experiment $G52 --out $D52 --probe --pick-doses $PICK \
+  log "probe 52M: CUDA_VISIBLE_DEVICES=1 lab.dose.experiment $G52 --out $D52 --probe --pick-doses $PICK"
+  (CUDA_VISIBLE_DEVICES=1 timeout 540 python3 -m lab.dose.experiment $G52 --out $D52 --probe --pick-doses $PICK \
       > $L/probe52.log 2>&1; log "probe 52M exit $?") &
   P52=$!
   log "gpu test: CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q tests/rl/test_run_group.py -k gpu"
@@ -53,12 +53,12 @@ yaml.safe_dump(g, open(sys.argv[2], "w"), sort_keys=False)
 EOF
     ln -s $D4/init/qwen2-tiny-long $B/proc/init/qwen2-tiny-long
     ln -s $D4/init/qwen2-tiny-long $B/group/init/qwen2-tiny-long
-    log "bench processes: CUDA_VISIBLE_DEVICES=0 rla experiment $B/grid.yaml --out $B/proc --only __s0 --parallel 7"
-    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m rla.cli experiment $B/grid.yaml --out $B/proc --only __s0 --parallel 7 \
+    log "bench processes: CUDA_VISIBLE_DEVICES=0 lab.dose.experiment $B/grid.yaml --out $B/proc --only __s0 --parallel 7"
+    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m lab.dose.experiment $B/grid.yaml --out $B/proc --only __s0 --parallel 7 \
         > $L/bench_proc.log 2>&1
     log "bench processes exit $?"
-    log "bench group: CUDA_VISIBLE_DEVICES=0 rla experiment $B/grid.yaml --out $B/group --only __s0 --parallel 1 --runs-per-process 7"
-    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m rla.cli experiment $B/grid.yaml --out $B/group --only __s0 --parallel 1 \
+    log "bench group: CUDA_VISIBLE_DEVICES=0 lab.dose.experiment $B/grid.yaml --out $B/group --only __s0 --parallel 1 --runs-per-process 7"
+    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m lab.dose.experiment $B/grid.yaml --out $B/group --only __s0 --parallel 1 \
         --runs-per-process 7 > $L/bench_group.log 2>&1
     log "bench group exit $?"
     tar czf $L/rg_bench.tgz -C $B --exclude=checkpoints --exclude='*.safetensors' --exclude=init .
@@ -69,12 +69,12 @@ else
   for D in $D4 $D52; do
     [ -f $D/picked_grid.yaml ] || { log "no $D/picked_grid.yaml"; }
   done
-  log "$CALL 4M: rla experiment $D4/picked_grid.yaml --out $D4 --gpus 0,1 --parallel 21 --runs-per-process $K --time-limit $T --grace 30"
-  (timeout $((T + 90)) python3 -m rla.cli experiment $D4/picked_grid.yaml --out $D4 --gpus 0,1 --parallel 21 \
+  log "$CALL 4M: lab.dose.experiment $D4/picked_grid.yaml --out $D4 --gpus 0,1 --parallel 21 --runs-per-process $K --time-limit $T --grace 30"
+  (timeout $((T + 90)) python3 -m lab.dose.experiment $D4/picked_grid.yaml --out $D4 --gpus 0,1 --parallel 21 \
       --runs-per-process $K --time-limit $T --grace 30 > $L/run4.log 2>&1; log "$CALL 4M exit $?") &
   P4=$!
-  log "$CALL 52M: rla experiment $D52/picked_grid.yaml --out $D52 --gpus 0,1 --parallel 21 --runs-per-process $K --time-limit $T --grace 30"
-  (timeout $((T + 90)) python3 -m rla.cli experiment $D52/picked_grid.yaml --out $D52 --gpus 0,1 --parallel 21 \
+  log "$CALL 52M: lab.dose.experiment $D52/picked_grid.yaml --out $D52 --gpus 0,1 --parallel 21 --runs-per-process $K --time-limit $T --grace 30"
+  (timeout $((T + 90)) python3 -m lab.dose.experiment $D52/picked_grid.yaml --out $D52 --gpus 0,1 --parallel 21 \
       --runs-per-process $K --time-limit $T --grace 30 > $L/run52.log 2>&1; log "$CALL 52M exit $?") &
   P52=$!
   wait $P4 $P52
