@@ -59,11 +59,10 @@ def section(text: str, heading: str) -> str:
 
 
 def readme_texts(root: Path) -> dict[str, str]:
-    """The three texts the claims are parsed from, keyed by a short name."""
+    """The two texts the claims are parsed from, keyed by a short name."""
     norm = lambda p: " ".join((root / p).read_text().split())  # noqa: E731
     return {"README": section((root / "README.md").read_text(), "## Results so far"),
-            "results/benchmarks/README": norm("results/benchmarks/README.md"),
-            "results/experiments/README": norm("results/experiments/README.md")}
+            "results/README": norm("results/README.md")}
 
 
 # ---------------------------------------------------------------- formatting
@@ -683,11 +682,11 @@ CHECKS: list[Check] = [
           r"same as the two-op chain within run-to-run noise \(its fp32 transient never set the peak\); Qwen2\.5-1\.5B\s+"
           r"keeps ([\d.]+)x at (\d\.\d+)",
           f"{QK}/e2e_fused.json", "rla-vllm / hf-bf16 tok_s and peak_gib, qwen3-1.7b then qwen2.5-1.5b", qk_step),
-    Check("fused q/k chain step (index)", "results/benchmarks/README",
+    Check("fused q/k chain step (index)", "results/README",
           r"Qwen3-1\.7B step ([\d.]+)x HF tokens/s at ([\d.]+) of its memory, the same as the two-op chain within noise; "
           r"Qwen2\.5-1\.5B ([\d.]+)x at ([\d.]+) \(no regression\)",
           f"{QK}/e2e_fused.json", "as above", qk_step),
-    Check("SGLang norm path (index)", "results/benchmarks/README",
+    Check("SGLang norm path (index)", "results/README",
           r"its norm path \(FlashInfer 0\.7\.2's CuTe-DSL kernels\): ([\d.]+)% / ([\d.]+)%, residual stream ([\d.]+)%",
           f"{SGLANG}/norm_cute/calibration.report.json", "chosen fraction of norm_weight, norm_residual, residual_stream",
           sglang_norm_points),
@@ -710,7 +709,7 @@ CHECKS: list[Check] = [
           "results/experiments/dose_response_50m_high_h200_2026-11-30/runs/*/log.jsonl.gz",
           "rla's dose report: largest fitted step-0 k3, 95% lower bound, / the 4M upper end; b1x0.7's k3 geomean; gains "
           "(mean final - mean start) of b1x0.7 and b1x1.4; aligned's gain", _dose_high),
-    Check("dose-response: 52M, high doses (index)", "results/experiments/README",
+    Check("dose-response: 52M, high doses (index)", "results/README",
           r"No run collapsed up to step-0 k3 ([\d.]+) \(threshold above ([\d.]+) at 95%, >= ([\d.]+)x the 4M one\); from k3 ([\d.e-]+) "
           r"up the reward stops improving instead \(the 4M runs unlearned there\); bf16 \(([\d.e-]+)\) gains as much as aligned\. "
           r"The doses' k3 depends on the warm start: ([\d.]+)x more than in the first 52M cell",
@@ -723,7 +722,7 @@ CHECKS: list[Check] = [
           "results/experiments/dose_response_long_h200_2026-12-01/{runs,probe,run_group_bench}",
           "rla's dose report of the long cell: largest fitted k3, 95% lower bound / the short 4M k3_50; aligned's gain; "
           "b1x2's k3; bf16 geomeans 4M (runs) and 52M (probe); threads / processes step time", _dose_long_readme),
-    Check("dose-response: long cell (index)", "results/experiments/README",
+    Check("dose-response: long cell (index)", "results/README",
           r"4M: no collapse up to step-0 k3 ([\d.]+) in 40 steps \(threshold above ([\d.]+) at 95%, (\d+)x the short cell's\); "
           r"reward gain falls with the dose, below zero from k3 ([\d.]+); bf16 ([\d.e-]+), aligned ([\d.e-]+)\. 52M: probed here "
           r"\(bf16 ([\d.e-]+); its runs: next row\)\. Several runs as threads of one process: ([\d.]+)x slower than processes",
@@ -735,7 +734,7 @@ CHECKS: list[Check] = [
           r"decoded with HF's attention, gave ([\d.e-]+)\)", "results/experiments/dose_response_long52_h200_2026-12-01/runs, "
           "results/experiments/dose_response_long_h200_2026-12-01/runs", "largest fitted k3; 95% lower bound; -b1x4's gain, its k3 "
           "geomean; aligned log lines (all k3 0); the 4M long aligned geomean", _dose_long52_readme),
-    Check("dose-response: the 52M long cell (index)", "results/experiments/README",
+    Check("dose-response: the 52M long cell (index)", "results/README",
           r"No collapse up to step-0 k3 ([\d.]+) in 40 steps \(threshold above ([\d.]+) at 95%\); the gain falls with the dose, "
           r"to -([\d.]+) at k3 ([\d.]+); bf16 ([\d.e-]+) gains as much as aligned, whose k3 is exactly 0 in all (\d+) steps",
           "results/experiments/dose_response_long52_h200_2026-12-01/runs", "as above; bf16's step-0 k3 geomean", _dose_long52_index),
@@ -808,43 +807,43 @@ CHECKS: list[Check] = [
     Check("FSDP2", "README", r"at ([\d.]+)x the baseline's tokens/s and ([\d.]+)x its memory per GPU",
           "results/benchmarks/h200x2_2026-11-29_fsdp2/check/fsdp2_check.json", "aligned / baseline: tok/s per GPU (mean of ranks), peak GiB (max of ranks)",
           fsdp2),
-    # ---- results/benchmarks/README headlines
-    Check("[bench] calibration headline", "results/benchmarks/README", r"every point ([\d.]+)-([\d.]+)%; RoPE tables (\d+)%",
+    # ---- results/README headlines: benchmarks
+    Check("[bench] calibration headline", "results/README", r"every point ([\d.]+)-([\d.]+)%; RoPE tables (\d+)%",
           CAL + f", {TWIN}/rope_tables.json", "as the README checks above",
           lambda root: calib_chosen(root) + rope_tables(root)[:1]),
-    Check("[bench] default mode", "results/benchmarks/README", r"default mode (\d+)-(\d+)% bit-equal logits",
+    Check("[bench] default mode", "results/README", r"default mode (\d+)-(\d+)% bit-equal logits",
           f"{TWIN}/twin_default.json", "as above", lambda root: _multi_token_rla(root, "default")[:2]),
-    Check("[bench] e2e cost", "results/benchmarks/README", r"new points cost 1\.5B ([\d.]+)-([\d.]+)% tokens/s",
+    Check("[bench] e2e cost", "results/README", r"new points cost 1\.5B ([\d.]+)-([\d.]+)% tokens/s",
           f"{TWIN}/e2e_*", "as above", e2e_cost),
-    Check("[bench] reduction order headline", "results/benchmarks/README",
+    Check("[bench] reduction order headline", "results/README",
           r"every eager point (\d+)%; aligned model with rla's kernels bit-equal to the vLLM-eager twin in (\d+) of (\d+) cases; step ([\d.]+)-([\d.]+)x HF \(1\.5B\), Liger ([\d.]+)-([\d.]+)x; fused fp32_carry add: ([\d.]+)x of the step before",
           f"{ORDER}/*", "as the README checks above",
           order_headline),
-    Check("[bench] engine-backed default mode", "results/benchmarks/README",
+    Check("[bench] engine-backed default mode", "results/README",
           r"bit-equal to the default-mode twin in (\d+) of \d+ cases; rla's own kernels ([\d.]+)-([\d.]+)%; step ([\d.]+)x / ([\d.]+)x HF tokens/s \(1\.5B / 7B\) at ([\d.]+) / ([\d.]+) of its memory",
           f"{FORWARD}/twin_default.json, e2e.json", "as the README's checks", lambda root: forward_twin(root) + forward_e2e(root)),
-    Check("[bench] SGLang kernels", "results/benchmarks/README",
+    Check("[bench] SGLang kernels", "results/README",
           r"q/k-norm kernels: ([\d.]+)% / ([\d.]+)% / ([\d.]+)%, every rest explained \(FMA: (\d+)% with it",
           f"{SGLANG}/calibration.report.json, rest_diagnosis.json", "rope_apply, swiglu, qk_norm_out chosen fractions; the FMA model over RoPE",
           lambda root: [sglang_points(root)[i] for i in (0, 2, 3, 1)]),
-    Check("[bench] sampler", "results/benchmarks/README", r"(\d+)k tok/s on the bundled model, ([\d.]+)x plain HF generate in one call per arm \(an earlier call: ([\d.]+)x\)",
+    Check("[bench] sampler", "results/README", r"(\d+)k tok/s on the bundled model, ([\d.]+)x plain HF generate in one call per arm \(an earlier call: ([\d.]+)x\)",
           "results/benchmarks/ops_inductor_sampler_h200_2026-11-29/sampler_bundled.json, logs/s2_call1_sampler_bundled_prefix.json", "as above",
           lambda root: sampler(root) + sampler_earlier(root)),
-    Check("[bench] session 3 e2e", "results/benchmarks/README", r"e2e ([\d.]+)x / ([\d.]+)x HF tokens/s",
+    Check("[bench] session 3 e2e", "results/README", r"e2e ([\d.]+)x / ([\d.]+)x HF tokens/s",
           "results/benchmarks/e2e_align_ops_isolated_h200_2026-11-29/call5_e2e.json", "rla-vllm / hf-bf16 tok_s (1.5B, 7B)", e2e_29c),
-    Check("[bench] session 4 e2e and Liger", "results/benchmarks/README", r"e2e ([\d.]+)x / ([\d.]+)x HF, Liger ([\d.]+)x / ([\d.]+)x",
+    Check("[bench] session 4 e2e and Liger", "results/README", r"e2e ([\d.]+)x / ([\d.]+)x HF, Liger ([\d.]+)x / ([\d.]+)x",
           f"{SESSION4}/call2_e2e_liger.json", "rla-vllm / hf-bf16 and liger / hf-bf16 tok_s (one call)", e2e_session4_and_liger),
-    Check("[bench] FSDP2", "results/benchmarks/README", r"unsharded; ([\d.]+)x baseline tokens/s",
+    Check("[bench] FSDP2", "results/README", r"unsharded; ([\d.]+)x baseline tokens/s",
           "results/benchmarks/h200x2_2026-11-29_fsdp2/check/fsdp2_check.json", "as above", lambda root: fsdp2(root)[:1]),
-    Check("[bench] mutation report", "results/benchmarks/README", r"(\d+) of (\d+) named mutations caught",
+    Check("[bench] mutation report", "results/README", r"(\d+) of (\d+) named mutations caught",
           "results/mutation_report.md", "rows with status killed; rows", mutations),
-    # ---- results/experiments/README headlines
-    Check("[exp] GRPO", "results/experiments/README", r"aligning cuts k3 ([\d.]+)x / ([\d.]+)x at step 0; a rounded-`inv_freq` trainer collapsed in (\d+) of (\d+) runs",
+    # ---- results/README headlines: experiments
+    Check("[exp] GRPO", "results/README", r"aligning cuts k3 ([\d.]+)x / ([\d.]+)x at step 0; a rounded-`inv_freq` trainer collapsed in (\d+) of (\d+) runs",
           f"{GRPO}/runs/*/log.jsonl.gz", "as the README checks above", lambda root: k3_ratio("step0")(root) + invfreq_collapse(root)),
-    Check("[exp] demo 2k CPU", "results/experiments/README", r"([\d.]+)% of k3 removed at ([\d,]+) tokens, RoPE's Shapley share ([\d.]+)%",
+    Check("[exp] demo 2k CPU", "results/README", r"([\d.]+)% of k3 removed at ([\d,]+) tokens, RoPE's Shapley share ([\d.]+)%",
           "results/experiments/demo_2k_cpu_2026-11-29/report.json", "as above",
           lambda root: (lambda v: [v[1], v[0], v[2]])(demo_2k("demo_2k_cpu_2026-11-29", True)(root))),
-    Check("[exp] demo 2k H200", "results/experiments/README", r"\| (\d+)% removed, RoPE (\d+)% \|",
+    Check("[exp] demo 2k H200", "results/README", r"\| (\d+)% removed, RoPE (\d+)% \|",
           "results/experiments/demo_2k_h200_2026-11-29/report.json", "as above", demo_2k("demo_2k_h200_2026-11-29", False)),
 ]
 

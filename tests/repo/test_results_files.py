@@ -1,6 +1,6 @@
 """Every results file carries its stamp: GPU, versions, date and command.
 
-What a *results file* is (the rule this test enforces; ``results/benchmarks/README.md`` states it
+What a *results file* is (the rule this test enforces; ``results/README.md`` states it
 for people):
 
 * Results folders: ``results/benchmarks/`` and everything below it, every ``results/experiments/<name>/``
