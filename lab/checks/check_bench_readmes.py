@@ -2,8 +2,9 @@
 
     python lab/checks/check_bench_readmes.py          # the table; exit 1 on any MISMATCH
 
-Every table row is compared cell by cell at the written precision (``lab/checks/readme_tables.py``);
-a README row the files do not produce is a mismatch. The session folders' paths are the constants
+Every marked table row (``lab/checks/render.py``'s markers, ``lab/checks/readme_tables.py``) is
+rendered from the files and compared with what its markers hold; a marked row the files do not
+produce is a mismatch. The session folders' paths are the constants
 of ``lab/checks/check_results.py`` (one place to rename them).
 """
 
@@ -268,49 +269,39 @@ def decode_attention_table(root):
 R = lambda folder: f"{folder}/README.md"  # noqa: E731
 
 TABLES: list[TableCheck] = [
-    TableCheck("decode attention", f"{DECODE_ATTN}.md", "| model | model attention", f"{DECODE_ATTN}.json",
+    TableCheck("decode attention", f"{DECODE_ATTN}.md", f"{DECODE_ATTN}.json",
                "rows: seconds_per_generate of each arm, speedup, captured graphs, peak_gib", decode_attention_table),
-    TableCheck("SGLang 0.5.23 calibration", R(SGLANG), "| point | choice | evidence | fraction equal per choice",
-               f"{SGLANG}/calibration.report.json", "choice, evidence, 100 x fraction per choice, max ulp", sglang_points),
-    TableCheck("SGLang 0.5.23 norm path (CuTe-DSL)", R(SGLANG), "| point (norm path) | choice | evidence",
-               f"{SGLANG}/norm_cute/calibration.report.json", "choice, evidence, 100 x fraction per choice, max ulp",
+    TableCheck("SGLang 0.5.23 calibration", R(SGLANG), f"{SGLANG}/calibration.report.json", "choice, evidence, 100 x fraction per choice, max ulp", sglang_points),
+    TableCheck("SGLang 0.5.23 norm path (CuTe-DSL)", R(SGLANG), f"{SGLANG}/norm_cute/calibration.report.json", "choice, evidence, 100 x fraction per choice, max ulp",
                lambda root: sglang_points(root, "norm_cute/calibration.report.json",
                                           ("norm_weight", "norm_residual", "residual_stream", "norm_reduction"))),
-    TableCheck("fused q/k norm + RoPE e2e", R(QK), "| model | variant | tok/s | vs hf-bf16 | peak GiB | vs hf-bf16 |",
-               f"{QK}/e2e_fused.json", "tok/s, / hf-bf16 tok/s, peak GiB, / hf-bf16 peak", qk_e2e, key_cols=2),
-    TableCheck("fused vs two-op q/k chain, alternating", R(QK), "| run | chain | tok/s | peak GiB |",
-               f"{QK}/e2e_alternating_*.json", "chain by run (odd: fused), tok/s, peak GiB", qk_alternating),
-    TableCheck("SGLang 0.5.23 rest", R(SGLANG), "| kernel | elements | differ from the chosen rounding",
-               f"{SGLANG}/rest_diagnosis.json", "element counts", sglang_rest),
+    TableCheck("fused q/k norm + RoPE e2e", R(QK), f"{QK}/e2e_fused.json", "tok/s, / hf-bf16 tok/s, peak GiB, / hf-bf16 peak", qk_e2e),
+    TableCheck("fused vs two-op q/k chain, alternating", R(QK), f"{QK}/e2e_alternating_*.json", "chain by run (odd: fused), tok/s, peak GiB", qk_alternating),
+    TableCheck("SGLang 0.5.23 rest", R(SGLANG), f"{SGLANG}/rest_diagnosis.json", "element counts", sglang_rest),
     TableCheck("engine-backed default mode vs the twin", R(FORWARD),
-               "| model | batch x tokens @ first position | hf | rla-fused | rla-reference | vllm-pieces |",
                f"{FORWARD}/twin_default.json", "% of logits bit-equal / k3 per side",
-               _twin("default", ("hf", "rla-fused", "rla-reference", "vllm-pieces"), FORWARD), key_cols=2),
-    TableCheck("engine-backed default mode e2e", R(FORWARD), "| model | variant | batch x seq | tok/s | vs hf-bf16 | peak GiB | vs hf-bf16 |",
-               f"{FORWARD}/e2e.json", "batch x seq, tok/s, / hf-bf16, peak GiB, / hf-bf16", forward_e2e, key_cols=2),
-    TableCheck("reduction order e2e", R(ORDER), "| model | variant | tok/s vs HF, run 1", f"{ORDER}/e2e_*.json",
-               "tok_s / hf-bf16 tok_s in the same run (runs 1, 2); peak_gib / hf-bf16 (run 1)", order_e2e, key_cols=2),
-    TableCheck("session 3 e2e", R(D29C), "| model | variant | batch | tok/s", f"{D29C}/call5_e2e.json",
-               "per model and variant: batch x seq, tok_s, tok_s / HF bf16's, peak_gib, peak_gib / HF bf16's", session3_e2e, key_cols=2),
-    TableCheck("session 3 per-op", R(D29C), "| op | eager fwd+bwd rla / Liger", f"{D29C}/call{{3,5}}_ops_isolated.json, call4_ops_rope_*.json",
+               _twin("default", ("hf", "rla-fused", "rla-reference", "vllm-pieces"), FORWARD)),
+    TableCheck("engine-backed default mode e2e", R(FORWARD), f"{FORWARD}/e2e.json", "batch x seq, tok/s, / hf-bf16, peak GiB, / hf-bf16", forward_e2e),
+    TableCheck("reduction order e2e", R(ORDER), f"{ORDER}/e2e_*.json",
+               "tok_s / hf-bf16 tok_s in the same run (runs 1, 2); peak_gib / hf-bf16 (run 1)", order_e2e),
+    TableCheck("session 3 e2e", R(D29C), f"{D29C}/call5_e2e.json",
+               "per model and variant: batch x seq, tok_s, tok_s / HF bf16's, peak_gib, peak_gib / HF bf16's", session3_e2e),
+    TableCheck("session 3 per-op", R(D29C), f"{D29C}/call{{3,5}}_ops_isolated.json, call4_ops_rope_*.json",
                "per run: rla / liger fwd_bwd_ms and graph_fwd_bwd_ms; rla graph_fwd_ms and fwd_ms / floor_fwd_ms; call 3: rla / hf",
                session3_per_op),
-    TableCheck("session 4 e2e next to Liger", R(D29), "| model | shape | HF bf16 tok/s", f"{D29}/call2_e2e_liger.json, call2_e2e_1x512.json",
-               "tok_s and tok_s / HF bf16's of rla-vllm and liger; peak_gib of the three", session4_e2e, key_cols=2),
-    TableCheck("session 4 RoPE variants", R(D29), "| arm | fwd ms | fwd+bwd ms", f"{D29}/call1_rope_variants.json",
+    TableCheck("session 4 e2e next to Liger", R(D29), f"{D29}/call2_e2e_liger.json, call2_e2e_1x512.json",
+               "tok_s and tok_s / HF bf16's of rla-vllm and liger; peak_gib of the three", session4_e2e),
+    TableCheck("session 4 RoPE variants", R(D29), f"{D29}/call1_rope_variants.json",
                "fwd_ms, fwd_bwd_ms, fwd_ms / fwd_floor_ms per arm; ranges min-max over the arms a row names", rope_variants),
-    TableCheck("FSDP2 throughput", R(FSDP2), "| variant | tok/s per GPU", f"{FSDP2}/check/fsdp2_check.json",
+    TableCheck("FSDP2 throughput", R(FSDP2), f"{FSDP2}/check/fsdp2_check.json",
                "tokens_per_s_per_gpu_mean, peak_mem_gib_max, rank 0's step_s_median", fsdp2_throughput),
-    TableCheck("FSDP2 GRPO", R(FSDP2), "| arm | step-0 k3 | mean k3 (4 steps)", f"{FSDP2}/train_{{aligned,bf16}}/log.jsonl",
+    TableCheck("FSDP2 GRPO", R(FSDP2), f"{FSDP2}/train_{{aligned,bf16}}/log.jsonl",
                "step-0 k3; mean k3 over steps; step-0 abs mean; step-0 ratio min, max; mean time/train_s of steps 1-3; max memory/peak_mb / 1024",
                fsdp2_grpo),
-    TableCheck("twin default mode", R(TWIN), "| model | batch x tokens @ first position | hf | rla-fused | rla-reference |",
-               f"{TWIN}/twin_default.json", "per case and side: 100 logits_equal, k3", _twin("default", ["hf", "rla-fused", "rla-reference"]),
-               key_cols=2),
-    TableCheck("twin eager mode", R(TWIN), "| model | batch x tokens @ first position | hf | rla-fused | rla-reference | vllm-kernels |",
-               f"{TWIN}/twin_eager.json", "per case and side: 100 logits_equal, k3",
-               _twin("eager", ["hf", "rla-fused", "rla-reference", "vllm-kernels"]), key_cols=2),
-    TableCheck("RoPE tables vs vLLM's cache", R(TWIN), "| model | positions | rope_inv_freq", f"{TWIN}/rope_tables.json",
+    TableCheck("twin default mode", R(TWIN), f"{TWIN}/twin_default.json", "per case and side: 100 logits_equal, k3", _twin("default", ["hf", "rla-fused", "rla-reference"])),
+    TableCheck("twin eager mode", R(TWIN), f"{TWIN}/twin_eager.json", "per case and side: 100 logits_equal, k3",
+               _twin("eager", ["hf", "rla-fused", "rla-reference", "vllm-kernels"])),
+    TableCheck("RoPE tables vs vLLM's cache", R(TWIN), f"{TWIN}/rope_tables.json",
                "positions; 100 fp32_equal, 100 bf16_equal", rope_tables),
 ]
 PROSE: list = []

@@ -6,9 +6,9 @@ GRPO folders are read the way ``rla experiment GRID --out DIR --summarize-only``
 grid (``rla.rl.grid.load_grid``), each run's log (``rla.rl.runlog.read_log``), its summary
 (``rla.rl.runlog.summarize`` with the run's own ``collapse_window``) and the statistics over seeds
 (``rla.rl.experiment_summary.stats``: mean, **sample** std with ddof=1). Demo folders are read
-from their ``report.json``. Each check names its statistic; the written number is parsed out of
-the README (tables cell by cell, prose by one regex) and compared at its own precision
-(``lab/checks/readme_tables.py``).
+from their ``report.json``. Each check names its statistic; each number the README cites stands
+between render markers (``lab/checks/render.py``), prose by claim, tables by row
+(``lab/checks/readme_tables.py``), and must equal its value rendered from the files.
 """
 
 from __future__ import annotations
@@ -56,53 +56,53 @@ R = lambda folder: f"{folder}/README.md"  # noqa: E731
 LOGS = "runs/*/log.jsonl[.gz] via rla.rl.runlog.read_log/summarize"
 
 TABLES: list[TableCheck] = [
-    TableCheck("GRPO H200 table", R(GRPO), "| model | arm | step-0 k3", f"{GRPO}/{LOGS}",
+    TableCheck("GRPO H200 table", R(GRPO), f"{GRPO}/{LOGS}",
                "mean over seeds (step-0 k3, k3 over training, step-0 clip leak %, best 5-step reward); "
-               "final reward mean ± sample std (ddof=1); seeds whose collapse signal fired / seeds", grpo_table, key_cols=2),
-    TableCheck("GRPO pilot table", R(PILOT), "| arm (qwen2-tiny, 3 seeds)", f"{PILOT}/{LOGS}",
+               "final reward mean ± sample std (ddof=1); seeds whose collapse signal fired / seeds", grpo_table),
+    TableCheck("GRPO pilot table", R(PILOT), f"{PILOT}/{LOGS}",
                "means over seeds; final (last 5 steps) and best 5-step reward; collapse: runs fired / runs, seed and first step",
                pilot_table),
-    TableCheck("inv_freq / IS CPU table", R(INVFREQ_CPU), "| arm | what the update does", f"{INVFREQ_CPU}/{LOGS}",
+    TableCheck("inv_freq / IS CPU table", R(INVFREQ_CPU), f"{INVFREQ_CPU}/{LOGS}",
                "seeds with logs; mean over seeds of the step-0 reward and the final (last 5 steps) reward; MIS: lowest trailing "
                "5-step mean and its step; collapsed: a trailing 5-step mean reward below 0.05", invfreq_table),
-    TableCheck("lr 3e-5 probe table", R(LR3E5), "| step | bf16 reward", f"{LR3E5}/{{bf16,aligned}}/log.jsonl",
+    TableCheck("lr 3e-5 probe table", R(LR3E5), f"{LR3E5}/{{bf16,aligned}}/log.jsonl",
                "per step: reward/mean, mismatch/k3, train/clip_frac of each arm's log", lr3e5_table),
-    TableCheck("demo 2k CPU table", R(DEMO_CPU), "| aligned regions | k3", f"{DEMO_CPU}/report.json",
+    TableCheck("demo 2k CPU table", R(DEMO_CPU), f"{DEMO_CPU}/report.json",
                "metrics[regions]: k3, abs/mean, 100 clip_leak/0.2", demo_table(DEMO_CPU)),
-    TableCheck("demo 2k H200 table", R(DEMO_H200), "| aligned regions | k3", f"{DEMO_H200}/report.json",
+    TableCheck("demo 2k H200 table", R(DEMO_H200), f"{DEMO_H200}/report.json",
                "metrics[regions]: k3, abs/mean, 100 clip_leak/0.2", demo_table(DEMO_H200)),
-    TableCheck("SFT warm-start table", R(SFT), "| run | params", f"{SFT}/runs/<run>.md",
+    TableCheck("SFT warm-start table", R(SFT), f"{SFT}/runs/<run>.md",
                "each run's record: parameters / 1e6, mean correct response tokens, steps done (and planned), calibrated "
                "ms/step, final loss, held-out greedy / sampled (fp32 master; bf16 saved in parentheses)", sft_table),
-    TableCheck("dose-response table", R(DOSE), "| arm | step-0 k3 (geomean)", f"{DOSE}/{LOGS}",
+    TableCheck("dose-response table", R(DOSE), f"{DOSE}/{LOGS}",
                "rla's dose report recomputed from the logs: geometric mean of step-0 k3; collapsed / scored runs; "
                "collapse signal / runs; reward start mean -> final mean ± sample std", dose_table),
-    TableCheck("dose long cell table", R(DOSE), "| arm | step-0 k3, counting, 1,027 tokens", f"{DOSE_LONG}/{LOGS}, {DOSE}/{LOGS}",
+    TableCheck("dose long cell table", R(DOSE), f"{DOSE_LONG}/{LOGS}, {DOSE}/{LOGS}",
                "the long cell's seed-0 step-0 k3; the short cell's geometric mean over 3 seeds (rla's dose report)", dose_long_table),
-    TableCheck("dose 52M table", R(DOSE), "| arm (52M)", f"{DOSE}/{LOGS}",
+    TableCheck("dose 52M table", R(DOSE), f"{DOSE}/{LOGS}",
                "rla's dose report recomputed from the logs, cell qwen2-50m: as the dose-response table; logged steps of "
                "seeds 0, 1, 2", dose50_table),
-    TableCheck("dose k3 by cell table", R(DOSE), "| arm | step-0 k3, 4M", f"{DOSE}/{LOGS}",
+    TableCheck("dose k3 by cell table", R(DOSE), f"{DOSE}/{LOGS}",
                "rla's dose report: geometric mean of step-0 k3 over seeds per cell (qwen2-tiny, qwen2-50m); their ratio",
                dose_k3_by_cell),
-    TableCheck("dose calibration table", R(DOSE_CAL), "| arm | bits | scale", f"{DOSE_CAL}/probe.json",
+    TableCheck("dose calibration table", R(DOSE_CAL), f"{DOSE_CAL}/probe.json",
                "geometric mean over seeds of step-0 k3; per seed in seed order", dose_calibration_table),
-    TableCheck("dose 52M high probe table", R(DOSE_HIGH), "| arm | bits | scale", f"{DOSE_HIGH}/probe.json",
+    TableCheck("dose 52M high probe table", R(DOSE_HIGH), f"{DOSE_HIGH}/probe.json",
                "geometric mean over seeds of step-0 k3; per seed in seed order", dose_high_probe_table),
-    TableCheck("dose long probe table", R(LONG), "| arm | step-0 k3, 4M long", f"{LONG}/probe/*/probe.json",
+    TableCheck("dose long probe table", R(LONG), f"{LONG}/probe/*/probe.json",
                "geometric mean over 3 seeds of the probe's step-0 k3, 4M then 52M", long_probe_table),
-    TableCheck("dose long table", R(LONG), "| arm | step-0 k3 (geomean) | collapsed", f"{LONG}/{LOGS}",
+    TableCheck("dose long table", R(LONG), f"{LONG}/{LOGS}",
                "rla's dose report recomputed from the logs: as the dose-response table; gain = mean final - mean "
                "starting reward", long_table),
-    TableCheck("dose long: bf16 by cell", R(LONG), "| cell | task, response tokens", f"{{{DOSE},{DOSE_HIGH},{LONG}}}",
+    TableCheck("dose long: bf16 by cell", R(LONG), f"{{{DOSE},{DOSE_HIGH},{LONG}}}",
                "bf16 and aligned step-0 k3 geomeans per cell (dose reports; the 52M long cell: its probe.json)", long_bf16_cells),
-    TableCheck("dose long: run-group bench", R(LONG), "| layout | steady", f"{LONG}/run_group_bench/*/runs, logs/call1_commands.log",
+    TableCheck("dose long: run-group bench", R(LONG), f"{LONG}/run_group_bench/*/runs, logs/call1_commands.log",
                "median step 0 of the thread layout; mean time/step_s of steps 1-2 over 7 runs, and / 7; the commands "
                "log's start-to-exit seconds", long_bench_table),
-    TableCheck("dose long 52M table", R(LONG52), "| arm | step-0 k3 (geomean) | collapsed", f"{LONG52}/{LOGS}",
+    TableCheck("dose long 52M table", R(LONG52), f"{LONG52}/{LOGS}",
                "rla's dose report recomputed from the logs: as the dose-response table (an arm whose runs all have k3 = 0 "
                "written as such); gain = mean final - mean starting reward; logged steps of seeds 0-2", long52_table),
-    TableCheck("dose 52M high table", R(DOSE_HIGH), "| arm | step-0 k3 (geomean) | collapsed", f"{DOSE_HIGH}/{LOGS}",
+    TableCheck("dose 52M high table", R(DOSE_HIGH), f"{DOSE_HIGH}/{LOGS}",
                "rla's dose report recomputed from the logs: as the dose-response table; gain = mean final - mean "
                "starting reward", dose_high_table),
 ]
@@ -110,324 +110,222 @@ TABLES: list[TableCheck] = [
 PROSE: list = [
     # ---- dose-response, the long cells
     Check("dose long: warm starts", R(LONG),
-          r"stopped at step (\d+) \((\d+) s\), greedy ([\d.]+), sampled ([\d.]+);.*?stopped at step (\d+) \((\d+) s\), "
-          r"greedy ([\d.]+), sampled ([\d.]+)", f"{LONG}/init/*/sft.json", "steps_done, wall_time_s, the last "
+          f"{LONG}/init/*/sft.json", "steps_done, wall_time_s, the last "
           "evaluation's greedy and sampled accuracy, 4M then 52M", long_warm_starts),
-    Check("dose long: sizes", R(LONG), r"`qwen2-tiny-long` \(([\d,]+) parameters\).*?\(hidden (\d+), (\d+) layers\)",
-          f"{LONG}/{{dose_report.json,init/qwen2-50m-long/config.json}}", "parameters; hidden size, layers", long_sizes),
+    Check("dose long: sizes", R(LONG), f"{LONG}/{{dose_report.json,init/qwen2-50m-long/config.json}}", "parameters; hidden size, layers", long_sizes),
     Check("dose long: the calls", R(LONG),
-          r"call 1's commands ran (\d+) s, call 3's (\d+) s \((\d+) of (\d+) steps: (\d+) runs finished 40 steps, (\d+) "
-          r"were stopped at (\d+)-(\d+) by the time limit\), call 4's (\d+) s \(all (\d+) runs",
           f"{LONG}/logs/call*_commands.log, {LONG}/{LOGS}", "the commands logs' last stamp; steps per run", long_calls),
-    Check("dose long: the picks", R(LONG), r"For both models the pick \(targets [^)]*\) chose (.+?)\. ## What happened",
-          f"{LONG}/probe/*/picked_grid.yaml", "the dose arms of both picked grids (equal)", long_picks),
+    Check("dose long: the picks", R(LONG), f"{LONG}/probe/*/picked_grid.yaml", "the dose arms of both picked grids (equal)", long_picks),
     Check("dose long: no collapse", R(LONG),
-          r"no run of (\d+) \(dose and aligned arms\) collapsed, and at 95% \(profile likelihood\) the threshold lies "
-          r"above k3 = ([\d.]+), (\d+)x the short 4M cell's k3_50 \(([\d.]+)\)\. At b1x4 .*? off by ([\d.]+) nats",
           f"{{{LONG},{DOSE}}}/{LOGS}, {LONG}/probe/qwen2-tiny-long/probe.json", "the fits (rla's dose report); "
           "b1x4's probe abs_mean", long_no_collapse),
-    Check("dose long: largest k3", R(LONG), r"No run collapsed, up to step-0 k3 ([\d.]+)\.", f"{LONG}/{LOGS}",
+    Check("dose long: largest k3", R(LONG), f"{LONG}/{LOGS}",
           "largest step-0 k3 of the fitted runs", long_max_k3),
     Check("dose long: the short cell at step 40", R(LONG),
-          r"already finds (\d) of 3 b3 runs \(k3 ([\d.]+)\) and (\d) of 3 b2x0\.7 runs \(k3 ([\d.]+)\) collapsed\. Here, "
-          r"at 40 steps, none of (\d+) runs up to k3 ([\d.]+) did", f"{{{DOSE},{LONG}}}/{LOGS}",
+          f"{{{DOSE},{LONG}}}/{LOGS}",
           "short 4M runs whose steps 35-39 mean reward is below half their steps 0-4 mean; k3 geomeans; fitted runs "
           "here and their largest k3", long_vs_short_at_40),
     Check("dose long: gains", R(LONG),
-          r"\+([\d.]+) \(aligned\), \+([\d.]+) at k3 ([\d.e-]+), \+([\d.]+) at ([\d.e-]+), \+([\d.]+) at ([\d.]+), and "
-          r"from k3 ([\d.]+) up the reward ends below where it started \((-[\d.]+), (-[\d.]+), (-[\d.]+)\)",
           f"{LONG}/{LOGS}", "mean final - mean start reward per arm with its step-0 k3 geomean", long_gains),
-    Check("dose long: at 1e-3", R(LONG), r"b2x0\.7 at ([\d.e-]+): \+([\d.]+); b2 at ([\d.e-]+): \+([\d.]+)\)",
-          f"{LONG}/{LOGS}", "step-0 k3 geomean and gain", long_at_1e3),
+    Check("dose long: at 1e-3", R(LONG), f"{LONG}/{LOGS}", "step-0 k3 geomean and gain", long_at_1e3),
     Check("dose long: bf16", R(LONG),
-          r"bf16's step-0 k3 \(([\d.e-]+)\) is (\d+)x aligned's and (\d+)x below the smallest dose \(([\d.e-]+)\); its "
-          r"gain \(\+([\d.]+)\) is aligned's \(\+([\d.]+)\) within the seeds' spread \(final reward ([\d.]+) ± ([\d.]+) "
-          r"vs ([\d.]+) ± ([\d.]+)\)", f"{LONG}/{LOGS}", "rla's dose report: k3 geomeans, ratios, gains, final reward "
+          f"{LONG}/{LOGS}", "rla's dose report: k3 geomeans, ratios, gains, final reward "
           "mean ± sample std", long_bf16),
-    Check("dose long: the collapse signal", R(LONG), r"The collapse signal fired in (\d+) of (\d+) runs, none of which "
-          r"collapsed", f"{LONG}/{LOGS}", "runs whose signal fired / runs (none collapsed)", long_signal),
+    Check("dose long: the collapse signal", R(LONG), f"{LONG}/{LOGS}", "runs whose signal fired / runs (none collapsed)", long_signal),
     Check("dose long: entropy and grad norm", R(LONG),
-          r"step-0 token entropy is ([\d.]+) nats, against ([\d.]+) in the short addition cell, and their step-0 "
-          r"gradient norm ([\d.]+) against (\d+\.\d+)", f"{{{LONG},{DOSE}}}/{LOGS}",
+          f"{{{LONG},{DOSE}}}/{LOGS}",
           "aligned runs' step-0 train/entropy and train/grad_norm, mean over seeds, long then short 4M", long_entropy_grad),
-    Check("dose long: decades", R(LONG), r"more than two decades \(([\d.]+) -> > ([\d.]+)\)", f"{{{DOSE},{LONG}}}/{LOGS}",
+    Check("dose long: decades", R(LONG), f"{{{DOSE},{LONG}}}/{LOGS}",
           "the short 4M k3_50; the long cell's 95% lower bound", long_decades),
     Check("dose long: call 4's prediction", R(LONG),
-          r"Measured: final rewards ([\d.]+), ([\d.]+), ([\d.]+), no collapse\..*?starts to fall near ([\d.]+) and still "
-          r"holds ([\d.]+) at ([\d.]+)\. Its timing held: 9 processes on one H200 took ([\d.]+) s a step \(predicted "
-          r"~11 s\), 40 steps in (\d+) s", f"{LONG}/{LOGS}", "final reward means; b1x2's k3; b1x4's final and k3; "
+          f"{LONG}/{LOGS}", "final reward means; b1x2's k3; b1x4's final and k3; "
           "mean time/step_s of call 4's runs, x 40", long_prediction),
-    Check("dose long: call 4's start", R(LONG), r"the call started (\d\d:\d\d:\d\d)\)", f"{LONG}/logs/call4_commands.log",
+    Check("dose long: call 4's start", R(LONG), f"{LONG}/logs/call4_commands.log",
           "the experiment line's UTC stamp", long_call4_start),
     Check("dose long: bf16 trend", R(LONG),
-          r"at 4M it fell (\d+)x \(with the task changed\); at 1,026 tokens, 4M and 52M give the same k3 within "
-          r"([\d.]+)x; at ~123 tokens, 52M gives (\d+)-(\d+)x less", f"{{{DOSE},{DOSE_HIGH},{LONG}}}",
+          f"{{{DOSE},{DOSE_HIGH},{LONG}}}",
           "ratios of the bf16 step-0 k3 geomeans of the table", long_bf16_trend),
     Check("dose long: the 52M probe prediction", R(LONG),
-          r"it gave ([\d.e-]+), the 4M value\..*?\(greedy ([\d.]+) vs ([\d.]+)\).*?held: (\d+) s\.",
           f"{LONG}/{{probe,init}}/qwen2-*-long/", "52M long bf16 probe geomean; last greedy accuracy 52M, 4M; 52M SFT "
           "wall seconds", long_52m_prediction),
     Check("dose long: call 2", R(LONG),
-          r"the 52M runs reached (\d+)-(\d+) of (\d+) steps at (\d+) s a step and the 4M runs (\d+)-(\d+) steps",
           f"{LONG}/partial_2026-11-30", "logged steps of the 52M runs, planned steps, mean time/step_s; 4M runs' steps",
           long_call2),
     Check("dose long: the 52M cell's cost", R(LONG),
-          r"each GPU made ([\d.]+) 4M steps and (\d+) 52M steps in (\d+) s; at call 3's ([\d.]+) GPU-seconds per 4M step "
-          r"\((\d+) steps of 21 runs on two GPUs in (\d+) s\), the 52M steps took the other ~([\d.]+) s each\. The "
-          r"cell's 21 runs x 40 steps would then need ~([\d,]+) GPU-seconds", f"{LONG}/{{partial_2026-11-30,runs}}",
+          f"{LONG}/{{partial_2026-11-30,runs}}",
           "steps logged per GPU; (500 - 4M steps x GPU-s per 4M step) / 52M steps; x 21 x 40", long_52m_cost),
     Check("dose long: run-group bench", R(LONG),
-          r"Threads are ([\d.]+)x slower than processes.*?missed by (\d+)x\..*?so 7 give ([\d.]+)x one run alone",
           f"{LONG}/run_group_bench", "threads / processes steady step time; 2 x that; alone / (processes / 7)",
           long_bench),
     Check("dose long: the decode loop", R(LONG),
-          r"8-token CUDA graph made a 64 x 1024-token generate of this model ([\d.]+)x faster, and 7 threads of generation "
-          r"alone ran ([\d,]+) tok/s against one thread's ([\d,]+)", "results/benchmarks/h200_2026-12-01_decode_loop*.json",
+          "results/benchmarks/h200_2026-12-01_decode_loop*.json",
           "tiny: speedup; threads_7 per_token_tok_per_s; per_token tok_per_s", long_decode_loop),
     Check("dose long: reproducibility", R(LONG),
-          r"\(b1 seed 0: ([\d.e-]+) vs ([\d.e-]+)\) and by up to ([\d.]+)x at the aligned arm's 1e-7 scale \(seed 1: "
-          r"([\d.e-]+) vs ([\d.e-]+)\)", f"{LONG}/{{partial_2026-11-30/qwen2-tiny-long,.}}/runs",
+          f"{LONG}/{{partial_2026-11-30/qwen2-tiny-long,.}}/runs",
           "step 0 mismatch/k3, call 2 then call 3", long_repro),
     # ---- dose-response, the 52M high-dose cell
     Check("dose high: the calls", R(DOSE_HIGH),
-          r"commands ran (\d+) s \(the probe with its warm start (\d+) s; (\d+) runs finished, the other (\d+)\s+"
-          r"stopped at the time limit and checkpointed\), the second's (\d+) s",
           f"{DOSE_HIGH}/logs/{{commands.log,call1_experiment.log}}", "each call's start to exit; the probe's seconds; "
           "runs finished after call 1 and the rest", dose_high_calls),
     Check("dose high: the prediction", R(DOSE_HIGH),
-          r"the probe\s+measured ([\d.e+-]+), ([\d.e+-]+), ([\d.e+-]+) and\s+([\d.e+-]+), (\d+)-(\d+)x more",
           f"{DOSE_HIGH}/probe.json", "geomean of b2, b1, b1x2, b1x4; min-max ratio to 1e-3, 4e-3, 1.6e-2, 6e-2",
           dose_high_prediction),
     Check("dose high: warm starts", R(DOSE_HIGH),
-          r"fired at step (\d+) here \(sampled\s+([\d.]+)\) and at step (\d+) in the first cell \(sampled ([\d.]+)\)",
           f"{{{DOSE_HIGH},{DOSE}}}/init/qwen2-50m/sft.json", "steps_done and the last evaluation's sample_acc, here then "
           "the first cell", dose_high_warm_starts),
     Check("dose high: vs the first 52M cell", R(DOSE_HIGH),
-          r"b2x0\.7, gives ([\d.]+)x the k3 here \(([\d.e+-]+) vs ([\d.e+-]+)\) and bf16 ([\d.]+)x\s+\(([\d.e+-]+) vs "
-          r"([\d.e+-]+)\); the aligned arm's step-0 token entropy is ([\d.]+) here against ([\d.]+) there",
           f"{{{DOSE_HIGH},{DOSE}}}/{LOGS}", "step-0 k3 geomeans (rla's dose report) here / first cell; the aligned "
           "runs' step-0 train/entropy, mean over seeds", dose_high_vs_first),
-    Check("dose high: scale 2", R(DOSE_HIGH), r"Scaling b1's error by 2 multiplied k3 by (\d+)",
-          f"{DOSE_HIGH}/probe.json", "probe geomean b1x2 / b1", dose_high_scale2),
-    Check("dose high: run vs probe", R(DOSE_HIGH), r"\(b2x0\.7: ([\d.e+-]+) vs ([\d.e+-]+)\)",
-          f"{DOSE_HIGH}/{{probe.json,runs}}", "b2x0.7's step-0 k3 geomean: the runs' (dose report), the probe's",
+    Check("dose high: scale 2", R(DOSE_HIGH), f"{DOSE_HIGH}/probe.json", "probe geomean b1x2 / b1", dose_high_scale2),
+    Check("dose high: run vs probe", R(DOSE_HIGH), f"{DOSE_HIGH}/{{probe.json,runs}}", "b2x0.7's step-0 k3 geomean: the runs' (dose report), the probe's",
           dose_high_run_vs_probe),
     Check("dose high: no collapse", R(DOSE_HIGH),
-          r"no run of (\d+)\s+\(dose and aligned arms\) collapsed, and at 95% \(profile likelihood\) the threshold lies "
-          r"above k3 =\s+([\d.]+)\. On the 4M model half the runs collapsed at ([\d.]+) \(interval ([\d.]+)-([\d.]+)\) "
-          r"and (\d+) of (\d+) at ([\d.]+)\.",
           f"{{{DOSE_HIGH},{DOSE}}}/{LOGS}", "the fits (rla's dose report): runs, lower bound; 4M k3_50 and interval; "
           "4M b2x0.7 collapsed / scored at its k3", lambda root: [dose_high_no_collapse(root)[0], *dose_high_no_collapse(root)[2:9]]),
-    Check("dose high: largest k3", R(DOSE_HIGH), r"No run collapsed, up to step-0 k3 ([\d.]+)\.",
-          f"{DOSE_HIGH}/{LOGS}", "largest step-0 k3 of the fitted runs", lambda root: [dose_high_no_collapse(root)[1]]),
-    Check("dose high: moved up", R(DOSE_HIGH), r"by at least ([\d.]+)x\*\* \(([\d.]+), this cell's\s+lower bound, "
-          r"over ([\d.]+), the 4M interval's upper end\)",
-          f"{{{DOSE_HIGH},{DOSE}}}/{LOGS}", "this cell's 95% lower bound / the 4M interval's upper end",
+    Check("dose high: largest k3", R(DOSE_HIGH), f"{DOSE_HIGH}/{LOGS}", "largest step-0 k3 of the fitted runs", lambda root: [dose_high_no_collapse(root)[1]]),
+    Check("dose high: moved up", R(DOSE_HIGH), f"{{{DOSE_HIGH},{DOSE}}}/{LOGS}", "this cell's 95% lower bound / the 4M interval's upper end",
           lambda root: [dose_high_no_collapse(root)[9], dose_high_no_collapse(root)[2], dose_high_no_collapse(root)[5]]),
     Check("dose high: gains", R(DOSE_HIGH),
-          r"\+([\d.]+) \(aligned\), \+([\d.]+) at k3 ([\d.e-]+), \+([\d.]+) at ([\d.e-]+), and from ([\d.e-]+) up it is gone\s+"
-          r"\(\+([\d.]+), \+([\d.]+), (-?[\d.]+)\).*?-?([\d.]+) at ([\d.e-]+), (-?[\d.]+) at ([\d.e-]+), (-?[\d.]+) at\s+([\d.e-]+)\)",
           f"{{{DOSE_HIGH},{DOSE}}}/{LOGS}", "mean final - mean start reward per arm with its step-0 k3 geomean (52M; "
           "then 4M b3x0.7, b3, b2x0.7)",
           lambda root: [abs(v) if i == 9 else v for i, v in enumerate(dose_high_gains(root))]),
     Check("dose high: bf16", R(DOSE_HIGH),
-          r"bf16's step-0 k3 \(([\d.e-]+)\) is (\d+)x below the smallest dose run\s+here \(([\d.e-]+), whose mean gain "
-          r"is already ([\d.]+) below aligned's\), and its gain equals aligned's\s+\(\+([\d.]+) vs \+([\d.]+); final "
-          r"reward ([\d.]+) ± ([\d.]+) vs ([\d.]+) ± ([\d.]+)\)",
           f"{DOSE_HIGH}/{LOGS}", "rla's dose report: k3 geomeans, their ratio, gains, final reward mean ± sample std",
           dose_high_bf16),
-    Check("dose high: the collapse signal", R(DOSE_HIGH), r"fired without a collapse\*\* \((\d+) of (\d+) runs",
-          f"{DOSE_HIGH}/{LOGS}", "runs whose collapse signal fired / runs", dose_high_signal),
+    Check("dose high: the collapse signal", R(DOSE_HIGH), f"{DOSE_HIGH}/{LOGS}", "runs whose collapse signal fired / runs", dose_high_signal),
 
     # ---- GRPO H200
-    Check("GRPO: step-0 k3 cut", R(GRPO), r"lowers step-0 k3 (\d+)x \(qwen2-tiny\) and (\d+)x \(qwen3-10m\)",
-          f"{GRPO}/{LOGS}", "ratio of means over seeds, bf16 / aligned", grpo_k3_step0_ratios),
+    Check("GRPO: step-0 k3 cut", R(GRPO), f"{GRPO}/{LOGS}", "ratio of means over seeds, bf16 / aligned", grpo_k3_step0_ratios),
     Check("GRPO: RoPE alone", R(GRPO),
-          r"RoPE alone removes (\d+)% \(step 0\) and (\d+)% \(over training\) of it on qwen2-tiny and (\d+)% and (\d+)% on qwen3-10m",
           f"{GRPO}/{LOGS}", "100 (1 - rope / bf16), ratio of means over seeds", grpo_rope_removes),
-    Check("GRPO: fp16 below aligned", R(GRPO), r"fp16 is another ([\d.]+)-([\d.]+)x lower than aligned",
-          f"{GRPO}/{LOGS}", "min-max over models x (step 0, over training) of aligned / fp16, ratio of means", grpo_fp16_below_aligned),
+    Check("GRPO: fp16 below aligned", R(GRPO), f"{GRPO}/{LOGS}", "min-max over models x (step 0, over training) of aligned / fp16, ratio of means", grpo_fp16_below_aligned),
     Check("GRPO: bf16 final-reward gap", R(GRPO),
-          r"but by ([\d.]+)-([\d.]+), ([\d.]+)-([\d.]+) sample stds of the bf16 arm",
           f"{GRPO}/{LOGS}", "min-max over models x (aligned, rope, fp16) of mean final reward - bf16's; / bf16's sample std",
           grpo_bf16_gap),
     Check("GRPO: paired differences", R(GRPO),
-          r"aligned - bf16 are \+?(-?[\d.]+), \+?(-?[\d.]+), \+?(-?[\d.]+) \(qwen2-tiny\) and \+?(-?[\d.]+), \+?(-?[\d.]+), \+?(-?[\d.]+) \(qwen3-10m\)",
           f"{GRPO}/{LOGS}", "final reward of the same seed, aligned - bf16, seeds 0-2", grpo_paired),
     Check("GRPO: when the invfreq reward fell", R(GRPO),
-          r"Its reward then falls below 0\.05 by step (\d+)-(\d+) \(qwen2-tiny\) or (\d+)-(\d+) \(qwen3-10m\)",
           f"{GRPO}/{LOGS}", "min-max per model of the first step whose mean reward is below 0.05", grpo_invfreq_fall),
     Check("GRPO: zero gradients", R(GRPO),
-          r"the grad norm is exactly 0 in (\d+)% of its logged steps on qwen3-10m, (\d+)% on qwen2-tiny",
           f"{GRPO}/{LOGS}", "bf16-invfreq steps with train/grad_norm == 0 / logged steps (3 seeds pooled)", grpo_zero_grad),
     Check("GRPO: collapse steps", R(GRPO),
-          r"the mean reward of the last 5 steps fell below 0\.05 by step (\d+)-(\d+) \(the collapse signal fired at step (\d+)-(\d+)\)",
           f"{GRPO}/{LOGS}", "as lab/checks/check_results.py (first step N whose steps N-4..N mean reward < 0.05; first collapse event)",
           lambda root: check_results_module().invfreq_collapse_steps(root)),
     Check("GRPO: the aligned arm's spike", R(GRPO),
-          r"\(qwen3-10m aligned, seed (\d+), step (\d+)\) is a single k3 spike to ([\d.e-]+) \((\d+)x its step-0 value of ([\d.e-]+)\)",
           f"{GRPO}/{LOGS}", "the run whose signal fired: seed, first event step, k3 there, / its step-0 k3", grpo_aligned_spike),
-    Check("GRPO: peak memory", R(GRPO), r"\(qwen2-tiny ([\d,]+) MB vs ([\d,]+); qwen3-10m ([\d,]+) vs ([\d,]+)\)",
-          f"{GRPO}/{LOGS}", "peak_memory_mb mean over seeds, aligned vs bf16", grpo_memory),
+    Check("GRPO: peak memory", R(GRPO), f"{GRPO}/{LOGS}", "peak_memory_mb mean over seeds, aligned vs bf16", grpo_memory),
     # ---- pilot
     Check("pilot: k3 ratios", R(PILOT),
-          r"lowers the step-0 k3 (\d+)x and keeps it ~(\d+)x lower through training; fp16 lowers it another (\d+)x",
           f"{PILOT}/{LOGS}", "ratio of means: bf16 / aligned at step 0 and over training; aligned / fp16 at step 0", pilot_ratios),
     Check("pilot: reward", R(PILOT),
-          r"all arms learn \(([\d.]+) -> ~([\d.]+)\); the bf16 baseline ends ~([\d.]+) below the others at step 50, ([\d.]+) sample stds",
           f"{PILOT}/{LOGS}", "mean over the 12 runs of the step-0 and final reward; the other arms' mean final reward - bf16's; "
           "/ bf16's sample std", pilot_reward),
-    Check("pilot: the demo's RoPE share", R(PILOT), r"`rla demo` attributed (\d+)% of k3 to RoPE on the same model \(`git show 15055fd",
-          f"git show {OLD_DEMO[0]}:{OLD_DEMO[1]}", "Shapley k3[rope] / k3[none]", old_demo_rope),
+    Check("pilot: the demo's RoPE share", R(PILOT), f"git show {OLD_DEMO[0]}:{OLD_DEMO[1]}", "Shapley k3[rope] / k3[none]", old_demo_rope),
     # ---- inv_freq / IS on the CPU
     Check("IS CPU: k3 over training", R(INVFREQ_CPU),
-          r"was ~([\d.e-]+) for decoupled and TIS, against ~([\d.e-]+) for the two collapsing arms.*?MIS also sat at ~([\d.e-]+)",
           f"{INVFREQ_CPU}/{LOGS}", "mean over runs of each run's mean k3 over training", invfreq_k3),
     Check("IS CPU: plain arm's ratios", R(INVFREQ_CPU),
-          r"was ([\d.]+)-([\d.]+) over the first 10 steps.*?about ([\d.]+)% of tokens at step 0",
           f"{INVFREQ_CPU}/runs/qwen2-tiny__plain__s0", "min-max of train/ratio/max over steps 0-9; 100 mismatch/clip_leak/0.2 at step 0",
           invfreq_ratio_max),
     Check("IS CPU: MIS weights and gradients", R(INVFREQ_CPU),
-          r"mean weight ([\d.]+)-([\d.]+) in its first 10 steps\), so its gradient norm was ([\d.]+)-([\d.]+)x smaller than TIS's",
           f"{INVFREQ_CPU}/runs/qwen2-tiny__{{mis,tis}}__s0", "min-max over steps 0-9 of train/is_weight/mean; of TIS / MIS train/grad_norm",
           invfreq_mis),
-    Check("IS CPU: the H200 collapse", R(INVFREQ_CPU), r"collapsed in (\d+)/(\d+) runs \(the mean reward of the last 5 steps below 0\.05 by step (\d+)-(\d+)\)",
-          f"{GRPO}/{LOGS}", "as lab/checks/check_results.py", lambda root: check_results_module().invfreq_collapse(root)
+    Check("IS CPU: the H200 collapse", R(INVFREQ_CPU), f"{GRPO}/{LOGS}", "as lab/checks/check_results.py", lambda root: check_results_module().invfreq_collapse(root)
           + check_results_module().invfreq_collapse_steps(root)[:2]),
     # ---- demos
     Check("demo 2k CPU: shares and detection", R(DEMO_CPU),
-          r"Shapley shares of k3: RoPE ([\d.]+)%, RMSNorm ([\d.]+)%, SwiGLU ([\d.]+)%, unexplained ([\d.]+)%; `(\S+)` detected \(k3 ([\d.e-]+), next `(\S+)` ([\d.e-]+)\)",
           f"{DEMO_CPU}/report.json", "Shapley k3 / k3[none]; k3[all] / k3[none]; detection ranking's first two", demo_cpu_prose),
     Check("demo 2k CPU: against the 123-token demo", R(DEMO_CPU),
-          r"\(RoPE (\d+)%, k3 ([\d.e-]+) unaligned; `git show 15055fd:docs/demo/report.json`[^)]*\), the unaligned k3 is (\d+)x larger",
           f"{DEMO_CPU}/report.json, git show {OLD_DEMO[0]}:{OLD_DEMO[1]}", "the old report's RoPE share and k3[none]; k3[none] ratio",
           demo_cpu_vs_short),
     Check("demo 2k H200: shares and detection", R(DEMO_H200),
-          r"Shapley shares of k3: RoPE ([\d.]+)%, RMSNorm ([\d.]+)%, SwiGLU ([\d.]+)%, unexplained ([\d.]+)%; `(\S+)` detected \(k3 ([\d.e-]+) with all regions aligned; next `(\S+)` ([\d.e-]+)\)",
           f"{DEMO_H200}/report.json", "as the CPU demo", demo_h200_prose),
     Check("demo 2k H200: the CPU run it predicted from", R(DEMO_H200),
-          r"\(`\.\./demo_2k_cpu_2026-11-29/`: k3 ([\d.e-]+) unaligned, ([\d.e-]+) aligned, RoPE (\d+)%\) we expected the same unaligned k3 and RoPE's share above the 123-token demo's (\d+)%",
           f"{DEMO_CPU}/report.json, git show {OLD_DEMO[0]}:{OLD_DEMO[1]}", "k3[none], k3[all], RoPE share (CPU 2k); RoPE share (old 123-token demo)",
           demo_h200_cpu_ref),
-    Check("demo 2k H200: tokens", R(DEMO_H200), r"(\d+) rollouts x ([\d,]+) tokens = ([\d,]+) response tokens",
-          f"{DEMO_H200}/report.json", "n_sequences; n_tokens / n_sequences; n_tokens", demo_h200_tokens),
+    Check("demo 2k H200: tokens", R(DEMO_H200), f"{DEMO_H200}/report.json", "n_sequences; n_tokens / n_sequences; n_tokens", demo_h200_tokens),
     Check("demo 2k H200: prediction vs result", R(DEMO_H200),
-          r"Both held: ([\d.e-]+) unaligned, RoPE (\d+)%\. Alignment removes more on the GPU \((\d+)% against (\d+)%\)\. The residual the profiles cannot remove \(GEMM/attention kernels, decode vs prefill\) is ([\d.]+)% of k3 here against ([\d.]+)% on the CPU",
           f"{DEMO_H200}/report.json, {DEMO_CPU}/report.json", "k3[none]; RoPE share; 1 - k3[all]/k3[none] (H200, CPU); k3[all]/k3[none] (H200, CPU)",
           demo_h200_vs_cpu),
     Check("demo H200 short responses", R(DEMO_SHORT),
-          r"answered in ([\d.]+) tokens on average \((\d+) response tokens over (\d+) rollouts\).*?\(k3 ([\d.e-]+) unaligned, ([\d.e-]+) aligned, RoPE (\d+)% of k3 by Shapley value, `(\S+)` detected\)",
           f"{DEMO_SHORT}/report.json", "n_tokens / n_sequences; k3[none], k3[all]; RoPE Shapley share; detection best", demo_short),
     # ---- dose-response
     Check("dose: threshold", R(DOSE),
-          r"\*\*k3 = ([\d.]+), 95% profile-likelihood interval \[([\d.]+), ([\d.]+)\]\*\*, slope ([\d.]+) per decade",
           f"{DOSE}/{LOGS}", "the report's maximum-likelihood logistic fit: k3_50, 95% profile-likelihood interval, slope",
           lambda root: dose_threshold(root)[:4]),
-    Check("dose: fitted runs", R(DOSE), r"runs \((\d+) runs, (\d+) collapses\)",
-          f"{DOSE}/{LOGS}", "dose and aligned runs scored; of them collapsed", lambda root: dose_threshold(root)[4:]),
+    Check("dose: fitted runs", R(DOSE), f"{DOSE}/{LOGS}", "dose and aligned runs scored; of them collapsed", lambda root: dose_threshold(root)[4:]),
     # ---- dose-response, the 52M cell
     Check("dose 52M: the same doses, less k3", R(DOSE),
-          r"no collapse, and (\d+)-(\d+)x less step-0 k3 from the same doses.*?A ([\d.]+)M-parameter Qwen2.*?The same doses "
-          r"give (\d+)-(\d+)x less step-0 k3 at 52M, and bf16 (\d+)x less",
           f"{DOSE}/{LOGS}", "min-max over the dose arms of the step-0 k3 geometric mean 4M / 52M (heading); the 52M model's "
           "parameters / 1e6; the same min-max (bullet); bf16's ratio (rla's dose report)", dose50_ratio_range),
     Check("dose 52M: warm start", R(DOSE),
-          r"it stopped at step (\d+) \((\d+) s\) at greedy ([\d.]+), sampled ([\d.]+)",
           f"{DOSE}/init/qwen2-50m/sft.json", "history: steps_done, wall_time_s, last evaluation's greedy_acc, sample_acc",
           dose50_warm_start),
-    Check("dose 52M: the evaluation before the stop", R(DOSE), r"the evaluation before, at step (\d+), read ([\d.]+) sampled",
-          f"{DOSE}/init/qwen2-50m/sft.json", "history: the next-to-last evaluation's step and sample_acc",
+    Check("dose 52M: the evaluation before the stop", R(DOSE), f"{DOSE}/init/qwen2-50m/sft.json", "history: the next-to-last evaluation's step and sample_acc",
           dose50_warm_start_before),
     Check("dose 52M: the calls", R(DOSE),
-          r"two device calls of (\d+) min (\d+) s and (\d+) min (\d+) s .*?reached ([\d,]+) MiB as they started, and (\d+) of "
-          r"the 21 runs died with CUDA out-of-memory .*? after (\d+) logged steps",
           f"{DOSE}/logs/qwen2-50m_{{commands.log,call1_gpu_util.csv,call*_experiment.log}}",
           "the UTC stamps' differences per call; the largest memory.used sample of call 1; runs reported failed with "
           "OutOfMemoryError in call 1; logged steps of the run that failed so in call 2", dose50_calls),
-    Check("dose 52M: per-process memory", R(DOSE), r"each process held up to ([\d.]+) GiB",
-          f"{DOSE}/logs/qwen2-50m_call*_experiment.log", "the largest 'has X GiB memory in use' of the out-of-memory reports",
+    Check("dose 52M: per-process memory", R(DOSE), f"{DOSE}/logs/qwen2-50m_call*_experiment.log", "the largest 'has X GiB memory in use' of the out-of-memory reports",
           dose50_process_memory),
-    Check("dose 52M: steps done", R(DOSE), r"So (\d+) of 21 finished 100 steps; (\d+) stopped at (\d+)-(\d+) steps",
-          f"{DOSE}/{LOGS}", "runs with 100 logged steps; of the others less the shortest: count, min-max steps", dose50_steps),
-    Check("dose 52M: rewards", R(DOSE), r"from ([\d.]+)-([\d.]+) over the first 5 steps to ([\d.]+)-([\d.]+) at the end",
-          f"{DOSE}/{LOGS}", "min-max over arms of the mean starting and the mean final reward (rla's dose report)", dose50_rewards),
+    Check("dose 52M: steps done", R(DOSE), f"{DOSE}/{LOGS}", "runs with 100 logged steps; of the others less the shortest: count, min-max steps", dose50_steps),
+    Check("dose 52M: rewards", R(DOSE), f"{DOSE}/{LOGS}", "min-max over arms of the mean starting and the mean final reward (rla's dose report)", dose50_rewards),
     Check("dose 52M: no threshold", R(DOSE),
-          r"no run of (\d+) collapsed \(k3 up to ([\d.]+)\); at 95% the threshold lies above k3 = ([\d.]+)",
           f"{DOSE}/{LOGS}", "the report's fit (status no_collapse): runs fitted, their largest step-0 k3, the profile's lower bound",
           dose50_no_collapse),
     Check("dose: bf16 from 4M to 52M", R(DOSE),
-          r"bf16's step-0 k3 falls from ([\d.e-]+) to ([\d.e-]+) \((\d+)x\); aligned's from ([\d.e-]+) to ([\d.e-]+), so bf16 "
-          r"sits (\d+)x above aligned at 4M and ([\d.]+)x at 52M",
           f"{DOSE}/{LOGS}", "geometric means of step-0 k3 per cell (rla's dose report); their ratios", dose_bf16_move),
     Check("dose: |delta| and entropy by cell", R(DOSE),
-          r"mean \|delta log p\| per token of bf16 is (\d+)x smaller too \(([\d.e-]+) -> ([\d.e-]+)\).*?step-0 mean token "
-          r"entropy ([\d.]+) vs ([\d.]+) nats",
           f"{DOSE}/{LOGS}", "step 0 of each run: bf16's mismatch/abs/mean (mean over seeds) 4M / 52M, 4M, 52M; the aligned "
           "arm's train/entropy (mean over seeds), 52M, 4M", dose_delta_entropy),
     Check("dose 52M: runs near 1e-3", R(DOSE),
-          r"b2x0\.7 seed 0 at ([\d.e-]+), b3 seed 1 at ([\d.e-]+), b3x0\.7 seed 1 at ([\d.e-]+)",
           f"{DOSE}/{LOGS}", "those runs' step-0 k3", dose50_near_1e3),
     Check("dose 52M: late reward gap", R(DOSE),
-          r"by ([\d.]+), ([\d.]+) and ([\d.]+) in seeds 0-2; every other arm's runs are at most ([\d.]+) from aligned",
           f"{DOSE}/{LOGS}", "mean reward/mean over steps 90-94, aligned minus b2x0.7 per seed; the largest |arm - aligned| "
           "of the other arms' runs that reached step 94", dose50_late_gap),
     Check("dose 52M: the collapse signal", R(DOSE),
-          r"It fired in (\d+) of 21 runs .*?At seed 2's step (\d+) it fired in (\d+) of 7 arms",
           f"{DOSE}/{LOGS}", "runs whose collapse signal fired; the step most seed-2 runs fired at, and how many "
           "(every event's kinds are k3_spike + reward_falling)", dose50_signal),
     # ---- dose-response, the 52M long cell
     Check("dose long 52M: warm start", R(LONG52),
-          r"it stopped at step (\d+) \((\d+) s\), greedy ([\d.]+), sampled ([\d.]+) \(`init/`; the probe's warm start "
-          r"stopped at the same step with sampled ([\d.]+):", f"{{{LONG52},{LONG}}}/init/qwen2-50m-long/sft.json",
+          f"{{{LONG52},{LONG}}}/init/qwen2-50m-long/sft.json",
           "steps_done, wall_time_s, the last evaluation's greedy and sampled accuracy; the probe's last sampled", long52_warm_start),
     Check("dose long 52M: the calls", R(LONG52),
-          r"The calls ran (\d+) s, (\d+) s, (\d+) s and (\d+) s .*?each process peaked at ([\d.]+)-([\d.]+) GB \(([\d.]+)-([\d.]+) GB "
-          r"in the 52M runs of 11-30, .*? and (\d+) runs died at their start .*? stopped them at (\d+)-(\d+) of (\d+) steps",
           f"{LONG52}/logs/call*_{{commands,experiment}}.log, {LONG52}/{LOGS}, {LONG}/partial_2026-11-30",
           "each call's exit seconds; min and max over runs of the peak memory/peak_mb / 1000; the 11-30 runs' min and max; "
           "runs failed in call 2; the failed runs' logged steps and the planned steps", long52_calls),
     Check("dose long 52M: no collapse", R(LONG52),
-          r"No run collapsed, up to step-0 k3 ([\d.]+)\.\*\* No run of the (\d+) fitted .*? lies above k3 = ([\d.]+)\. "
-          r"The same as the 4M long cell \(above ([\d.]+)\)", f"{{{LONG52},{LONG}}}/{LOGS}",
+          f"{{{LONG52},{LONG}}}/{LOGS}",
           "largest step-0 k3 of the fitted runs; fitted runs; the 95% lower bounds here and of the 4M long cell", long52_no_collapse),
     Check("dose long 52M: gains and signal", R(LONG52),
-          r"from \+([\d.]+) \(aligned\) to \+([\d.]+) at k3 ([\d.]+) and -([\d.]+) at k3 ([\d.]+),.*?fired in (\d+) of "
-          r"the (\d+) runs of b1 and above \(k3 ([\d.e-]+) and up\)", f"{LONG52}/{LOGS}",
+          f"{LONG52}/{LOGS}",
           "gains (mean final - mean start) of aligned, b1x2, -b1x4 with their k3 geomeans; signal runs of b1..b1x4, "
           "their runs, b1's k3 geomean", long52_gains),
     Check("dose long 52M: bf16 vs aligned", R(LONG52),
-          r"bf16's gain \(\+([\d.]+)\) is aligned's \(\+([\d.]+)\) within the seeds' spread \(final ([\d.]+) ± ([\d.]+) "
-          r"vs ([\d.]+) ± ([\d.]+)\)", f"{LONG52}/{LOGS}", "gains; final reward mean ± sample std", long52_bf16),
+          f"{LONG52}/{LOGS}", "gains; final reward mean ± sample std", long52_bf16),
     Check("dose long 52M: the exact aligned arm", R(LONG52),
-          r"In all (\d+) logged steps of the (\d+) aligned runs \(([\d,]+) sampled tokens\).*?step-0 k3 was ([\d.e-]+) and (\d+)% "
-          r"of tokens were bit-equal at step 0, and this model's probe \(same\) gave (\d\.\d+e-\d+)",
           f"{{{LONG52},{LONG}}}/runs/*aligned*, {LONG}/probe", "aligned log lines (all bit-equal, k3 0), runs, "
           "sum of mismatch/n_tokens; the 4M long aligned geomean and mean step-0 mismatch/bitwise/equal; the probe's geomean",
           long52_exact),
     Check("dose long 52M: the bench", R(LONG52),
-          r"52M ([\d.]+) s a generate with the grouped attention against ([\d.]+) s, \*\*([\d.]+)x\*\*.*?4M ([\d.]+) s "
-          r"against ([\d.]+) s, \*\*([\d.]+)x\*\*.*?mean common prefix of (\d+) \(52M\) and (\d+) \(4M\) of ([\d,]+) "
-          r"tokens, logprobs within ([\d.]+)", "results/benchmarks/h200_2026-12-01_decode_attention.json",
+          "results/benchmarks/h200_2026-12-01_decode_attention.json",
           "rows: grouped and model seconds_per_generate, speedup; mean common prefix; new tokens; max logprob diff",
           long52_bench),
     Check("dose long 52M: doses vs the probe", R(LONG52),
-          r"b2 ([\d.]+)x and b1x4 ([\d.]+)x of it .*? but b1 ([\d.]+)x, b1x1\.4 ([\d.]+)x and b1x2 ([\d.]+)x .*? "
-          r"sampled ([\d.]+) against the probe's ([\d.]+)", f"{LONG52}/{LOGS}, {LONG}/probe/qwen2-50m-long/probe.json",
+          f"{LONG52}/{LOGS}, {LONG}/probe/qwen2-50m-long/probe.json",
           "step-0 k3 geomean here / the probe's, per arm; the warm starts' last sampled accuracy", long52_doses_vs_probe),
     Check("dose long 52M: the prediction", R(LONG52),
-          r"\*\*Warm start\*\*: step (\d+) \(predicted 200-250: held\), (\d+) s .*?\(missed: \+([\d.]+)\s+there.*?"
-          r"bf16's step-0 k3 ([\d.e-]+) \(predicted", f"{LONG52}/init, {LONG52}/{LOGS}",
+          f"{LONG52}/init, {LONG52}/{LOGS}",
           "steps_done, wall_time_s; b1x2's gain; bf16's step-0 k3 geomean", long52_prediction),
-    Check("dose long 52M: timing", R(LONG52), r"averaged\s+([\d.]+)-([\d.]+) s a step", f"{LONG52}/{LOGS}",
+    Check("dose long 52M: timing", R(LONG52), f"{LONG52}/{LOGS}",
           "min and max over the 16 runs not lost in call 2 of their mean time/step_s", long52_timing),
     Check("dose long 52M: throughput", R(LONG52),
-          r"give (\d+) steps in (\d+) s in call 2 .*?, (\d+) in (\d+) s in call 3 \(16\) and (\d+) in (\d+) s in call 4 "
-          r"\(5\): ([\d.]+), ([\d.]+) and ([\d.]+) run-steps a second", f"{LONG52}/logs/call{{2,3,4}}_experiment.log",
+          f"{LONG52}/logs/call{{2,3,4}}_experiment.log",
           "the last progress bar of each call: steps (call 3: minus call 2's), elapsed seconds, and their ratio",
           long52_throughput),
     # ---- SFT
-    Check("SFT: the CPU Llama", R(SFT), r"stopped at \*\*step (\d+): greedy ([\d.]+), sampled ([\d.]+)\*\*, after (\d+) s wall",
-          f"{SFT}/runs/llama-tiny-add4-cpu.json", "steps_done; final_eval greedy_acc, sample_acc; wall_s", sft_cpu),
+    Check("SFT: the CPU Llama", R(SFT), f"{SFT}/runs/llama-tiny-add4-cpu.json", "steps_done; final_eval greedy_acc, sample_acc; wall_s", sft_cpu),
 ]
 
 
