@@ -1,7 +1,8 @@
 """The dose knob of the dose-response experiment (issue #19): a trainer that rounds more coarsely.
 
-``train_dose_bits: B`` (with ``train_precision: aligned``) aligns the training copy to the engine
-profile as the aligned arm does and then rounds the output of every aligned region -- RoPE's
+A dose arm (``train_dose_bits: B`` in the study's grid, with ``train_precision: aligned``;
+``lab.dose.grid``) aligns the training copy to the engine profile as the aligned arm does, and
+:class:`DoseOps`, the trainer's ``ops=`` plug, then rounds the output of every aligned region -- RoPE's
 ``q``/``k``, SwiGLU's ``silu(gate) * up``, RMSNorm's normalised output (also the post-attention
 norm of the fused add + norm; the residual stream is left alone) -- to ``B`` explicit mantissa bits
 with :func:`lab.dose.mantissa.round_mantissa` (round to nearest even, bf16's exponent range,

@@ -10,7 +10,7 @@
 #       results/experiments/dose_response_long_h200_2026-12-01/grid_4m_40steps_top.yaml 0 9
 set -u
 T=$1 START=$(date +%s)
-G=${2:-experiments/dose_response_long_h200_2026-12-01/grid_4m_40steps.yaml} GPUS=${3:-0,1} P=${4:-21}
+G=${2:-results/experiments/dose_response_long_h200_2026-12-01/grid_4m_40steps.yaml} GPUS=${3:-0,1} P=${4:-21}
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 D=/tmp/dl4
 log() { echo "== $* ($(( $(date +%s) - START )) s, $(date -u +%FT%TZ))" >> $OUT/commands.log; }
