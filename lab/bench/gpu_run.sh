@@ -27,8 +27,8 @@ for stage in "$@"; do
            grep -E "BEST|bandwidth|failed" "$OUT/tune.txt" ;;
     profile) timeout 90 python3 lab/bench/profile_ops.py > "$OUT/profile.txt" 2>&1; head -14 "$OUT/profile.txt" ;;
     ops)   CFG=; [ -f "$OUT/tuned.json" ] && CFG="--config $OUT/tuned.json"
-           (cd benchmarks && timeout ${OPS_TIMEOUT:-200} python3 bench_ops.py $CFG --out "$OUT") 2>&1 | grep -v "^- " | tail -70 ;;
+           (cd lab/bench && timeout ${OPS_TIMEOUT:-200} python3 bench_ops.py $CFG --out "$OUT") 2>&1 | grep -v "^- " | tail -70 ;;
     e2e)   CFG=; [ -f "$OUT/tuned.json" ] && CFG="--config $OUT/tuned.json"
-           (cd benchmarks && timeout 300 python3 bench_e2e.py $CFG --out "$OUT") 2>&1 | grep -v "^- " | tail -30 ;;
+           (cd lab/bench && timeout 300 python3 bench_e2e.py $CFG --out "$OUT") 2>&1 | grep -v "^- " | tail -30 ;;
   esac
 done
