@@ -64,3 +64,22 @@ def test_a_changing_plug_moves_the_training_forward_not_the_rollouts(tmp_path):
 def test_a_plug_needs_the_aligned_arm(tmp_path):
     with pytest.raises(ValueError, match="ops= replaces the aligned regions' ops and needs precision='aligned'"):
         train(toy_config(tmp_path / "x", train_precision="bf16", steps=1), log=None, ops=Recording())
+
+
+def test_run_group_passes_each_run_its_plug(tmp_path):
+    """``run_group(paths, ops_for=...)`` (a study's grid job): the plugged run equals that run trained
+    alone with the same plug; the unplugged run beside it gets none."""
+    from rla.rl.run_group import run_group
+
+    paths = []
+    for name, precision in (("plain", "bf16"), ("bumped", "aligned")):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(toy_config(tmp_path / name, train_precision=precision, steps=2).to_yaml())
+        paths.append(path)
+    plugs = {paths[1]: Recording(bump=2.0**-3)}
+    status = run_group(paths, say=lambda *_: None, ops_for=lambda p: plugs.get(p))
+    assert set(status.values()) == {"finished"}
+    assert plugs[paths[1]].calls["swiglu"] > 0
+    alone = _run(tmp_path / "alone", Recording(bump=2.0**-3))
+    grouped = read_log(tmp_path / "bumped" / "log.jsonl")
+    assert [deterministic_part(r) for r in grouped] == [deterministic_part(r) for r in alone]
