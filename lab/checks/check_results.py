@@ -67,26 +67,6 @@ def readme_texts(root: Path) -> dict[str, str]:
             "results/README": norm("results/README.md")}
 
 
-# ---------------------------------------------------------------- formatting
-
-def decimals(written: str) -> int:
-    w = written.replace(",", "")
-    return len(w.split(".")[1]) if "." in w else 0
-
-
-def like(value: float, written: str) -> str:
-    """``value`` with the written number's precision: its decimals, thousands separators if written,
-    scientific form with the written mantissa decimals and exponent width (``2.3e-4``, ``1.57e-04``)."""
-    if "e" in written.lower():
-        mant, exp = re.split("[eE]", written)
-        m2, e2 = f"{value:.{decimals(mant)}e}".split("e")
-        e = int(e2)
-        sign = "-" if e < 0 else ("+" if exp.startswith("+") else "")
-        return f"{m2}e{sign}{abs(e):0{len(exp.lstrip('+-'))}d}"
-    d = decimals(written)
-    return f"{value:,.{d}f}" if "," in written else f"{value:.{d}f}"
-
-
 # ---------------------------------------------------------------- checks
 
 @dataclass
