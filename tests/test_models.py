@@ -101,7 +101,7 @@ HAVE_BUNDLED = (BUNDLED / "model.safetensors").is_file()
 
 
 @pytest.mark.skipif(not HAVE_BUNDLED, reason="the bundled model is not in src/rla/assets/tiny-qwen2 yet "
-                    "(scripts/train_tiny_model.py makes it)")
+                    "(lab/tools/train_tiny_model.py makes it)")
 def test_load_bundled_and_accuracy():
     from rla.rl.sft import evaluate
 

@@ -8,7 +8,7 @@ Only the width and depth are small, except ``1.5b``: Qwen2.5-1.5B's width and de
 vocabulary is the character tokenizer's (``rla.rl.tokenizer``, 52 tokens) padded to 64.
 
 The bundled model (``rla/assets/tiny-qwen2``) is the ``tiny`` Qwen2 trained by
-``scripts/train_tiny_model.py`` on a synthetic task; its ``TRAINING.md`` records how. Trained
+``lab/tools/train_tiny_model.py`` on a synthetic task; its ``TRAINING.md`` records how. Trained
 weights matter: a random model's next-token distributions are nearly flat, and the rounding
 mismatch between two stacks is then unrealistically small and uniform.
 """
@@ -45,7 +45,7 @@ SIZES: dict[str, tuple[int, int, int, int, int]] = {
     "50m": (640, 12, 10, 2, 1728),  # ~52M
     "150m": (1024, 12, 16, 4, 2816),  # ~135M
     # Qwen2.5-1.5B's shapes: 1.31B here; with its vocabulary (vocab_size=151936) exactly its
-    # 1,543,714,304 parameters. For FSDP2 runs (benchmarks/fsdp2_check.py); random init only.
+    # 1,543,714,304 parameters. For FSDP2 runs (lab/bench/fsdp2_check.py); random init only.
     "1.5b": (1536, 28, 12, 2, 8960),
 }
 
@@ -121,7 +121,7 @@ def param_count(config) -> int:
 
 _BUNDLED = "tiny-qwen2"
 _REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "task.json")
-_HOW_TO_MAKE = "scripts/train_tiny_model.py makes it (see rla/assets/tiny-qwen2/TRAINING.md)"
+_HOW_TO_MAKE = "lab/tools/train_tiny_model.py makes it (see rla/assets/tiny-qwen2/TRAINING.md)"
 
 
 def bundled_path() -> Path:

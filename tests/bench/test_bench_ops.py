@@ -1,6 +1,6 @@
 """The per-op benchmark's isolated mode: each measurement in its own process, failures reported.
 
-The timing itself needs a GPU (benchmarks/results); what runs here is the process plumbing: a
+The timing itself needs a GPU (results/benchmarks); what runs here is the process plumbing: a
 worker that cannot measure hands its error back to the row instead of the row going missing.
 """
 

@@ -4,7 +4,7 @@
 writes the same order as the kernel runs it, one float32 scalar at a time with cub's warp shuffles.
 They must agree bit for bit at every launch shape vLLM uses; and the order must matter on these
 rows (else the comparison could not fail). Bit equality with vLLM's own kernels is measured on the
-H200 (``benchmarks/engine_twin_h200.py --stages reduction``).
+H200 (``lab/bench/engine_twin_h200.py --stages reduction``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Every results file carries its stamp: GPU, versions, date and command.
 
-What a *results file* is (the rule this test enforces; ``benchmarks/results/README.md`` states it
+What a *results file* is (the rule this test enforces; ``results/README.md`` states it
 for people):
 
-* Results folders: ``benchmarks/results/`` and everything below it, every ``experiments/<name>/``
-  and ``docs/demo/``. New folders added there are covered without editing this file.
+* Results folders: ``results/benchmarks/`` and everything below it, every ``results/experiments/<name>/``
+  and every other folder directly under ``results/`` (``results/demo/``). New folders added there are
+  covered without editing this file.
 * Results files: every ``*.json`` in a results folder, except the per-run internals of a
   training run or experiment (anything below a ``runs/``, ``init/``, ``train_*/`` or ``check/``
   folder: logs, configs and checkpoints metadata that the folder's stamped summary reads) and
@@ -35,14 +36,15 @@ INTERNAL = re.compile(r"(^|/)(runs|init|check|train_[^/]*)/")
 
 def results_folders(root: Path) -> list[Path]:
     out = []
-    res = root / "benchmarks" / "results"
+    res = root / "results" / "benchmarks"
     if res.is_dir():
         out += [res, *(p for p in res.rglob("*") if p.is_dir() and not INTERNAL.search(p.relative_to(root).as_posix() + "/"))]
-    exp = root / "experiments"
+    exp = root / "results" / "experiments"
     if exp.is_dir():
         out += [p for p in exp.iterdir() if p.is_dir()]
-    if (root / "docs" / "demo").is_dir():
-        out.append(root / "docs" / "demo")
+    top = root / "results"
+    if top.is_dir():  # results/demo and any other folder of its own
+        out += [p for p in top.iterdir() if p.is_dir() and p.name not in ("benchmarks", "experiments")]
     return sorted(set(out))
 
 
@@ -120,32 +122,32 @@ GOOD = {"gpu": "NVIDIA H200", "torch": "2.11.0", "transformers": "5.17.0", "date
 @pytest.mark.parametrize("missing", STAMP_KEYS)
 def test_a_file_without_one_stamp_field_fails(tmp_path, missing):
     stamp = {k: v for k, v in GOOD.items() if k != missing}
-    root = _tree(tmp_path, {"benchmarks/results/new_calibration_folder/calib.json": {"environment": stamp, "rows": []},
-                            "benchmarks/results/ok.json": {"env": GOOD}})
+    root = _tree(tmp_path, {"results/benchmarks/new_calibration_folder/calib.json": {"environment": stamp, "rows": []},
+                            "results/benchmarks/ok.json": {"env": GOOD}})
     problems = all_problems(root)
-    assert problems == {"benchmarks/results/new_calibration_folder/calib.json": [f"stamp lacks {missing!r}"]}
+    assert problems == {"results/benchmarks/new_calibration_folder/calib.json": [f"stamp lacks {missing!r}"]}
 
 
 def test_well_stamped_new_folders_and_sidecars_pass(tmp_path):
     root = _tree(tmp_path, {
-        "benchmarks/results/engine_twin_2026-12-01/twin.json": {"environment": {**GOOD, "gpu": "unknown: lost with the machine"}},
-        "benchmarks/results/engine_twin_2026-12-01/twin.md": "# twin\n",
-        "benchmarks/results/tuned.json": {"rla.ops._triton_rope": {"BLOCK": 4}},
-        "benchmarks/results/tuned.stamp.json": {"environment": GOOD},
-        "experiments/grpo_new/summary.json": {"environment": {**GOOD, "gpu": "none (CPU)"}},
-        "experiments/grpo_new/runs/a__b__s0/summary.json": {"step": 3},  # a run's internals
-        "experiments/writeup/README.md": "On the CPU, torch 2.13, 2026-11-29. Command: `rla train x`.\n",
+        "results/benchmarks/engine_twin_2026-12-01/twin.json": {"environment": {**GOOD, "gpu": "unknown: lost with the machine"}},
+        "results/benchmarks/engine_twin_2026-12-01/twin.md": "# twin\n",
+        "results/benchmarks/tuned.json": {"rla.ops._triton_rope": {"BLOCK": 4}},
+        "results/benchmarks/tuned.stamp.json": {"environment": GOOD},
+        "results/experiments/grpo_new/summary.json": {"environment": {**GOOD, "gpu": "none (CPU)"}},
+        "results/experiments/grpo_new/runs/a__b__s0/summary.json": {"step": 3},  # a run's internals
+        "results/experiments/writeup/README.md": "On the CPU, torch 2.13, 2026-11-29. Command: `rla train x`.\n",
     })
     assert all_problems(root) == {}
 
 
 def test_null_gpu_and_a_bare_writeup_fail(tmp_path):
     root = _tree(tmp_path, {
-        "experiments/grpo_x/summary.json": {"environment": {**GOOD, "gpu": None}},
-        "experiments/writeup/README.md": "Some numbers.\n",
+        "results/experiments/grpo_x/summary.json": {"environment": {**GOOD, "gpu": None}},
+        "results/experiments/writeup/README.md": "Some numbers.\n",
     })
     problems = all_problems(root)
-    assert problems["experiments/grpo_x/summary.json"] == ["stamp lacks 'gpu'"]
-    assert set(problems["experiments/writeup/"]) == {
+    assert problems["results/experiments/grpo_x/summary.json"] == ["stamp lacks 'gpu'"]
+    assert set(problems["results/experiments/writeup/"]) == {
         "README.md names no machine (GPU or CPU)", "README.md names no torch version", "README.md names no date",
         "README.md names no command"}

@@ -46,13 +46,15 @@ def test_a_run_in_a_group_is_the_run_alone_bit_for_bit(uninterrupted, tmp_path):
 def test_on_the_gpu_three_runs_in_threads_equal_each_run_alone(tmp_path):
     """Each thread on its own CUDA stream, the sampler's CUDA graph captured per run: every run's log
     and final weights equal the same run trained alone (rla.rl.trainer.train, default stream)."""
-    kinds = [dict(seed=0), dict(seed=1, train_precision="aligned"), dict(seed=2, train_precision="aligned",
-                                                                          train_dose_bits=3)]
+    from lab.dose.knob import DoseOps  # a study's plug (ops=): the third run's regions round further
+
+    kinds = [dict(seed=0), dict(seed=1, train_precision="aligned"), dict(seed=2, train_precision="aligned")]
+    plugs = [None, None, DoseOps(3)]
     paths = [_write(toy_config(tmp_path / f"g{i}", device="cuda", steps=4, **kw), tmp_path / f"g{i}.yaml")
              for i, kw in enumerate(kinds)]
-    assert set(run_group(paths, say=lambda *_: None).values()) == {"finished"}
+    assert set(run_group(paths, say=lambda *_: None, ops_for=lambda p: plugs[paths.index(p)]).values()) == {"finished"}
     for i, kw in enumerate(kinds):
-        train(toy_config(tmp_path / f"alone{i}", device="cuda", steps=4, **kw), log=None)
+        train(toy_config(tmp_path / f"alone{i}", device="cuda", steps=4, **kw), log=None, ops=plugs[i])
         assert_same_run(tmp_path / f"alone{i}", tmp_path / f"g{i}")
 
 

@@ -121,7 +121,7 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, i
     carry = profile.residual_stream == "fp32_carry"
     # Only "first layer or not" enters the traced path: torch.compile guards on the closure values
     # it reads, and a per-layer index would compile one graph per layer (recompile_limit hit on a
-    # 24-layer model, benchmarks/results/h200_2026-11-29_sampler.md). ``index`` is read only to
+    # 24-layer model, results/benchmarks/h200_2026-11-29_sampler.md). ``index`` is read only to
     # name the layer in the error.
     reads_sum = fp32_sum and index > 0
 

@@ -5,5 +5,5 @@ expression, Liger Kernel (when importable) and ``rla`` -- forward, backward, for
 peak memory and achieved bandwidth against a copy bandwidth measured in the same run.
 ``e2e``: a training step of randomly initialised Qwen2.5-shaped models under HF bf16, ``rla``
 aligned to engine profiles, naive upcasts, fp16 and fp32. Both need CUDA; results go to
-``benchmarks/results/`` as JSON plus a Markdown table, stamped with GPU, versions, date and command.
+``results/benchmarks/`` as JSON plus a Markdown table, stamped with GPU, versions, date and command.
 """

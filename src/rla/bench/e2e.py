@@ -170,7 +170,7 @@ def _time_steps(model, batch: int, seq: int, warmup: int, reps: int) -> dict:
     }
 
 
-def run(out_dir="benchmarks/results", models=("qwen2.5-1.5b", "qwen2.5-7b"), variants=VARIANTS,
+def run(out_dir="results/benchmarks", models=("qwen2.5-1.5b", "qwen2.5-7b"), variants=VARIANTS,
         warmup: int = 2, reps: int = 5, stem=None, shape: tuple[int, int] | None = None,
         compile_mode: str | None = None) -> dict:
     """``shape`` (batch, seq) replaces the per-model, per-variant ``BATCH`` for every variant;

@@ -353,7 +353,7 @@ def default_cases(tokens: int = 16384) -> list[Callable[[], Case]]:
 def _measure_isolated(op: str, impl: str, tokens: int, reps: int, timeout_s: float, launch=None) -> dict:
     """``_measure`` in a fresh Python process: no allocator state, compiled code or warm caches
     left by the implementations timed before (in one process the order changed results by up
-    to 2.5x, ``benchmarks/results/SUMMARY.md``, session 2)."""
+    to 2.5x, ``results/benchmarks/SUMMARY.md``, session 2)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "r.json")
         cmd = [sys.executable, "-m", "rla.bench.ops", "--worker", op, impl,
@@ -382,7 +382,7 @@ def _worker(op: str, impl: str, tokens: int, reps: int, path: str) -> None:
 
 
 def run(
-    out_dir="benchmarks/results", tokens: int = 16384, reps: int = 20, only=None, stem=None, impls=None,
+    out_dir="results/benchmarks", tokens: int = 16384, reps: int = 20, only=None, stem=None, impls=None,
     isolate: bool = False, worker_timeout_s: float = 300.0, launch: dict | None = None,
 ) -> dict:
     """``impls``: run only these implementations, in this order (default: every one, rla last).

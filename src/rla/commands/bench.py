@@ -33,7 +33,7 @@ def shape(text: str) -> tuple[int, int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("what", nargs="?", choices=("ops", "e2e", "all"), default="ops")
-    p.add_argument("--out", default="benchmarks/results", help="folder for the result files")
+    p.add_argument("--out", default="results/benchmarks", help="folder for the result files")
     p.add_argument("--tokens", type=int, default=16384, help="tokens per op benchmark (ops)")
     p.add_argument("--reps", type=int, default=20, help="timed repetitions per measurement (ops)")
     p.add_argument("--only", nargs="*", choices=("swiglu", "add_rms_norm", "rope"), help="ops subset")

@@ -29,7 +29,7 @@ import triton.language as tl
 from rla.ops._triton_common import LAUNCH_OPTS, cdiv, lp_kind, next_pow2, rsqrt, sm_count, to_lp
 
 MAX_COLS = 65536
-#: Launch parameters, from benchmarks/tune_fused.py on an H200 at 16384 x 3584 bf16 (2026-11-29):
+#: Launch parameters, from lab/bench/tune_fused.py on an H200 at 16384 x 3584 bf16 (2026-11-29):
 #: forward 0.116 ms (1.06x the copy-bandwidth floor), backward 0.178 ms (1.30x).
 FWD_ROWS = 2  # rows per forward program
 FWD_WARPS: int | None = 4  # None: one warp per 512 columns, 4 to 32

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from rla.ops._triton_common import LAUNCH_OPTS, cdiv, div_rn, exp
 
-#: Launch parameters (benchmarks/tune_fused.py, H200, 16384 x 18944 bf16): elements per program
+#: Launch parameters (lab/bench/tune_fused.py, H200, 16384 x 18944 bf16): elements per program
 #: and warps, forward and backward.
 FWD_BLOCK, FWD_WARPS = 2048, 4
 BWD_BLOCK, BWD_WARPS = 2048, 8

@@ -2,7 +2,7 @@
 
 The kernels' block sizes, warps and grid shapes change their speed, never their numbers (each
 program computes whole rows or whole elements; the GPU tests check every launch shape bit for
-bit against the reference). The defaults are the values ``benchmarks/tune_fused.py`` picked on an
+bit against the reference). The defaults are the values ``lab/bench/tune_fused.py`` picked on an
 H200; another GPU may want others, so benchmarks stamp the parameters in effect into every results
 file (:func:`launch_config`) and ``rla bench --config tuned.json`` applies a tuned set
 (:func:`set_launch_config`). Keys are ``<kernel>.<parameter>``, e.g. ``"rope.num_warps"``; the

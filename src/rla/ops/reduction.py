@@ -30,7 +30,7 @@ engine's kernel adds matters as much as where it rounds. Two choices:
 
     The squares of bf16 or fp16 values are exact in fp32, so whether the kernel contracts a square
     and an add into an FMA changes nothing; the order of the adds is all there is. Bit equality
-    with vLLM's kernels was measured on the H200 (benchmarks/results, ``norm_reduction``).
+    with vLLM's kernels was measured on the H200 (results/benchmarks, ``norm_reduction``).
 
     The block size depends on the rows of one call. The engine's rows are its batch at that step
     (a prefill chunk, or the sequences decoding together), so for hidden > 2048 (more vectors than

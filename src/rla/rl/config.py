@@ -24,7 +24,8 @@ from typing import Any
 
 from rla.rl.schedule import SCHEDULES
 
-__all__ = ["TrainConfig", "load_config", "apply_overrides", "config_help", "RESUME_SAFE_FIELDS"]
+__all__ = ["TrainConfig", "load_config", "apply_overrides", "config_help", "RESUME_SAFE_FIELDS", "RETIRED_FIELDS",
+           "without_retired"]
 
 PRECISIONS = ("bf16", "aligned", "fp32", "fp16")
 ALGORITHMS = ("grpo", "reinforce")
@@ -34,6 +35,33 @@ RESUME_SAFE_FIELDS = frozenset(
     {"steps", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "out_dir", "device",
      "time_limit_s"}
 )
+
+
+#: Fields that left ``TrainConfig``, with the value that meant "off" and where the knob went. A run
+#: config written before (every ``config.yaml`` lists every field) still reads when the field is at
+#: that value; any other value is refused, naming the field and its plug: a study's knob enters the
+#: trainer through ``Trainer(..., ops=...)`` (``rla.align``'s ``ops=``), not through the config.
+RETIRED_FIELDS = {
+    "train_dose_bits": (None, "the dose study's knob now enters the trainer through the ops= plug "
+                              "(rla.rl.trainer.Trainer(cfg, ops=lab.dose.knob.DoseOps(bits, scale))); a dose grid "
+                              "runs with `python -m lab.dose.experiment GRID --out DIR` (lab/README.md)"),
+    "train_dose_scale": (1.0, "see train_dose_bits: the dose study's knob is the lab's ops= plug "
+                              "(lab.dose.knob.DoseOps(bits, scale)), run by `python -m lab.dose.experiment`"),
+}
+
+
+def without_retired(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """``values`` without the ``RETIRED_FIELDS`` that hold their "off" value; a ValueError naming the
+    field and its plug for one that holds any other value."""
+    out = {}
+    for key, value in values.items():
+        if key in RETIRED_FIELDS:
+            off, why = RETIRED_FIELDS[key]
+            if value != off:
+                raise ValueError(f"{where}: {key}={value!r} is no longer a TrainConfig field: {why}")
+            continue
+        out[key] = value
+    return out
 
 
 def _f(default, help: str, **kw):
@@ -140,18 +168,6 @@ class TrainConfig:
         "rounded (to the compute dtype, what model.to(torch.bfloat16) does: docs/rounding.md's phase-drift hazard, "
         "as a condition to study; bf16/fp16 arms only)",
     )
-    train_dose_bits: int | None = _f(
-        None,
-        "dose of the dose-response experiment (issue #19; rla.rl.dose): with train_precision=aligned, round "
-        "the output of every aligned region (RoPE q/k, SwiGLU, RMSNorm) to this many explicit mantissa bits "
-        "(round to nearest even, bf16 exponent range; 7 = bf16 = the aligned arm), on top of the profile's "
-        "rounding, so the training forward departs from the engine by a set amount. None disables",
-    )
-    train_dose_scale: float = _f(
-        1.0,
-        "with train_dose_bits: the region output is x + scale * (RN_bits(x) - x), stored in bf16 (1 = the rounding "
-        "itself); places doses between whole bits (k3 grows ~ scale^2)",
-    )
     loss_scale_init: float = _f(2.0**16, "initial dynamic loss scale (fp16 only)")
     loss_scale_growth_interval: int = _f(200, "updates without overflow before the loss scale doubles (fp16 only)")
 
@@ -218,17 +234,6 @@ class TrainConfig:
             self.train_inv_freq == "fp32" or self.train_precision in ("bf16", "fp16"),
             f"train_inv_freq=rounded needs train_precision bf16 or fp16 (fp32 has nothing to round to; aligned's "
             f"RoPE region recomputes inv_freq in fp32), got {self.train_precision}",
-        )
-        need(
-            self.train_dose_bits is None or (self.train_precision == "aligned" and 1 <= self.train_dose_bits <= 7),
-            f"train_dose_bits={self.train_dose_bits} needs train_precision=aligned (it rounds the aligned regions' "
-            f"outputs further, got {self.train_precision}) and a value in [1, 7] (7 = bf16, the aligned arm itself)",
-        )
-        need(
-            self.train_dose_scale > 0 and math.isfinite(self.train_dose_scale)
-            and (self.train_dose_scale == 1.0 or self.train_dose_bits is not None),
-            f"train_dose_scale={self.train_dose_scale} must be a finite number > 0, and other than 1 only with "
-            "train_dose_bits",
         )
         need(
             self.rollout_profile in profile_names() or self.rollout_profile in profile_aliases(),
@@ -396,11 +401,15 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
             raise ValueError(f"override {item!r} is not key=value (e.g. train_precision=aligned)")
         key, raw = item.split("=", 1)
         key = key.strip()
-        _check_keys([key], "override")
         try:
-            out[key] = yaml.safe_load(raw) if raw.strip() else ""
+            value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as e:
             raise ValueError(f"override {item!r}: the value is not valid YAML ({e})") from None
+        if key in RETIRED_FIELDS:
+            without_retired({key: value}, "override")
+            continue
+        _check_keys([key], "override")
+        out[key] = value
     return out
 
 
@@ -433,6 +442,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     values: dict[str, Any] = {}
     if path is not None:
         loaded = read_yaml_mapping(path, "config file", "a config file is a mapping of field: value")
+        loaded = without_retired(loaded, str(path))
         _check_keys(loaded, str(path))
         values.update(loaded)
     values = apply_overrides(values, list(overrides))

@@ -84,7 +84,7 @@ def shard(module: torch.nn.Module, decoder_layers, param_dtype: torch.dtype | No
     """``fully_shard`` each decoder layer, then the root, with the mixed-precision policy above.
 
     ``cast_forward_inputs=True`` (FSDP2's default) exists only to reproduce the hazard it causes
-    (``benchmarks/fsdp2_check.py``); training always uses False.
+    (``lab/bench/fsdp2_check.py``); training always uses False.
     """
     try:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

@@ -19,8 +19,12 @@ With ``init: sft`` in the base config, each model's supervised warm start runs o
 (``DIR/init/<model>``) and every arm and seed of that model starts from it.
 
 At the end (and with ``--summarize-only``) ``DIR/summary.json``, ``DIR/summary.md`` and
-``DIR/plots/<model>.png`` are written from the runs' logs; a grid with dose arms
-(``train_dose_bits``) also gets the dose-response report (``rla.rl.dose_report``).
+``DIR/plots/<model>.png`` are written from the runs' logs.
+
+A study that plugs its own knob into the trainer (``Trainer(cfg, ops=...)``) runs its grid through
+``run_grid(..., plug=MODULE)``: each job is then ``python -m MODULE RUN.yaml [RUN.yaml ...]``, the
+study's own entry point, which builds its ``ops`` and runs the runs (the dose study:
+``lab.dose.run``); the scheduling, warm starts, resume and summary stay these.
 """
 
 from __future__ import annotations
@@ -51,11 +55,13 @@ def _steps_done(run_dir: Path) -> int:
 
 def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: float | None = None,
              gpus: list[str] | None = None, only: str | None = None, say=print, show_progress: bool = True,
-             grace_s: float = 30.0, dose_criterion: str = "reward", runs_per_process: int = 1) -> dict:
+             grace_s: float = 30.0, runs_per_process: int = 1, plug: str | None = None) -> dict:
     """Warm starts, then every unfinished run; then ``summarize_grid``. Returns the summary.
 
     ``runs_per_process`` > 1 puts up to that many runs of one GPU into one process, a thread each
-    (``rla.rl.run_group``); ``parallel`` counts processes.
+    (``rla.rl.run_group``); ``parallel`` counts processes. ``plug``: a module run as ``python -m
+    plug RUN.yaml [RUN.yaml ...]`` for each job instead of ``rla train`` / ``rla.rl.run_group`` (a
+    study's entry point that passes its knob to the trainer as ``ops=``; it must resume each run).
     """
     if runs_per_process < 1:
         raise ValueError(f"runs_per_process must be >= 1, got {runs_per_process}")
@@ -86,7 +92,7 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
         (run_dir / "run.yaml").write_text(s.config.to_yaml())
         todo.append((s.name, run_dir, gpus[i % len(gpus)] if gpus else None))
     todo = resume_first(todo)
-    jobs = _jobs(todo, runs_per_process, out)
+    jobs = _jobs(todo, runs_per_process, out, plug)
     at_once = (f"{parallel} process(es) of up to {runs_per_process} runs at a time" if runs_per_process > 1
                else f"{parallel} at a time")
     say(f"{len(specs)} run(s): {len(specs) - len(todo)} finished, {len(todo)} to run, {at_once}")
@@ -95,7 +101,7 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
         run_jobs(jobs, parallel, deadline, say, progress=bar.refresh, grace_s=grace_s)
     finally:
         bar.close()
-    return summarize(out, grid, dose_criterion=dose_criterion)
+    return summarize(out, grid)
 
 
 def resume_first(todo: list[tuple[str, Path, str | None]]) -> list[tuple[str, Path, str | None]]:
@@ -113,12 +119,14 @@ def resume_first(todo: list[tuple[str, Path, str | None]]) -> list[tuple[str, Pa
     return sorted(todo, key=lambda entry: -done(entry))  # sorted is stable: ties keep the grid's order
 
 
-def _jobs(todo: list[tuple[str, Path, str | None]], per_process: int, out: Path) -> list[Job]:
+def _jobs(todo: list[tuple[str, Path, str | None]], per_process: int, out: Path, plug: str | None = None) -> list[Job]:
     """One ``rla train`` process per run, or with ``per_process`` > 1 groups of up to that many runs
-    of the same GPU in one ``rla.rl.run_group`` process (its own output in ``OUT/logs/``)."""
+    of the same GPU in one ``rla.rl.run_group`` process (its own output in ``OUT/logs/``); with
+    ``plug`` the module ``plug`` runs them instead."""
     if per_process == 1:
-        return [Job(name, [sys.executable, "-m", "rla.cli", "train", str(d / "run.yaml"), "--resume"],
-                    d / "train.out", gpu=gpu) for name, d, gpu in todo]
+        single = [sys.executable, "-m", plug] if plug else [sys.executable, "-m", "rla.cli", "train"]
+        resume = [] if plug else ["--resume"]
+        return [Job(name, [*single, str(d / "run.yaml"), *resume], d / "train.out", gpu=gpu) for name, d, gpu in todo]
     by_gpu: dict[str | None, list] = {}
     for t in todo:
         by_gpu.setdefault(t[2], []).append(t)
@@ -127,7 +135,7 @@ def _jobs(todo: list[tuple[str, Path, str | None]], per_process: int, out: Path)
         for k in range(0, len(runs), per_process):
             part = runs[k:k + per_process]
             name = "+".join(n for n, _, _ in part)
-            cmd = [sys.executable, "-m", "rla.rl.run_group", *(str(d / "run.yaml") for _, d, _ in part)]
+            cmd = [sys.executable, "-m", plug or "rla.rl.run_group", *(str(d / "run.yaml") for _, d, _ in part)]
             jobs.append(Job(name, cmd, out / "logs" / f"group__{part[0][0]}.out", gpu=gpu))
     return jobs
 
@@ -162,17 +170,11 @@ def make_warm_starts(specs: list[RunSpec], out: Path, *, parallel: int = 1, dead
             pass
 
 
-def summarize(out: str | Path, grid: Grid | None = None, dose_criterion: str = "reward") -> dict:
-    """``summarize_grid`` (summary.json / summary.md / plots), and for a grid with dose arms
-    (``train_dose_bits``) also ``dose_report.md`` / ``.json`` and ``plots/dose_response.png``
-    (``rla.rl.dose_report``, collapse judged by ``dose_criterion``). Returns the grid summary."""
-    from rla.rl.dose_report import dose_report, is_dose_grid
-
+def summarize(out: str | Path, grid: Grid | None = None) -> dict:
+    """``summarize_grid`` (summary.json / summary.md / plots) of ``out``, with ``grid`` or the one
+    ``run_grid`` recorded in ``out/grid.yaml``. Returns the grid summary."""
     grid = grid if grid is not None else load_grid(Path(out) / "grid.yaml")
-    summary = summarize_grid(out, grid)
-    if is_dose_grid(grid):
-        summary["dose_report"] = dose_report(out, grid, summary, criterion=dose_criterion)
-    return summary
+    return summarize_grid(out, grid)
 
 
 class _ProgressBar:

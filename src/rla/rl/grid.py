@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rla.rl.config import TrainConfig, _check_keys, read_yaml_mapping
+from rla.rl.config import TrainConfig, _check_keys, read_yaml_mapping, without_retired
 
-__all__ = ["Grid", "RunSpec", "load_grid", "is_finished", "matches_only"]
+__all__ = ["Grid", "RunSpec", "load_grid", "grid_from_mapping", "is_finished", "matches_only"]
 
 
 @dataclass
@@ -77,8 +77,15 @@ def _config(values: dict, where: str) -> TrainConfig:
 
 
 def load_grid(path: str | Path) -> Grid:
+    """The grid of a grid file (``grid_from_mapping`` of its YAML)."""
     path = Path(path)
-    raw = read_yaml_mapping(path, "grid file", "a grid is a mapping with base, arms and seeds")
+    return grid_from_mapping(read_yaml_mapping(path, "grid file", "a grid is a mapping with base, arms and seeds"), path)
+
+
+def grid_from_mapping(raw: dict[str, Any], path: Path) -> Grid:
+    """A validated ``Grid`` from a grid file's mapping (``path``: where it came from, for a relative
+    ``base`` and for errors). A study whose arms carry keys of its own strips them first (the dose
+    study: ``lab.dose.grid``)."""
     unknown = set(raw) - {"base", "overrides", "models", "arms", "seeds"}
     if unknown:
         raise ValueError(f"{path}: unknown grid key(s) {sorted(unknown)}; known: base, overrides, models, arms, seeds")
@@ -88,7 +95,7 @@ def load_grid(path: str | Path) -> Grid:
         base = read_yaml_mapping(base_path, f"{path}: base config", "a config file is a mapping of field: value")
     if not isinstance(base, dict):
         raise ValueError(f"{path}: base must be a config file name or a mapping")
-    base = {**base, **(raw.get("overrides") or {})}
+    base = without_retired({**base, **(raw.get("overrides") or {})}, f"{path}: base")
     models = raw.get("models") or {"model": {}}
     arms = raw.get("arms")
     if not arms or not isinstance(arms, dict):
@@ -103,10 +110,12 @@ def load_grid(path: str | Path) -> Grid:
             raise ValueError(f"{path}: {name} must map to config overrides, got {type(over).__name__}")
         if "__" in str(name) or "/" in str(name):
             raise ValueError(f"{path}: name {name!r} may not contain '__' or '/' (it names a folder)")
+    models = {name: without_retired(over, f"{path}: {name}") for name, over in models.items()}
+    arms = {name: without_retired(over, f"{path}: {name}") for name, over in arms.items()}
+    for name, over in [*models.items(), *arms.items()]:
         _check_keys(over, f"{path}: {name}")
     _check_keys(base, f"{path}: base")
     return Grid(models=dict(models), arms=dict(arms), seeds=list(seeds), base=base, source=path)
-
 
 
 def is_finished(run_dir: Path, steps: int) -> bool:

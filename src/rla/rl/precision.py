@@ -22,10 +22,9 @@ Every arm keeps **fp32 master weights** in AdamW. What differs is the copy the f
               and halves S, ``loss_scale_growth_interval`` clean updates double it.
 ============  ==============================================================================
 
-``aligned`` with ``dose_bits`` (``train_dose_bits``, the dose-response experiment of
-docs/dose_response.md): the aligned copy whose region outputs are rounded further to that many
-mantissa bits (``rla.rl.dose.DoseOps``), so the training forward departs from the engine by a set
-amount.
+``aligned`` with ``ops``: the aligned copy's regions call ``ops`` (``rla.align``'s ``ops=`` plug)
+instead of ``rla.ops``; a study's knob enters the trainer this way (the dose-response study's
+``lab.dose.knob.DoseOps`` rounds the region outputs further), never through ``TrainConfig``.
 
 Why a compute copy rather than ``torch.autocast`` over fp32 parameters: under autocast the
 embedding output and hence the residual stream stay fp32, and HF's RMSNorm multiplies an fp32
@@ -116,7 +115,7 @@ class Policy:
     def __init__(self, master: torch.nn.Module, *, precision: str, rollout_profile: str,
                  align_regions, temperature: float, top_k: int, top_p: float, chunk: int, dist: Dist,
                  loss_scale_init: float = 2.0**16, loss_scale_growth_interval: int = 200, inv_freq: str = "fp32",
-                 dose_bits: int | None = None, dose_scale: float = 1.0):
+                 ops=None):
         from rla.alignment import align
 
         if any(p.dtype != torch.float32 for p in master.parameters()):
@@ -125,13 +124,9 @@ class Policy:
         self.lp_dtype = LOW_PRECISION[precision]
         self.master = master
         self.alignment = None
-        if dose_bits is not None and precision != "aligned":
-            raise ValueError(f"dose_bits needs precision='aligned' (it rounds the aligned regions), got {precision!r}")
-        region_ops = None
-        if dose_bits is not None:
-            from rla.rl.dose import DoseOps
-
-            region_ops = DoseOps(dose_bits, dose_scale)
+        if ops is not None and precision != "aligned":
+            raise ValueError(f"ops= replaces the aligned regions' ops and needs precision='aligned', got {precision!r}")
+        region_ops = ops
         fwd_kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, chunk=chunk)
         if dist.fsdp:
             if precision == "aligned":

@@ -65,10 +65,12 @@ def _on(stream):
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
-def run_group(paths: list[str | Path], say=print) -> dict[str, str]:
+def run_group(paths: list[str | Path], say=print, ops_for=None) -> dict[str, str]:
     """Run the configs at ``paths`` (each resumed from its own checkpoint) in threads of this process.
 
-    Returns ``{out_dir: "finished" | "stopped" | "failed"}``.
+    ``ops_for(path)``: each run's ``Trainer`` plug (``ops=``), for a study's entry point
+    (``rla.rl.experiment.run_grid``'s ``plug``); None: rla's own ops. Returns
+    ``{out_dir: "finished" | "stopped" | "failed"}``.
     """
     import torch
 
@@ -94,12 +96,13 @@ def run_group(paths: list[str | Path], say=print) -> dict[str, str]:
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         # build every trainer first (the global seeds each one sets are used only while it is built)
-        for cfg in configs:
+        for path, cfg in zip(paths, configs):
             out = Path(cfg.out_dir)
             out.mkdir(parents=True, exist_ok=True)
             logs[cfg.out_dir] = log = _RunLog(out / "train.out")
             try:
-                trainers[cfg.out_dir] = Trainer(cfg.replace(progress=False), resume=True, log=log)
+                ops = ops_for(path) if ops_for is not None else None
+                trainers[cfg.out_dir] = Trainer(cfg.replace(progress=False), resume=True, log=log, ops=ops)
             except Exception:
                 log.failure("failed to start")
                 status[cfg.out_dir] = "failed"

@@ -92,9 +92,16 @@ class Rollouts:
 
 
 class Trainer:
-    """Owns the policy (master + compute copy), the sampler, the optimizer and the run folder."""
+    """Owns the policy (master + compute copy), the sampler, the optimizer and the run folder.
 
-    def __init__(self, config: TrainConfig, *, resume: bool = False, log=print):
+    ``ops``: the plug through which a study's knob enters the training forward. With
+    ``train_precision=aligned`` the aligned regions call ``ops`` instead of ``rla.ops`` (``rla.align``'s
+    ``ops=``; the dose-response study's ``lab.dose.knob.DoseOps``); the rollouts are never touched.
+    It is not part of the config: the caller that plugs it in records it beside the run and passes
+    the same one on resume.
+    """
+
+    def __init__(self, config: TrainConfig, *, resume: bool = False, log=print, ops=None):
         from rla.rl.tokenizer import build_tokenizer
         from rla.rollout.sampler import Sampler
 
@@ -129,7 +136,7 @@ class Trainer:
             align_regions=cfg.align_regions, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
             chunk=cfg.logprob_chunk, dist=self.dist, loss_scale_init=cfg.loss_scale_init,
             loss_scale_growth_interval=cfg.loss_scale_growth_interval, inv_freq=cfg.train_inv_freq,
-            dose_bits=cfg.train_dose_bits, dose_scale=cfg.train_dose_scale,
+            ops=ops,
         )
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
@@ -497,9 +504,10 @@ def _json(obj) -> str:
     return json.dumps(obj, indent=1, default=float, allow_nan=True)
 
 
-def train(config: TrainConfig, *, resume: bool = False, until_step: int | None = None, log=print) -> dict[str, Any]:
-    """Build a ``Trainer``, run it, close it; returns ``Trainer.train``'s result."""
-    trainer = Trainer(config, resume=resume, log=log)
+def train(config: TrainConfig, *, resume: bool = False, until_step: int | None = None, log=print,
+          ops=None) -> dict[str, Any]:
+    """Build a ``Trainer``, run it, close it; returns ``Trainer.train``'s result (``ops``: ``Trainer``'s plug)."""
+    trainer = Trainer(config, resume=resume, log=log, ops=ops)
     try:
         return trainer.train(until_step=until_step)
     finally:

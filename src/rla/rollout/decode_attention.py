@@ -4,9 +4,9 @@ HF's SDPA attention, given an explicit mask (which the static cache needs), repe
 K/V head of the *whole* cache before attending (``repeat_kv``; transformers 5.17 does, 5.24 packs the
 query heads instead), and attends over all ``max_len`` columns however few are filled. In a profile of
 the 4M model's decode step on an H200 (64 x 1,088 columns) that was 68% of the GPU time: 53% the copies,
-15% the attention (``benchmarks/results/h200_2026-12-01_decode_loop.md``). This function attends the same
+15% the attention (``results/benchmarks/h200_2026-12-01_decode_loop.md``). This function attends the same
 query to the same keys with neither cost (3.81x faster 52M rollouts,
-``benchmarks/results/h200_2026-12-01_decode_attention.md``):
+``results/benchmarks/h200_2026-12-01_decode_attention.md``):
 
 - the ``G = heads / kv_heads`` query heads that share a K/V head become ``G`` query rows of that head
   (``[b, heads, 1, d] -> [b, kv_heads, G, d]``), so no K/V is copied;

@@ -95,7 +95,7 @@ class Sampler:
         ``cache="static"`` preallocates the KV cache (prompt + max_new_tokens, rounded up to
         :data:`rla.rollout.static_decode.BUCKET`), so every decode step has the same shapes, and on GPU
         captures the decode step as a CUDA graph (``cuda_graph``: None = on GPU, True = required,
-        False = eager). The throughput of each path is in ``benchmarks/results/``.
+        False = eager). The throughput of each path is in ``results/benchmarks/``.
 
         ``tokens_per_check``: tokens sampled between checks whether every row has stopped (each
         check is a host sync). With the static cache it is also the number of tokens one CUDA-graph

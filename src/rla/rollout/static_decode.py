@@ -1,7 +1,7 @@
 """One decode step against a preallocated KV cache, optionally captured as a CUDA graph.
 
 A small model's decode step is a few hundred tiny kernels: on GPU the host, not the GPU, sets the
-pace (``benchmarks/results/h200_2026-11-29_sampler.md``). A CUDA graph replays the whole step as
+pace (``results/benchmarks/h200_2026-11-29_sampler.md``). A CUDA graph replays the whole step as
 one launch. That needs every tensor the step reads or writes to live at a fixed address with a
 fixed shape, which this class provides:
 
@@ -21,7 +21,7 @@ steps). :meth:`StaticDecoder.run` is K whole tokens: sample from the logits buff
 device, decode -- K times, captured once per sampling setting as one graph. The host then does
 one replay per K tokens instead of ~20 op launches and a ``torch.multinomial`` sync per token.
 On an H200 that gained only 1.01-1.03x for the 4M and 52M models at 64 x 1024 tokens
-(``benchmarks/results/h200_2026-12-01_decode_loop.md``): there the decode step's GPU time, not
+(``results/benchmarks/h200_2026-12-01_decode_loop.md``): there the decode step's GPU time, not
 the host, sets the pace. It matters where the host is the bottleneck (a slower host, more runs
 per GPU).
 

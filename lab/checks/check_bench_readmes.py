@@ -1,0 +1,316 @@
+"""Recompute the headline tables of every ``results/benchmarks/*/README.md`` from the JSON beside it.
+
+    python lab/checks/check_bench_readmes.py          # the table; exit 1 on any MISMATCH
+
+Every marked table row (``lab/checks/render.py``'s markers, ``lab/checks/readme_tables.py``) is
+rendered from the files and compared with what its markers hold; a marked row the files do not
+produce is a mismatch. The session folders' paths are the constants
+of ``lab/checks/check_results.py`` (one place to rename them).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from readme_tables import TableCheck, check_results_module, main  # noqa: E402
+
+_cr = check_results_module()
+D29C, D29, TWIN, ORDER, FORWARD, SGLANG, QK = _cr.D29C, _cr.D29, _cr.TWIN, _cr.ORDER, _cr.FORWARD, _cr.SGLANG, _cr.QK
+FSDP2 = "results/benchmarks/h200x2_2026-11-29_fsdp2"
+
+MODELS = {"Qwen2.5-1.5B": "qwen2.5-1.5b", "Qwen2.5-7B": "qwen2.5-7b"}
+
+
+def _json(root, rel):
+    return json.loads((root / rel).read_text())
+
+
+def _e2e_rows(root, rel):
+    return {(r["model"], r["variant"]): r for r in _json(root, rel)["results"]}
+
+
+# ---------------------------------------------------------------- the reduction-order session
+
+def order_e2e(root):
+    """e2e_new_code_{1,2}.json and e2e_old_code.json: tok/s / hf-bf16 tok/s of the same run, run 1
+    and run 2; peak GiB / hf-bf16's (run 1)."""
+    new = [_e2e_rows(root, f"{ORDER}/e2e_new_code_{i}.json") for i in (1, 2)]
+    old = _e2e_rows(root, f"{ORDER}/e2e_old_code.json")
+    out = {}
+    for model in ("qwen2.5-1.5b", "qwen2.5-7b"):
+        ratio = lambda rows, v: rows[(model, v)]["tok_s"] / rows[(model, "hf-bf16")]["tok_s"]  # noqa: E731
+        mem = lambda rows, v: rows[(model, v)]["peak_gib"] / rows[(model, "hf-bf16")]["peak_gib"]  # noqa: E731
+        for v in ("rla-vllm", "rla-vllm-eager", "rla-vllm-eager-kernels", "liger"):
+            out[(model, v)] = [ratio(new[0], v), ratio(new[1], v), mem(new[0], v)]
+        out[(model, "rla-vllm, code before")] = [ratio(old, "rla-vllm"), None, mem(old, "rla-vllm")]
+    return out
+
+
+# ---------------------------------------------------------------- session 3: e2e through rla.align
+
+E2E_VARIANTS = {"HF bf16": "hf-bf16", "rla aligned to vllm (rla.align)": "rla-vllm", "rla aligned to sglang": "rla-sglang",
+                "naive fp32 upcasts": "naive-upcast", "fp16": "fp16", "fp32": "fp32"}
+
+
+def session3_e2e(root):
+    """call5_e2e.json: batch x seq, tok/s, / HF bf16's, peak GiB, / HF bf16's (not for a run of another batch: '-')."""
+    rows = _e2e_rows(root, f"{D29C}/call5_e2e.json")
+    out = {}
+    for label, model in MODELS.items():
+        hf = rows[(model, "hf-bf16")]
+        for vlabel, v in E2E_VARIANTS.items():
+            r = rows[(model, v)]
+            same_shape = (r["batch"], r["seq"]) == (hf["batch"], hf["seq"])
+            out[(label, vlabel)] = [[r["batch"], r["seq"]], r["tok_s"], r["tok_s"] / hf["tok_s"],
+                                    r["peak_gib"], r["peak_gib"] / hf["peak_gib"] if same_shape else []]
+    return out
+
+
+def session3_per_op(root):
+    """Isolated per-op runs (each implementation in its own process), in the order calls 3, 5 and, for
+    RoPE, call 4 with rla's process first then Liger's: eager fwd+bwd rla / Liger (fwd_bwd_ms), GPU-only
+    (graph_fwd_bwd_ms) rla / Liger, GPU-only fwd / floor (graph_fwd_ms / floor_fwd_ms), eager fwd / floor
+    (fwd_ms / floor_fwd_ms); rla / HF eager, eager and GPU-only fwd+bwd, from call 3 (the run with HF)."""
+    files = {op: [f"{D29C}/call3_ops_isolated.json", f"{D29C}/call5_ops_isolated.json"] for op in ("swiglu", "add_rms_norm", "rope")}
+    files["rope"] += [f"{D29C}/call4_ops_rope_rla_first.json", f"{D29C}/call4_ops_rope_liger_first.json"]
+    out = {}
+    for label, op in (("swiglu", "swiglu"), ("add+rmsnorm", "add_rms_norm"), ("rope", "rope")):
+        rs = [next(r for r in _json(root, f)["results"] if r["op"] == op) for f in files[op]]
+        g = lambda r, impl, k: r["impls"][impl][k]  # noqa: E731
+        c3 = rs[0]
+        out[(label,)] = [[g(r, "rla", "fwd_bwd_ms") / g(r, "liger", "fwd_bwd_ms") for r in rs],
+                         [g(r, "rla", "graph_fwd_bwd_ms") / g(r, "liger", "graph_fwd_bwd_ms") for r in rs],
+                         [g(r, "rla", "graph_fwd_ms") / r["floor_fwd_ms"] for r in rs],
+                         [g(r, "rla", "fwd_ms") / r["floor_fwd_ms"] for r in rs],
+                         [g(c3, "rla", "fwd_bwd_ms") / g(c3, "hf", "fwd_bwd_ms"), g(c3, "rla", "graph_fwd_bwd_ms") / g(c3, "hf", "graph_fwd_bwd_ms")]]
+    return out
+
+
+# ---------------------------------------------------------------- session 4: e2e next to Liger; RoPE variants
+
+def session4_e2e(root):
+    """call2_e2e_liger.json (4 x 4096 / 1 x 4096) and call2_e2e_1x512.json: HF tok/s, rla and Liger tok/s
+    with / HF; peak GiB HF / rla / Liger (one number, 'each', when the three agree at 0.1 GiB)."""
+    out = {}
+    for rel in ("call2_e2e_liger.json", "call2_e2e_1x512.json"):
+        rows = _e2e_rows(root, f"{D29}/{rel}")
+        for label, model in MODELS.items():
+            hf, rla, lig = (rows[(model, v)] for v in ("hf-bf16", "rla-vllm", "liger"))
+            peaks = [hf["peak_gib"], rla["peak_gib"], lig["peak_gib"]]
+            same = len({f"{p:.1f}" for p in peaks}) == 1
+            out[(label, f"{hf['batch']} x {hf['seq']}")] = [
+                hf["tok_s"], [rla["tok_s"], rla["tok_s"] / hf["tok_s"]], [lig["tok_s"], lig["tok_s"] / hf["tok_s"]],
+                peaks[:1] if same else peaks]
+    return out
+
+
+def _two(a, b, fmt):
+    """one value when both read the same at the written precision (``fmt``), else both"""
+    return [a] if format(a, fmt) == format(b, fmt) else [a, b]
+
+
+def _span(values, fmt):
+    """a - b range as written: min and max, or one value when they read the same"""
+    lo, hi = min(values), max(values)
+    return [lo] if format(lo, fmt) == format(hi, fmt) else [lo, hi]
+
+
+def rope_variants(root):
+    """call1_rope_variants.json rows: fwd ms, fwd+bwd ms, fwd / floor (fwd_ms / fwd_floor_ms)."""
+    rows = {r["arm"]: r for r in _json(root, f"{D29}/call1_rope_variants.json")["rows"]}
+    f = lambda a: rows[a]["fwd_ms"]  # noqa: E731
+    fb = lambda a: rows[a]["fwd_bwd_ms"]  # noqa: E731
+    fl = lambda a: rows[a]["fwd_ms"] / rows[a]["fwd_floor_ms"]  # noqa: E731
+    single = {"copy_ of q and k (same q/k bytes, no tables)": "copy",
+              "rla, fp32 full table (what the benchmark passed before)": "rla fp32 full",
+              "rla, fp32 half table (what rla.align now passes)": "rla fp32 half",
+              "rla, bf16 half table": "rla bf16 half",
+              "Liger, bf16 full table given (as in a model)": "liger bf16 full",
+              "Liger, per-call cast from fp32 (the old benchmark's protocol)": "liger bf16 full, per-call cast from fp32"}
+    out = {(label,): [f(a), fb(a), fl(a), "yes" if rows[a]["bitwise_vs_shipped"] else "-"] for label, a in single.items()}
+    lf = ["loads-first fp32 half w4", "loads-first bf16 half w4"]
+    out[("every q and k load before any store, fp32 / bf16 half, 4 warps",)] = [
+        [f(a) for a in lf], [fb(a) for a in lf], _two(fl(lf[0]), fl(lf[1]), ".2f"), "yes"]
+    l8 = ["loads-first fp32 half w8", "loads-first bf16 half w8"]
+    out[("same, 8 warps",)] = [[f(a) for a in l8], [fb(a) for a in l8], [fl(a) for a in l8], "yes"]
+    s4, s8 = ["swap fp32 half w4", "swap bf16 half w4"], ["swap fp32 half w8", "swap bf16 half w8"]
+    out[("one contiguous row load plus a swapped reload, 4 / 8 warps",)] = [
+        _span([f(a) for a in s4], ".3f") + _span([f(a) for a in s8], ".3f"),
+        _span([fb(a) for a in s4], ".3f") + _span([fb(a) for a in s8], ".2f"),
+        _span([fl(a) for a in s4 + s8], ".1f"), "yes"]
+    return out
+
+
+# ---------------------------------------------------------------- FSDP2 on two GPUs
+
+def fsdp2_throughput(root):
+    """check/fsdp2_check.json: tok/s per GPU (mean of ranks), peak GiB (max of ranks), rank 0's median step s."""
+    t = _json(root, f"{FSDP2}/check/fsdp2_check.json")["throughput"]
+    out = {}
+    for label, k in (("baseline (HF bf16)", "baseline"), ("aligned (rla.align, vllm)", "aligned")):
+        out[(label,)] = [t[k]["tokens_per_s_per_gpu_mean"], t[k]["peak_mem_gib_max"], t[k]["per_rank"][0]["step_s_median"]]
+    return out
+
+
+def fsdp2_grpo(root):
+    """train_<arm>/log.jsonl (rank 0's records): step-0 k3, mean k3 over the logged steps, step-0 mean
+    |delta logp|, step-0 ratio min / max, mean train s/step of steps 1-3, peak GiB (max over steps)."""
+    sys.path.insert(0, str(root / "src"))
+    from rla.rl.runlog import read_log
+
+    out = {}
+    for label, arm in (("aligned (vllm)", "train_aligned"), ("bf16 baseline", "train_bf16")):
+        recs = read_log(root / FSDP2 / arm / "log.jsonl")
+        k3 = [r["mismatch/k3"] for r in recs]
+        first = recs[0]
+        out[(label,)] = [first["mismatch/k3"], sum(k3) / len(k3), first["mismatch/abs/mean"],
+                         [first["train/ratio/min"], first["train/ratio/max"]],
+                         sum(r["time/train_s"] for r in recs[1:4]) / 3,
+                         max(r["memory/peak_mb"] for r in recs) / 1024]
+    return out
+
+
+# ---------------------------------------------------------------- vLLM 0.33 twin and RoPE tables
+
+def _twin(mode, sides, folder=TWIN):
+    def f(root):
+        out = {}
+        for r in _json(root, f"{folder}/twin_{mode}.json")["rows"]:
+            key = (r["model"], f"{r['batch']}x{r['tokens']} @ {r['position_offset']}")
+            out.setdefault(key, {})[r["side"]] = [100 * r["logits_equal"], r["k3"]]
+        return {k: [v[s] for s in sides] for k, v in out.items()}
+    return f
+
+
+def rope_tables(root):
+    """rope_tables.json: positions, where inv_freq is computed, % of fp32 / bf16 entries equal to vLLM's cache."""
+    labels = {("qwen2", "device"): "Qwen2 (theta 1e6)", ("qwen2", "host"): "Qwen2",
+              ("llama31", "device"): "Llama-3.1 (llama3 scaling, theta 5e5)", ("llama31", "host"): "Llama-3.1"}
+    out = {}
+    for r in _json(root, f"{TWIN}/rope_tables.json")["rows"]:
+        where = "device" if r["rope_inv_freq"] == "device" else "host"
+        out[(labels[(r["model"].split("-")[0], where)],)] = [r["positions"], None, 100 * r["fp32_equal"], 100 * r["bf16_equal"]]
+    return out
+
+
+def _e2e_vs_hf(root, path):
+    """(model, variant) -> batch x seq, tok/s, / hf-bf16's, peak GiB, / hf-bf16's (same file, same model)."""
+    rows = _e2e_rows(root, path)
+    out = {}
+    for (model, variant), r in rows.items():
+        hf = rows[(model, "hf-bf16")]
+        out[(model, variant)] = [f"{r['batch']}x{r['seq']}", r["tok_s"], r["tok_s"] / hf["tok_s"],
+                                 r["peak_gib"], r["peak_gib"] / hf["peak_gib"]]
+    return out
+
+
+def forward_e2e(root):
+    """e2e.json: batch x seq, tok/s, / hf-bf16's, peak GiB, / hf-bf16's."""
+    return _e2e_vs_hf(root, f"{FORWARD}/e2e.json")
+
+
+def qk_e2e(root):
+    """e2e_fused.json: tok/s, / hf-bf16's, peak GiB, / hf-bf16's (the table has no shape column)."""
+    return {key: vals[1:] for key, vals in _e2e_vs_hf(root, f"{QK}/e2e_fused.json").items()}
+
+
+def qk_alternating(root):
+    """e2e_alternating_<i>.json: the chain (odd runs fused), rla-vllm tok/s and peak GiB."""
+    out = {}
+    for i in range(1, 5):
+        (r,) = _json(root, f"{QK}/e2e_alternating_{i}.json")["results"]
+        out[(f"e2e_alternating_{i}",)] = ["fused" if i % 2 else "two-op", r["tok_s"], r["peak_gib"]]
+    return out
+
+
+def sglang_points(root, report="calibration.report.json", only=None):
+    """calibration.report.json: choice, evidence, '<choice>: <100 fraction>%' per choice, max ulp;
+    a point whose op did not run: its kept evidence and 'not run here' (a word each)."""
+    out = {}
+    for name, p in _json(root, f"{SGLANG}/{report}")["points"].items():
+        if only and name not in only:
+            continue
+        key = (name,)
+        if p["elements"]:
+            shares = ", ".join(f"{c}: {100 * f:.4f}%" for c, f in p["fractions"].items())
+            out[key] = [p["choice"], p["evidence"], shares, p["max_ulp"]]
+        else:
+            out[key] = [p["choice"], None, "not run here", None]
+    return out
+
+
+def sglang_rest(root):
+    """rest_diagnosis.json: elements, differing from rla's choice, in the named class, reproduced."""
+    d = _json(root, f"{SGLANG}/rest_diagnosis.json")
+    r, s = d["rope"], d["swiglu"]
+    rope = [r["elements"], r["differ_from_fused_choice"], r["of_the_rest_equal_fma_first_product_exact"],
+            r["of_the_rest_equal_fma_first_product_exact"], None]
+    swiglu = [s["elements"], s["differ"], s["differ_gate_below_-80"], s["equal_with_ftz_and_fast_division_model"], None]
+    return {("RoPE (FusedRopeKernel, head 128, 8192 tokens, positions to 32k)",): rope,
+            ("SwiGLU (ActivationKernel, 4096 x 4096 at input scales 1, 4, 16, 64)",): swiglu}
+
+
+# ---------------------------------------------------------------- the decode attention (2026-12-01)
+
+DECODE_ATTN = "results/benchmarks/h200_2026-12-01_decode_attention"
+
+
+def decode_attention_table(root):
+    """per model: model and grouped seconds_per_generate, speedup, graphs (model, grouped), peak GiB (model, grouped)."""
+    rows = {r["size"]: r for r in _json(root, f"{DECODE_ATTN}.json")["rows"]}
+    return {(name,): [r["model"]["seconds_per_generate"], r["grouped"]["seconds_per_generate"], r["speedup"],
+                      [r["model"]["graphs"], r["grouped"]["graphs"]], [r["model"]["peak_gib"], r["grouped"]["peak_gib"]]]
+            for name, r in (("4M", rows["tiny"]), ("52M", rows["50m"]))}
+
+
+R = lambda folder: f"{folder}/README.md"  # noqa: E731
+
+TABLES: list[TableCheck] = [
+    TableCheck("decode attention", f"{DECODE_ATTN}.md", f"{DECODE_ATTN}.json",
+               "rows: seconds_per_generate of each arm, speedup, captured graphs, peak_gib", decode_attention_table),
+    TableCheck("SGLang 0.5.23 calibration", R(SGLANG), f"{SGLANG}/calibration.report.json", "choice, evidence, 100 x fraction per choice, max ulp", sglang_points),
+    TableCheck("SGLang 0.5.23 norm path (CuTe-DSL)", R(SGLANG), f"{SGLANG}/norm_cute/calibration.report.json", "choice, evidence, 100 x fraction per choice, max ulp",
+               lambda root: sglang_points(root, "norm_cute/calibration.report.json",
+                                          ("norm_weight", "norm_residual", "residual_stream", "norm_reduction"))),
+    TableCheck("fused q/k norm + RoPE e2e", R(QK), f"{QK}/e2e_fused.json", "tok/s, / hf-bf16 tok/s, peak GiB, / hf-bf16 peak", qk_e2e),
+    TableCheck("fused vs two-op q/k chain, alternating", R(QK), f"{QK}/e2e_alternating_*.json", "chain by run (odd: fused), tok/s, peak GiB", qk_alternating),
+    TableCheck("SGLang 0.5.23 rest", R(SGLANG), f"{SGLANG}/rest_diagnosis.json", "element counts", sglang_rest),
+    TableCheck("engine-backed default mode vs the twin", R(FORWARD),
+               f"{FORWARD}/twin_default.json", "% of logits bit-equal / k3 per side",
+               _twin("default", ("hf", "rla-fused", "rla-reference", "vllm-pieces"), FORWARD)),
+    TableCheck("engine-backed default mode e2e", R(FORWARD), f"{FORWARD}/e2e.json", "batch x seq, tok/s, / hf-bf16, peak GiB, / hf-bf16", forward_e2e),
+    TableCheck("reduction order e2e", R(ORDER), f"{ORDER}/e2e_*.json",
+               "tok_s / hf-bf16 tok_s in the same run (runs 1, 2); peak_gib / hf-bf16 (run 1)", order_e2e),
+    TableCheck("session 3 e2e", R(D29C), f"{D29C}/call5_e2e.json",
+               "per model and variant: batch x seq, tok_s, tok_s / HF bf16's, peak_gib, peak_gib / HF bf16's", session3_e2e),
+    TableCheck("session 3 per-op", R(D29C), f"{D29C}/call{{3,5}}_ops_isolated.json, call4_ops_rope_*.json",
+               "per run: rla / liger fwd_bwd_ms and graph_fwd_bwd_ms; rla graph_fwd_ms and fwd_ms / floor_fwd_ms; call 3: rla / hf",
+               session3_per_op),
+    TableCheck("session 4 e2e next to Liger", R(D29), f"{D29}/call2_e2e_liger.json, call2_e2e_1x512.json",
+               "tok_s and tok_s / HF bf16's of rla-vllm and liger; peak_gib of the three", session4_e2e),
+    TableCheck("session 4 RoPE variants", R(D29), f"{D29}/call1_rope_variants.json",
+               "fwd_ms, fwd_bwd_ms, fwd_ms / fwd_floor_ms per arm; ranges min-max over the arms a row names", rope_variants),
+    TableCheck("FSDP2 throughput", R(FSDP2), f"{FSDP2}/check/fsdp2_check.json",
+               "tokens_per_s_per_gpu_mean, peak_mem_gib_max, rank 0's step_s_median", fsdp2_throughput),
+    TableCheck("FSDP2 GRPO", R(FSDP2), f"{FSDP2}/train_{{aligned,bf16}}/log.jsonl",
+               "step-0 k3; mean k3 over steps; step-0 abs mean; step-0 ratio min, max; mean time/train_s of steps 1-3; max memory/peak_mb / 1024",
+               fsdp2_grpo),
+    TableCheck("twin default mode", R(TWIN), f"{TWIN}/twin_default.json", "per case and side: 100 logits_equal, k3", _twin("default", ["hf", "rla-fused", "rla-reference"])),
+    TableCheck("twin eager mode", R(TWIN), f"{TWIN}/twin_eager.json", "per case and side: 100 logits_equal, k3",
+               _twin("eager", ["hf", "rla-fused", "rla-reference", "vllm-kernels"])),
+    TableCheck("RoPE tables vs vLLM's cache", R(TWIN), f"{TWIN}/rope_tables.json",
+               "positions; 100 fp32_equal, 100 bf16_equal", rope_tables),
+]
+PROSE: list = []
+
+
+def run_all(root: Path, texts: dict[str, str] | None = None) -> list[dict]:
+    from readme_tables import run_all as _run
+    return _run(TABLES, PROSE, root, texts)
+
+
+if __name__ == "__main__":
+    sys.exit(main(TABLES, PROSE, __doc__))
