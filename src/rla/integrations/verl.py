@@ -2,7 +2,7 @@
 
 verl imports each ``external_lib`` in every worker process when it builds the model config
 (``HFModelConfig.__post_init__`` -> ``import_external_libs``), before any model is built. Importing
-this module therefore installs two patches (that is its whole purpose; :func:`uninstall` undoes
+this module therefore installs its patches (that is its whole purpose; :func:`uninstall` undoes
 them), tested with verl 0.9.1:
 
 - **Align after verl's dtype cast.** ``FSDPEngine._build_module``
@@ -36,8 +36,8 @@ them), tested with verl 0.9.1:
   reduce_dtype, buffer_dtype)``, whose ``cast_forward_inputs`` is False by default: FSDP1 casts
   the floating inputs of the root module only (``cast_root_forward_inputs``; the root receives
   token ids), never the fp32 cos/sin and sums that aligned layers pass between wrapped units, so
-  nothing needs patching; the install checks that default. (FSDP1 needs a GPU: verified by
-  ``tests/integrations/test_integration_verl_fsdp_gpu.py``.)
+  nothing needs patching; the build checks that default. (FSDP1 cannot run on a CPU; its GPU
+  check is ``tests/integrations/test_integration_verl_fsdp_gpu.py``.)
 
 The alignment report of a trainable actor (fp32 weights at build time, bf16 compute under FSDP's
 mixed precision) says so instead of rla's generic "nothing to round" note.
