@@ -125,8 +125,9 @@ def notes_before(body: torch.nn.Module, family: Family, found, regions) -> tuple
 
 def outside_notes(model: torch.nn.Module, body: torch.nn.Module) -> list[str]:
     """Liger's patches outside the decoder body (the causal LM's fused linear cross-entropy)."""
+    inside = {id(m) for m in body.modules()}
     outside = [name or type(model).__name__ for name, m in model.named_modules()
-               if liger_forward(m) and not any(m is b for b in body.modules())]
+               if id(m) not in inside and liger_forward(m)]
     if not outside:
         return []
     return [f"Liger Kernel: {', '.join(outside[:3])} keep{'s' if len(outside) == 1 else ''} Liger's forward "
