@@ -28,18 +28,24 @@ PREFIX = {"qwen2": "Qwen2", "qwen3": "Qwen3", "llama": "Llama"}
 
 @pytest.fixture
 def restore_transformers():
-    """Liger's patch functions assign transformers' module globals and class attributes for the
-    whole process; put every one of them back after the test."""
+    """Liger's patch functions assign transformers' module globals and class attributes (the
+    causal LM's forward) for the whole process; put every one of them back after the test."""
     saved = []
-    for family in FAMILIES:
+    for family in (*FAMILIES, "qwen3_moe"):
         modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-        causal = getattr(modeling, f"{PREFIX[family]}ForCausalLM")
-        saved.append((modeling, dict(vars(modeling)), causal, causal.__dict__["forward"]))
+        classes = {v: dict(vars(v)) for v in vars(modeling).values()
+                   if isinstance(v, type) and v.__module__ == modeling.__name__}
+        saved.append((modeling, dict(vars(modeling)), classes))
     yield
-    for modeling, globals_, causal, forward in saved:
+    for modeling, globals_, classes in saved:
         for name, value in globals_.items():
             setattr(modeling, name, value)
-        causal.forward = forward
+        for klass, attrs in classes.items():
+            for name in [n for n in vars(klass) if n not in attrs]:
+                delattr(klass, name)
+            for name in ("forward",):
+                if name in attrs and vars(klass).get(name) is not attrs[name]:
+                    setattr(klass, name, attrs[name])
 
 
 def _liger_instance(family, model):
@@ -112,16 +118,10 @@ def test_regions_not_aligned_keep_liger_and_the_report_says_so(restore_transform
 def test_liger_moe_experts_are_refused_naming_liger(restore_transformers):
     import transformers
 
-    modeling = importlib.import_module("transformers.models.qwen3_moe.modeling_qwen3_moe")
-    saved = dict(vars(modeling))
-    try:
-        lk.apply_liger_kernel_to_qwen3_moe()
-        model = transformers.AutoModelForCausalLM.from_config(tiny_config("qwen3_moe"), dtype=torch.bfloat16,
-                                                              attn_implementation="eager")
-        with pytest.raises(NotImplementedError, match="Liger") as e:
-            rla.align(model, "vllm")
-        assert "use_liger_kernel" in str(e.value) and "use_liger" in str(e.value)
-        assert rla.alignment_of(model) is None
-    finally:
-        for name, value in saved.items():
-            setattr(modeling, name, value)
+    lk.apply_liger_kernel_to_qwen3_moe()
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config("qwen3_moe"), dtype=torch.bfloat16,
+                                                          attn_implementation="eager")
+    with pytest.raises(NotImplementedError, match="Liger") as e:
+        rla.align(model, "vllm")
+    assert "use_liger_kernel" in str(e.value) and "use_liger" in str(e.value)
+    assert rla.alignment_of(model) is None
