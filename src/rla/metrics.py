@@ -367,9 +367,9 @@ def names_as(metrics: dict[str, float], style: str) -> dict[str, float]:
 
     Values follow the target's sign convention (verl's ``rollout_corr/kl`` and OpenRLHF's
     ``vllm_kl`` are ``-k1``; OpenRLHF's loggers add ``train/`` to the keys they are given, so the
-    ``"openrlhf"`` keys are the status-dict keys, without that prefix); the formulas are docs/metrics.md's, so a framework whose own
-    estimator differs (e.g. verl's ESS on
-    truncated or sequence-level weights) can still log different numbers. Metrics without a
+    ``"openrlhf"`` keys are the status-dict keys, without that prefix); the formulas are
+    docs/metrics.md's, so a framework whose own estimator differs (e.g. verl's ESS on truncated or
+    sequence-level weights) can still log different numbers. Metrics without a
     counterpart, and keys outside ``mismatch/``, keep their names.
     """
     if style not in _RENAMES:

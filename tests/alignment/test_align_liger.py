@@ -83,7 +83,8 @@ def test_aligned_over_liger_equals_aligned_without_liger(family, mode, restore_t
     rla.align(plain, "vllm")
     expected_logits, expected_grads = _logits_and_grads(plain, ids)
 
-    model = _liger_instance(family, tiny_model(family)) if mode == "instance" else _liger_class(family, tiny_model(family))
+    fresh = tiny_model(family)
+    model = _liger_instance(family, fresh) if mode == "instance" else _liger_class(family, fresh)
     with pytest.raises(RuntimeError, match="driver"):  # Liger's Triton kernels: no CPU backend
         model(ids)
     report = rla.align(model, "vllm")

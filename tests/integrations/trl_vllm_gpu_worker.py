@@ -40,7 +40,8 @@ def main(out: str) -> int:
         use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.2, vllm_max_model_length=256,
     )
     prompts = ["1+1=", "2+3=", "4+4=", "7+1=", "9+9=", "3+5=", "6+2=", "8+1="] * 2
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=reward, args=args, processing_class=AutoTokenizer.from_pretrained(model),
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=reward, args=args,
+                              processing_class=AutoTokenizer.from_pretrained(model),
                               train_dataset=Dataset.from_dict({"prompt": prompts}))
     attachment = rla_trl.attach(trainer, profile="vllm")
     print(attachment, flush=True)

@@ -64,7 +64,8 @@ def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16
                 "warning",
                 f"{len(lora)} PEFT LoRA layers (e.g. {lora[0][0]}, r={ranks}) train unmerged: W x + s B (A x), each "
                 "product rounded to bf16. An engine given the trained model serves merged bf16 weights "
-                "RN(W + s B A) (TRL 1.16's vLLM sync merges the adapters before sending weights): another computation, not "
+                "RN(W + s B A) (TRL 1.16's vLLM sync merges the adapters before sending weights): another "
+                "computation, not "
                 "another rounding location. At step 0 (B = 0) the two agree; after the first update the mismatch "
                 "grows (k3 from ~1e-11 to 1.8e-6 in issue #35's run) and rla.align cannot remove it.",
                 "measure it (rla.metrics.mismatch every step: mismatch/k3 rising after step 1 is this), correct for it "
