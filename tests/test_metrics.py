@@ -369,7 +369,7 @@ def test_names_as():
     assert trl["sampling/sampling_logp_difference/max"] == m["mismatch/abs/max"]
     assert trl["mismatch/k3"] == m["mismatch/k3"] and "mismatch/abs/mean" not in trl
     orl = names_as(m, "openrlhf")
-    assert orl["train/vllm_kl"] == -m["mismatch/k1"] and "mismatch/k1" not in orl
+    assert orl["vllm_kl"] == -m["mismatch/k1"] and "mismatch/k1" not in orl  # OpenRLHF's logger adds train/
     assert len(orl) == len(m) and orl["mismatch/k3"] == m["mismatch/k3"]
     with pytest.raises(ValueError, match="known styles: openrlhf, trl, verl"):
         names_as(m, "slime")
@@ -380,7 +380,7 @@ def test_openrlhf_vllm_kl_matches_its_definition():
     (models/loss.py), written out independently: a token mean over the masked positions."""
     train, roll, mask = random_batch(seed=11)
     expected = float(np.where(mask, roll - train, 0.0).sum() / mask.sum())
-    got = names_as(mismatch(train, roll, mask), "openrlhf")["train/vllm_kl"]
+    got = names_as(mismatch(train, roll, mask), "openrlhf")["vllm_kl"]
     assert got == pytest.approx(expected, rel=1e-12, abs=1e-15)  # fp64 sums in another order
 
 

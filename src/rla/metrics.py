@@ -352,9 +352,11 @@ _RENAMES: dict[str, dict[str, tuple[str, float]]] = {
         "mismatch/abs/max": ("sampling/sampling_logp_difference/max", 1.0),
     },
     # OpenRLHF 0.11.2 (models/loss.py): vllm_kl = masked_mean(rollout_log_probs - old_log_probs),
-    # a token mean of log mu - log pi, logged as ``train/vllm_kl``.
+    # a token mean of log mu - log pi. Its status dict holds ``vllm_kl``; its loggers
+    # (utils/logging_utils.py: wandb and tensorboard) prefix every key with ``train/`` themselves,
+    # so the key handed to them is ``vllm_kl`` (``train/vllm_kl`` would show as ``train/train/vllm_kl``).
     "openrlhf": {
-        "mismatch/k1": ("train/vllm_kl", -1.0),
+        "mismatch/k1": ("vllm_kl", -1.0),
     },
 }
 
@@ -364,9 +366,10 @@ def names_as(metrics: dict[str, float], style: str) -> dict[str, float]:
     (``"openrlhf"``) keys.
 
     Values follow the target's sign convention (verl's ``rollout_corr/kl`` and OpenRLHF's
-    ``train/vllm_kl`` are ``-k1``); the formulas are docs/metrics.md's, so a framework whose own
-    estimator differs (e.g. verl's ESS on
-    truncated or sequence-level weights) can still log different numbers. Metrics without a
+    ``vllm_kl`` are ``-k1``; OpenRLHF's loggers add ``train/`` to the keys they are given, so the
+    ``"openrlhf"`` keys are the status-dict keys, without that prefix); the formulas are
+    docs/metrics.md's, so a framework whose own estimator differs (e.g. verl's ESS on truncated or
+    sequence-level weights) can still log different numbers. Metrics without a
     counterpart, and keys outside ``mismatch/``, keep their names.
     """
     if style not in _RENAMES:

@@ -20,7 +20,8 @@ def test_shape_and_variants():
     assert parse("e2e").shape is None and parse("e2e").compile is None
     assert parse("e2e", "--compile").compile == "default"
     assert parse("e2e", "--compile", "reduce-overhead").compile == "reduce-overhead"
-    assert bench.E2E_VARIANTS == (*e2e.VARIANTS, "liger", "rla-vllm-eager-kernels", "rla-vllm-pieces")
+    assert bench.E2E_VARIANTS == (*e2e.VARIANTS, "liger", "liger-flce", "rla-vllm+liger-flce",
+                                  "rla-vllm-eager-kernels", "rla-vllm-pieces")
     assert set(e2e.OWN_MODEL) <= set(bench.E2E_VARIANTS)
 
 

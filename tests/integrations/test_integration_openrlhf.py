@@ -117,3 +117,103 @@ def test_setup_worker_reads_the_profile_from_the_environment(monkeypatch):
         assert "eager" in rla_openrlhf.patched().name
     finally:
         rla_openrlhf.unpatch()
+
+
+# --------------------------------------------------------------------------- metrics on OpenRLHF's dashboard
+
+from importlib.util import find_spec  # noqa: E402
+
+from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402  (no Ray needed)
+from openrlhf.utils.logging_utils import TensorboardLogger  # noqa: E402
+
+from rla.metrics import mismatch, names_as  # noqa: E402
+
+_PPO_ACTOR = find_spec("openrlhf").submodule_search_locations[0] + "/trainer/ray/ppo_actor.py"
+
+
+def _experience(seed, batch=3, length=7):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(batch, length, generator=g) * 3
+    roll = old + 1e-3 * torch.randn(batch, length, generator=g)
+    mask = torch.rand(batch, length, generator=g) < 0.8
+    mask[:, 0] = True
+    return Experience(action_log_probs=old, rollout_log_probs=roll, action_mask=mask)
+
+
+def test_token_metrics_reduce_to_the_whole_batch_exactly_as_openrlhf_reduces_them():
+    """OpenRLHF's ppo_train (read here from its source, which needs Ray and vLLM to import)
+    multiplies each micro-batch's "token" metric by its token count, all-reduces, and divides by
+    the total: for rla's token means that is the whole batch's value."""
+    source = open(_PPO_ACTOR).read()
+    assert 'scale = n_tokens if weight == "token" else n_samples' in source
+    assert 'denom = n_tokens if weights[k] == "token" else n_samples' in source
+    assert 'return {\n            "metrics": metrics,\n            "weights": weights,' in source
+    parts = [_experience(1), _experience(2, batch=2)]
+    per_part = [rla_openrlhf.token_metrics(e) for e in parts]
+    tokens = [float(e.action_mask.sum()) for e in parts]
+    whole = mismatch(torch.cat([e.action_log_probs for e in parts]), torch.cat([e.rollout_log_probs for e in parts]),
+                     torch.cat([e.action_mask for e in parts]))
+    assert set(per_part[0]) == {k for k in whole if k in rla_openrlhf.TOKEN_MEAN_KEYS
+                                or k.startswith(("mismatch/clip_leak/", "mismatch/bitwise/"))}
+    for key in per_part[0]:
+        reduced = sum(float(m[key]) * n for m, n in zip(per_part, tokens)) / sum(tokens)
+        assert reduced == pytest.approx(whole[key], rel=1e-9, abs=1e-15), key
+    assert "mismatch/k1" not in rla_openrlhf.token_metrics(parts[0], skip_k1=True)  # OpenRLHF's vllm_kl is -k1
+    assert rla_openrlhf.token_metrics(Experience(action_log_probs=parts[0].action_log_probs,
+                                                 action_mask=parts[0].action_mask)) == {}  # no rollout logprobs
+
+
+def test_openrlhf_loggers_prefix_train_so_names_as_gives_status_keys():
+    """OpenRLHF's own TensorboardLogger.log_train (its writer records instead of writing files):
+    keys go out as train/<key>; names_as(.., "openrlhf") must not carry train/ itself."""
+
+    class Writer:
+        def __init__(self):
+            self.tags = []
+
+        def add_scalar(self, tag, value, step):
+            self.tags.append(tag)
+
+    logger = TensorboardLogger.__new__(TensorboardLogger)
+    logger.writer = Writer()
+    exp = _experience(3)
+    keys = names_as(mismatch(exp.action_log_probs, exp.rollout_log_probs, exp.action_mask), "openrlhf")
+    logger.log_train(1, {k: v for k, v in keys.items() if k in ("vllm_kl", "mismatch/k3")})
+    assert sorted(logger.writer.tags) == ["train/mismatch/k3", "train/vllm_kl"]
+
+
+def test_patch_says_where_the_metrics_hook_is_off():
+    """Without Ray/vLLM (this CPU test) OpenRLHF's PPO actor cannot be imported: patch() aligns
+    and says the metrics hook is off here; in the policy's Ray worker it wraps training_step."""
+    try:
+        import ray  # noqa: F401
+        import vllm  # noqa: F401
+        pytest.skip("Ray and vLLM are installed: the hook is on here")
+    except ImportError:
+        pass
+    try:
+        assert "off in this process" in rla_openrlhf.patch("vllm")
+        assert rla_openrlhf.patch("vllm", metrics=False) == "off (metrics=False)"
+    finally:
+        rla_openrlhf.unpatch()
+
+
+def test_actor_with_liger_kernel_is_aligned_over_liger(patched):
+    """OpenRLHF's --ds.use_liger_kernel loads through Liger's AutoLigerKernelForCausalLM (Liger's
+    classes in the model); rla aligns over them: the same logits as the plain aligned model."""
+    import importlib
+
+    pytest.importorskip("liger_kernel")
+    modeling = importlib.import_module("transformers.models.qwen2.modeling_qwen2")
+    saved, forward = dict(vars(modeling)), modeling.Qwen2ForCausalLM.__dict__["forward"]
+    try:
+        actor = Actor(MODEL, attn_implementation="eager", param_dtype="bf16", use_liger_kernel=True)
+        assert type(actor.model.model.norm).__name__ == "LigerRMSNorm"
+        assert any("Liger" in n for n in actor.rla_alignment.notes)
+        with torch.no_grad():
+            logits = actor.model(SEQ, attention_mask=torch.ones_like(SEQ)).logits
+    finally:
+        for name, value in saved.items():
+            setattr(modeling, name, value)
+        modeling.Qwen2ForCausalLM.forward = forward
+    assert torch.equal(logits, _reference_logits(actor.rla_alignment.profile))

@@ -192,3 +192,70 @@ def test_engine_backed_forward_in_trl(tmp_path, vllm_engine):
     step1, step2 = _logs(trainer)
     assert step1["kl"] == 0.0 and step2["kl"] > 0.0
     assert step1["grad_norm"] > 0 and 0 <= step1["mismatch/k3"] < 1e-2
+
+
+def test_trainers_attach_was_not_written_for_are_refused_by_name(tmp_path):
+    """RLOO passes every duck-typed hook check but carries no rollout logprobs: refused by name."""
+    tok = AutoTokenizer.from_pretrained(MODEL)
+    rloo = trl.RLOOTrainer(
+        model=MODEL, reward_funcs=reward, processing_class=tok, train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        args=trl.RLOOConfig(output_dir=str(tmp_path / "rloo"), per_device_train_batch_size=4, num_generations=4,
+                            max_completion_length=6, max_steps=1, use_cpu=True, report_to=[], save_strategy="no",
+                            model_init_kwargs={"dtype": torch.bfloat16}),
+    )
+    with pytest.raises(TypeError, match="not RLOOTrainer: its generation batch keeps no rollout logprobs"):
+        rla_trl.attach(rloo)
+    assert rla.alignment_of(rloo.model) is None
+
+
+def test_use_liger_kernel_is_refused_naming_the_flag(tmp_path):
+    trainer = _trainer(tmp_path, use_liger_kernel=True)
+    with pytest.raises(ValueError, match=r"use_liger_kernel=False"):
+        rla_trl.attach(trainer)
+    assert rla.alignment_of(trainer.model) is None
+
+
+def test_liger_applied_after_attach_stops_training_with_a_clear_error(tmp_path):
+    """What TRL's use_liger_kernel does at train(), done by hand after attach: Liger's forwards
+    replace the aligned norms and MLPs; the next step refuses instead of training misaligned."""
+    import importlib
+
+    pytest.importorskip("liger_kernel")
+    from transformers.integrations.liger import apply_liger_kernel
+
+    modeling = importlib.import_module("transformers.models.qwen2.modeling_qwen2")
+    saved = dict(vars(modeling))
+    try:
+        trainer = _trainer(tmp_path, rollout_func=VllmProfileRollouts())
+        rla_trl.attach(trainer)
+        apply_liger_kernel(trainer.model, {"fused_linear_cross_entropy": False})  # transformers' Trainer.train line
+        with pytest.raises(RuntimeError, match="aligned forward replaced after attach"):
+            trainer.train()
+    finally:
+        for name, value in saved.items():
+            setattr(modeling, name, value)
+
+
+def test_fp32_weights_under_trl_autocast_are_reported_and_run_aligned(tmp_path):
+    """TRL's defaults: fp32 weights, bf16=True (accelerate's bf16 autocast). The report says that
+    training runs aligned under autocast, and it does: the policy's logits under autocast equal the
+    bf16-loaded aligned model's bit for bit, and differ from the unaligned policy's."""
+    from transformers import AutoModelForCausalLM
+
+    trainer = _trainer(tmp_path, model_init_kwargs={})
+    assert next(trainer.model.parameters()).dtype == torch.float32 and trainer.accelerator.mixed_precision == "bf16"
+    ids = torch.randint(3, 60, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), trainer.accelerator.autocast():
+        unaligned = trainer.model(ids).logits
+    att = rla_trl.attach(trainer)
+    for report in (att.policy, att.reference):
+        assert not any(n.startswith("nothing to round") for n in report.notes)
+        assert any("autocast" in n and "training runs aligned" in n for n in report.notes)
+    bf16 = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16,
+                                                attn_implementation=trainer.model.config._attn_implementation)
+    rla.align(bf16, "vllm")
+    with torch.no_grad():
+        with trainer.accelerator.autocast():
+            aligned = trainer.model(ids).logits
+        expected = bf16(ids).logits
+    assert torch.equal(aligned, expected) and not torch.equal(aligned, unaligned)

@@ -78,13 +78,13 @@ def process_group():
     dist.destroy_process_group()
 
 
-def _engine(forward_only=False, override=None, model_dtype=None):
+def _engine(forward_only=False, override=None, model_dtype=None, strategy="fsdp2"):
     model_config = HFModelConfig(
         path=MODEL, external_lib=EXTERNAL_LIB,
         override_config={"attn_implementation": "eager", **(override or {})},
         use_remove_padding=False, enable_gradient_checkpointing=False,
     )
-    engine_config = FSDPEngineConfig(strategy="fsdp2", forward_only=forward_only, model_dtype=model_dtype)
+    engine_config = FSDPEngineConfig(strategy=strategy, forward_only=forward_only, model_dtype=model_dtype)
     return transformer_impl.FSDPEngine(model_config, engine_config, FSDPOptimizerConfig(lr=1e-5), CheckpointConfig())
 
 
@@ -155,3 +155,78 @@ def test_uninstall_restores_verls_code():
     finally:
         rla_verl.install()
     assert rla_verl.installed() and rla.alignment_of(_engine(model_dtype="bf16")._build_module()) is not None
+
+
+def test_fsdp1_strategy_aligns_and_reports_mixed_precision():
+    """verl's default strategy (fsdp = FSDP1): the build aligns as under FSDP2, and the trainable
+    actor's report says its fp32 weights compute in bf16 under FSDP's mixed precision (not rla's
+    generic "nothing to round"). FSDP1 wrapping itself needs a GPU (sync_module_states):
+    tests/integrations/test_integration_verl_fsdp_gpu.py."""
+    from torch.distributed.fsdp import MixedPrecision
+
+    module = _engine(strategy="fsdp")._build_module()
+    report = rla.alignment_of(module)
+    assert {p.dtype for p in module.parameters()} == {torch.float32}
+    assert not any(n.startswith("nothing to round") for n in report.notes)
+    assert any("FSDP mixed precision" in n for n in report.notes)
+    # what the integration relies on: verl's MixedPrecision(param, reduce, buffer) leaves inputs uncast
+    assert MixedPrecision(param_dtype=torch.bfloat16).cast_forward_inputs is False
+
+
+def test_liger_in_verls_own_path_is_aligned_over():
+    """actor_rollout_ref.model.use_liger=True: verl applies Liger to the built model
+    (_apply_liger_kernel_to_instance, fused linear cross-entropy off) before its dtype cast; rla
+    aligns after, over Liger: the logits equal the plain aligned model's (Liger's Triton kernels
+    cannot run on this CPU, so none of them runs)."""
+    import importlib
+
+    pytest.importorskip("liger_kernel")
+    modeling = importlib.import_module("transformers.models.qwen2.modeling_qwen2")
+    saved = dict(vars(modeling))
+    try:
+        model_config = HFModelConfig(path=MODEL, external_lib=EXTERNAL_LIB, use_liger=True,
+                                     override_config={"attn_implementation": "eager"},
+                                     use_remove_padding=False, enable_gradient_checkpointing=False)
+        engine = transformer_impl.FSDPEngine(model_config, FSDPEngineConfig(strategy="fsdp2", model_dtype="bf16"),
+                                             FSDPOptimizerConfig(lr=1e-5), CheckpointConfig())
+        module = engine._build_module()
+        report = rla.alignment_of(module)
+        assert any("Liger" in n and "RMSNorm" in n for n in report.notes)
+        with torch.no_grad():
+            logits = module(IDS).logits
+    finally:
+        for name, value in saved.items():
+            setattr(modeling, name, value)
+    assert torch.equal(logits, _reference_logits(report.profile, IDS))
+
+
+def test_mismatch_metrics_join_verls_step_metrics():
+    """verl's own calculate_debug_metrics, which RayPPOTrainer.fit imports from its module at call
+    time and merges into the step's metrics dict (logged by verl's Tracking), now also returns
+    rla's mismatch/* metrics, except those it computes itself under its own names."""
+    from importlib.util import find_spec
+
+    from verl import DataProto
+    from verl.utils.debug import metrics as debug_metrics
+
+    from rla.integrations.verl import VERL_OWN_KEYS
+    from rla.metrics import mismatch
+
+    # ray_trainer.py is read, not imported: its imports need packages verl does not depend on (cachetools)
+    fit = open(find_spec("verl.trainer.ppo").submodule_search_locations[0] + "/ray_trainer.py").read()
+    assert "from verl.utils.debug.metrics import calculate_debug_metrics" in fit
+    assert "metrics.update(calculate_debug_metrics(batch))" in fit
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(4, 6, generator=g) * 2
+    roll = old + 1e-3 * torch.randn(4, 6, generator=g)
+    mask = torch.ones(4, 6, dtype=torch.int64)
+    mask[1, 4:] = 0
+    batch = DataProto.from_dict({"old_log_probs": old, "rollout_log_probs": roll, "response_mask": mask,
+                                 "responses": torch.zeros(4, 6, dtype=torch.int64)})
+    got = debug_metrics.calculate_debug_metrics(batch)
+    want = mismatch(old, roll, mask.bool(), nan_policy="mask")  # NaN tokens, if any, counted in n_nan_masked
+    assert {k for k in got if k.startswith("mismatch/")} == set(want) - set(VERL_OWN_KEYS)
+    assert all(got[k] == want[k] for k in want if k not in VERL_OWN_KEYS)
+    # the same numbers under verl's names (verl takes exp in fp32, rla in fp64): why they are left out
+    assert got["training/rollout_probs_diff_mean"] == pytest.approx(want["mismatch/prob_abs/mean"], rel=1e-4)
+    assert got["training/rollout_probs_diff_max"] == pytest.approx(want["mismatch/prob_abs/max"], rel=1e-4)

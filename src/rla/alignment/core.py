@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rla.alignment import compat
+from rla.alignment import compat, liger
 from rla.alignment.families import FAMILIES, Family, class_named, get_family
 from rla.alignment.patch import foreign_wrapper, install, patch_of, uninstall
 from rla.alignment.report import AlignmentReport
@@ -108,6 +108,10 @@ def _find(model) -> tuple[Family, torch.nn.Module]:
 
 
 def _expect(module, family: Family, role: str, where: str) -> torch.nn.Module:
+    if module is not None and class_named(module, family.cls(role)) is None and liger.stands_for(module, role):
+        return module  # Liger's class in the family's place (rla.alignment.liger)
+    if module is not None and class_named(module, family.cls(role)) is None and liger.is_liger(type(module)):
+        raise liger.refusal(f"{where} is Liger's {type(module).__name__}, where {family.cls(role)} was")
     if module is None or class_named(module, family.cls(role)) is None:
         raise NotImplementedError(
             f"rla.align: expected a {family.cls(role)} at {where}, found {type(module).__name__}. "
@@ -137,7 +141,7 @@ def _scan(body: torch.nn.Module, family: Family) -> _Modules:
                     _expect(getattr(attn, name, None), family, "norm", f"{where}.self_attn.{name}")
                 )
         mlp = getattr(layer, "mlp", None)
-        if mlp is not None and class_named(mlp, family.cls("mlp")) is not None:
+        if mlp is not None and (class_named(mlp, family.cls("mlp")) is not None or liger.stands_for(mlp, "mlp")):
             found.mlps.append(mlp)
         elif family.moe and mlp is not None and class_named(mlp, family.cls("moe")) is not None:
             found.experts.append(_expect(getattr(mlp, "experts", None), family, "experts", f"{where}.mlp.experts"))
@@ -188,6 +192,7 @@ def align(
             check_experts(experts)
     if body.__dict__.get(_STATE_ATTR) is not None:
         unalign(body)
+    liger_notes, _ = liger.notes_before(body, family, found, regions)
 
     report = AlignmentReport(
         profile=p,
@@ -236,10 +241,12 @@ def align(
             if found.qk_norms:
                 counts["q_norm/k_norm"] = len(found.qk_norms)
             report.counts["rmsnorm"] = counts
+        liger.check_after(body, found, regions)
     except BaseException:
         for m in body.modules():
             uninstall(m)
         raise
+    report.notes.extend(liger_notes + liger.outside_notes(model, body))
     report.notes.extend(_nothing_to_round(model))
     body.__dict__[_STATE_ATTR] = report
     return report

@@ -24,7 +24,7 @@ import warnings
 import torch
 
 from rla import ops
-from rla.alignment import compat
+from rla.alignment import compat, liger
 from rla.alignment.families import Family, class_named
 from rla.alignment.patch import install, with_globals
 from rla.alignment.qk_chain import fuse_qk_norm_into_rope
@@ -250,7 +250,8 @@ def align_attention(
         klass = class_named(attn, family.cls("attention"))
         if klass not in rebuilt:
             modeling = sys.modules[klass.__module__]
-            compat.check_apply_rotary_signature(modeling.apply_rotary_pos_emb)
+            if not liger.is_liger(modeling.apply_rotary_pos_emb):  # Liger's replaces HF's process-wide;
+                compat.check_apply_rotary_signature(modeling.apply_rotary_pos_emb)  # the forward calls it as HF's
             replacements = {"apply_rotary_pos_emb": apply_rotary}
             forward, why = None, ""
             if fuse:

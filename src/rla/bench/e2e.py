@@ -9,6 +9,11 @@ Variants, each timed in the same process:
   fp16, fp32    the whole model in that dtype, no patch (fp32 at a batch that fits)
   liger         bf16, Liger Kernel's RoPE, RMSNorm and SwiGLU (``apply_liger_kernel_to_qwen2``; the
                 loss left as HF's), on a model of its own: what a Liger user runs today, unaligned
+  liger-flce    the same plus Liger's fused linear cross-entropy (the loss without materialised
+                logits): Liger alone, as Liger's defaults apply it
+  rla-vllm+liger-flce  ``liger-flce``, then ``rla.align(model, "vllm")`` over it: rla's regions replace
+                Liger's RoPE, RMSNorm and SwiGLU, Liger's fused linear cross-entropy stays
+                (``rla.alignment.liger``); beside ``liger-flce`` in the same run
 
 How the regions are aligned: ``rla.alignment.align(model, profile)`` for the ``rla-*`` variants,
 and ``align(model, "vllm", ops=rla.bench.ops.NAIVE_UPCAST)`` for ``naive-upcast``: the same
@@ -58,7 +63,8 @@ VARIANTS = ("hf-bf16", "rla-vllm", "rla-vllm-eager", "rla-sglang", "naive-upcast
 #: And ``rla-vllm-pieces``, the engine-backed default mode (``rla.engines.forward``: the decoder
 #: forward is vLLM's native ops compiled in pieces by Inductor, rla's gradient recomputed per piece).
 #: Variants that patch their model for good: each runs on a model built for it alone.
-OWN_MODEL = {"fp16": torch.float16, "fp32": torch.float32, "liger": torch.bfloat16}
+OWN_MODEL = {"fp16": torch.float16, "fp32": torch.float32, "liger": torch.bfloat16, "liger-flce": torch.bfloat16,
+             "rla-vllm+liger-flce": torch.bfloat16}
 
 
 def build_model(name: str, dtype: torch.dtype, device="cuda"):
@@ -77,7 +83,7 @@ def build_model(name: str, dtype: torch.dtype, device="cuda"):
     return model
 
 
-def _liger(model) -> tuple[Callable[[], None], str]:
+def _liger(model, flce: bool = False) -> tuple[Callable[[], None], str]:
     """Liger's patch for the model's family (Qwen2, Qwen3) on ``model`` (its modules stay patched:
     the model is not reused); the undo restores the module globals the patch also replaces."""
     import importlib
@@ -89,20 +95,34 @@ def _liger(model) -> tuple[Callable[[], None], str]:
     prefix = {"qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
     saved = {n: getattr(mq, n) for n in ("apply_rotary_pos_emb", f"{prefix}RMSNorm", f"{prefix}MLP")}
     getattr(lk, f"apply_liger_kernel_to_{family}")(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-                                                   fused_linear_cross_entropy=False, model=model)
+                                                   fused_linear_cross_entropy=flce, model=model)
 
     def undo():
         for name, value in saved.items():
             setattr(mq, name, value)
 
-    return undo, "Liger Kernel (rope, rms_norm, swiglu)"
+    return undo, "Liger Kernel (rope, rms_norm, swiglu" + (", fused_linear_cross_entropy)" if flce else ")")
 
 
 def _align(model, variant: str) -> tuple[Callable[[], None], str]:
     """Apply a variant's region implementation; -> (undo, how)."""
     if variant == "liger":
         return _liger(model)
+    if variant == "liger-flce":
+        return _liger(model, flce=True)
     from rla.alignment import align, unalign
+
+    if variant == "rla-vllm+liger-flce":
+        undo_liger, how = _liger(model, flce=True)
+        report = align(model, "vllm")
+        if not any("fused linear cross-entropy" in n for n in report.notes):
+            raise RuntimeError(f"{variant}: Liger's fused linear cross-entropy forward is not in place\n{report}")
+
+        def undo():
+            unalign(model)
+            undo_liger()
+
+        return undo, f"{how}, then rla.align(model, 'vllm') over it (Liger's fused linear cross-entropy kept)"
 
     if variant == "naive-upcast":
         from rla.bench.ops import NAIVE_UPCAST
@@ -189,7 +209,7 @@ def run(out_dir="results/benchmarks", models=("qwen2.5-1.5b", "qwen2.5-7b"), var
                 batch, seq = shape or BATCH[name].get(variant, BATCH[name]["default"])
                 undo, how = (lambda: None), "none"
                 try:
-                    if variant.startswith("rla-") or variant in ("naive-upcast", "liger"):
+                    if variant.startswith("rla-") or variant in ("naive-upcast", "liger", "liger-flce"):
                         undo, how = _align(model, variant)
                     if compile_mode:
                         torch._dynamo.reset()

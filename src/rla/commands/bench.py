@@ -14,10 +14,11 @@ import argparse
 import json
 
 
-#: ``rla.bench.e2e.VARIANTS`` plus ``liger`` and the engine-backed variant (kept here: importing
+#: ``rla.bench.e2e.VARIANTS`` plus the Liger arms (``liger``; ``liger-flce`` and ``rla-vllm+liger-flce``, Liger's
+#: fused linear cross-entropy alone and under rla's regions) and the engine-backed variants (kept here: importing
 #: rla.bench.e2e imports torch).
 E2E_VARIANTS = ("hf-bf16", "rla-vllm", "rla-vllm-eager", "rla-sglang", "naive-upcast", "fp16", "fp32", "liger",
-                "rla-vllm-eager-kernels", "rla-vllm-pieces")
+                "liger-flce", "rla-vllm+liger-flce", "rla-vllm-eager-kernels", "rla-vllm-pieces")
 
 
 def shape(text: str) -> tuple[int, int]:

@@ -9,6 +9,14 @@ def add_arguments(parser) -> None:
         "--cast-bf16", action="store_true",
         help="load in fp32 then call model.to(torch.bfloat16), as many trainers do (shows the inv_freq hazard)",
     )
+    parser.add_argument(
+        "--adapter", default=None,
+        help="a PEFT LoRA adapter folder to load on the model, unmerged, as a LoRA trainer runs it",
+    )
+    parser.add_argument(
+        "--no-engine", action="store_true",
+        help="the training model samples its own rollouts (no vLLM/SGLang): skip the engine-only checks",
+    )
 
 
 def run(args) -> int:
@@ -24,7 +32,11 @@ def run(args) -> int:
     model = load_model(path, dtype=torch.float32 if args.cast_bf16 else torch.bfloat16)
     if args.cast_bf16:
         model = model.to(torch.bfloat16)
-    hazards = doctor(model)
+    if args.adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, args.adapter)
+    hazards = doctor(model, external_engine=not args.no_engine)
     console = Console()
     if not hazards:
         console.print(f"[green]no precision hazards found[/] in {path}")

@@ -2,8 +2,10 @@
 
 These are problems no rounding profile fixes because they sit outside the rounding points:
 a RoPE ``inv_freq`` buffer rounded by ``model.to(torch.bfloat16)`` (phase drift that grows with
-position), TF32 matmuls that touch the angles, fp32 norm weights facing a bf16 engine, and FSDP2
-casting the fp32 tensors that alignment passes between modules.
+position), TF32 matmuls that touch the angles, fp32 norm weights facing a bf16 engine, FSDP2
+casting the fp32 tensors that alignment passes between modules, and unmerged LoRA adapters
+trained against an engine that serves merged weights (a different computation, which no
+alignment makes equal).
 """
 
 from __future__ import annotations
@@ -38,9 +40,39 @@ def inv_freq_angle_error(module, max_position: int) -> float:
     return angle_error(module.inv_freq, fp32_inv_freq(module), max_position)
 
 
-def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16) -> list[Hazard]:
-    """Hazards found in ``model`` as it is now (an empty list is a clean bill of health)."""
+def _unmerged_lora(model) -> list[tuple[str, torch.nn.Module]]:
+    """PEFT LoRA layers whose adapters are not merged into the base weight (PEFT's ``LoraLayer``:
+    ``lora_A`` holds the adapters, ``merged`` says whether they are in the base weight now)."""
+    return [(n, m) for n, m in model.named_modules()
+            if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict) and len(m.lora_A) > 0
+            and not getattr(m, "merged", False)]
+
+
+def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16,
+           external_engine: bool = True) -> list[Hazard]:
+    """Hazards found in ``model`` as it is now (an empty list is a clean bill of health).
+
+    ``external_engine``: rollouts come from an inference engine (vLLM, SGLang) that is given this
+    model's weights, the setup rla is for; False when the training model samples itself."""
     hazards: list[Hazard] = []
+    lora = _unmerged_lora(model)
+    if lora and external_engine:
+        ranks = sorted({int(r) for _, m in lora for r in getattr(m, "r", {}).values()})
+        hazards.append(
+            Hazard(
+                "unmerged LoRA vs merged engine weights",
+                "warning",
+                f"{len(lora)} PEFT LoRA layers (e.g. {lora[0][0]}, r={ranks}) train unmerged: W x + s B (A x), each "
+                "product rounded to bf16. An engine given the trained model serves merged bf16 weights "
+                "RN(W + s B A) (TRL 1.16's vLLM sync merges the adapters before sending weights): another "
+                "computation, not "
+                "another rounding location. At step 0 (B = 0) the two agree; after the first update the mismatch "
+                "grows (k3 from ~1e-11 to 1.8e-6 in issue #35's run) and rla.align cannot remove it.",
+                "measure it (rla.metrics.mismatch every step: mismatch/k3 rising after step 1 is this), correct for it "
+                "(importance-sampling correction: verl rollout_corr, OpenRLHF is_correction, TRL "
+                "vllm_importance_sampling_correction), or train without LoRA; docs/integrations/lora.md.",
+            )
+        )
     cfg = getattr(model, "config", None)
     max_pos = int(getattr(cfg, "max_position_embeddings", 0) or 32768)
     for name, m in _rotary_modules(model):

@@ -68,12 +68,78 @@ class Attachment:
         ])
 
 
+#: TRL trainers ``attach`` refuses by name, and why (what to do instead).
+_NOT_SUPPORTED = {
+    "RLOOTrainer": (
+        "its generation batch keeps no rollout logprobs (no sampling_per_token_logps), so the mismatch "
+        "metrics attach promises would never be logged. Align its models by hand: "
+        "rla.align(trainer.model, profile) and, with beta > 0, rla.align(trainer.ref_model, profile)"
+    ),
+    "DPOTrainer": (
+        "DPO, KTO and the other offline trainers have no rollout engine to align to; aligning only the "
+        "policy makes the implicit reward beta * (log pi - log pi_ref) nonzero at step 0 with identical "
+        "weights. Align both models or neither (docs/integrations/trl.md)"
+    ),
+}
+_NOT_SUPPORTED["KTOTrainer"] = _NOT_SUPPORTED["DPOTrainer"]
+
+
 def _check_trainer(trainer) -> None:
-    missing = [name for name in _HOOKS if not hasattr(trainer, name)]
+    import trl
+
+    name = type(trainer).__name__
+    if not isinstance(trainer, trl.GRPOTrainer):
+        why = next((w for n, w in _NOT_SUPPORTED.items() if any(k.__name__ == n for k in type(trainer).__mro__)),
+                   "attach is written and tested for GRPOTrainer's generation and logging code only")
+        raise TypeError(f"rla.integrations.trl.attach supports trl.GRPOTrainer (TRL 1.16), not {name}: {why}")
+    missing = [hook for hook in _HOOKS if not hasattr(trainer, hook)]
     if missing:
         raise TypeError(
-            f"rla.integrations.trl.attach needs a trl.GRPOTrainer (tested with TRL 1.16); "
-            f"{type(trainer).__name__} lacks {missing}"
+            f"rla.integrations.trl.attach needs a trl.GRPOTrainer as TRL 1.16 builds it; {name} lacks {missing} "
+            "(TRL's layout changed)"
+        )
+    if getattr(trainer.args, "use_liger_kernel", False):
+        raise ValueError(
+            "rla.integrations.trl.attach: use_liger_kernel=True. TRL applies Liger Kernel when train() starts, "
+            "after attach, and only to the policy: Liger's RMSNorm and SwiGLU forwards then replace the aligned "
+            "ones and the policy stops rounding like the engine while the reference still does. In GRPOTrainer "
+            "TRL turns Liger's fused linear cross-entropy off, so everything Liger would do lies in rla's three "
+            "regions, which rla replaces anyway: set GRPOConfig(use_liger_kernel=False); nothing of Liger's is lost"
+        )
+
+
+def _autocast_note(trainer, report: AlignmentReport) -> None:
+    """TRL's defaults load fp32 weights and train under accelerate's bf16 autocast: rla's generic note
+    ('nothing to round, autocast is off') holds at attach time only; say what training does."""
+    precision = getattr(trainer.accelerator, "mixed_precision", "no")
+    if precision not in ("bf16", "fp16"):
+        return
+    stale = [n for n in report.notes if n.startswith("nothing to round")]
+    if not stale:
+        return
+    for note in stale:
+        report.notes.remove(note)
+    dtype = "bfloat16" if precision == "bf16" else "float16"
+    report.notes.append(
+        f"the weights are float32 and TRL runs every forward under accelerate's {dtype} autocast "
+        f"(mixed_precision={precision!r}): the aligned layers take {dtype} as the stack dtype (the residual "
+        "stream is held in it, as the engine holds it) and round where the profile says, so training runs "
+        "aligned although the weights are float32 at attach time (on CPU the logits equal those of the "
+        f"{dtype}-loaded aligned model bit for bit, tests/integrations/test_integration_trl.py)"
+    )
+
+
+def _check_still_aligned(trainer) -> None:
+    """Something (Liger, another patch) replaced aligned forwards after attach: refuse to go on silently."""
+    from rla.alignment.patch import foreign_wrapper
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    replaced = [name for name, m in model.named_modules() if foreign_wrapper(m)]
+    if replaced:
+        raise RuntimeError(
+            f"rla.integrations.trl: {', '.join(replaced[:3])} had their aligned forward replaced after attach "
+            "(Liger Kernel's use_liger_kernel does this when train() starts); the policy no longer rounds like "
+            "the engine. Turn that patch off, or apply it before attach"
         )
 
 
@@ -103,9 +169,11 @@ def attach(
         )
     policy_model = trainer.accelerator.unwrap_model(trainer.model)
     policy = align(policy_model, profile, regions, ops)
+    _autocast_note(trainer, policy)
     reference = None
     if trainer.ref_model is not None:
         reference = align(trainer.accelerator.unwrap_model(trainer.ref_model), policy.profile, regions, ops)
+        _autocast_note(trainer, reference)
         reference_note = f"TRL's reference model aligned ({reference.profile.name})"
     elif getattr(trainer, "beta", None) == 0.0:
         reference_note = "none (beta = 0: TRL builds no reference model)"
@@ -127,6 +195,7 @@ def attach(
             original = trainer._generate_and_score_completions
 
             def _generate_and_score_completions(self, inputs):
+                _check_still_aligned(self)
                 output = original(inputs)
                 if output.get("sampling_per_token_logps") is not None:
                     _log_mismatch(self, output)

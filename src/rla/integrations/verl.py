@@ -2,7 +2,7 @@
 
 verl imports each ``external_lib`` in every worker process when it builds the model config
 (``HFModelConfig.__post_init__`` -> ``import_external_libs``), before any model is built. Importing
-this module therefore installs two patches (that is its whole purpose; :func:`uninstall` undoes
+this module therefore installs its patches (that is its whole purpose; :func:`uninstall` undoes
 them), tested with verl 0.9.1:
 
 - **Align after verl's dtype cast.** ``FSDPEngine._build_module``
@@ -18,6 +18,29 @@ them), tested with verl 0.9.1:
   module is replaced by a function that builds the same policy with ``cast_forward_inputs=False``
   (the parameters are still cast to ``param_dtype`` by FSDP2 itself; only forward inputs stop
   being cast, which the aligned layers do at the points the profile says).
+
+- **Metrics on verl's dashboard.** verl's trainer (``RayPPOTrainer.fit``, in the driver) calls
+  ``verl.utils.debug.metrics.calculate_debug_metrics(batch)`` on the whole batch whenever it
+  carries the engine's ``rollout_log_probs`` and the actor has recomputed ``old_log_probs``, and
+  merges the result into the step's ``metrics`` dict, which its ``Tracking`` logger writes to
+  every backend (console, wandb, tensorboard, ...). The patch adds rla's ``mismatch/*`` metrics
+  (:func:`rla.metrics.mismatch`, ``response_mask`` as the mask) to that dict, in verl's
+  ``section/name`` key style, leaving out the three that verl's function already returns under its
+  own names (``training/rollout_probs_diff_{mean,max}`` = ``mismatch/prob_abs/{mean,max}``,
+  ``training/rollout_actor_probs_pearson_corr`` = ``mismatch/prob_pearson``). The driver imports
+  ``external_lib`` only for a critic; name this module for it as verl's own plugin variable does:
+  ``VERL_USE_EXTERNAL_MODULES=rla.integrations.verl`` in the Ray runtime environment
+  (``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=rla.integrations.verl``),
+  which every process imports with ``import verl``.
+- **FSDP1** (``strategy: fsdp``, verl's default): verl builds ``MixedPrecision(param_dtype,
+  reduce_dtype, buffer_dtype)``, whose ``cast_forward_inputs`` is False by default: FSDP1 casts
+  the floating inputs of the root module only (``cast_root_forward_inputs``; the root receives
+  token ids), never the fp32 cos/sin and sums that aligned layers pass between wrapped units, so
+  nothing needs patching; the build checks that default. (FSDP1 cannot run on a CPU; its GPU
+  check is ``tests/integrations/test_integration_verl_fsdp_gpu.py``.)
+
+The alignment report of a trainable actor (fp32 weights at build time, bf16 compute under FSDP's
+mixed precision) says so instead of rla's generic "nothing to round" note.
 
 The older layout (verl before the engine workers, ``verl/workers/fsdp_workers.py``, where
 ``ActorRolloutRefWorker._build_model_optimizer`` and ``CriticWorker._build_critic_model_optimizer``
@@ -46,12 +69,20 @@ import sys
 from rla.alignment import align
 from rla.profiles import resolve
 
-__all__ = ["install", "uninstall", "installed", "profile_for", "ENV_VAR", "CONFIG_KEY"]
+__all__ = ["install", "uninstall", "installed", "profile_for", "mismatch_metrics", "VERL_OWN_KEYS", "ENV_VAR",
+           "CONFIG_KEY"]
 
 ENV_VAR = "RLA_PROFILE"
 CONFIG_KEY = "rla_profile"
 _ENGINE = "verl.workers.engine.fsdp.transformer_impl"
 _LEGACY = "verl.workers.fsdp_workers"
+_DEBUG_METRICS = "verl.utils.debug.metrics"
+#: rla keys that verl's calculate_debug_metrics returns itself, under its names (not written twice).
+VERL_OWN_KEYS = {
+    "mismatch/prob_abs/mean": "training/rollout_probs_diff_mean",
+    "mismatch/prob_abs/max": "training/rollout_probs_diff_max",
+    "mismatch/prob_pearson": "training/rollout_actor_probs_pearson_corr",
+}
 #: The fsdp_workers functions that build actor/reference (one function) and critic models.
 _LEGACY_BUILDERS = ("_build_model_optimizer", "_build_critic_model_optimizer")
 _log = logging.getLogger(__name__)
@@ -67,9 +98,64 @@ def profile_for(module) -> str:
     return name
 
 
-def _align(module, where: str) -> None:
+def _align(module, where: str, mixed_precision: bool = False) -> None:
     report = align(module, profile_for(module))
+    if mixed_precision:
+        stale = [n for n in report.notes if n.startswith("nothing to round")]
+        for note in stale:
+            report.notes.remove(note)
+            report.notes.append(
+                "the weights are float32 here (verl's trainable model); verl's FSDP mixed precision computes "
+                "the forward with bf16 parameters (param_dtype), where the aligned points round as the profile says"
+            )
     _log.warning("rla.integrations.verl: %s\n%s", where, report)
+
+
+def mismatch_metrics(batch) -> dict[str, float]:
+    """rla's mismatch metrics of one verl batch (``DataProto``): ``old_log_probs`` against
+    ``rollout_log_probs`` over ``response_mask``; {} when a key is missing. The keys verl's
+    ``calculate_debug_metrics`` returns under its own names are left out (:data:`VERL_OWN_KEYS`)."""
+    from rla.metrics import mismatch
+
+    tensors = batch.batch
+    if not all(k in tensors.keys() for k in ("old_log_probs", "rollout_log_probs", "response_mask")):
+        return {}
+    mask = tensors["response_mask"].bool()
+    if not bool(mask.any()):
+        return {}
+    m = mismatch(tensors["old_log_probs"].detach().float().cpu(), tensors["rollout_log_probs"].detach().float().cpu(),
+                 mask.cpu(), nan_policy="mask")
+    return {k: v for k, v in m.items() if k not in VERL_OWN_KEYS}
+
+
+def _patch_debug_metrics(mod) -> None:
+    original = getattr(mod, "calculate_debug_metrics", None)
+    if not callable(original):
+        raise RuntimeError(f"rla.integrations.verl: {_DEBUG_METRICS} has no calculate_debug_metrics (verl changed)")
+
+    @functools.wraps(original)
+    def calculate_debug_metrics(data):
+        metrics = original(data)
+        ours = mismatch_metrics(data)
+        clash = [k for k in ours if k in metrics]
+        if clash:
+            raise RuntimeError(f"rla.integrations.verl: verl's debug metrics already hold {clash}; "
+                               "refusing to write two numbers under one key")
+        metrics.update(ours)
+        return metrics
+
+    _set(mod, "calculate_debug_metrics", calculate_debug_metrics)
+
+
+def _check_fsdp1_default() -> None:
+    """verl's FSDP1 path relies on ``MixedPrecision(...).cast_forward_inputs`` being False."""
+    from torch.distributed.fsdp import MixedPrecision
+
+    if MixedPrecision(param_dtype=None).cast_forward_inputs:
+        raise RuntimeError(
+            "rla.integrations.verl: this torch's FSDP1 MixedPrecision casts forward inputs by default, which rounds "
+            "the fp32 tensors aligned layers pass between FSDP units; use strategy=fsdp2 (rla patches its policy)"
+        )
 
 
 def _no_input_cast(policy_class):
@@ -100,7 +186,11 @@ def _patch_engine(mod) -> None:
     def _build_module(self, *args, **kwargs):
         module = build(self, *args, **kwargs)
         role = "forward-only (reference)" if self.engine_config.forward_only else "trainable"
-        _align(module, f"aligned the {role} {self.model_config.model_type} after verl's dtype cast")
+        strategy = getattr(self.engine_config, "strategy", None)
+        if strategy == "fsdp":
+            _check_fsdp1_default()
+        _align(module, f"aligned the {role} {self.model_config.model_type} after verl's dtype cast ({strategy})",
+               mixed_precision=strategy in ("fsdp", "fsdp2"))
         return module
 
     _set(engine, "_build_module", _build_module)
@@ -136,7 +226,7 @@ def install() -> list[str]:
     if importlib.util.find_spec("verl") is None:
         raise ImportError("rla.integrations.verl: verl is not installed in this environment")
     patched = []
-    for name, patch in ((_ENGINE, _patch_engine), (_LEGACY, _patch_legacy)):
+    for name, patch in ((_ENGINE, _patch_engine), (_LEGACY, _patch_legacy), (_DEBUG_METRICS, _patch_debug_metrics)):
         if importlib.util.find_spec(name) is None:
             continue
         mod = importlib.import_module(name)
@@ -145,7 +235,7 @@ def install() -> list[str]:
             continue
         patch(mod)
         patched.append(name)
-    if not patched:
+    if not set(patched) - {_DEBUG_METRICS}:
         raise RuntimeError(
             f"rla.integrations.verl: found neither {_ENGINE} (verl 0.9) nor {_LEGACY} (older verl); "
             "cannot hook this verl"
