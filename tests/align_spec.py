@@ -149,19 +149,29 @@ def rn(v, lp):
 
 
 def spec_inv_freq(cfg, seq_len=None):
-    """fp32 inv_freq as engines compute it. Default RoPE written out; scaled types use the
-    rope-type formula transformers defines (the model's own definition of its frequencies)."""
+    """fp32 inv_freq as engines compute it (rope types without an attention factor)."""
+    inv_freq, scale = spec_rope_params(cfg, seq_len)
+    assert scale == 1.0
+    return inv_freq
+
+
+def spec_rope_params(cfg, seq_len=None):
+    """fp32 inv_freq as engines compute it, and the attention factor that scales cos/sin (YaRN,
+    longrope; 1.0 for the rest). Default RoPE written out; scaled types use the rope-type formula
+    transformers defines (the model's own definition of its frequencies). ``dynamic`` grows past
+    max_position_embeddings, ``longrope`` takes its long factors past the original length."""
     rp = cfg.rope_parameters
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     if rp["rope_type"] == "default":
-        return 1.0 / (rp["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        return 1.0 / (rp["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)), 1.0
     fn = ROPE_INIT_FUNCTIONS[rp["rope_type"]]
     if rp["rope_type"] == "dynamic" and seq_len is not None and seq_len > cfg.max_position_embeddings:
         inv_freq, scale = fn(cfg, None, seq_len=torch.tensor(seq_len))
+    elif rp["rope_type"] == "longrope" and seq_len is not None:
+        inv_freq, scale = fn(cfg, None, seq_len=seq_len)
     else:
         inv_freq, scale = fn(cfg)
-    assert scale == 1.0
-    return inv_freq.float()
+    return inv_freq.float(), float(scale)
 
 
 def spec_cos_sin(inv_freq, positions):
@@ -300,7 +310,10 @@ def spec_forward(model, input_ids, pts, cache: SpecCache | None = None, last_onl
     b, s = input_ids.shape
     past = cache.length() if cache is not None else 0
     positions = torch.arange(past, past + s)[None].expand(b, s)
-    cos, sin = spec_cos_sin(spec_inv_freq(cfg, seq_len=past + s), positions)
+    inv_freq, scale = spec_rope_params(cfg, seq_len=past + s)
+    cos, sin = spec_cos_sin(inv_freq, positions)
+    if scale != 1.0:  # YaRN / longrope: HF and engines scale the fp32 tables, then round them
+        cos, sin = cos * scale, sin * scale
     mask = None
     if s > 1:
         future = torch.arange(past + s)[None, :] > (torch.arange(s)[:, None] + past)

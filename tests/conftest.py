@@ -7,6 +7,8 @@ import sys
 import pytest
 
 VLLM_VERSION = "0.33.0"
+#: A vLLM release with no calibrated row: what profile="vllm" does for an engine it was not measured on.
+VLLM_UNCALIBRATED_VERSION = "0.26.0"
 SGLANG_VERSION = "0.5.23"
 
 
@@ -50,6 +52,14 @@ def vllm_wheel():
     is never installed; its Python files are read from the wheel (nothing of it is vendored).
     """
     return _cached_wheel("vllm", VLLM_VERSION, "336 MB")
+
+
+@pytest.fixture(scope="session")
+def vllm_uncalibrated_wheel():
+    """vLLM 0.26.0's wheel (304 MB), a real release with no calibrated row: the profile-version
+    tests install its metadata as an installed vLLM would have it. Cached and downloaded like
+    vLLM 0.33's wheel (once, ``pip download --no-deps``, into the engine cache)."""
+    return _cached_wheel("vllm", VLLM_UNCALIBRATED_VERSION, "304 MB")
 
 
 @pytest.fixture(scope="session")

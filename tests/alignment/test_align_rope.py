@@ -120,6 +120,37 @@ def test_llama_scaled_rope_types(rope, cast):
     rla.unalign(model)
 
 
+#: Rope types with an attention factor (cos/sin scaled by it): YaRN, and longrope, whose short and
+#: long factors switch at original_max_position_embeddings (16 here, sequences of 8 and 24).
+SCALED_ROPE = {
+    "yarn": dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16),
+    "longrope": dict(rope_type="longrope", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16,
+                     short_factor=[1.0 + 0.1 * i for i in range(8)], long_factor=[1.0 + 0.5 * i for i in range(8)]),
+}
+
+
+@pytest.mark.parametrize("rope", list(SCALED_ROPE))
+@pytest.mark.parametrize("cast", [False, True], ids=["bf16", "cast"])
+def test_rope_types_with_an_attention_factor(rope, cast):
+    cfg = tiny_config("llama", max_position_embeddings=64, rope_parameters=dict(SCALED_ROPE[rope]))
+    model = tiny_model("llama", dtype=torch.float32 if cast else torch.bfloat16, config=cfg)
+    if cast:
+        model = model.to(torch.bfloat16)
+    scaling = model.model.rotary_emb.attention_scaling
+    assert scaling > 1.1  # the factor is far from 1: dropping it moves every cos/sin entry
+    long_ids, short_ids = tokens(seq=24), tokens(seq=8, seed=3)
+    with torch.no_grad():
+        plain = None if cast else model(long_ids).logits
+        rla.align(model, "vllm")
+        assert model.model.rotary_emb.attention_scaling == scaling
+        for ids in (long_ids, short_ids, long_ids):  # longrope: long factors, short, long again
+            assert torch.equal(model(ids).logits, spec_forward(model, ids, SPEC["vllm"]))
+        rla.align(model, "hf")
+        if not cast:
+            assert torch.equal(model(long_ids).logits, plain)
+    rla.unalign(model)
+
+
 def test_tf32_hazard_is_reported_where_hf_uses_a_matmul():
     model = tiny_model("qwen2")
     before = torch.get_float32_matmul_precision()

@@ -43,6 +43,8 @@ def test_default_mode_on_cpu_finds_the_vllm_033_row(default_run):
         assert r.fractions[other] < 0.99, (point, r.fractions)  # the probes tell the choices apart
     inv = default_run.points["rope_inv_freq"]
     assert inv.ambiguous and inv.fractions == {"host": 1.0, "device": 1.0}
+    for r in default_run.points.values():  # the column says what docs/rounding.md says: 2+ choices at 100%
+        assert r.ambiguous == (sum(f == 1.0 for f in r.fractions.values()) > 1), (r.point, r.fractions)
     assert (inv.choice, inv.evidence) == ("device", "source") and "create the cache on GPU" in inv.fallback
 
 
@@ -142,3 +144,71 @@ def test_an_op_that_cannot_run_keeps_the_baseline_row_and_says_so(vllm_wheel, mo
     from rla.engines.conformance import to_profile
 
     assert to_profile(conf).calibration.points["norm_residual"].matched is None  # not measured in this run
+
+
+@pytest.mark.parametrize("fractions, choice, ambiguous", [
+    ({"unpinned": 1.0, "vllm_block": 1.0}, "unpinned", True),     # the probes do not tell them apart
+    ({"unpinned": 0.98, "vllm_block": 1.0}, "vllm_block", False),  # that order alone reproduces them
+    ({"unpinned": 0.98, "vllm_block": 0.97}, "unpinned", False),   # no order rla has
+])
+def test_norm_reduction_ambiguity_follows_the_docs(fractions, choice, ambiguous):
+    from rla.engines.calibrate import _settle_reduction
+    from rla.engines.conformance import PointResult
+
+    r = PointResult("norm_reduction", None, "kernel", dict(fractions), sum(f == 1.0 for f in fractions.values()) > 1)
+    _settle_reduction(r, [])
+    assert (r.choice, r.ambiguous) == (choice, ambiguous)
+
+
+def _args(**kw):
+    import argparse
+
+    base = dict(engine="vllm", wheel=None, engine_version=None, download=False)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_the_cli_finds_the_wheel_in_rlas_engine_cache(vllm_wheel, tmp_path, monkeypatch, capsys):
+    """vLLM is not installed here: the wheel in the cache is used, the newest or the one asked
+    for; none there is a clear error naming the cache and --download, before any work."""
+    from pathlib import Path
+
+    from rla.cli import main
+    from rla.commands.calibrate import _wheel
+
+    assert profiles.installed_version("vllm") is None
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("RLA_ENGINE_CACHE", str(cache))
+    (cache / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl").symlink_to(vllm_wheel)
+    (cache / "vllm-0.9.2-cp38-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"")  # older: not the default
+    said = []
+    assert Path(_wheel(_args(), said.append)).name.startswith("vllm-0.33.0-")
+    assert "rla's engine cache" in said[-1]
+    assert Path(_wheel(_args(engine_version="0.9.2"), said.append)).name.startswith("vllm-0.9.2-")
+    with pytest.raises(FileNotFoundError, match=r"vllm 0\.40\.0 is not installed .* engine cache .* --download"):
+        _wheel(_args(engine_version="0.40.0"), said.append)
+    assert main(["calibrate", "--engine", "sglang", "--device", "cpu"]) == 2  # no sglang wheel in this cache
+    assert "pass --download" in capsys.readouterr().err
+
+
+def test_an_eager_row_needs_the_kernels_or_an_explicit_flag(vllm_wheel, tmp_path, monkeypatch, capsys):
+    from rla.cli import main
+
+    out = tmp_path / "e.json"
+    cli = ["calibrate", "--mode", "eager", "--wheel", vllm_wheel, "--out", str(out)]
+    assert main(cli + ["--device", "cpu"]) == 2  # refused before the run
+    assert "--allow-native-eager" in capsys.readouterr().err and not out.exists()
+    assert main(cli + ["--device", "cpu", "--allow-native-eager"]) == 0
+    captured = capsys.readouterr()
+    assert profiles.load(out).name == "vllm-0.33-eager-native"
+    # progress on stderr while it runs, one line per experiment
+    for step in ("rms_norm", "fused_add_rms_norm + silu_and_mul", "rope_inv_freq", "done"):
+        assert f"{step}" in captured.err and "[rla calibrate" in captured.err, captured.err
+    # where CUDA is asked for but the kernels did not run (a library that does not load), no row either
+    conf = calibrate("vllm", "eager", wheel=vllm_wheel, device="cpu")
+    monkeypatch.setattr("rla.engines.calibrate.calibrate", lambda *a, **k: conf)
+    out.unlink()
+    assert main(cli + ["--device", "cuda"]) == 1
+    assert "no profile written: the engine's kernels did not run here" in capsys.readouterr().out
+    assert not out.exists() and out.with_suffix(".report.md").exists()
+    assert main(cli + ["--device", "cuda", "--allow-native-eager"]) == 0 and out.exists()

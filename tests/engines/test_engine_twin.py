@@ -226,8 +226,10 @@ def test_rla_verify_cli_on_the_bundled_model(vllm_wheel, tmp_path, capsys):
     hf, aligned, engine = json.loads(out.read_text())["sides"]
     assert aligned["logits_equal"] < 1.0 and engine["name"] == "aligned vllm-0.33, engine's code"
     assert engine["logits_equal"] == 1.0 and all(r["equal"] == 1.0 for r in engine["layers"])
-    assert main(args[:-2] + ["--tokens", "256", "--expect-exact"]) == 1
-    capsys.readouterr()
+    assert main(args[:-2] + ["--tokens", "256", "--expect-exact"]) == 1  # judges the aligned side, and says so
+    assert "not exact: 'aligned vllm-0.33' differs from the twin" in capsys.readouterr().out
+    assert main(args[:-2] + ["--tokens", "256", "--engine-forward", "--expect-exact"]) == 0  # the side asked about
+    assert "exact: 'aligned vllm-0.33, engine's code' equals the twin bit for bit" in capsys.readouterr().out
     assert main(args[:-2] + ["--tokens", "0"]) == 2
     assert "--tokens must be at least 1" in capsys.readouterr().err
     assert main(args[:-2] + ["--mode", "eager"]) == 2

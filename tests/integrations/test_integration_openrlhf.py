@@ -217,3 +217,29 @@ def test_actor_with_liger_kernel_is_aligned_over_liger(patched):
             setattr(modeling, name, value)
         modeling.Qwen2ForCausalLM.forward = forward
     assert torch.equal(logits, _reference_logits(actor.rla_alignment.profile))
+
+
+def test_the_profile_is_the_row_of_the_rollout_engines_vllm(monkeypatch):
+    """RLA_ENGINE_VERSION (the vLLM the rollout actors run) picks the row; an uncalibrated one
+    warns naming the nearest row, and every Actor's report says which version it was matched to."""
+    import warnings
+
+    from rla.profiles import ProfileVersionWarning
+
+    monkeypatch.setenv("RLA_PROFILE", "vllm")
+    monkeypatch.setenv("RLA_ENGINE_VERSION", "0.26.0")
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16, attn_implementation="eager")
+    try:
+        with pytest.warns(ProfileVersionWarning, match=r"vllm 0\.26\.0 \(given\) has no calibrated row"):
+            rla_openrlhf.setup_worker()
+        assert rla_openrlhf.patched().name == "vllm-0.33"
+        assert "vllm 0.26.0" in Actor(model).rla_alignment.profile_choice
+        monkeypatch.setenv("RLA_ENGINE_VERSION", "0.33.0")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ProfileVersionWarning)
+            rla_openrlhf.setup_worker()
+        assert "the row of vllm 0.33.0" in str(Actor(model).rla_alignment)
+        with pytest.raises(ValueError, match="needs an engine alias"):
+            rla_openrlhf.patch("hf", engine_version="0.33.0")
+    finally:
+        rla_openrlhf.unpatch()

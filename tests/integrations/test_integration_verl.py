@@ -230,3 +230,17 @@ def test_mismatch_metrics_join_verls_step_metrics():
     # the same numbers under verl's names (verl takes exp in fp32, rla in fp64): why they are left out
     assert got["training/rollout_probs_diff_mean"] == pytest.approx(want["mismatch/prob_abs/mean"], rel=1e-4)
     assert got["training/rollout_probs_diff_max"] == pytest.approx(want["mismatch/prob_abs/max"], rel=1e-4)
+
+
+def test_the_alias_is_the_row_of_the_rollouts_engine_version(monkeypatch):
+    from rla.profiles import ProfileVersionWarning
+
+    monkeypatch.setenv("RLA_PROFILE", "vllm-eager")
+    monkeypatch.setenv("RLA_ENGINE_VERSION", "0.26.0")
+    with pytest.warns(ProfileVersionWarning, match=r"vllm 0\.26\.0 \(given\) has no calibrated row"):
+        module = _engine(model_dtype="bf16")._build_module()
+    report = rla.alignment_of(module)
+    assert report.profile.name == "vllm-0.33-eager" and "nearest calibrated row" in report.profile_choice
+    monkeypatch.setenv("RLA_ENGINE_VERSION", "0.33.0")
+    module = _engine(model_dtype="bf16")._build_module()
+    assert "the row of vllm 0.33.0 (given)" in rla.alignment_of(module).profile_choice

@@ -562,8 +562,18 @@ def test_qk_norm_fp32_output_is_fused(reduction):
     dy = torch.randn_like(y)
     (g,) = torch.autograd.grad(y, x, dy)
     (rg,) = torch.autograd.grad(ry, x, dy)
-    assert torch.allclose(g.float(), rg.float(), rtol=1e-2, atol=1e-2)
-    assert float((g == rg).double().mean()) > 0.99
+    # The gradient is computed in fp32 and rounded once to bf16 on both sides; they differ only
+    # through fp32 arithmetic order (the kernel's reductions of x^2 and of dy*w*n; under
+    # 'unpinned' also an rstd an fp32 ulp apart). Such a difference moves the fp32 gradient by a
+    # few fp32 ulps of its row's largest term, so after the one rounding an element is equal, one
+    # bf16 ulp away, or -- where dy*w - n*mean(dy*w*n) cancels -- within 2^-16 of the row's
+    # largest |gradient|. A truncated or otherwise mis-rounded gradient moves ~half the elements
+    # by up to an ulp: the equal fraction catches it.
+    ulp = (_bits(g) - _bits(rg)).abs()
+    row_scale = rg.float().abs().amax(-1, keepdim=True)
+    off = (ulp > 1) & ((g.float() - rg.float()).abs() > row_scale * 2**-16)
+    assert not off.any(), f"{int(off.sum())} gradient elements beyond one bf16 ulp and the fp32 cancellation floor"
+    assert float((g == rg).double().mean()) > (0.999 if reduction == "vllm_block" else 0.99)
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])

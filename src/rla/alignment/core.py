@@ -21,7 +21,7 @@ from rla.alignment.report import AlignmentReport
 from rla.alignment.rmsnorm import align_layers, align_norms
 from rla.alignment.rope import align_attention, align_rotary
 from rla.alignment.swiglu import align_experts, align_mlps, check_activation, check_experts
-from rla.profiles import REGIONS, RoundingProfile, resolve
+from rla.profiles import REGIONS, RoundingProfile, aliases, for_engine, resolve
 
 __all__ = ["align", "unalign", "aligned", "alignment_of"]
 
@@ -168,6 +168,8 @@ def align(
     profile: str | RoundingProfile = "vllm",
     regions=REGIONS,
     ops=None,
+    *,
+    engine_version: str | None = None,
 ) -> AlignmentReport:
     """Make ``model``'s training forward round where ``profile``'s engine rounds.
 
@@ -178,8 +180,20 @@ def align(
     reference on CPU, rla's fused kernels on CUDA). :func:`rla.engines.backed.engine_ops` gives
     one whose forward is the engine's own compiled kernels and whose backward is rla's gradient,
     so the forward's arithmetic order (a norm's reduction tree, FMA) is the engine's too.
+
+    An engine alias (``"vllm"``, ``"vllm-eager"``, ``"sglang"``) resolves to the row calibrated for
+    the engine version in use (:func:`rla.profiles.for_engine`): ``engine_version`` when given,
+    else the installed engine's (package metadata; the engine is not imported). The report's
+    ``profile_choice`` says which row and why; a version with no calibrated row gets the nearest row and
+    a :class:`rla.profiles.ProfileVersionWarning` naming both versions and ``rla calibrate``.
     """
-    p = resolve(profile)
+    match = for_engine(profile, engine_version) if isinstance(profile, str) else None
+    if engine_version is not None and match is None:
+        raise ValueError(
+            f"engine_version={engine_version!r} selects among an engine's calibrated rows; profile "
+            f"{getattr(profile, 'name', profile)!r} is not an engine alias ({', '.join(aliases())})"
+        )
+    p = match.profile if match is not None else resolve(profile)
     regions = _check_regions(regions)
     impl = None if ops is None else _check_ops(ops)  # None: rla.ops, looked up at call time
     if impl is not None:
@@ -202,6 +216,8 @@ def align(
         transformers_version=str(compat.TRANSFORMERS_VERSION),
         ops="rla.ops" if impl is None else (getattr(impl, "name", None) or getattr(impl, "__name__", None) or type(impl).__name__),
     )
+    if match is not None:
+        report.profile_choice = match.message()
     if ops is not None:  # what aligned() re-applies (not part of the report's data)
         report.__dict__["_ops_object"] = ops
     # q/k norm -> RoPE as one fp32 chain (qk_norm_out='fp32'): needs both regions aligned
@@ -311,13 +327,14 @@ def unalign(model: torch.nn.Module) -> AlignmentReport | None:
 
 
 @contextlib.contextmanager
-def aligned(model: torch.nn.Module, profile: str | RoundingProfile = "vllm", regions=REGIONS, ops=None):
+def aligned(model: torch.nn.Module, profile: str | RoundingProfile = "vllm", regions=REGIONS, ops=None, *,
+            engine_version: str | None = None):
     """``with rla.aligned(model, "vllm") as report:`` aligns inside the block only.
 
     On exit the model returns to its state before the block: unaligned, or aligned as it was.
     """
     before = alignment_of(model)
-    report = align(model, profile, regions, ops)
+    report = align(model, profile, regions, ops, engine_version=engine_version)
     try:
         yield report
     finally:

@@ -46,6 +46,9 @@ class AlignmentReport:
     """Which implementation runs the region ops' forward (``rla.ops``, or an engine's kernels)."""
     notes: list[str] = field(default_factory=list)
     """Things the user should know that are not hazards, e.g. that nothing can round yet."""
+    profile_choice: str = ""
+    """How an engine alias (``"vllm"``) became this row: the engine version it was matched to and
+    where that version came from (:meth:`rla.profiles.EngineMatch.message`); empty for a row name."""
 
     def modules(self, region: str) -> int:
         """Total modules aligned in ``region`` (0 when the region was not aligned)."""
@@ -77,6 +80,8 @@ class AlignmentReport:
         rows = [("region", "aligned modules", "rounding"), *self._rows()]
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         lines = [self._title()]
+        if self.profile_choice:
+            lines.append(f"  {self.profile_choice}")
         for r in rows:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         if self.hazards:
@@ -101,4 +106,5 @@ class AlignmentReport:
             "hazards fixed: "
             + ("none found" if not self.hazards else "; ".join(f"{h.name}: {h.detail}" for h in self.hazards))
         )
-        return Group(table, hazards, *(Text(f"note: {n}") for n in self.notes))
+        choice = [Text(self.profile_choice)] if self.profile_choice else []
+        return Group(*choice, table, hazards, *(Text(f"note: {n}") for n in self.notes))

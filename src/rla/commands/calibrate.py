@@ -10,7 +10,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--mode", default="default", choices=("default", "eager"),
                         help="vllm: default = native ops under Inductor (-O2), eager = its CUDA kernels "
                         "(enforce_eager); sglang has one mode, default (its CUDA path)")
-    parser.add_argument("--wheel", default=None, help="engine wheel file to load the code from (default: the installed package)")
+    parser.add_argument("--wheel", default=None,
+                        help="engine wheel file to load the code from (default: the installed package, else "
+                        "the engine's wheel in rla's engine cache, $RLA_ENGINE_CACHE or ~/.cache/rla/engines)")
+    parser.add_argument("--engine-version", default=None,
+                        help="which version's wheel to take from the engine cache (or to --download); "
+                        "default: the newest there")
+    parser.add_argument("--download", action="store_true",
+                        help="when the engine is neither installed nor in the cache, pip-download its wheel "
+                        "(--no-deps; vLLM's is ~330 MB) into the engine cache")
+    parser.add_argument("--allow-native-eager", action="store_true",
+                        help="write an eager-mode profile even where the engine's kernels cannot run (no GPU): "
+                        "its points then come from the native ops run eagerly, which are not the kernels "
+                        "(named <engine>-<version>-eager-native)")
     parser.add_argument("--library", default=None,
                         help="vLLM kernel library (_C_stable_libtorch.abi3.so, or .xz of it) for --mode eager")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -23,22 +35,73 @@ def add_arguments(parser) -> None:
     parser.add_argument("--name", default=None, help="profile name (default <engine>-<major.minor>[-<mode>])")
 
 
+def _wheel(args, say) -> str | None:
+    """The wheel to load: --wheel; else None when the engine is installed (and no other version was
+    asked for); else the cache's; else, with --download, a fresh download into the cache."""
+    from rla.engines.source import EngineNotFound, cache_dir, cached_wheel, download_wheel
+    from rla.profiles import installed_version
+
+    from rla.engines.calibrate import ENGINES
+
+    if args.engine not in ENGINES:
+        raise ValueError(f"unknown engine {args.engine!r}; supported: {', '.join(ENGINES)}")
+    if args.wheel is not None:
+        return args.wheel
+    installed = installed_version(args.engine)
+    if installed is not None and args.engine_version in (None, installed):
+        return None
+    wheel = cached_wheel(args.engine, args.engine_version)
+    if wheel is None and args.download:
+        say(f"downloading {args.engine}{'==' + args.engine_version if args.engine_version else ''} into {cache_dir()}")
+        wheel = download_wheel(args.engine, args.engine_version)
+    if wheel is None:
+        which = f"{args.engine} {args.engine_version}" if args.engine_version else args.engine
+        raise EngineNotFound(
+            f"{which} is not installed in this Python and its wheel is not in rla's engine cache ({cache_dir()}); "
+            f"pass --download to fetch it there (pip download --no-deps), or --wheel FILE"
+        )
+    say(f"using {wheel} (rla's engine cache)")
+    return str(wheel)
+
+
 def run(args) -> int:
     import shlex
     import sys
+    import time
 
     import torch
 
     from rla.engines.calibrate import calibrate
-    from rla.engines.conformance import markdown, write
+    from rla.engines.conformance import kernels_ran, markdown, write
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.mode == "eager" and device == "cpu" and not args.allow_native_eager:
+        print(f"rla calibrate: --mode eager on the CPU cannot run {args.engine}'s kernels; its points would come "
+              "from the native ops run eagerly, which round differently (not the engine's eager row). Run it on a "
+              "GPU (--device cuda), or pass --allow-native-eager to write that native row anyway", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+
+    def say(message: str) -> None:
+        print(f"[rla calibrate {time.monotonic() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    wheel = _wheel(args, say)
     command = "rla " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["calibrate"] else "rla calibrate"
     conf = calibrate(
-        args.engine, args.mode, wheel=args.wheel, device=device, library=args.library,
-        scale=args.scale, seed=args.seed, command=command,
+        args.engine, args.mode, wheel=wheel, device=device, library=args.library,
+        scale=args.scale, seed=args.seed, command=command, progress=say,
     )
+    say("done")
     out = args.out or f"rla-calibrate/{args.engine}-{args.mode}.json"
+    if conf.mode == "eager" and not kernels_ran(conf) and not args.allow_native_eager:
+        paths = write(conf, out, args.name, profile=False)
+        print(markdown(conf).split("## Engine code that ran")[0].rstrip())
+        print()
+        for kind, path in paths.items():
+            print(f"{kind}: {path}")
+        print(f"no profile written: the engine's kernels did not run here (every point's evidence is weaker than "
+              f"'kernel'), so this is not its eager row; see the notes. --allow-native-eager writes it anyway")
+        return 1
     paths = write(conf, out, args.name)
     print(markdown(conf).split("## Engine code that ran")[0].rstrip())
     print()

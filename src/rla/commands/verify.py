@@ -24,7 +24,8 @@ def add_arguments(parser) -> None:
                         help="add a side whose forward is the engine's own code (default mode: its compiled "
                         "pieces, rla.engines.forward; eager: its kernels per op, rla.engines.backed)")
     parser.add_argument("--expect-exact", action="store_true",
-                        help="exit 1 unless the aligned model's logits equal the twin's bit for bit")
+                        help="exit 1 unless the logits equal the twin's bit for bit: the engine-backed side's "
+                        "with --engine-forward, else the aligned model's (the message names the side judged)")
 
 
 def _profile(args):
@@ -154,10 +155,15 @@ def run(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result.as_dict(), f, indent=2)
-    if args.expect_exact and aligned.logits_equal < 1.0:
-        console.print(f"[bold red]not exact[/]: the aligned model differs from the twin from layer "
-                      f"{aligned.first_diverging_layer()}", highlight=False)
-        return 1
+    if args.expect_exact:  # the side asked about: the engine's code when --engine-forward, else rla's ops
+        judged = result.sides[-1] if args.engine_forward else aligned
+        if judged.logits_equal < 1.0:
+            first = judged.first_diverging_layer()
+            where = f"from layer {first}" if first is not None else "in the logits (every layer bit-equal)"
+            console.print(f"[bold red]not exact[/]: '{judged.name}' differs from the twin {where} "
+                          f"({judged.logits_equal:.4%} of logits bit-equal)", highlight=False)
+            return 1
+        console.print(f"exact: '{judged.name}' equals the twin bit for bit", highlight=False)
     return 0
 
 

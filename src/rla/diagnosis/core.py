@@ -32,7 +32,7 @@ from rla.progress import Progress
 from rla.diagnosis.scale import RoundingScale, fp32_reference, rounding_scale
 from rla.diagnosis.temperature import FACTORS, ONE, fit_rows, fit_temperature
 from rla.diagnosis.verdict import Verdict, judge
-from rla.profiles import REGIONS, RoundingProfile, names as profile_names, get as get_profile, resolve
+from rla.profiles import REGIONS, RoundingProfile, for_engine, names as profile_names, get as get_profile, resolve
 
 __all__ = ["Diagnosis", "Detection", "diagnose", "detect_profile", "subset_label", "MIN_DETECT_SEQUENCES"]
 
@@ -263,7 +263,10 @@ def diagnose(
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     sizes = Sizes(max_tokens, memory_budget)
-    prof = None if profile == "auto" else resolve(profile)
+    # an engine alias ("vllm") is the row of the engine version the records carry (engine_version),
+    # else of the installed engine's (rla.profiles.for_engine; a warning when it has no calibrated row)
+    match = None if profile == "auto" or not isinstance(profile, str) else for_engine(profile, records=records)
+    prof = None if profile == "auto" else (match.profile if match is not None else resolve(profile))
     _check_unaligned(model)
     check = check_records(model, records)
     records = check.records
@@ -322,7 +325,7 @@ def diagnose(
         scale=scale,
         n_input=check.n_input,
         duplicates=check.duplicates,
-        input_notes=[n for n in (check.note(),) if n],
+        input_notes=[n for n in (check.note(), match and match.version and match.message()) if n],
         long_inputs=sizes.summary(),
     )
 

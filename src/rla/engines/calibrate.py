@@ -157,11 +157,14 @@ def _compile(fn):
     return torch.compile(fn, backend="inductor", fullgraph=True, dynamic=False)
 
 
-def _attempt(ops: RegionOps, names: tuple[str, ...], build):
+def _attempt(ops: RegionOps, names: tuple[str, ...], build, say=None):
     """Run one experiment if the engine has its ops; an op that fails to run here
-    (``EngineUnavailable``, e.g. a kernel that does not build) is recorded, not fatal."""
+    (``EngineUnavailable``, e.g. a kernel that does not build) is recorded, not fatal.
+    ``say(message)`` is told when it starts (``rla calibrate`` prints it)."""
     if not ops.has(*names):
         return None
+    if say is not None:
+        say(" + ".join(names))
     try:
         exp = build()
     except EngineUnavailable as e:
@@ -187,7 +190,7 @@ def _rope_tables(eng, probe: P.RopeProbe, device):
     return cache_kernel, cos, sin
 
 
-def _per_op_experiments(eng, ops: RegionOps, device, scale, seed) -> list[Experiment]:
+def _per_op_experiments(eng, ops: RegionOps, device, scale, seed, say=None) -> list[Experiment]:
     norms = P.norm_probes(device, scale, seed)
     swiglus = P.swiglu_probes(device, scale, seed + 1)
     ropes = P.rope_probes(device, scale, seed + 2)
@@ -196,7 +199,7 @@ def _per_op_experiments(eng, ops: RegionOps, device, scale, seed) -> list[Experi
         Experiment("rms_norm", ("norm_weight", "norm_reduction")), norms,
         lambda c: [ops.ops["rms_norm"](c.x, c.weight, c.eps)],
         lambda c, p: [ref.rms_norm(c.x, c.weight, c.eps, p)], {},
-    )))
+    ), say))
 
     def add_engine(c):
         out_, res = ops.ops["fused_add_rms_norm"](c.x, c.residual, c.weight, c.eps)
@@ -208,7 +211,7 @@ def _per_op_experiments(eng, ops: RegionOps, device, scale, seed) -> list[Experi
 
     out.append(_attempt(ops, ("fused_add_rms_norm",), lambda: _run(
         Experiment("fused_add_rms_norm", ("norm_weight", "norm_residual", "norm_reduction")), norms,
-        add_engine, add_spec, {})))
+        add_engine, add_spec, {}), say))
 
     def swiglu_spec(c, p):
         d = c.x.shape[-1] // 2
@@ -216,7 +219,7 @@ def _per_op_experiments(eng, ops: RegionOps, device, scale, seed) -> list[Experi
 
     out.append(_attempt(ops, ("silu_and_mul",), lambda: _run(
         Experiment("silu_and_mul", ("swiglu",)), swiglus,
-        lambda c: [ops.ops["silu_and_mul"](c.x)], swiglu_spec, {})))
+        lambda c: [ops.ops["silu_and_mul"](c.x)], swiglu_spec, {}), say))
 
     tables = {}
 
@@ -232,7 +235,7 @@ def _per_op_experiments(eng, ops: RegionOps, device, scale, seed) -> list[Experi
         return [q.reshape(t, -1), k.reshape(t, -1)]
 
     out.append(_attempt(ops, ("rope",), lambda: _run(
-        Experiment("rotary_embedding", ("rope_cos_sin", "rope_apply")), ropes, rope_engine, rope_spec, {})))
+        Experiment("rotary_embedding", ("rope_cos_sin", "rope_apply")), ropes, rope_engine, rope_spec, {}), say))
     return [e for e in out if e is not None]
 
 
@@ -403,10 +406,12 @@ def _settle_reduction(red: PointResult, notes: list[str]) -> None:
     reproduces every probe element. Otherwise the engine's order is not one rla reproduces (or
     the probes do not tell the orders apart) and the point is ``unpinned``, which says so."""
     reproduced = [c for c, f in red.fractions.items() if c != "unpinned" and f == 1.0]
+    # ambiguous as everywhere (docs/rounding.md): two or more choices at 100%, whatever is then kept
+    red.ambiguous = sum(f == 1.0 for f in red.fractions.values()) > 1
     if len(reproduced) == 1 and red.fractions.get("unpinned", 0.0) < 1.0:
-        red.choice, red.ambiguous = reproduced[0], False
+        red.choice = reproduced[0]
         return
-    red.choice, red.ambiguous = "unpinned", False
+    red.choice = "unpinned"
     red.max_ulp = None
     red.fallback = (
         "the probes do not tell the orders apart" if reproduced
@@ -471,12 +476,14 @@ def calibrate(
     scale: str | None = None,
     seed: int = 0,
     command: str = "",
+    progress=None,
 ) -> Conformance:
     """Calibrate ``engine`` in ``mode`` on ``device``; returns the :class:`Conformance`.
 
     ``scale`` picks the probe set (``small`` on a CPU, ``full`` on a GPU by default). ``wheel``
     loads the engine from a wheel file instead of the installed package; ``library`` names the
-    kernel library for vLLM's ``eager`` mode on CUDA.
+    kernel library for vLLM's ``eager`` mode on CUDA. ``progress(message)``, when given, is called
+    as each experiment starts (the whole run takes minutes).
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; supported: {', '.join(ENGINES)}")
@@ -502,8 +509,9 @@ def calibrate(
                         for n in missing)
         return _kept_from_baseline(eng, point, why)
 
+    say = (lambda m: progress(f"{eng.name} {eng.version} {mode} on {dev.type}: {m}")) if progress else None
     with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=64):
-        per_op = _per_op_experiments(eng, ops, dev, scale, seed)
+        per_op = _per_op_experiments(eng, ops, dev, scale, seed, say)
         points = {}
         for p, needed in _PER_OP_POINTS.items():
             decided = any(p in e.points for e in per_op)
@@ -513,11 +521,13 @@ def calibrate(
             " compiled as one Inductor graph" if ops.compile_chains else ", one op after the other"
         )
         residual_ops = ("fused_add_rms_norm", "silu_and_mul")
-        residual = _attempt(ops, residual_ops, lambda: _residual_experiment(ops, dev, scale, seed + 3, fixed))
+        residual = _attempt(ops, residual_ops, lambda: _residual_experiment(ops, dev, scale, seed + 3, fixed), say)
         qk_ops = ("rope", "qk_norm") if "qk_norm" in ops.ops or "qk_norm" in ops.unavailable else ("rope", "rms_norm")
-        qk = _attempt(ops, qk_ops, lambda: _qk_experiment(eng, ops, dev, scale, seed + 4, fixed))
+        qk = _attempt(ops, qk_ops, lambda: _qk_experiment(eng, ops, dev, scale, seed + 4, fixed), say)
         for p, exp, needed in (("residual_stream", residual, residual_ops), ("qk_norm_out", qk, qk_ops)):
             points[p] = keep(p, needed) if exp is None else _decide(p, [exp], exp.evidence, chain_note)
+        if say is not None:
+            say("rotary cos/sin cache (rope_inv_freq)")
         points["rope_inv_freq"] = _inv_freq_point(eng, dev, scale, seed)
 
     if "norm_reduction" not in kept:

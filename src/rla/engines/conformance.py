@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rla.profiles import POINTS, Calibration, PointEvidence, RoundingProfile, to_dict
 
-__all__ = ["PointResult", "Conformance", "to_profile", "markdown", "write"]
+__all__ = ["PointResult", "Conformance", "to_profile", "kernels_ran", "markdown", "write"]
 
 
 @dataclass
@@ -66,6 +66,11 @@ class Conformance:
         return asdict(self)
 
 
+def kernels_ran(conf: Conformance) -> bool:
+    """Whether any point was decided from the engine's compiled kernels (``kernel`` evidence)."""
+    return any(r.evidence == "kernel" for r in conf.points.values())
+
+
 def to_profile(conf: Conformance, name: str | None = None, results: str = "") -> RoundingProfile:
     """The calibrated profile. A point left undecided (no choice, no fallback) makes this fail:
     a profile must not hold a value nobody measured or read."""
@@ -94,7 +99,7 @@ def to_profile(conf: Conformance, name: str | None = None, results: str = "") ->
     )
     short = ".".join(conf.version.split(".")[:2])
     default_name = conf.profile_name or f"{conf.engine}-{short}" + ("" if conf.mode == "default" else f"-{conf.mode}")
-    if conf.mode == "eager" and not any(r.evidence == "kernel" for r in conf.points.values()):
+    if conf.mode == "eager" and not kernels_ran(conf):
         default_name += "-native"  # the kernels did not run: not the engine's eager row
     return RoundingProfile(
         name=name or default_name,
@@ -139,16 +144,18 @@ def markdown(conf: Conformance) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(conf: Conformance, out: str | Path, name: str | None = None) -> dict[str, Path]:
+def write(conf: Conformance, out: str | Path, name: str | None = None, *, profile: bool = True) -> dict[str, Path]:
     """Write ``out`` (the profile JSON) and, beside it, ``<stem>.report.json`` and
-    ``<stem>.report.md``. A run with an undecided point writes the reports only, and says so by
-    returning no ``profile`` path."""
+    ``<stem>.report.md``. A run with an undecided point (or ``profile=False``) writes the reports
+    only, and says so by returning no ``profile`` path."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     stem = out.with_suffix("")
     paths = {"report_json": Path(f"{stem}.report.json"), "report_md": Path(f"{stem}.report.md")}
     paths["report_json"].write_text(json.dumps(conf.as_dict(), indent=2) + "\n")
     paths["report_md"].write_text(markdown(conf))
+    if not profile:
+        return paths
     try:
         profile = to_profile(conf, name, results=str(paths["report_md"].name))
     except ValueError:

@@ -46,6 +46,8 @@ __all__ = [
     "function_source",
     "file_provenance",
     "cache_dir",
+    "cached_wheel",
+    "download_wheel",
 ]
 
 
@@ -67,6 +69,56 @@ def cache_dir() -> Path:
     ``~/.cache/rla/engines``."""
     env = os.environ.get("RLA_ENGINE_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "rla" / "engines"
+
+
+def _wheel_name_version(path: Path, name: str):
+    """The version in a wheel's file name (``vllm-0.33.0-cp38-...whl`` -> 0.33.0), None when the
+    file is not ``name``'s wheel."""
+    from packaging.version import InvalidVersion, Version
+
+    parts = path.name.split("-")
+    if len(parts) < 3 or parts[0].replace("_", "-").lower() != name.replace("_", "-").lower():
+        return None
+    try:
+        return Version(parts[1])
+    except InvalidVersion:
+        return None
+
+
+def cached_wheel(name: str, version: str | None = None) -> Path | None:
+    """``name``'s wheel in the engine cache (:func:`cache_dir`): of ``version`` when given, else
+    the newest there; None when there is none."""
+    from packaging.version import Version
+
+    folder = cache_dir()
+    if not folder.is_dir():
+        return None
+    want = None if version is None else Version(version)
+    found = [(v, w) for w in folder.glob("*.whl") if (v := _wheel_name_version(w, name)) is not None
+             and (want is None or v == want)]
+    return max(found)[1] if found else None
+
+
+def download_wheel(name: str, version: str | None = None) -> Path:
+    """Download ``name`` (``==version`` when given, else the newest release) into the engine cache
+    with ``pip download --no-deps`` (pip prints its progress) and return the wheel's path."""
+    import subprocess
+    import sys
+
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = name if version is None else f"{name}=={version}"
+    before = set(folder.glob("*.whl"))
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", spec,
+                           "-d", str(folder)])
+    if done.returncode != 0:
+        raise EngineNotFound(f"pip download --no-deps {spec} -d {folder} failed (exit {done.returncode}); "
+                             "download the wheel yourself and pass it with --wheel")
+    new = [w for w in set(folder.glob("*.whl")) - before if _wheel_name_version(w, name) is not None]
+    wheel = max(new, key=lambda w: _wheel_name_version(w, name)) if new else cached_wheel(name, version)
+    if wheel is None:
+        raise EngineNotFound(f"pip download {spec} left no {name} wheel in {folder}")
+    return wheel
 
 
 @dataclass(frozen=True)

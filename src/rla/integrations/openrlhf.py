@@ -12,7 +12,8 @@ The report is kept as ``actor.rla_alignment``.
 Patching a class is global to the process, so it is explicit and reversible (:func:`unpatch`),
 never done on import. The workers are separate processes: run :func:`setup_worker` in each, which
 Ray does when it is named as the job's ``worker_process_setup_hook``; it reads the profile from
-``RLA_PROFILE``::
+``RLA_PROFILE`` (an engine alias such as ``vllm`` is the row of the vLLM installed in the worker,
+or of ``RLA_ENGINE_VERSION`` when set; see :func:`patch`)::
 
     ray job submit --runtime-env-json='{"worker_process_setup_hook":
         "rla.integrations.openrlhf.setup_worker", "env_vars": {"RLA_PROFILE": "vllm"}}' \\
@@ -40,11 +41,14 @@ import importlib
 import os
 
 from rla.alignment import align
-from rla.profiles import REGIONS, RoundingProfile, resolve
+from rla.profiles import REGIONS, RoundingProfile, for_engine, resolve
 
-__all__ = ["patch", "unpatch", "patched", "setup_worker", "token_metrics", "TOKEN_MEAN_KEYS", "ENV_VAR"]
+__all__ = ["patch", "unpatch", "patched", "setup_worker", "token_metrics", "TOKEN_MEAN_KEYS", "ENV_VAR",
+           "VERSION_ENV_VAR"]
 
 ENV_VAR = "RLA_PROFILE"
+#: The vLLM version the rollout engines run, when it is not the one installed in the worker.
+VERSION_ENV_VAR = "RLA_ENGINE_VERSION"
 _ACTOR_MODULE = "openrlhf.models.actor"
 _TRAINER_MODULE = "openrlhf.trainer.ray.ppo_actor"
 _state: dict = {}
@@ -124,14 +128,23 @@ def _actor_class():
     return actor
 
 
-def patch(profile: str | RoundingProfile = "vllm", regions=REGIONS, metrics: bool = True) -> str:
+def patch(profile: str | RoundingProfile = "vllm", regions=REGIONS, metrics: bool = True, *,
+          engine_version: str | None = None) -> str:
     """Align the HF model of every ``openrlhf.models.Actor`` built from now on in this process, and
     (``metrics``) add rla's token-mean mismatch metrics to the PPO actor's step metrics where that
     trainer can be imported. Returns what the metrics hook does in this process.
 
-    Patching again replaces the profile (one wrapper, never two).
+    An engine alias (``"vllm"``) is the row of the vLLM the rollout engines run: ``engine_version``
+    (``setup_worker`` reads ``RLA_ENGINE_VERSION``), else the vLLM installed in this worker's
+    environment, which is the one OpenRLHF's vLLM actors import (:func:`rla.profiles.for_engine`;
+    a warning when that version has no calibrated row). Patching again replaces the profile (one
+    wrapper, never two).
     """
-    p = resolve(profile)
+    match = for_engine(profile, engine_version) if isinstance(profile, str) else None
+    if engine_version is not None and match is None:
+        raise ValueError(f"engine_version={engine_version!r} needs an engine alias as profile (e.g. 'vllm'), "
+                         f"got {getattr(profile, 'name', profile)!r}")
+    p = match.profile if match is not None else resolve(profile)
     actor = _actor_class()
     original = _state.get("original", actor.__init__)
 
@@ -142,8 +155,9 @@ def patch(profile: str | RoundingProfile = "vllm", regions=REGIONS, metrics: boo
         if model is None:
             raise RuntimeError("rla.integrations.openrlhf: Actor.__init__ set no .model to align")
         self.rla_alignment = align(model, _state["profile"], _state["regions"])
+        self.rla_alignment.profile_choice = _state["choice"]
 
-    _state.update(original=original, profile=p, regions=regions)
+    _state.update(original=original, profile=p, regions=regions, choice=match.message() if match else "")
     actor.__init__ = __init__
     _state["metrics"] = _patch_metrics() if metrics else "off (metrics=False)"
     return _state["metrics"]
@@ -166,10 +180,11 @@ def patched() -> RoundingProfile | None:
 
 
 def setup_worker() -> None:
-    """Ray ``worker_process_setup_hook``: ``patch(os.environ["RLA_PROFILE"])`` in this worker."""
+    """Ray ``worker_process_setup_hook``: ``patch(os.environ["RLA_PROFILE"])`` in this worker
+    (with ``engine_version=os.environ["RLA_ENGINE_VERSION"]`` when set)."""
     name = os.environ.get(ENV_VAR)
     if not name:
         raise RuntimeError(
             f"rla.integrations.openrlhf.setup_worker: set {ENV_VAR} (e.g. vllm) in the job's runtime_env env_vars"
         )
-    patch(name)
+    patch(name, engine_version=os.environ.get(VERSION_ENV_VAR) or None)

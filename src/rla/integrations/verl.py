@@ -55,6 +55,12 @@ Profile: ``+actor_rollout_ref.model.override_config.rla_profile=vllm-eager`` (ve
 ``override_config`` onto the HF config, so each model carries its own choice; the same key works
 for ``critic.model.override_config``), else the environment variable ``RLA_PROFILE`` (set it for
 the Ray workers, e.g. ``ray_kwargs.ray_init.runtime_env.env_vars.RLA_PROFILE``), else ``vllm``.
+An engine alias (``vllm``, ``vllm-eager``, ``sglang``) is the row calibrated for the engine version
+the rollout runs: ``RLA_ENGINE_VERSION`` when set, else the engine installed in the worker (verl's
+hybrid engine runs the rollout in the same worker environment); the alignment report in the
+worker's log names the row and that version, and an uncalibrated version gets a warning naming the
+nearest row and ``rla calibrate``. ``actor_rollout_ref.rollout.enforce_eager=True`` runs vLLM's
+CUDA kernels: use ``rla_profile=vllm-eager`` with it (``vllm`` is the default -O2 mode's row).
 """
 
 from __future__ import annotations
@@ -67,12 +73,14 @@ import os
 import sys
 
 from rla.alignment import align
-from rla.profiles import resolve
+from rla.profiles import engine_alias, resolve
 
 __all__ = ["install", "uninstall", "installed", "profile_for", "mismatch_metrics", "VERL_OWN_KEYS", "ENV_VAR",
-           "CONFIG_KEY"]
+           "VERSION_ENV_VAR", "CONFIG_KEY"]
 
 ENV_VAR = "RLA_PROFILE"
+#: The engine version verl's rollout runs, when it is not the one installed in the worker.
+VERSION_ENV_VAR = "RLA_ENGINE_VERSION"
 CONFIG_KEY = "rla_profile"
 _ENGINE = "verl.workers.engine.fsdp.transformer_impl"
 _LEGACY = "verl.workers.fsdp_workers"
@@ -99,7 +107,9 @@ def profile_for(module) -> str:
 
 
 def _align(module, where: str, mixed_precision: bool = False) -> None:
-    report = align(module, profile_for(module))
+    name = profile_for(module)
+    version = os.environ.get(VERSION_ENV_VAR) or None
+    report = align(module, name, engine_version=version if engine_alias(name) else None)
     if mixed_precision:
         stale = [n for n in report.notes if n.startswith("nothing to round")]
         for note in stale:

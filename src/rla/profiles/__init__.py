@@ -4,7 +4,9 @@ A profile is data (:mod:`rla.profiles.model`): eight rounding points, and for an
 calibration that measured them. The built-in rows are JSON files (:mod:`rla.profiles.registry`):
 ``hf`` (HF transformers eager), ``rla`` (the paper's recipe) and one row per calibrated engine
 version and mode (``vllm-0.33``, ``vllm-0.33-eager``, ``sglang-0.5.23``); the aliases ``vllm``,
-``vllm-eager``, ``sglang`` resolve to the newest calibrated row. A new engine, or a new version of
+``vllm-eager``, ``sglang`` resolve to the newest calibrated row in :func:`get`, and in
+``rla.align`` / ``rla.diagnose`` / the integrations to the row of the engine version in use
+(:func:`for_engine`: given, recorded in the rollouts, or installed). A new engine, or a new version of
 one, is a new data file (``rla calibrate`` writes it), not a new code path.
 """
 
@@ -28,8 +30,19 @@ from rla.profiles.registry import (
     resolve,
     to_dict,
 )
+from rla.profiles.versions import (
+    EngineMatch,
+    ProfileVersionWarning,
+    calibrated_rows,
+    engine_alias,
+    for_engine,
+    installed_version,
+    rollout_version,
+)
 
 __all__ = [
     "RoundingProfile", "Calibration", "PointEvidence", "POINTS", "REGIONS", "REGION_POINTS", "EVIDENCE",
     "get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles",
+    "for_engine", "EngineMatch", "ProfileVersionWarning", "engine_alias", "installed_version",
+    "rollout_version", "calibrated_rows",
 ]

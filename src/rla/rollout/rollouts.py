@@ -24,7 +24,9 @@ Format ``rla.rollout/1``: one JSON object per line, UTF-8, ``\\n``-terminated::
   ``top_k`` (int; ``-1`` means disabled, ``0`` is accepted as vLLM's other spelling of disabled
   and stored as ``-1``).
 * ``engine`` (non-empty str: ``"vllm"``, ``"sglang"`` or an ``rla`` profile name).
-* optional ``reward`` (finite float) and ``metadata`` (JSON object); left out when None.
+* optional ``engine_version`` (non-empty str, the engine's release, e.g. ``"0.33.0"``: what
+  ``profile="vllm"`` resolves by, :func:`rla.profiles.for_engine`), ``reward`` (finite float) and
+  ``metadata`` (JSON object); left out when None.
 
 Unknown keys are an error (put extras in ``metadata``), as is an unknown ``format``: a later
 version will get a new tag rather than a silently different meaning. Non-standard JSON constants
@@ -40,7 +42,8 @@ Producing records from vLLM
     each ``RequestOutput`` ``out`` and each completion ``c`` in ``out.outputs``:
     ``prompt_ids = out.prompt_token_ids``, ``response_ids = c.token_ids``, ``logprobs =
     [c.logprobs[j][tok].logprob for j, tok in enumerate(c.token_ids)]`` (one dict per position,
-    keyed by token id), and ``temperature/top_p/top_k`` as passed, ``engine="vllm"``.
+    keyed by token id), and ``temperature/top_p/top_k`` as passed, ``engine="vllm"``,
+    ``engine_version=importlib.metadata.version("vllm")``.
 
 Producing records from SGLang
     Send ``return_logprob=True`` with the request (a request argument beside
@@ -73,7 +76,7 @@ FORMAT = "rla.rollout/1"
 #: Positive logprobs up to this are engine rounding, not errors.
 POSITIVE_LOGPROB_TOL = 1e-6
 _REQUIRED = ("prompt_ids", "response_ids", "logprobs", "temperature", "top_p", "top_k", "engine")
-_OPTIONAL = ("reward", "metadata")
+_OPTIONAL = ("engine_version", "reward", "metadata")
 
 
 class RolloutFormatError(ValueError):
@@ -160,6 +163,11 @@ def _validate(d: dict[str, Any], vocab_size: int | None = None) -> dict[str, Any
         raise RolloutFormatError(f"expected a non-empty string, got {d['engine']!r}",
                                  field="engine")
     out["engine"] = d["engine"]
+    version = d.get("engine_version")
+    if version is not None and (not isinstance(version, str) or not version):
+        raise RolloutFormatError(f"expected a non-empty version string such as '0.33.0', got {version!r}",
+                                 field="engine_version")
+    out["engine_version"] = version
     reward = d.get("reward")
     out["reward"] = None if reward is None else _number("reward", reward)
     meta = d.get("metadata")
@@ -187,6 +195,7 @@ class RolloutRecord:
     engine: str
     reward: float | None = None
     metadata: dict[str, Any] | None = None
+    engine_version: str | None = None
 
     def __post_init__(self) -> None:
         for name, value in _validate(self.__dict__).items():
