@@ -275,9 +275,12 @@ def write_report(d: Diagnosis, out_dir: str | os.PathLike, *, inputs: dict | Non
                  overwrite: bool = False) -> list[Path]:
     """Write the report into ``out_dir`` through a staged folder (:func:`rla.diagnosis.output.staged`).
 
-    A non-empty ``out_dir`` is refused unless ``overwrite``; a kill leaves the old folder or the
-    new one. ``inputs`` (see :func:`rla.diagnosis.provenance.inputs_record`) goes into report.json.
+    A non-empty ``out_dir`` is refused unless ``overwrite`` (and then only a folder rla wrote); a
+    kill leaves the old folder or the new one. ``inputs`` (see
+    :func:`rla.diagnosis.provenance.inputs_record`) goes into report.json, and an ``out_dir`` that
+    is or holds one of its paths (model, rollouts) is refused.
     """
-    with staged(out_dir, overwrite=overwrite) as tmp:
+    paths = [(inputs or {}).get(k, {}).get("path") for k in ("model", "rollouts")] if isinstance(inputs, dict) else []
+    with staged(out_dir, overwrite=overwrite, inputs=[p for p in paths if p]) as tmp:
         names = [p.name for p in write_report_files(d, tmp, inputs)]
     return [Path(out_dir) / n for n in names]
