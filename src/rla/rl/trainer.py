@@ -190,6 +190,13 @@ class Trainer:
                     f"cannot resume {self.out} with a different config ({diff}); only "
                     f"{', '.join(sorted(RESUME_SAFE_FIELDS))} may change on resume"
                 )
+            if new.get("lr_schedule") == "cosine" and old.get("steps", new["steps"]) != new["steps"]:
+                raise ValueError(
+                    f"cannot resume {self.out} with steps {old['steps']} -> {new['steps']} under lr_schedule: cosine: "
+                    "the cosine decays over `steps`, so the lr of every step after the resume would change and the "
+                    "run would match neither length. `steps` may change on resume under lr_schedule: constant; for "
+                    f"a longer cosine run start a new out_dir, or keep steps={old['steps']}"
+                )
 
     # -------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path | None:
