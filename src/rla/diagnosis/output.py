@@ -101,8 +101,8 @@ def _within(child: Path, parent: Path) -> bool:
 
 
 def _probe_writable(parent: Path, flag: str, path) -> None:
-    try:
-        fd, probe = tempfile.mkstemp(dir=parent, prefix=".rla-write-probe-")
+    try:  # named like the staging folders, so a kill that leaves it names its origin
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{Path(path).name or 'out'}.rla-probe-")
         try:
             os.write(fd, b"x")
         finally:
