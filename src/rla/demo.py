@@ -53,7 +53,7 @@ def run_demo(cfg: DemoConfig, console=None):
     from rla.rollout import rollouts
     from rla.diagnosis.core import diagnose, group_label
     from rla.diagnosis.output import check_out_dir, staged
-    from rla.diagnosis.provenance import inputs_record
+    from rla.diagnosis.provenance import InputChangedError, inputs_record, weights_sha256
     from rla.diagnosis.report import explain, rich_tables, write_report_files
     from rla.models import bundled_path
     from rla.rl.bundled import bundled_task, load_bundled
@@ -65,7 +65,8 @@ def run_demo(cfg: DemoConfig, console=None):
         raise ValueError(f"n must be at least 2, got {cfg.n}")
     if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be positive (or None for the task's), got {cfg.max_new_tokens}")
-    check_out_dir(cfg.out, overwrite=cfg.overwrite)
+    check_out_dir(cfg.out, overwrite=cfg.overwrite, inputs=[bundled_path()])
+    weights = weights_sha256(bundled_path())  # before the work; checked again before the report names it
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     model, tok = load_bundled(dtype=torch.bfloat16, device=cfg.device)
@@ -109,9 +110,12 @@ def run_demo(cfg: DemoConfig, console=None):
             "profile detection (k3 with all regions aligned to each): "
             + ", ".join(f"{group_label(g)} {k3:.2e}" for g, k3 in d.detection.ranking)
         )
-    with staged(out, overwrite=cfg.overwrite) as tmp:
+    with staged(out, overwrite=cfg.overwrite, inputs=[bundled_path()]) as tmp:
         rollouts.save(tmp / "rollouts.jsonl", records)
         inputs = inputs_record(model_path=bundled_path(), rollouts_path=tmp / "rollouts.jsonl", profile=d.profile)
+        if inputs["model"]["weights_sha256"] != weights:
+            raise InputChangedError(f"the bundled weights in {bundled_path()} changed while rla read them; "
+                                    "no report was written")
         inputs["rollouts"]["path"] = str(out / "rollouts.jsonl")
         written = [out / p.name for p in write_report_files(d, tmp, inputs)]
     console.print()

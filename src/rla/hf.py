@@ -6,7 +6,44 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["load_model"]
+__all__ = ["load_model", "check_safetensors", "ModelFilesError"]
+
+
+class ModelFilesError(ValueError):
+    """A checkpoint folder's weight files are damaged or do not fit its config (the message names the file)."""
+
+
+def check_safetensors(folder, config=None) -> None:
+    """Read every ``*.safetensors`` header of ``folder`` (a truncated file fails here) and, with an HF
+    ``config``, compare each tensor's shape to the model that config builds (on the meta device,
+    no memory): a :class:`ModelFilesError` names the file and tensor, before any weights are read."""
+    from safetensors import SafetensorError, safe_open
+
+    shapes: dict[str, tuple[tuple[int, ...], str]] = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for k in st.keys():
+                    shapes[k] = (tuple(st.get_slice(k).get_shape()), f.name)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ModelFilesError(f"{f}: not a readable safetensors file ({e}); truncated or damaged? Copy the "
+                                  "checkpoint again") from None
+    if config is None or not shapes:
+        return
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
+    except Exception:  # a config transformers builds no model from fails in from_pretrained with its own error
+        return
+    want = {k: tuple(v.shape) for k, v in (*skeleton.named_parameters(), *skeleton.named_buffers())}
+    for k, (shape, fname) in shapes.items():
+        if k in want and want[k] != shape:
+            raise ModelFilesError(
+                f"{Path(folder) / fname}: tensor {k} has shape {list(shape)}, but config.json builds {list(want[k])}; "
+                "the weights and config.json are from different models"
+            )
 
 
 def load_model(path: str, dtype: torch.dtype = torch.bfloat16, device: str = "cpu"):
@@ -25,6 +62,7 @@ def load_model(path: str, dtype: torch.dtype = torch.bfloat16, device: str = "cp
         config = AutoConfig.from_pretrained(str(p), local_files_only=True)
     except Exception as e:  # transformers raises several types for a bad config; name the file
         raise ValueError(f"{p / 'config.json'} could not be read as an HF config: {e}") from e
+    check_safetensors(p, config)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(p), config=config, dtype=dtype, local_files_only=True)
     except OSError as e:

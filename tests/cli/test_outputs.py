@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rla.cli import main
-from rla.diagnosis.output import check_out_dir, staged
+from rla.diagnosis.output import MANIFEST, check_out_dir, staged
 from rla.diagnosis.provenance import file_sha256, weights_sha256
 from rla.models import bundled_path
 
@@ -113,7 +113,7 @@ def test_staged_replaces_whole_or_not_at_all(tmp_path):
     out = tmp_path / "r"
     with staged(out) as t:
         (t / "a").write_text("1")
-    assert [p.name for p in out.iterdir()] == ["a"]
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "a"]
     with pytest.raises(FileExistsError, match="not empty"):
         with staged(out) as t:
             pass
@@ -121,10 +121,10 @@ def test_staged_replaces_whole_or_not_at_all(tmp_path):
         with staged(out, overwrite=True) as t:
             (t / "b").write_text("2")
             raise RuntimeError("killed mid-report")
-    assert [p.name for p in out.iterdir()] == ["a"]  # the old folder, untouched
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "a"]  # the old folder, untouched
     with staged(out, overwrite=True) as t:
         (t / "b").write_text("2")
-    assert [p.name for p in out.iterdir()] == ["b"]  # the new one, nothing of the old
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "b"]  # the new one, nothing of the old
     assert [p.name for p in tmp_path.iterdir()] == ["r"]  # no temp folders left
     with pytest.raises(FileExistsError, match="is a file"):
         check_out_dir(out / "b")
@@ -143,7 +143,7 @@ def _whole_or_absent(out: Path):
         return "absent"
     names = {p.name for p in out.iterdir()}
     assert names == {"rollouts.jsonl", "report.json", "report.md", "per_position.png", "ratio_hist.png",
-                     "attribution.png"}, names
+                     "attribution.png", MANIFEST}, names
     rep = json.loads((out / "report.json").read_text())
     assert rep["inputs"]["rollouts"]["sha256"] == file_sha256(out / "rollouts.jsonl")  # consistent
     assert rep["inputs"]["model"]["weights_sha256"] == weights_sha256(bundled_path())
@@ -188,7 +188,7 @@ def test_kill_9_of_diagnose_leaves_old_or_new_never_a_mix(tmp_path):
     t0 = time.monotonic()
     subprocess.run(cmd, check=True, env=env, capture_output=True)
     full = time.monotonic() - t0
-    want = {"report.json", "report.md", "per_position.png", "ratio_hist.png", "attribution.png"}
+    want = {"report.json", "report.md", "per_position.png", "ratio_hist.png", "attribution.png", MANIFEST}
 
     def whole():
         assert {p.name for p in out.iterdir()} == want

@@ -1,7 +1,8 @@
 """docs/diagnosis.md's bad-input table is whole, and the ratio histogram states what it cannot draw.
 
-Every row of the table names the command that checks it; this file checks that each command's
-files exist and each ``-k`` name selects a test in them, so a row cannot point at nothing.
+The table is rendered from ``tests/diagnosis/bad_input_cases.py``; this file checks that the
+committed table is that render, that each row's command files exist and each ``-k`` name selects
+a test in them, so a row cannot point at nothing.
 """
 
 import dataclasses
@@ -28,6 +29,15 @@ def _table_rows():
 
 def _tests_in(path: Path) -> list[str]:
     return re.findall(r"^def (test_\w+)", path.read_text(), flags=re.M)
+
+
+def test_the_committed_table_is_the_render_of_the_cases():
+    import bad_input_cases
+
+    start, end = bad_input_cases.table_in(DOC.read_text())
+    committed = "\n".join(DOC.read_text().splitlines()[start:end])
+    assert committed == bad_input_cases.render(), "run: python tests/diagnosis/bad_input_cases.py"
+    assert len(bad_input_cases.CASES) == len(_table_rows())
 
 
 def test_every_row_of_the_bad_input_table_has_a_command_that_selects_tests():

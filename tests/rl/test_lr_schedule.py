@@ -60,3 +60,17 @@ def test_lambda_lr_applies_the_factors():
         sched.step()
     assert seen == [2.0 * lr_factor(s, steps=6, warmup=2) for s in range(8)]
     assert seen[:2] == [1.0, 2.0] and seen[-1] == pytest.approx(0.2)
+
+
+def test_changing_steps_on_resume_under_a_cosine_schedule_is_refused(tmp_path):
+    from test_trainer import toy_config
+
+    from rla.rl.trainer import train
+
+    cfg = toy_config(tmp_path, steps=2, lr_schedule="cosine", checkpoint_every=2)
+    train(cfg, log=None)
+    with pytest.raises(ValueError, match=r"steps 2 -> 4 under lr_schedule: cosine"):
+        train(cfg.replace(steps=4), resume=True, log=None)
+    constant = toy_config(tmp_path / "c", steps=2, checkpoint_every=2)
+    train(constant, log=None)
+    assert train(constant.replace(steps=3), resume=True, log=None)["finished"]  # constant: steps may change

@@ -161,7 +161,9 @@ def test_kill_during_training_and_resume_through_the_cli(uninterrupted, tmp_path
     assert 2 <= done < 4, f"the run was not killed mid-way ({done} steps logged)"
     said = []
     result = train(cfg, resume=True, log=said.append)  # in process: a second interpreter costs ~5 s
-    assert result["finished"] and said and said[0].startswith("resumed from")
+    # the killed process's lock (flock, dropped by the kernel at its death) is taken over, and said so
+    assert result["finished"] and len(said) == 2 and said[1].startswith("resumed from"), said
+    assert f"taking over the lock of pid {proc.pid} on host" in said[0] and "no longer running" in said[0], said
     assert_same_run(ref, tmp_path)
 
 

@@ -73,12 +73,15 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
     _grads_match_single_process(rank, world)
     common = dict(fsdp=True, train_precision="aligned", steps=3, prompts_per_step=4, checkpoint_every=1)
+    # close() would tear the process group down: close the log and give the folder's lock back instead
     t = Trainer(toy_config(f"{out}/full", **common), log=None)
     t.train()
     t.runlog and t.runlog.close()
+    t.lock and t.lock.release()
     t = Trainer(toy_config(f"{out}/resumed", **common), log=None)
     t.train(until_step=2)
     t.runlog and t.runlog.close()
+    t.lock and t.lock.release()
     t = Trainer(toy_config(f"{out}/resumed", **common), resume=True, log=None)
     assert t.step == 2
     t.train()

@@ -4,12 +4,21 @@ The alignment of a model lives on its decoder body (``<Prefix>Model``): ``_rla_a
 the profile, regions and report, and every patched module holds its own ``_rla_patch``
 (``rla.alignment.patch``). ``unalign`` walks the body and undoes each patch; aligning an aligned model
 unaligns it first, so nothing is ever wrapped twice.
+
+Pickling (``torch.save(model)``, ``copy.deepcopy``, ``pickle``): an aligned body carries an instance
+``__reduce_ex__`` (:class:`_AlignedReduce`) that pickles a copy of its module tree with every patch
+undone (sharing the parameter tensors, so no memory is copied) together with the profile and
+regions; unpickling aligns that copy again (:func:`_restore_aligned`), so the loaded model is
+aligned, computes the same logits bit for bit, and ``rla.unalign`` works on it. A model aligned
+with ``ops=`` (engine-backed ops hold an engine) refuses to pickle, naming ``rla.unalign`` and
+``save_pretrained``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import types
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -199,6 +208,12 @@ def align(
     if impl is not None:
         _check_ops_profile(impl, p)
     family, body = _find(model)
+    meta = next((n for n, t in (*body.named_parameters(), *body.named_buffers()) if t.is_meta), None)
+    if meta is not None:
+        raise ValueError(
+            f"rla.align: {meta} is on the meta device (no data): alignment reads and replaces RoPE's tables, so "
+            "it needs the real weights. Align after loading them (from_pretrained, or to_empty + load_state_dict)"
+        )
     found = _scan(body, family)
     if "swiglu" in regions:
         check_activation(body.config)
@@ -264,8 +279,101 @@ def align(
         raise
     report.notes.extend(liger_notes + liger.outside_notes(model, body))
     report.notes.extend(_nothing_to_round(model))
-    body.__dict__[_STATE_ATTR] = report
+    _guard(body, report)
     return report
+
+
+def _guard(body: torch.nn.Module, report: AlignmentReport) -> None:
+    """What every alignment leaves on the body: its report, its pickling, its dtype guard."""
+    body.__dict__[_STATE_ATTR] = report
+    body.__dict__[_REDUCE_ATTR] = _AlignedReduce(body)
+    dtype = next((t.dtype for t in body.parameters() if t.is_floating_point()), None)
+    if dtype in (torch.bfloat16, torch.float16):
+        report.__dict__["_dtype_hook"] = body.register_forward_pre_hook(_DtypeGuard(dtype))
+
+
+class _DtypeGuard:
+    """Forward pre-hook of an aligned body: a ``RuntimeWarning`` (once) when it runs in fp32.
+
+    The aligned ops round to the dtype their inputs arrive in; after ``model.float()`` (or
+    ``.to(torch.float32)``) every rounding point is the identity and the alignment does nothing.
+    A warning, not an error: an fp32 forward of an aligned model is legitimate (a reference), only
+    believing it aligned is not.
+    """
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.warned = False
+
+    def __call__(self, module, args):
+        if self.warned:
+            return None
+        now = next((t.dtype for t in module.parameters() if t.is_floating_point()), self.dtype)
+        if now in (torch.float32, torch.float64) and not any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
+            self.warned = True
+            warnings.warn(
+                f"rla: this model was aligned in {str(self.dtype).replace('torch.', '')} and now runs in "
+                f"{str(now).replace('torch.', '')} with autocast off (model.float() or .to() after rla.align): every "
+                "aligned rounding point is an identity, so the alignment does nothing. Cast back (model.to("
+                f"{self.dtype})) or run under torch.autocast(..., dtype={self.dtype})",
+                RuntimeWarning, stacklevel=2,
+            )
+        return None
+
+
+_REDUCE_ATTR = "__reduce_ex__"
+
+
+class _AlignedReduce:
+    """The aligned body's ``__reduce_ex__`` (module docstring): its unpatched copy, realigned on load."""
+
+    def __init__(self, body: torch.nn.Module):
+        self.body = body
+
+    def __call__(self, protocol):
+        report = self.body.__dict__.get(_STATE_ATTR)
+        if report is None:  # unaligned meanwhile without unalign (should not happen): pickle as a plain module
+            return object.__reduce_ex__(self.body, protocol)
+        if "_ops_object" in report.__dict__:
+            raise TypeError(
+                f"this model is aligned with ops={report.ops!r}, which cannot be pickled (it holds an engine). "
+                "Call rla.unalign(model) before torch.save / pickle / copy.deepcopy, or save the weights with "
+                "model.save_pretrained(...) and align the loaded model again"
+            )
+        return _restore_aligned, (_unpatched_copy(self.body, {}), report.profile, report.regions)
+
+
+def _unpatched_copy(module: torch.nn.Module, memo: dict) -> torch.nn.Module:
+    """A new module tree like ``module``'s with every rla patch undone; tensors and other state shared."""
+    from rla.alignment.patch import PATCH_ATTR, _MISSING
+
+    if id(module) in memo:
+        return memo[id(module)]
+    new = module.__class__.__new__(module.__class__)
+    memo[id(module)] = new
+    d = dict(module.__dict__)
+    for name in (_STATE_ATTR, _REDUCE_ATTR):
+        d.pop(name, None)
+    if any(isinstance(h, _DtypeGuard) for h in d.get("_forward_pre_hooks", {}).values()):
+        d["_forward_pre_hooks"] = type(d["_forward_pre_hooks"])(
+            (k, h) for k, h in d["_forward_pre_hooks"].items() if not isinstance(h, _DtypeGuard))
+    patch = d.pop(PATCH_ATTR, None)
+    if patch is not None:
+        for name, value in patch.saved_attrs.items():
+            if value is _MISSING:
+                d.pop(name, None)
+            else:
+                d[name] = value
+        d["_buffers"] = {**d["_buffers"], **patch.saved_buffers}
+    d["_modules"] = {k: None if c is None else _unpatched_copy(c, memo) for k, c in d["_modules"].items()}
+    new.__dict__.update(d)
+    return new
+
+
+def _restore_aligned(body: torch.nn.Module, profile: RoundingProfile, regions) -> torch.nn.Module:
+    """Unpickling an aligned body: align its unpatched copy again, as it was."""
+    align(body, profile, regions)
+    return body
 
 
 def _align_body(model, body, found, family, p, regions, impl, report) -> None:
@@ -283,7 +391,7 @@ def _align_body(model, body, found, family, p, regions, impl, report) -> None:
         f"the decoder body's forward is {impl.name}; its backward is rla.ops' gradient of {p.name!r}, "
         "recomputed per piece from the piece's inputs"
     )
-    body.__dict__[_STATE_ATTR] = report
+    _guard(body, report)  # its pickling refuses, naming rla.unalign (an engine is not picklable)
 
 
 def _nothing_to_round(model: torch.nn.Module) -> list[str]:
@@ -323,7 +431,12 @@ def unalign(model: torch.nn.Module) -> AlignmentReport | None:
         )
     for m in patched:
         uninstall(m)
-    return body.__dict__.pop(_STATE_ATTR, None)
+    body.__dict__.pop(_REDUCE_ATTR, None)
+    report = body.__dict__.pop(_STATE_ATTR, None)
+    hook = None if report is None else report.__dict__.pop("_dtype_hook", None)
+    if hook is not None:
+        hook.remove()
+    return report
 
 
 @contextlib.contextmanager

@@ -29,7 +29,9 @@ def run(args) -> int:
     if args.n < 2:
         raise ValueError(f"-n must be at least 2, got {args.n}")
     check_device(args.device)
-    check_out_dir(args.out, overwrite=args.overwrite)
+    from rla.models import bundled_path
+
+    check_out_dir(args.out, overwrite=args.overwrite, inputs=[bundled_path()])
     d = run_demo(
         DemoConfig(
             out=args.out, n=args.n, max_new_tokens=args.max_new_tokens, profile=args.profile,

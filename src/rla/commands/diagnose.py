@@ -34,7 +34,7 @@ def run(args) -> int:
     from rla.commands._args import check_device
     from rla.diagnosis.core import diagnose
     from rla.diagnosis.output import check_out_dir
-    from rla.diagnosis.provenance import inputs_record
+    from rla.diagnosis.provenance import inputs_record, recheck
     from rla.diagnosis.report import explain, long_inputs_text, rich_tables, write_report
     from rla.hf import load_model
     from rla.profiles import get
@@ -42,9 +42,13 @@ def run(args) -> int:
     if args.profile != "auto":
         get(args.profile)
     check_device(args.device)
-    check_out_dir(args.out, overwrite=args.overwrite)
     if not Path(args.rollouts).is_file():
         raise FileNotFoundError(f"--rollouts {args.rollouts}: no such file")
+    check_out_dir(args.out, overwrite=args.overwrite, inputs=[args.model, args.rollouts])
+    # hashed before the work and checked again after it: report.json names the bytes diagnosed
+    if not Path(args.model).is_dir():
+        raise FileNotFoundError(f"--model {args.model}: no such folder (rla never downloads from a hub)")
+    inputs = inputs_record(model_path=args.model, rollouts_path=args.rollouts, profile=args.profile)
     model = load_model(args.model, dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float16, device=args.device)
     records = rollouts.load(args.rollouts, vocab_size=model.config.vocab_size)
     console = Console()
@@ -52,7 +56,8 @@ def run(args) -> int:
     d = diagnose(model, records, args.profile, max_tokens=args.max_tokens, memory_budget=budget, progress=True)
     for t in rich_tables(d):
         console.print(t)
-    inputs = inputs_record(model_path=args.model, rollouts_path=args.rollouts, profile=d.profile)
+    recheck(inputs)  # a file changed mid-run is an error naming it, not a report of bytes never diagnosed
+    inputs["profile"] = d.profile
     write_report(d, args.out, inputs=inputs, overwrite=args.overwrite)
     console.print(explain(d))
     if long_inputs_text(d):

@@ -11,6 +11,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in out_dir from its last checkpoint (starts fresh if it has none)")
     parser.add_argument("--help-config", action="store_true", help="list every config field with its default and help")
+    parser.add_argument("--take-over", action="store_true",
+                        help="take over out_dir's lock when it names a process on another host that you know is gone")
     parser.add_argument("--until-step", type=positive_int, default=None, help="stop (checkpointed) after this step (>= 1)")
 
 
@@ -34,7 +36,7 @@ def run(args) -> int:
         raise ValueError(f"--until-step {args.until_step} is past the run's last step ({cfg.steps} steps)")
     from rla.rl.trainer import train
 
-    result = train(cfg, resume=args.resume, until_step=args.until_step)
+    result = train(cfg, resume=args.resume, until_step=args.until_step, take_over=args.take_over)
     summary = result.get("summary")
     if summary is not None:
         from rich.console import Console

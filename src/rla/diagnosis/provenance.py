@@ -4,6 +4,10 @@ Hashes are SHA-256 of file bytes, streamed in 1 MiB blocks (memory bounded at an
 weights hash covers every weight file of a checkpoint folder (``*.safetensors``, ``*.bin``,
 ``*.pt``, ``*.pth``), sorted by name, each prefixed by its name and size, so a renamed or
 re-sharded checkpoint gets a different hash.
+
+The hashes are taken before the work (:func:`inputs_record`) and checked again after it
+(:func:`recheck`): a file changed while rla read it is an :class:`InputChangedError` naming it,
+so a report never names bytes other than the ones it diagnosed.
 """
 
 from __future__ import annotations
@@ -13,9 +17,13 @@ import platform
 import sys
 from pathlib import Path
 
-__all__ = ["file_sha256", "weights_sha256", "versions", "inputs_record"]
+__all__ = ["file_sha256", "weights_sha256", "versions", "inputs_record", "recheck", "InputChangedError"]
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+class InputChangedError(ValueError):
+    """An input file's bytes changed between the hash taken before the work and the one after it."""
 
 
 def _update(h, path: Path) -> None:
@@ -66,3 +74,24 @@ def inputs_record(*, model_path, rollouts_path, profile: str, command: list[str]
         "versions": versions(),
         "command": list(sys.argv if command is None else command),
     }
+
+
+def recheck(inputs: dict) -> None:
+    """Hash the inputs of ``inputs`` (an :func:`inputs_record`) again; an error names any that changed."""
+    changed = []
+    model, roll = inputs["model"], inputs["rollouts"]
+    try:
+        if weights_sha256(model["path"]) != model["weights_sha256"]:
+            changed.append(f"the weights in {model['path']}")
+    except OSError as e:
+        changed.append(f"the weights in {model['path']} ({e})")
+    try:
+        if file_sha256(roll["path"]) != roll["sha256"]:
+            changed.append(f"the rollouts file {roll['path']}")
+    except OSError as e:
+        changed.append(f"the rollouts file {roll['path']} ({e.strerror or e})")
+    if changed:
+        raise InputChangedError(
+            f"{' and '.join(changed)} changed while rla read {'them' if len(changed) > 1 else 'it'}; no report "
+            "was written (it would name bytes other than the ones diagnosed). Run again on files nothing writes to."
+        )

@@ -44,6 +44,22 @@ def _ok(d: Diagnosis) -> bool:
     return d.verdict is None or d.verdict.ok
 
 
+MIN_ATTRIBUTION_SEQUENCES = 2
+"""Fewer sequences get no attribution: one sequence's shares cannot be told from its own chance."""
+
+
+def too_few_for_attribution(d: Diagnosis) -> str | None:
+    """Why the attribution is not shown for ``d``'s few sequences, or None when it is."""
+    if d.n_sequences >= MIN_ATTRIBUTION_SEQUENCES:
+        return None
+    return (f"No attribution: it needs at least {MIN_ATTRIBUTION_SEQUENCES} distinct sequences, got {d.n_sequences}; "
+            "one sequence's shares carry no measure of their own uncertainty. Diagnose more rollouts.")
+
+
+def _attributed(d: Diagnosis) -> bool:
+    return _ok(d) and too_few_for_attribution(d) is None
+
+
 def rich_tables(d: Diagnosis):
     """The subset table and the attribution table (or, when the verdict is not ok, the verdict)."""
     from rich.table import Table
@@ -57,6 +73,8 @@ def rich_tables(d: Diagnosis):
         t.add_row(label, *(_fmt(m, key, fmt) for _, key, fmt in COLUMNS))
     if not _ok(d):
         return t, Text(f"No attribution. {d.verdict.message}", style="bold red")
+    if not _attributed(d):
+        return t, Text(too_few_for_attribution(d), style="bold yellow")
     a = Table(title="Shapley attribution: mismatch removed by aligning each region")
     a.add_column("region")
     a.add_column("k3 removed", justify="right")
@@ -85,6 +103,8 @@ def explain(d: Diagnosis) -> str:
     detection = f" Profile detection: {d.detection.note}" if d.detection is not None else ""
     if not _ok(d):
         return " ".join(x for x in (d.verdict.message, notes) if x) + detection
+    if not _attributed(d):
+        return " ".join(x for x in (too_few_for_attribution(d), notes) if x) + detection
     ranked = d.ranked_regions()
     none = d.metrics[next(iter(d.metrics))]
     full = d.metrics["all"] if "all" in d.metrics else list(d.metrics.values())[-1]
@@ -180,8 +200,10 @@ def to_markdown(d: Diagnosis) -> str:
                                             + d.verdict.message]
     parts = [f"# rla diagnosis against `{d.profile}`", f"{used}, {d.n_tokens} response tokens.", *verdict,
              "## Mismatch per aligned subset", "\n".join(rows)]
-    if _ok(d):
+    if _attributed(d):
         parts += ["## Attribution (exact Shapley values)", "\n".join(attr)]
+    elif _ok(d):
+        parts += ["## Attribution", too_few_for_attribution(d)]
     if d.scale is not None:
         sc = ["| profile | k3 of its bf16 forward against fp32 |", "|---|---|"]
         sc += [f"| {name} | {k3:.3e} |" for name, k3 in d.scale.per_profile.items()]
@@ -194,7 +216,7 @@ def to_markdown(d: Diagnosis) -> str:
         parts += ["## Long records", long_inputs_text(d)]
     parts += ["## What it means", explain(d), "## Plots", "![per-position](per_position.png)",
               "![ratio histogram](ratio_hist.png)", f"Ratio histogram tails (drawn in the edge bins): {_tails_text(d)}."]
-    if _ok(d):
+    if _attributed(d):
         parts.append("![attribution](attribution.png)")
     return "\n\n".join(parts) + "\n"
 
@@ -244,7 +266,7 @@ def _plots(d: Diagnosis, out: Path) -> list[Path]:
                                   f"(max {t['max']:.3g})" for k, t in tails.items()),
             transform=ax.transAxes, va="top", fontsize=7)
     paths.append(_save(fig, out / "ratio_hist.png"))
-    if not _ok(d):
+    if not _attributed(d):
         return paths
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -275,9 +297,12 @@ def write_report(d: Diagnosis, out_dir: str | os.PathLike, *, inputs: dict | Non
                  overwrite: bool = False) -> list[Path]:
     """Write the report into ``out_dir`` through a staged folder (:func:`rla.diagnosis.output.staged`).
 
-    A non-empty ``out_dir`` is refused unless ``overwrite``; a kill leaves the old folder or the
-    new one. ``inputs`` (see :func:`rla.diagnosis.provenance.inputs_record`) goes into report.json.
+    A non-empty ``out_dir`` is refused unless ``overwrite`` (and then only a folder rla wrote); a
+    kill leaves the old folder or the new one. ``inputs`` (see
+    :func:`rla.diagnosis.provenance.inputs_record`) goes into report.json, and an ``out_dir`` that
+    is or holds one of its paths (model, rollouts) is refused.
     """
-    with staged(out_dir, overwrite=overwrite) as tmp:
+    paths = [(inputs or {}).get(k, {}).get("path") for k in ("model", "rollouts")] if isinstance(inputs, dict) else []
+    with staged(out_dir, overwrite=overwrite, inputs=[p for p in paths if p]) as tmp:
         names = [p.name for p in write_report_files(d, tmp, inputs)]
     return [Path(out_dir) / n for n in names]

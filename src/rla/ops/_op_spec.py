@@ -14,7 +14,7 @@ of the inputs from the saved state and the output gradients) and the backward :c
   ``torch.library.opcheck`` see.
 - the **autograd.Function**: the eager door. A call through the custom-op dispatcher costs tens of
   microseconds of host time more than a plain ``autograd.Function``, longer than the RoPE kernel
-  itself (the benchmark results' summary, session 2; ``benchmarks/host_time.py`` times the layers
+  itself (the benchmark results' summary, session 2; ``lab/bench/host_time.py`` times the layers
   of one call), so eager calls skip the dispatcher.
 
 Identical by construction: both doors run the same launcher, then the same ``save`` rule, and in

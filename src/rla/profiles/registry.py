@@ -15,6 +15,8 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from rla import strict_json
+from rla.strict_json import short
 from rla.profiles.model import POINTS, Calibration, PointEvidence, RoundingProfile
 
 __all__ = ["get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles"]
@@ -45,12 +47,22 @@ def from_dict(data: dict, source: str = "<dict>") -> RoundingProfile:
     cal = data.get("calibration")
     calibration = None
     if cal is not None:
+        if not isinstance(cal, dict):
+            raise ValueError(f"{source}: 'calibration' must be an object (engine, version, mode, ...), "
+                             f"got {type(cal).__name__}")
         cal = dict(cal)
+        points = cal.pop("points", None) or {}
+        if not isinstance(points, dict):
+            raise ValueError(f"{source}: calibration 'points' must be an object of point -> evidence, "
+                             f"got {type(points).__name__}")
         evidence = {}
-        for point, ev in (cal.pop("points", None) or {}).items():
+        for point, ev in points.items():
             if point not in POINTS:
                 raise ValueError(f"{source}: calibration names unknown point {point!r}")
-            evidence[point] = PointEvidence(**ev)
+            evidence[point] = _evidence(ev, f"{source}: calibration point {point!r}")
+        for key in ("engine", "version", "mode", "date", "gpu", "torch", "command", "results"):
+            if key in cal and not isinstance(cal[key], str):
+                raise ValueError(f"{source}: calibration {key!r} must be a string, got {short(cal[key])}")
         try:
             calibration = Calibration(points=evidence, **cal)
         except TypeError as e:
@@ -61,6 +73,29 @@ def from_dict(data: dict, source: str = "<dict>") -> RoundingProfile:
         )
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
+
+
+def _evidence(ev, where: str) -> PointEvidence:
+    """One calibration point's evidence from its JSON object; every malformed part names ``where``."""
+    if not isinstance(ev, dict):
+        raise ValueError(f"{where}: must be an object (evidence, matched, note), got {type(ev).__name__}")
+    unknown = sorted(set(ev) - {"evidence", "matched", "note"})
+    if unknown or "evidence" not in ev:
+        raise ValueError(f"{where}: has keys {sorted(ev)}; it needs 'evidence' and may have 'matched', 'note'")
+    matched = ev.get("matched")
+    try:
+        number = matched is None or (not isinstance(matched, bool) and isinstance(matched, (int, float))
+                                     and float(matched) == float(matched))
+    except OverflowError:
+        number = False
+    if not number:
+        raise ValueError(f"{where}: 'matched' must be a fraction in [0, 1] or null, got {short(matched)}")
+    if not isinstance(ev.get("note", ""), str):
+        raise ValueError(f"{where}: 'note' must be a string, got {short(ev['note'])}")
+    try:
+        return PointEvidence(**ev)
+    except (ValueError, OverflowError) as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def to_dict(profile: RoundingProfile) -> dict:
@@ -84,9 +119,11 @@ def load(path: str | Path) -> RoundingProfile:
     except OSError as e:
         raise FileNotFoundError(f"cannot read profile file {path}: {e.strerror}") from None
     try:
-        data = json.loads(text)
+        data = strict_json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except ValueError as e:  # a key given twice, nesting too deep, NaN
+        raise ValueError(f"{path}: {e}") from None
     return from_dict(data, str(path))
 
 

@@ -30,7 +30,9 @@ __all__ = ["TrainConfig", "load_config", "apply_overrides", "config_help", "RESU
 PRECISIONS = ("bf16", "aligned", "fp32", "fp16")
 ALGORITHMS = ("grpo", "reinforce")
 
-#: Fields that may change between a run and its resume (they do not change the numbers).
+#: Fields that may change between a run and its resume (they do not change the numbers of the steps
+#: a run and its resume have in common). ``steps`` only under ``lr_schedule: constant``: a cosine
+#: decays over ``steps``, so the trainer refuses a changed ``steps`` under it.
 RESUME_SAFE_FIELDS = frozenset(
     {"steps", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "out_dir", "device",
      "time_limit_s"}

@@ -56,6 +56,14 @@ class Dist:
         torch.distributed.gather_object(obj, out, dst=0)
         return out if self.main else []
 
+    def broadcast_object(self, obj):
+        """Rank 0's ``obj`` on every rank (``obj`` itself without distribution)."""
+        if not self.active:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
     def barrier(self) -> None:
         if self.active:
             torch.distributed.barrier()

@@ -12,6 +12,10 @@ SIGTERM to the runs still going at the deadline; each checkpoints after its curr
 exits, and the next call continues them: that is how an experiment fits calls of a few minutes.
 A SIGTERM to ``rla experiment`` itself (an outer ``timeout``) stops the runs the same way; runs
 that have not exited ``--grace`` seconds later are killed and resume from their last checkpoint.
+A ``kill -9`` of ``rla experiment`` stops them too (each gets SIGTERM when its parent dies), and
+one ``rla experiment`` writes a folder at a time (``DIR/.rla-lock``; ``rla.rl.runlock``); a call
+that finds a run still written by a process an earlier call started stops it first, and refuses
+a run folder written by anything else.
 Checkpoints (fp32 weights + AdamW state, ~12 bytes a parameter) stay in DIR: continuing in a later
 call needs DIR on that machine (or carried to it), not just the logs.
 
@@ -30,6 +34,7 @@ study's own entry point, which builds its ``ops`` and runs the runs (the dose st
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,6 +44,7 @@ import yaml
 from rla.progress import Progress
 from rla.rl.experiment_summary import summarize_grid
 from rla.rl.grid import Grid, RunSpec, is_finished, load_grid, matches_only
+from rla.rl.runlock import EXPERIMENT_ENV, RunLock, end_orphans
 from rla.rl.scheduler import Job, run_jobs
 
 __all__ = ["Grid", "RunSpec", "load_grid", "make_warm_starts", "run_grid", "summarize", "summarize_grid"]
@@ -67,6 +73,14 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
         raise ValueError(f"runs_per_process must be >= 1, got {runs_per_process}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    with RunLock(out, what="experiment folder", say=say):  # one rla experiment per folder
+        return _run_grid(grid, out, parallel=parallel, time_limit_s=time_limit_s, gpus=gpus, only=only, say=say,
+                         show_progress=show_progress, grace_s=grace_s, dose_criterion=dose_criterion,
+                         runs_per_process=runs_per_process)
+
+
+def _run_grid(grid: Grid, out: Path, *, parallel, time_limit_s, gpus, only, say, show_progress, grace_s,
+              dose_criterion, runs_per_process) -> dict:
     deadline = time.monotonic() + time_limit_s if time_limit_s else None
     specs = grid.runs(out)
     if only:
@@ -74,8 +88,12 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
     (out / "grid.yaml").write_text(yaml.safe_dump(
         {"base": grid.base, "models": grid.models, "arms": grid.arms, "seeds": grid.seeds}, sort_keys=False))
 
+    # 0. runs an earlier call left writing (it was killed before it could stop them): ended, or refused
+    end_orphans([Path(s.config.out_dir) for s in specs], out, grace_s=grace_s, say=say)
+    env = {EXPERIMENT_ENV: f"{out.resolve()}:{os.getpid()}"}
+
     # 1. one warm start per model that needs it
-    make_warm_starts(specs, out, parallel=parallel, deadline=deadline, gpus=gpus, say=say, grace_s=grace_s)
+    make_warm_starts(specs, out, parallel=parallel, deadline=deadline, gpus=gpus, say=say, grace_s=grace_s, env=env)
 
     # 2. the runs
     todo = []
@@ -98,7 +116,7 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
     say(f"{len(specs)} run(s): {len(specs) - len(todo)} finished, {len(todo)} to run, {at_once}")
     bar = _ProgressBar(show_progress, specs)
     try:
-        run_jobs(jobs, parallel, deadline, say, progress=bar.refresh, grace_s=grace_s)
+        run_jobs(jobs, parallel, deadline, say, progress=bar.refresh, grace_s=grace_s, env=env)
     finally:
         bar.close()
     return summarize(out, grid)
@@ -141,7 +159,8 @@ def _jobs(todo: list[tuple[str, Path, str | None]], per_process: int, out: Path,
 
 
 def make_warm_starts(specs: list[RunSpec], out: Path, *, parallel: int = 1, deadline: float | None = None,
-                     gpus: list[str] | None = None, say=print, grace_s: float = 30.0) -> None:
+                     gpus: list[str] | None = None, say=print, grace_s: float = 30.0,
+                     env: dict[str, str] | None = None) -> None:
     """The SFT warm start (``DIR/init/<model>``) of every model of ``specs`` that starts from one and
     lacks it, at most ``parallel`` at once; each is made once and reused by every arm and seed."""
     warm = {}
@@ -160,7 +179,7 @@ def make_warm_starts(specs: list[RunSpec], out: Path, *, parallel: int = 1, dead
                                                  str(cfg_path), str(folder)],
                          out / "init" / f"{model}.out", gpu=gpus[i % len(gpus)] if gpus else None))
     say(f"warm start (SFT) of {len(jobs)} model(s): {', '.join(warm)}")
-    run_jobs(jobs, parallel, deadline, say, grace_s=grace_s)
+    run_jobs(jobs, parallel, deadline, say, grace_s=grace_s, env=env)
     for model, (_, folder) in warm.items():
         try:
             ev = json.loads((folder / "sft.json").read_text())["history"]["evals"][-1]

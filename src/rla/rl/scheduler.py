@@ -10,6 +10,7 @@ and, with a GPU list, its own ``CUDA_VISIBLE_DEVICES``.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -17,11 +18,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rla.rl.runlock import die_with_parent
+
 __all__ = ["Job", "run_jobs"]
 
 
-def _env(gpu: str | None, threads: int | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+def _env(gpu: str | None, threads: int | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **(extra or {})}
     if threads is not None and "OMP_NUM_THREADS" not in env:
         # N runs on one host: each gets its share of the cores instead of all of them
         env["OMP_NUM_THREADS"] = str(threads)
@@ -45,13 +48,15 @@ class Job:
 
 
 def run_jobs(jobs: list[Job], parallel: int, deadline: float | None, say, progress=None,
-              grace_s: float = 30.0) -> dict[str, int | None]:
+              grace_s: float = 30.0, env: dict[str, str] | None = None) -> dict[str, int | None]:
     """Run ``jobs`` ``parallel`` at a time; at ``deadline`` SIGTERM what runs and wait for it.
 
     A SIGTERM or SIGINT to this process (an outer ``timeout``, Ctrl-C) counts as the deadline:
     the runs are stopped the same way (checkpointed after their current step), not orphaned.
     Runs still going ``grace_s`` after the stop are killed (they resume from their last
-    checkpoint).
+    checkpoint). Every process gets SIGTERM when this one dies, however it dies (``kill -9``
+    included; ``rla.rl.runlock.die_with_parent``), so none writes on as an orphan. ``env``: extra
+    environment variables for the processes.
     """
     pending, running, done = list(jobs), [], {}
     threads = max(1, (os.cpu_count() or 1) // max(1, min(parallel, len(jobs) or 1)))
@@ -88,7 +93,8 @@ def run_jobs(jobs: list[Job], parallel: int, deadline: float | None, say, progre
                 job.log.parent.mkdir(parents=True, exist_ok=True)
                 with open(job.log, "ab") as out:
                     job.proc = subprocess.Popen(job.cmd, stdout=out, stderr=subprocess.STDOUT,
-                                                env=_env(job.gpu, job.threads), start_new_session=True)
+                                                env=_env(job.gpu, job.threads, env), start_new_session=True,
+                                                preexec_fn=functools.partial(die_with_parent, os.getpid()))
                 running.append(job)
             for job in list(running):
                 rc = job.proc.poll()

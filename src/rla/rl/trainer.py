@@ -31,6 +31,7 @@ import math
 import random
 import signal
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from rla.rl.grpo import aggregation_weights, group_advantages, importance_weight
 from rla.rl.precision import Policy
 from rla.environment import environment
 from rla.rl.runlog import Progress, RunLog, collapse_fields, padded, summarize
+from rla.rl.runlock import RunLock
 from rla.rl.schedule import lr_factor
 from rla.rl.warm_start import build_task, initial_model
 
@@ -101,7 +103,8 @@ class Trainer:
     the same one on resume.
     """
 
-    def __init__(self, config: TrainConfig, *, resume: bool = False, log=print, ops=None):
+    def __init__(self, config: TrainConfig, *, resume: bool = False, log=print, ops=None,
+                 take_over: bool = False):
         from rla.rl.tokenizer import build_tokenizer
         from rla.rollout.sampler import Sampler
 
@@ -119,6 +122,23 @@ class Trainer:
         n_local //= self.dist.world
         if n_local % cfg.mini_batches:
             raise ValueError(f"each rank's {n_local} responses do not split into mini_batches={cfg.mini_batches}")
+        self.lock = None
+        self.runlog = None
+        if self.dist.main:  # one writer per run folder (rla.rl.runlock): before anything is read or written
+            self.lock = RunLock(self.out, take_over=take_over, say=self.say)
+        try:
+            self._init(cfg, resume)
+        except BaseException:
+            self._release()
+            raise
+
+    def _init(self, cfg: TrainConfig, resume: bool) -> None:
+        from rla.rl.tokenizer import build_tokenizer
+        from rla.rollout.sampler import Sampler
+
+        # a temporary checkpoint name of this process's own: a writer that got past the lock (another
+        # host, --take-over) still never publishes or deletes another's half-written folder
+        self._ckpt_tag = self.dist.broadcast_object(uuid.uuid4().hex[:12])
         self._check_run_folder(resume)
 
         self.task = build_task(cfg)
@@ -181,14 +201,21 @@ class Trainer:
                     f"cannot resume {self.out} with a different config ({diff}); only "
                     f"{', '.join(sorted(RESUME_SAFE_FIELDS))} may change on resume"
                 )
+            if new.get("lr_schedule") == "cosine" and old.get("steps", new["steps"]) != new["steps"]:
+                raise ValueError(
+                    f"cannot resume {self.out} with steps {old['steps']} -> {new['steps']} under lr_schedule: cosine: "
+                    "the cosine decays over `steps`, so the lr of every step after the resume would change and the "
+                    "run would match neither length. `steps` may change on resume under lr_schedule: constant; for "
+                    f"a longer cosine run start a new out_dir, or keep steps={old['steps']}"
+                )
 
     # -------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self) -> Path | None:
         meta, tensors = ckpt.rng_state()
         if self.dist.main:
-            ckpt.tmp_dir(self.ckpt_root, self.step).mkdir(parents=True, exist_ok=True)
+            ckpt.tmp_dir(self.ckpt_root, self.step, self._ckpt_tag).mkdir(parents=True, exist_ok=True)
         self.dist.barrier()
-        ckpt.write_rng(self.ckpt_root, self.step, self.dist.rank, meta, tensors)
+        ckpt.write_rng(self.ckpt_root, self.step, self.dist.rank, meta, tensors, tag=self._ckpt_tag)
         model = self.policy.full_state_dict()
         opt_state, groups = optimizer_state_by_name(self.policy, self.optimizer, self.dist.fsdp)
         self.dist.barrier()
@@ -204,7 +231,7 @@ class Trainer:
                 "sampler_seed_next": derive_seed(self.cfg.seed, self.step, 0, _SAMPLING),
             }
             path = ckpt.save(self.ckpt_root, self.step, model=model, optimizer_state=opt_state, state=state,
-                             keep=self.cfg.keep_checkpoints)
+                             keep=self.cfg.keep_checkpoints, tag=self._ckpt_tag)
         self.dist.barrier()
         return path
 
@@ -488,9 +515,15 @@ class Trainer:
             result["summary"] = summary
         return result
 
+    def _release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
     def close(self) -> None:
         if self.runlog is not None:
             self.runlog.close()
+        self._release()
         if self.dist.active:
             # leave together: a rank that tears gloo down while its peer is still in the last
             # collective can abort the peer ("terminate called without an active exception")
@@ -505,9 +538,9 @@ def _json(obj) -> str:
 
 
 def train(config: TrainConfig, *, resume: bool = False, until_step: int | None = None, log=print,
-          ops=None) -> dict[str, Any]:
+          ops=None, take_over: bool = False) -> dict[str, Any]:
     """Build a ``Trainer``, run it, close it; returns ``Trainer.train``'s result (``ops``: ``Trainer``'s plug)."""
-    trainer = Trainer(config, resume=resume, log=log, ops=ops)
+    trainer = Trainer(config, resume=resume, log=log, ops=ops, take_over=take_over)
     try:
         return trainer.train(until_step=until_step)
     finally:

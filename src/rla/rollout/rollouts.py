@@ -65,7 +65,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from rla import strict_json
 from rla.atomic import atomic_file
+from rla.strict_json import short
 
 __all__ = [
     "FORMAT", "RolloutRecord", "RolloutFormatError", "save", "load", "iter_load", "to_padded",
@@ -106,6 +108,17 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _finite(v: Any) -> bool:
+    """A number that is finite as a float (a 400-digit int is not: it has no float)."""
+    try:
+        return _is_number(v) and math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+_MAX_INT = 2**31 - 1  # token ids and top_k beyond this fit no vocabulary and no tensor index
+
+
 def _ids(name: str, v: Any, vocab_size: int | None) -> list[int]:
     if not isinstance(v, (list, tuple)):
         raise RolloutFormatError(f"expected a list of ints, got {type(v).__name__}", field=name)
@@ -113,15 +126,18 @@ def _ids(name: str, v: Any, vocab_size: int | None) -> list[int]:
         raise RolloutFormatError("must not be empty", field=name)
     for j, t in enumerate(v):
         if not _is_int(t) or t < 0:
-            raise RolloutFormatError(f"element {j} is {t!r}, not a non-negative int", field=name)
+            raise RolloutFormatError(f"element {j} is {short(t)}, not a non-negative int", field=name)
         if vocab_size is not None and t >= vocab_size:
-            raise RolloutFormatError(f"element {j} is {t} >= vocab_size {vocab_size}", field=name)
+            raise RolloutFormatError(f"element {j} is {short(t)} >= vocab_size {vocab_size}", field=name)
+        if t > _MAX_INT:
+            raise RolloutFormatError(f"element {j} is {short(t)}, out of range for a token id (> {_MAX_INT})",
+                                     field=name)
     return list(v)
 
 
 def _number(name: str, v: Any) -> float:
-    if not _is_number(v) or not math.isfinite(v):
-        raise RolloutFormatError(f"expected a finite number, got {v!r}", field=name)
+    if not _finite(v):
+        raise RolloutFormatError(f"expected a finite number, got {short(v)}", field=name)
     return float(v)
 
 
@@ -139,8 +155,8 @@ def _validate(d: dict[str, Any], vocab_size: int | None = None) -> dict[str, Any
             f"{len(lps)} logprobs for {len(out['response_ids'])} response tokens", field="logprobs"
         )
     for j, lp in enumerate(lps):
-        if not _is_number(lp) or not math.isfinite(lp):
-            raise RolloutFormatError(f"element {j} is {lp!r}, not a finite number",
+        if not _finite(lp):
+            raise RolloutFormatError(f"element {j} is {short(lp)}, not a finite number",
                                      field="logprobs")
         if lp > POSITIVE_LOGPROB_TOL:
             raise RolloutFormatError(
@@ -155,8 +171,8 @@ def _validate(d: dict[str, Any], vocab_size: int | None = None) -> dict[str, Any
     if not 0 < out["top_p"] <= 1:
         raise RolloutFormatError(f"must be in (0, 1], got {d['top_p']!r}", field="top_p")
     top_k = d["top_k"]
-    if not _is_int(top_k) or top_k < -1:
-        raise RolloutFormatError(f"must be an int >= 1, or -1/0 (disabled), got {top_k!r}",
+    if not _is_int(top_k) or not -1 <= top_k <= _MAX_INT:
+        raise RolloutFormatError(f"must be an int >= 1 (at most {_MAX_INT}), or -1/0 (disabled), got {short(top_k)}",
                                  field="top_k")
     out["top_k"] = -1 if top_k == 0 else top_k
     if not isinstance(d["engine"], str) or not d["engine"]:
@@ -213,6 +229,8 @@ def _to_line(rec: RolloutRecord, index: int) -> str:
     obj.update({k: d[k] for k in _OPTIONAL if d[k] is not None})
     try:
         return json.dumps(obj, allow_nan=False, separators=(",", ":"))
+    except RecursionError:
+        raise RolloutFormatError("nested too deeply to write as JSON", field="metadata", record=index) from None
     except (TypeError, ValueError) as err:
         raise RolloutFormatError(f"not JSON-serialisable ({err})", field="metadata",
                                  record=index) from None
@@ -233,14 +251,13 @@ def save(path: str | os.PathLike[str], records: Iterable[RolloutRecord]) -> None
             raise RolloutFormatError("no records to save (an empty rollout file is invalid)")
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-standard JSON constant {name}")
-
-
 def _parse(raw: bytes, path: Any, lineno: int, last: bool, vocab_size: int | None) -> RolloutRecord:
     truncated = " (the last line has no newline: the file looks truncated)" if last else ""
     try:
-        obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        obj = strict_json.loads(raw.decode("utf-8"))
+    except strict_json.DuplicateKeyError as err:
+        raise RolloutFormatError(f"key {err.key!r} appears twice in the record; one would silently replace the "
+                                 "other, so it is refused: remove one", path=path, line=lineno) from None
     except (UnicodeDecodeError, ValueError) as err:
         raise RolloutFormatError(f"not valid JSON: {err}{truncated}",
                                  path=path, line=lineno) from None

@@ -1,0 +1,94 @@
+"""An aligned model survives ``torch.save`` / ``torch.load``, ``copy.deepcopy`` and ``pickle``: the
+copy is aligned, computes the same logits bit for bit, and ``rla.unalign`` works on it; the
+original is unchanged. ``model.float()`` after ``align`` warns at the next forward; aligning a
+model on the meta device is refused (issue 38, items 4 and 6)."""
+
+import copy
+import io
+import pickle
+import warnings
+
+import pytest
+import torch
+
+import rla
+from align_spec import tiny_model
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def _copies(model):
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    yield "torch.save/torch.load", torch.load(buf, weights_only=False)
+    yield "copy.deepcopy", copy.deepcopy(model)
+    yield "pickle", pickle.loads(pickle.dumps(model))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_an_aligned_model_pickles_aligned_bit_for_bit_and_unaligns_after(family):
+    model = tiny_model(family)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    plain = _logits(model, ids)
+    rla.align(model, "vllm")
+    aligned = _logits(model, ids)
+    assert not torch.equal(aligned, plain)  # the premise: aligning changes the logits
+    for how, other in _copies(model):
+        report = rla.alignment_of(other)
+        assert report is not None and report.profile.name == rla.alignment_of(model).profile.name, how
+        assert report.regions == rla.alignment_of(model).regions, how
+        assert torch.equal(_logits(other, ids), aligned), how
+        assert other.lm_head.weight is other.model.embed_tokens.weight or not model.config.tie_word_embeddings
+        rla.unalign(other)
+        assert rla.alignment_of(other) is None and torch.equal(_logits(other, ids), plain), how
+        assert torch.equal(_logits(model, ids), aligned), f"{how}: unaligning the copy changed the original"
+    rla.unalign(model)
+    assert torch.equal(_logits(model, ids), plain)
+    plain_copy = pickle.loads(pickle.dumps(model))  # an unaligned model pickles as a plain one
+    assert rla.alignment_of(plain_copy) is None and torch.equal(_logits(plain_copy, ids), plain)
+
+
+def test_an_alignment_with_engine_ops_refuses_to_pickle_naming_the_ways_out():
+    from rla import ops as rla_ops
+
+    model = tiny_model("qwen2")
+    rla.align(model, "vllm", ops=rla_ops)
+    for dump in (pickle.dumps, copy.deepcopy, lambda m: torch.save(m, io.BytesIO())):
+        with pytest.raises(TypeError, match=r"rla\.unalign\(model\).*save_pretrained"):
+            dump(model)
+    rla.unalign(model)
+    pickle.dumps(model)
+
+
+def test_float_after_align_warns_once_at_the_next_forward():
+    model = tiny_model("qwen2")
+    ids = torch.randint(0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    rla.align(model, "vllm")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _logits(model, ids)  # bf16: no warning
+    model.float()
+    with pytest.warns(RuntimeWarning, match=r"aligned in bfloat16 and now runs in float32.*does nothing"):
+        _logits(model, ids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _logits(model, ids)  # once
+    rla.unalign(model)
+    assert not model.model._forward_pre_hooks  # the guard goes with the alignment
+
+
+def test_align_on_the_meta_device_is_refused_before_anything_changes():
+    import transformers
+
+    from align_spec import tiny_config
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(tiny_config("qwen2")).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="meta device .* Align after loading"):
+        rla.align(model, "vllm")
+    assert rla.alignment_of(model) is None
+    rla.unalign(model)  # nothing to undo: no error
