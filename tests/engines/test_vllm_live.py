@@ -22,7 +22,7 @@ import zipfile
 import pytest
 
 from rla.engines import vllm_live
-from rla.engines.source import EngineNotFound, EngineUnavailable, _wheel_version, locate
+from rla.engines.source import EngineNotFound, EngineUnavailable, locate
 from rla.engines.vllm_live import (
     LiveSettings, LiveVllm, check_sampling, engine_environment, engine_metadata, prompt_logprobs_of,
     records_of,
@@ -293,13 +293,13 @@ def test_installed_version_reads_metadata_only(no_vllm, monkeypatch):
 
 def test_version_not_run_against_names_both(no_vllm, checkpoint, monkeypatch, vllm_wheel,
                                             vllm_uncalibrated_wheel):
-    newer = _wheel_version(vllm_wheel, "vllm")  # 0.33.0, a real release the adapter never ran
+    newer = locate("vllm", vllm_wheel).version  # 0.33.0, a real release the adapter never ran
     assert newer.startswith("0.33")
     monkeypatch.setattr(vllm_live, "installed_version", lambda: newer)
     with pytest.raises(EngineUnavailable, match=rf"vLLM {newer} is installed.*run against vLLM 0\.26 only"):
         LiveVllm(checkpoint)
     assert "vllm" not in sys.modules
-    ran = _wheel_version(vllm_uncalibrated_wheel, "vllm")
+    ran = locate("vllm", vllm_uncalibrated_wheel).version
     assert vllm_live._check_version(ran) == ran == "0.26.0"
     assert vllm_live._check_version("0.26.1+cu130") == "0.26.1+cu130"
     for v in ("0.2.6", "0.260.0", "1.26.0"):
