@@ -38,7 +38,7 @@ from rla.engines.source import EngineNotFound, EngineUnavailable
 from rla.rollout.rollouts import RolloutRecord
 
 __all__ = ["LiveSettings", "LiveVllm", "MODES", "installed_version", "engine_metadata",
-           "prompt_logprobs_of", "records_of", "check_sampling"]
+           "engine_environment", "prompt_logprobs_of", "records_of", "check_sampling"]
 
 MODES = ("default", "eager")
 """``default``: vLLM V1's own default (``-O2``: ``VllmBackend`` compile, piecewise CUDA graphs);
@@ -114,6 +114,15 @@ def engine_metadata(version: str, settings: LiveSettings) -> dict[str, Any]:
     return {"name": "vllm", "version": version, "mode": settings.mode, "settings": settings.as_dict()}
 
 
+def engine_environment(settings: LiveSettings, environ=os.environ) -> None:
+    """The environment variables vLLM reads at start: the engine core in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless already set), and ``VLLM_BATCH_INVARIANT`` set
+    from ``settings.batch_invariant`` either way, so a variable left in the shell cannot make the
+    engine batch-invariant while its records say it is not (or the reverse)."""
+    environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    environ["VLLM_BATCH_INVARIANT"] = "1" if settings.batch_invariant else "0"
+
+
 def prompt_logprobs_of(output) -> list[float]:
     """The engine's logprob of prompt token ``t`` given tokens ``< t``, for ``t = 1 .. n-1``, from
     a ``vllm.RequestOutput`` made with ``prompt_logprobs=k``. vLLM's entry 0 is ``None`` (no
@@ -150,10 +159,17 @@ def records_of(output, *, temperature: float, top_p: float, top_k: int, metadata
     """``rla.rollout/1`` records, one per completion of a ``vllm.RequestOutput`` made with
     ``logprobs=k``. ``processed``: the engine's logprobs are of the processed distribution
     (``logprobs_mode="processed_logprobs"``), else they are raw and only valid as rollout
-    logprobs at temperature 1 without truncation."""
+    logprobs at temperature 1 without truncation. ``metadata["engine"]["version"]`` (as
+    :func:`engine_metadata` writes it), when present, is also the records' ``engine_version``:
+    the field ``profile="vllm"`` resolves its row by."""
     check_sampling(temperature, top_p, top_k, processed)
+    completions = list(output.outputs)
+    if not completions:
+        raise ValueError("the request output has no completions: nothing to make records of")
+    engine = metadata.get("engine")
+    version = engine.get("version") if isinstance(engine, dict) else None
     records = []
-    for i, completion in enumerate(output.outputs):
+    for i, completion in enumerate(completions):
         ids = list(completion.token_ids)
         entries = completion.logprobs
         if entries is None:
@@ -172,7 +188,7 @@ def records_of(output, *, temperature: float, top_p: float, top_k: int, metadata
         records.append(RolloutRecord(
             prompt_ids=list(output.prompt_token_ids), response_ids=ids, logprobs=lps,
             temperature=float(temperature), top_p=float(top_p), top_k=int(top_k), engine="vllm",
-            metadata=meta,
+            engine_version=version, metadata=meta,
         ))
     return records
 
@@ -199,9 +215,7 @@ class LiveVllm:
 
         if not torch.cuda.is_available():
             raise EngineUnavailable(f"the live vLLM engine runs on CUDA; this torch ({torch.__version__}) sees no GPU")
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        if self.settings.batch_invariant:
-            os.environ["VLLM_BATCH_INVARIANT"] = "1"
+        engine_environment(self.settings)
         from vllm import LLM
 
         s = self.settings
