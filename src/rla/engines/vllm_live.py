@@ -4,7 +4,8 @@ Everything else in ``rla.engines`` reads vLLM's *code* (its native ops, its kern
 decoder). This module runs the engine itself -- its scheduler, its model runner, its CUDA graphs
 and ``-O2`` compile (``VllmBackend`` with its own Inductor options and passes), its sampler -- on an
 HF checkpoint folder, and turns what it returns into ``rla.rollout/1`` records. It is the ground
-truth the profiles are checked against: ``rla verify --live`` and ``rla calibrate --live``.
+truth the profiles are checked against (``lab/bench/vllm_live_h200.py`` scores HF eager and each row
+against it and searches the points; ``docs/engines.md``).
 
 Two things come back:
 
