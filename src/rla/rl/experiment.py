@@ -75,12 +75,12 @@ def run_grid(grid: Grid, out: str | Path, *, parallel: int = 1, time_limit_s: fl
     out.mkdir(parents=True, exist_ok=True)
     with RunLock(out, what="experiment folder", say=say):  # one rla experiment per folder
         return _run_grid(grid, out, parallel=parallel, time_limit_s=time_limit_s, gpus=gpus, only=only, say=say,
-                         show_progress=show_progress, grace_s=grace_s, dose_criterion=dose_criterion,
+                         show_progress=show_progress, grace_s=grace_s, plug=plug,
                          runs_per_process=runs_per_process)
 
 
 def _run_grid(grid: Grid, out: Path, *, parallel, time_limit_s, gpus, only, say, show_progress, grace_s,
-              dose_criterion, runs_per_process) -> dict:
+              plug, runs_per_process) -> dict:
     deadline = time.monotonic() + time_limit_s if time_limit_s else None
     specs = grid.runs(out)
     if only:

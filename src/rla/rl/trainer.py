@@ -105,9 +105,6 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, *, resume: bool = False, log=print, ops=None,
                  take_over: bool = False):
-        from rla.rl.tokenizer import build_tokenizer
-        from rla.rollout.sampler import Sampler
-
         self.cfg = cfg = config
         self.say = log if log is not None else (lambda *a, **k: None)
         device_guess = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
@@ -127,12 +124,12 @@ class Trainer:
         if self.dist.main:  # one writer per run folder (rla.rl.runlock): before anything is read or written
             self.lock = RunLock(self.out, take_over=take_over, say=self.say)
         try:
-            self._init(cfg, resume)
+            self._init(cfg, resume, ops)
         except BaseException:
             self._release()
             raise
 
-    def _init(self, cfg: TrainConfig, resume: bool) -> None:
+    def _init(self, cfg: TrainConfig, resume: bool, ops) -> None:
         from rla.rl.tokenizer import build_tokenizer
         from rla.rollout.sampler import Sampler
 
