@@ -48,7 +48,7 @@ class DemoConfig:
 
 def run_demo(cfg: DemoConfig, console=None):
     import torch
-    from rich.console import Console
+    from rla.console import console as make_console
 
     from rla.rollout import rollouts
     from rla.diagnosis.core import diagnose, group_label
@@ -60,7 +60,7 @@ def run_demo(cfg: DemoConfig, console=None):
     from rla.rl.tasks import get_task
     from rla.rollout.sampler import Sampler, SamplingParams
 
-    console = console or Console()
+    console = console or make_console()
     if cfg.n < 2:
         raise ValueError(f"n must be at least 2, got {cfg.n}")
     if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:

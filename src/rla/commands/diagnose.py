@@ -28,7 +28,7 @@ def run(args) -> int:
     from pathlib import Path
 
     import torch
-    from rich.console import Console
+    from rla.console import console as make_console
 
     from rla.rollout import rollouts
     from rla.commands._args import check_device
@@ -47,7 +47,7 @@ def run(args) -> int:
         raise FileNotFoundError(f"--rollouts {args.rollouts}: no such file")
     model = load_model(args.model, dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float16, device=args.device)
     records = rollouts.load(args.rollouts, vocab_size=model.config.vocab_size)
-    console = Console()
+    console = make_console()
     budget = None if args.memory_budget is None else max(1, int(args.memory_budget * 2**30))
     d = diagnose(model, records, args.profile, max_tokens=args.max_tokens, memory_budget=budget, progress=True)
     for t in rich_tables(d):

@@ -13,7 +13,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     import torch
-    from rich.console import Console
+    from rla.console import console as make_console
     from rich.table import Table
 
     from rla.diagnosis.doctor import doctor
@@ -25,7 +25,7 @@ def run(args) -> int:
     if args.cast_bf16:
         model = model.to(torch.bfloat16)
     hazards = doctor(model)
-    console = Console()
+    console = make_console()
     if not hazards:
         console.print(f"[green]no precision hazards found[/] in {path}")
         return 0

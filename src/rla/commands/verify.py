@@ -78,7 +78,7 @@ def run(args) -> int:
     import json
 
     import torch
-    from rich.console import Console
+    from rla.console import console as make_console
     from rich.table import Table
 
     from rla.diagnosis.verify import aligned_side, compare, hf_side
@@ -106,7 +106,7 @@ def run(args) -> int:
             f"streams, held whole to compare them element by element, and one forward's activations); "
             f"{gib(avail)} available on {args.device}: lower --tokens or --batch"
         )
-    console = Console()
+    console = make_console()
     console.print(f"twin: vLLM {engine.version} ({engine.package.origin}), mode {args.mode}; "
                   f"aligned profile: {profile.name}", highlight=False)
     twin = VllmTwin(model, engine, args.mode, args.library)
