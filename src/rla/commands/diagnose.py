@@ -6,11 +6,12 @@ not (beyond rounding, or the profile increases it), with the reason printed; 2 f
 
 from __future__ import annotations
 
-from rla.commands._args import positive_float, positive_int
+from rla.commands._args import MODEL_HELP, model_path, positive_float, positive_int
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", required=True, help="HF checkpoint folder (local files only)")
+    parser.add_argument("--model", required=True, type=model_path,
+                        help=f"HF checkpoint folder (local files only), or {MODEL_HELP}")
     parser.add_argument("--rollouts", required=True, help="rollout records, JSONL (docs/rollouts.md)")
     parser.add_argument("--profile", default="auto", help="engine profile of the rollouts, or 'auto' (default)")
     parser.add_argument("--out", default="rla-report", help="report folder (default rla-report/; must be new or empty)")

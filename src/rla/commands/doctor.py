@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from rla.commands._args import MODEL_HELP, model_path
+
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", default=None, help="HF checkpoint folder (default: the bundled model)")
+    parser.add_argument("--model", default=None, type=model_path,
+                        help=f"HF checkpoint folder, or {MODEL_HELP}; default: the bundled model")
     parser.add_argument(
         "--cast-bf16", action="store_true",
         help="load in fp32 then call model.to(torch.bfloat16), as many trainers do (shows the inv_freq hazard)",

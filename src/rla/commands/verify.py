@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from rla.commands._args import MODEL_HELP, model_path
+
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", required=True, help="HF checkpoint folder (Qwen2, Qwen3 or Llama; local files only)")
+    parser.add_argument("--model", required=True, type=model_path,
+                        help=f"HF checkpoint folder (Qwen2, Qwen3 or Llama; local files only), or {MODEL_HELP}")
     parser.add_argument("--engine", choices=["vllm"], default="vllm", help="the engine whose code the twin runs")
     parser.add_argument("--mode", choices=["default", "eager", "native"], default="default",
                         help="default: native ops under Inductor in pieces split at attention (vLLM V1); "
