@@ -46,6 +46,17 @@ class DemoConfig:
     that answers briefly."""
 
 
+def _machine(device: str) -> str:
+    """What the numbers were computed on, as report.json's stamp names it (:func:`rla.environment.cpu_model`)."""
+    import torch
+
+    from rla.environment import cpu_model
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"{cpu_model()}, {torch.get_num_threads()} threads"
+
+
 def run_demo(cfg: DemoConfig, console=None):
     import torch
     from rla.console import console as make_console
@@ -75,7 +86,8 @@ def run_demo(cfg: DemoConfig, console=None):
     n_params = sum(p.numel() for p in model.parameters())
     console.print(
         f"[bold]rla demo[/]: bundled {model.config.model_type} model ({n_params / 1e6:.1f}M parameters), "
-        f"task {task!r}; sampling {cfg.n} rollouts under the [bold]{cfg.profile}[/] profile..."
+        f"task {task!r}; sampling {cfg.n} rollouts under the [bold]{cfg.profile}[/] profile on {_machine(cfg.device)} "
+        "(the numbers' last digits move with the CPU: its kernels round in their own order)..."
     )
     problems = task.sample(random.Random(cfg.seed), cfg.n)
     prompts = [tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
