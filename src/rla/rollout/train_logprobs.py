@@ -224,8 +224,8 @@ def logprobs(
             need = prefill.one_call_bytes(model.config, r, n)
             if avail is not None and need > avail:
                 raise MemoryError(
-                    f"a micro-batch of {r} x {n} tokens would be chunked only where chunked prefill is bit-identical to "
-                    f"its one-call forward at these sizes, and that forward, estimated {prefill.gib(need)} of "
+                    f"a micro-batch of {r} x {n} tokens would be chunked only where chunked prefill is bit-identical "
+                    f"to its one-call forward at these sizes, and that forward, estimated {prefill.gib(need)} of "
                     f"activations, does not fit the {prefill.gib(avail)} available: it cannot be checked, so it is not "
                     "chunked by default. Use prefill_mode='always' (bounded memory; the logprobs may then differ from "
                     "the one-call forward's by rounding), or more memory."
@@ -255,7 +255,8 @@ def logprobs(
             raise MemoryError(
                 f"the longest record ({max(longest)} tokens) would run in one forward, estimated "
                 f"{prefill.gib(need)} of activations, {prefill.gib(avail)} available: {reason}, so it is not "
-                "chunked by default. Use attention that chunks exactly (attn_implementation='sdpa' on CPU), or "
+                "chunked by default. Use attention that chunks exactly on this machine (its check says; SDPA did on the "
+                "CPUs measured), or "
                 "prefill_mode='always' (bounded memory; the logprobs then differ by rounding, of the size above)."
             )
         warnings.warn(f"{len(one_call)} record(s) longer than max_tokens={max_tokens} run in one forward "
