@@ -11,7 +11,8 @@ The one-line entry points live here; ``import rla`` stays light, and each name i
   (:mod:`rla.diagnosis`).
 
 Modules: :mod:`rla.profiles`, :mod:`rla.ops`, :mod:`rla.metrics`, :mod:`rla.rollout.rollouts`,
-:mod:`rla.rollout.sampler`, :mod:`rla.rl`.
+:mod:`rla.rollout.sampler`, :mod:`rla.rl`; each subpackage is an attribute of ``rla`` too,
+imported on first use (``import rla; rla.profiles.load(...)``).
 """
 
 _LAZY = {
@@ -26,7 +27,10 @@ _LAZY = {
     "doctor": "rla.diagnosis",
 }
 
-__all__ = list(_LAZY)
+_MODULES = ("alignment", "diagnosis", "integrations", "metrics", "models", "ops", "profiles", "rl", "rollout")
+"""Subpackages reachable as ``rla.<name>`` after a bare ``import rla``."""
+
+__all__ = list(_LAZY) + list(_MODULES)
 
 
 def __getattr__(name):
@@ -34,4 +38,8 @@ def __getattr__(name):
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _MODULES:
+        import importlib
+
+        return importlib.import_module(f"rla.{name}")
     raise AttributeError(f"module 'rla' has no attribute {name!r}")

@@ -28,6 +28,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 USER_ERRORS = (ValueError, TypeError, KeyError, OSError, NotImplementedError)
 
 
+class _PrintVersion(argparse.Action):
+    """``--version``: one line, unwrapped (argparse's own version action refills it to the terminal)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from rla.version import versions_line
+
+        print(versions_line())
+        parser.exit()
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rla",
@@ -35,6 +48,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         "where the inference engine rounds.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--version", action=_PrintVersion, help="print the versions of rla, torch and transformers and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_) in COMMANDS.items():

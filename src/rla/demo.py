@@ -46,9 +46,20 @@ class DemoConfig:
     that answers briefly."""
 
 
+def _machine(device: str) -> str:
+    """What the numbers were computed on, as report.json's stamp names it (:func:`rla.environment.cpu_model`)."""
+    import torch
+
+    from rla.environment import cpu_model
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"{cpu_model()}, {torch.get_num_threads()} threads"
+
+
 def run_demo(cfg: DemoConfig, console=None):
     import torch
-    from rich.console import Console
+    from rla.console import console as make_console
 
     from rla.rollout import rollouts
     from rla.diagnosis.core import diagnose, group_label
@@ -60,7 +71,7 @@ def run_demo(cfg: DemoConfig, console=None):
     from rla.rl.tasks import get_task
     from rla.rollout.sampler import Sampler, SamplingParams
 
-    console = console or Console()
+    console = console or make_console()
     if cfg.n < 2:
         raise ValueError(f"n must be at least 2, got {cfg.n}")
     if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
@@ -76,7 +87,8 @@ def run_demo(cfg: DemoConfig, console=None):
     n_params = sum(p.numel() for p in model.parameters())
     console.print(
         f"[bold]rla demo[/]: bundled {model.config.model_type} model ({n_params / 1e6:.1f}M parameters), "
-        f"task {task!r}; sampling {cfg.n} rollouts under the [bold]{cfg.profile}[/] profile..."
+        f"task {task!r}; sampling {cfg.n} rollouts under the [bold]{cfg.profile}[/] profile on {_machine(cfg.device)} "
+        "(the numbers' last digits move with the CPU: its kernels round in their own order)..."
     )
     problems = task.sample(random.Random(cfg.seed), cfg.n)
     prompts = [tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]

@@ -18,7 +18,7 @@ import torch
 
 from rla.ops import launch_config
 
-__all__ = ["environment", "env_markdown"]
+__all__ = ["environment", "env_markdown", "cpu_model"]
 
 
 def environment(device: torch.device | None = None) -> dict[str, Any]:
@@ -45,8 +45,25 @@ def environment(device: torch.device | None = None) -> dict[str, Any]:
         env["sm_count"] = p.multi_processor_count
     else:  # named, never left out: a results file says which machine made it
         env["gpu"] = "none (CPU)"
-        env["cpu"] = f"{platform.machine()}, {torch.get_num_threads()} threads"
+        env["cpu"] = f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} threads"
     return env
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s, on Linux) and its widest vector unit as torch's CPU
+    kernels see it: CPU results move with both (another CPU's kernels reduce in another order)."""
+    name = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        pass
+    name = name or platform.processor() or "unknown CPU"
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except Exception:
+        return name
+    return f"{name}, {capability}"
 
 
 def _dist_version(mod: str) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["positive_int", "nonnegative_int", "positive_float", "check_device"]
+__all__ = ["positive_int", "nonnegative_int", "positive_float", "check_device", "model_path", "MODEL_HELP"]
 
 
 def _int(text: str) -> int:
@@ -40,6 +40,18 @@ def positive_float(text: str) -> float:
     if not v > 0 or v == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return v
+
+
+MODEL_HELP = "'bundled' (the bundled tiny model; ./bundled for a folder of that name)"
+
+
+def model_path(text: str) -> str:
+    """``--model``: an HF checkpoint folder, or ``bundled`` for the bundled tiny model's folder."""
+    if text == "bundled":
+        from rla.models import bundled_path
+
+        return str(bundled_path())
+    return text
 
 
 def check_device(name: str) -> str:

@@ -18,7 +18,7 @@ def run(args) -> int:
     from dataclasses import asdict
 
     import torch
-    from rich.console import Console
+    from rla.console import console as make_console
     from rich.table import Table
 
     from rla.ops.compare import QWEN_SHAPES, compare_profiles
@@ -51,7 +51,7 @@ def run(args) -> int:
             end_section=False,
         )
         last = r.region
-    console = Console()
+    console = make_console()
     console.print(table)
     console.print(
         "Each row is one region's output under one profile. 'differs from hf' counts bf16 elements "

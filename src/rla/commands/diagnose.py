@@ -6,11 +6,12 @@ not (beyond rounding, or the profile increases it), with the reason printed; 2 f
 
 from __future__ import annotations
 
-from rla.commands._args import positive_float, positive_int
+from rla.commands._args import MODEL_HELP, model_path, positive_float, positive_int
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", required=True, help="HF checkpoint folder (local files only)")
+    parser.add_argument("--model", required=True, type=model_path,
+                        help=f"HF checkpoint folder (local files only), or {MODEL_HELP}")
     parser.add_argument("--rollouts", required=True, help="rollout records, JSONL (docs/rollouts.md)")
     parser.add_argument("--profile", default="auto", help="engine profile of the rollouts, or 'auto' (default)")
     parser.add_argument("--out", default="rla-report", help="report folder (default rla-report/; must be new or empty)")
@@ -28,7 +29,7 @@ def run(args) -> int:
     from pathlib import Path
 
     import torch
-    from rich.console import Console
+    from rla.console import console as make_console
 
     from rla.rollout import rollouts
     from rla.commands._args import check_device
@@ -51,7 +52,7 @@ def run(args) -> int:
     inputs = inputs_record(model_path=args.model, rollouts_path=args.rollouts, profile=args.profile)
     model = load_model(args.model, dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float16, device=args.device)
     records = rollouts.load(args.rollouts, vocab_size=model.config.vocab_size)
-    console = Console()
+    console = make_console()
     budget = None if args.memory_budget is None else max(1, int(args.memory_budget * 2**30))
     d = diagnose(model, records, args.profile, max_tokens=args.max_tokens, memory_budget=budget, progress=True)
     for t in rich_tables(d):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from rla.commands._args import MODEL_HELP, model_path
+
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", default=None, help="HF checkpoint folder (default: the bundled model)")
+    parser.add_argument("--model", default=None, type=model_path,
+                        help=f"HF checkpoint folder, or {MODEL_HELP}; default: the bundled model")
     parser.add_argument(
         "--cast-bf16", action="store_true",
         help="load in fp32 then call model.to(torch.bfloat16), as many trainers do (shows the inv_freq hazard)",
@@ -21,7 +24,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     import torch
-    from rich.console import Console
+    from rla.console import console as make_console
     from rich.table import Table
 
     from rla.diagnosis.doctor import doctor
@@ -37,7 +40,7 @@ def run(args) -> int:
 
         model = PeftModel.from_pretrained(model, args.adapter)
     hazards = doctor(model, external_engine=not args.no_engine)
-    console = Console()
+    console = make_console()
     if not hazards:
         console.print(f"[green]no precision hazards found[/] in {path}")
         return 0

@@ -23,11 +23,11 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from rich.console import Console
+    from rla.console import console as make_console
 
     from rla.rl.experiment import load_grid, run_grid, summarize
 
-    console = Console()
+    console = make_console()
     if args.parallel < 1:
         raise ValueError(f"--parallel must be >= 1, got {args.parallel}")
     if args.runs_per_process < 1:

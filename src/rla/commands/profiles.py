@@ -11,7 +11,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     import json
 
-    from rich.console import Console
+    from rla.console import console as make_console
     from rich.table import Table
 
     from rla import profiles
@@ -21,7 +21,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"profiles": [profiles.to_dict(p) for p in rows], "aliases": aliases}, indent=2))
         return 0
-    console = Console()
+    console = make_console()
     # one row per point, one column per profile: fits an 80-column terminal (a column per point did not)
     from rich import box
 

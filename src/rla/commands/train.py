@@ -39,9 +39,9 @@ def run(args) -> int:
     result = train(cfg, resume=args.resume, until_step=args.until_step, take_over=args.take_over)
     summary = result.get("summary")
     if summary is not None:
-        from rich.console import Console
+        from rla.console import console as make_console
 
-        console = Console()
+        console = make_console()
         state = "finished" if result["finished"] else f"stopped at step {result['step']} (resume with --resume)"
         s0 = summary.get("step0", {})
         console.print(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from rla.commands._args import MODEL_HELP, model_path
+
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", required=True, help="HF checkpoint folder (Qwen2, Qwen3 or Llama; local files only)")
+    parser.add_argument("--model", required=True, type=model_path,
+                        help=f"HF checkpoint folder (Qwen2, Qwen3 or Llama; local files only), or {MODEL_HELP}")
     parser.add_argument("--engine", choices=["vllm"], default="vllm", help="the engine whose code the twin runs")
     parser.add_argument("--mode", choices=["default", "eager", "native"], default="default",
                         help="default: native ops under Inductor in pieces split at attention (vLLM V1); "
@@ -79,7 +82,7 @@ def run(args) -> int:
     import json
 
     import torch
-    from rich.console import Console
+    from rla.console import console as make_console
     from rich.table import Table
 
     from rla.diagnosis.verify import aligned_side, compare, hf_side
@@ -107,7 +110,7 @@ def run(args) -> int:
             f"streams, held whole to compare them element by element, and one forward's activations); "
             f"{gib(avail)} available on {args.device}: lower --tokens or --batch"
         )
-    console = Console()
+    console = make_console()
     console.print(f"twin: vLLM {engine.version} ({engine.package.origin}), mode {args.mode}; "
                   f"aligned profile: {profile.name}", highlight=False)
     twin = VllmTwin(model, engine, args.mode, args.library)

@@ -168,9 +168,9 @@ def long_inputs_text(d: Diagnosis) -> str | None:
         exact = [c for c in checks.values() if c["exact"]]
         parts.append(
             f"{li['records_chunked']} record(s) longer than max_tokens = {li['max_tokens']} ran as a chunked prefill "
-            f"({li['prefill_step']} positions per step through a KV cache), in every pass where a probe showed it "
-            f"bit-identical to the one-call forward ({len(exact)} of {len(checks)} passes probed; probe of "
-            f"{next(iter(checks.values()))['tokens']} tokens). Chunking did not change the logprobs.")
+            f"({li['prefill_step']} positions per step through a KV cache), in every pass where a check at the "
+            f"records' own sizes showed it bit-identical to the one-call forward ({len(exact)} of {len(checks)} passes; "
+            f"checked up to {max(c['tokens'] for c in checks.values())} tokens). Chunking did not change the logprobs.")
     if li["records_one_call"]:
         bad = {k: c for k, c in checks.items() if not c["exact"]}
         said = "; ".join(f"{k}: {c['equal']:.2%} of hidden-state elements equal, max |difference| {c['max_abs']:.3g}"

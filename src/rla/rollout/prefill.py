@@ -22,13 +22,19 @@ Llama test models in bf16, unaligned and aligned to vllm/sglang/hf, batches of 1
 - *eager* attention is not bit-identical chunked (softmax and ``P @ V`` run over ``e`` keys instead
   of ``S``; 20-45% of hidden elements differ), at any chunk size.
 
-Because this depends on kernels, BLAS and devices that rla does not control, it is not assumed:
-:func:`check` runs a probe (a one-call forward of :data:`PROBE_TOKENS` seeded tokens against its
-chunked prefill at two chunk sizes) on the model as it is (dtype, device, attention implementation,
-alignment) and :func:`rla.logprobs` chunks only when the probe shows every bit equal
-(``prefill_mode="auto"``). Otherwise the long sequence runs in one call, as before, and the check's
-numbers are in ``info``; ``prefill_mode="always"`` chunks anyway (bounded memory, a difference that
-is rounding, of the measured size). docs/diagnosis.md has the measurements.
+Because this depends on kernels, BLAS and devices that rla does not control, it is not assumed,
+and it is not read off a short probe either: a kernel may pick its blocks by the sequence length
+(on an Intel AVX-512 Xeon a 2,085-token probe of a bf16 SDPA model was bit-identical and its
+2,048- and 8,192-token records were not). :func:`check` runs a probe at one geometry, ``rows`` x
+``length`` seeded tokens in one call against their chunked prefill with chunks of ``step``, on the
+model as it is (dtype, device, attention implementation, alignment, threads); the kernels' blocks
+and reduction orders are functions of these shapes, not of the token values. :func:`rla.logprobs`
+(``prefill_mode="auto"``) checks each long micro-batch at the rows, padded length and step it will
+run with, and chunks it only when that check shows every bit equal. Otherwise the micro-batch runs
+in one call, as before, and the check's numbers are in ``info``; a geometry whose one-call forward
+would not fit in the memory available cannot be checked, and is refused with a ``MemoryError``
+before any forward. ``prefill_mode="always"`` chunks anyway (bounded memory, a difference that is
+rounding, of the measured size). docs/diagnosis.md has the measurements.
 
 Note what the one-call forward is compared *to*: right padding also changes bits on CPU (the
 padded length sets the last key block, so a row padded to another length is reduced in another
@@ -79,6 +85,7 @@ class PrefillCheck:
     """Whether chunked prefill gives the one-call forward's bits for a model in its current state."""
 
     exact: bool
+    """Every final hidden-state element of the chunked prefill equals the one-call forward's."""
     equal: float
     """Fraction of bit-equal elements of the final hidden states (worst chunk size)."""
     max_abs: float
@@ -88,11 +95,13 @@ class PrefillCheck:
     attention: str
     dtype: str
     device: str
+    rows: int = 1
 
     def describe(self) -> str:
         if not self.chunks:
             return f"never chunked: the model's context ({self.tokens} tokens) is not longer than one chunk ({ALIGN})"
-        how = f"probe of {self.tokens} tokens, chunks of {' and '.join(map(str, self.chunks))}"
+        size = f"{self.rows} x {self.tokens}" if self.rows > 1 else f"{self.tokens}"
+        how = f"probe of {size} tokens, chunks of {' and '.join(map(str, self.chunks))}"
         if self.exact:
             return f"chunked prefill is bit-identical to the one-call forward ({self.attention}, {self.dtype}, {self.device}; {how})"
         return (f"chunked prefill changes bits ({self.attention}, {self.dtype}, {self.device}; {how}): "
@@ -100,7 +109,8 @@ class PrefillCheck:
 
     def to_dict(self) -> dict:
         return {"exact": self.exact, "equal": self.equal, "max_abs": self.max_abs, "tokens": self.tokens,
-                "chunks": list(self.chunks), "attention": self.attention, "dtype": self.dtype, "device": self.device}
+                "chunks": list(self.chunks), "attention": self.attention, "dtype": self.dtype, "device": self.device,
+                "rows": self.rows}
 
 
 def chunk_bounds(length: int, chunk: int) -> list[tuple[int, int]]:
@@ -225,23 +235,43 @@ def _state_key(model) -> tuple:
     return (_attention(model.config), str(p.dtype), str(p.device), aligned, torch.get_num_threads())
 
 
-def cached_check(model) -> PrefillCheck | None:
-    """:func:`check`'s result for ``model`` in its current state, if it ran already; else None."""
-    return _CHECKS.get(model, {}).get(_state_key(model))
+def _geometry(model, rows, length, step) -> tuple[int, int, tuple[int, ...]]:
+    """``(rows, tokens, chunk sizes)`` of a probe: the default probe, or the one geometry asked for."""
+    if length is None:
+        if step is not None or rows != 1:
+            raise ValueError("step and rows describe a geometry: give length with them")
+        limit = getattr(model.config, "max_position_embeddings", None) or PROBE_TOKENS
+        n = min(PROBE_TOKENS, int(limit))
+        return 1, n, tuple(c for c in PROBE_CHUNKS if c < n)
+    for name, v in (("rows", rows), ("length", length), ("step", step)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    chunk_bounds(length, step)  # refuses a step that is not a multiple of ALIGN
+    return rows, length, (step,) if len(chunk_bounds(length, step)) > 1 else ()
+
+
+def cached_check(model, *, rows: int = 1, length: int | None = None, step: int | None = None) -> PrefillCheck | None:
+    """:func:`check`'s result for ``model`` in its current state and this geometry, if it ran already;
+    else None."""
+    return _CHECKS.get(model, {}).get(_state_key(model) + _geometry(model, rows, length, step))
 
 
 @torch.inference_mode()
-def check(model, on_forward=None) -> PrefillCheck:
+def check(model, on_forward=None, *, rows: int = 1, length: int | None = None, step: int | None = None) -> PrefillCheck:
     """Probe whether chunked prefill reproduces ``model``'s one-call forward bit for bit, as the model
-    is now (dtype, device, attention implementation, alignment, threads). Cached per model and state.
+    is now (dtype, device, attention implementation, alignment, threads). Cached per model, state
+    and geometry.
 
-    A one-call forward of :data:`PROBE_TOKENS` seeded random tokens (fewer when the model's context
-    is shorter) against its chunked prefill with chunks of :data:`ALIGN` and ``2 ALIGN``
-    (boundaries at both key-block sizes, a masked step of each attention-kernel row block, a tail
-    shorter than :data:`ALIGN` joined): exact when every final hidden-state element is equal.
+    With ``length`` and ``step``: a one-call forward of ``rows x length`` seeded random tokens against
+    their chunked prefill with boundaries at multiples of ``step`` (:func:`chunk_bounds`), the shapes
+    a micro-batch of that padded length runs with; this is what :func:`rla.logprobs` decides on.
+    Without: a probe of :data:`PROBE_TOKENS` tokens (fewer when the model's context is shorter) at
+    chunks of :data:`ALIGN` and ``2 ALIGN``; it says nothing about other lengths (a kernel may choose
+    its blocks by the length). Exact when every final hidden-state element is equal.
     ``on_forward(k)`` is called after the k-th of its forwards (for progress).
     """
-    key = _state_key(model)
+    geometry = _geometry(model, rows, length, step)
+    key = _state_key(model) + geometry
     cached = _CHECKS.setdefault(model, {})
     if key in cached:
         return cached[key]
@@ -250,28 +280,26 @@ def check(model, on_forward=None) -> PrefillCheck:
         raise TypeError(f"{type(model).__name__} does not expose get_decoder(); chunked prefill needs an HF causal LM")
     config = model.config
     device = next(model.parameters()).device
-    limit = getattr(config, "max_position_embeddings", None) or PROBE_TOKENS
-    n = min(PROBE_TOKENS, int(limit))
+    rows, n, sizes = geometry
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, config.vocab_size, (1, n), generator=g).to(device)
-    pos = torch.arange(n, device=device)[None]
+    ids = torch.randint(0, config.vocab_size, (rows, n), generator=g).to(device)
+    pos = torch.arange(n, device=device)[None].expand(rows, -1)
     whole = next(forward_chunks(decoder, config, ids, pos, [(0, n)]))[2]
     if on_forward is not None:
         on_forward(1)
     equal, worst, chunks = 1.0, 0.0, []
-    for c in PROBE_CHUNKS:
-        if c >= n:
-            continue
+    for c in sizes:
         chunks.append(c)
         parts = torch.cat([h for _, _, h in forward_chunks(decoder, config, ids, pos, chunk_bounds(n, c))], dim=1)
         equal = min(equal, float((parts == whole).double().mean()))
         worst = max(worst, float((parts.float() - whole.float()).abs().max()))
+        del parts
         if on_forward is not None:
             on_forward(1 + len(chunks))
     p = next(model.parameters())
     result = PrefillCheck(exact=equal == 1.0 and bool(chunks), equal=equal, max_abs=worst, tokens=n,
                           chunks=tuple(chunks), attention=_attention(config), dtype=str(p.dtype).replace("torch.", ""),
-                          device=str(device))
+                          device=str(device), rows=rows)
     cached[key] = result
     return result
 

@@ -170,11 +170,14 @@ def logprobs(
     (:func:`rla.rollout.prefill.layer_bytes_per_token`, :func:`~rla.rollout.prefill.head_bytes_per_row`).
     What stays and grows with the length is the KV cache and the chunk's causal mask.
 
-    ``prefill_mode``: ``"auto"`` chunks a long record only when :func:`rla.rollout.prefill.check`
-    shows chunked prefill bit-identical to the one-call forward for this model as it is now (the
-    diagnosis compares these logprobs with the engine's, so a chunking difference would read as
-    rounding); otherwise the record runs in one call (a ``MemoryError`` before any forward when
-    the estimate exceeds the memory available). ``"always"`` chunks regardless; ``"never"`` never.
+    ``prefill_mode``: ``"auto"`` chunks a long micro-batch only when :func:`rla.rollout.prefill.check`
+    at its geometry (its rows, padded length and prefill step) shows chunked prefill bit-identical
+    to the one-call forward for this model as it is now (the diagnosis compares these logprobs with
+    the engine's, so a chunking difference would read as rounding); otherwise it runs in one call.
+    The check is itself a one-call forward of that size (cached per model state and geometry), so a
+    micro-batch whose one-call forward is estimated not to fit the memory available is refused
+    with a ``MemoryError`` before any forward. ``"always"`` chunks regardless (unchecked);
+    ``"never"`` never.
 
     ``apply_filters=False`` ignores recorded top-k / top-p (the full tempered distribution, as
     most trainers compute it). ``temperature_factors``: a sequence of factors f; each record's
@@ -182,7 +185,8 @@ def logprobs(
     forward runs once; a factor 1.0 column equals the plain result bit for bit).
     ``progress``: optional callable(done, total), called after every
     forward step (probe forwards included). ``info``: an optional dict, filled with what was done
-    (sizes, how many records were chunked or run in one call, the probe's result).
+    (sizes, how many records were chunked or run in one call, ``checks``: every geometry's check,
+    ``check``: the first inexact one, else the largest).
     """
     records = list(records)
     if not records:
@@ -210,32 +214,49 @@ def logprobs(
     longest = [max(lengths[i] for i in g) for g in groups]
     pieces = [prefill.chunk_bounds(n, step) if len(g) * n > max_tokens else [(0, n)] for g, n in zip(groups, longest)]
     long = [len(p) > 1 for p in pieces]
-    done, total, chk = 0, sum(len(p) for p in pieces), None
-    chunked = any(long) and prefill_mode != "never"
-    if chunked and prefill_mode == "auto":
-        chk = prefill.cached_check(model)
-        if chk is None:
-            probe = 1 + sum(c < prefill.PROBE_TOKENS for c in prefill.PROBE_CHUNKS)
+    done, total, checks = 0, sum(len(p) for p in pieces), {}
+    geometries = sorted({(len(g), n) for g, n, is_long in zip(groups, longest, long) if is_long})
+    if any(long) and prefill_mode == "auto":
+        checks = {geo: prefill.cached_check(model, rows=geo[0], length=geo[1], step=step) for geo in geometries}
+        todo = [geo for geo, c in checks.items() if c is None]
+        avail = prefill.available_bytes(device) if todo else None
+        for r, n in todo:  # every check fits, or none runs
+            need = prefill.one_call_bytes(model.config, r, n)
+            if avail is not None and need > avail:
+                raise MemoryError(
+                    f"a micro-batch of {r} x {n} tokens would be chunked only where chunked prefill is bit-identical "
+                    f"to its one-call forward at these sizes, and that forward, estimated {prefill.gib(need)} of "
+                    f"activations, does not fit the {prefill.gib(avail)} available: it cannot be checked, so it is not "
+                    "chunked by default. Use prefill_mode='always' (bounded memory; the logprobs may then differ from "
+                    "the one-call forward's by rounding), or more memory."
+                )
+        probe = 2 * len(todo)
+        for r, n in todo:
+            base = done
 
-            def probed(k):
+            def probed(k, base=base):
                 if progress is not None:
-                    progress(k, total + probe)
+                    progress(base + k, total + probe)
 
-            chk = prefill.check(model, on_forward=probed)
-            done = probe
-        chunked = chk.exact
-    bounds = [p if is_long and chunked else [(0, n)] for p, n, is_long in zip(pieces, longest, long)]
+            checks[(r, n)] = prefill.check(model, on_forward=probed, rows=r, length=n, step=step)
+            done = base + 2
+    chunk_it = {geo: prefill_mode == "always" or (prefill_mode == "auto" and checks[geo].exact) for geo in geometries}
+    bounds = [p if is_long and chunk_it[(len(g), n)] else [(0, n)]
+              for p, g, n, is_long in zip(pieces, groups, longest, long)]
     total = done + sum(len(b) for b in bounds)
     one_call = [i for i, (is_long, b) in enumerate(zip(long, bounds)) if is_long and len(b) == 1]
+    inexact = [c for c in checks.values() if not c.exact]
+    chk = inexact[0] if inexact else (checks[max(geometries, key=lambda geo: geo[0] * geo[1])] if checks else None)
     if one_call and prefill_mode == "auto":
         need = max(prefill.one_call_bytes(model.config, len(groups[i]), longest[i]) for i in one_call)
         avail = prefill.available_bytes(device)
-        reason = chk.describe() if chk is not None else "chunked prefill was not checked"
+        reason = "; ".join(dict.fromkeys(c.describe() for c in inexact))
         if avail is not None and need > avail:
             raise MemoryError(
                 f"the longest record ({max(longest)} tokens) would run in one forward, estimated "
                 f"{prefill.gib(need)} of activations, {prefill.gib(avail)} available: {reason}, so it is not "
-                "chunked by default. Use attention that chunks exactly (attn_implementation='sdpa' on CPU), or "
+                "chunked by default. Use attention that chunks exactly on this machine (its check says; SDPA did on the "
+                "CPUs measured), or "
                 "prefill_mode='always' (bounded memory; the logprobs then differ by rounding, of the size above)."
             )
         warnings.warn(f"{len(one_call)} record(s) longer than max_tokens={max_tokens} run in one forward "
@@ -269,5 +290,6 @@ def logprobs(
             "records_chunked": sum(len(groups[i]) for i, bb in enumerate(bounds) if len(bb) > 1),
             "records_one_call": sum(len(groups[i]) for i in one_call),
             "check": chk.to_dict() if chk is not None else None,
+            "checks": [c.to_dict() for c in checks.values()],
         })
     return out  # type: ignore[return-value]
