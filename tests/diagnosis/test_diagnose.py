@@ -152,7 +152,7 @@ def test_cli_diagnose_and_doctor(bundled, tmp_path, capsys):
                  "--profile", "vllm", "--out", str(out)]) == 0
     assert (out / "report.md").is_file()
     assert main(["diagnose", "--model", str(tmp_path / "nope"), "--rollouts", str(tmp_path / "r.jsonl")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert "no such folder" in capsys.readouterr().err
     (tmp_path / "bad.jsonl").write_text('{"format": "rla.rollout/1", "prompt_ids": [1]\n')
     assert main(["diagnose", "--model", str(bundled_path()), "--rollouts", str(tmp_path / "bad.jsonl")]) == 2
     assert "line 1" in capsys.readouterr().err
