@@ -2,10 +2,10 @@
 
 ``rla.engines.vllm.load(wheel=None)`` gives vLLM's native region ops, its rotary cache builder and
 (on CUDA) its compiled kernels; ``rla.engines.probes`` makes the probe inputs and
-``rla.engines.calibrate`` turns an engine into a rounding profile; ``rla.engines.twin`` runs an HF
+``rla.engines.calibrate`` turns an engine into a rounding profile; ``rla.engines.vllm_twin`` runs an HF
 model's forward as the engine lays it out, with the engine's own region code (``rla verify``);
 ``rla.engines.backed.engine_ops`` puts the engine's compiled kernels into ``rla.align``'s forward
-(vLLM's eager mode), ``rla.engines.forward.engine_forward`` its compiled pieces (default mode).
+(vLLM's eager mode), ``rla.engines.vllm_forward.engine_forward`` its compiled pieces (default mode).
 Submodules are imported on use (``import rla.engines.vllm``): importing this package loads
 nothing.
 """

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rla.rl.schedule import SCHEDULES
+from rla.rl.lr_schedule import SCHEDULES
 
 __all__ = ["TrainConfig", "load_config", "apply_overrides", "config_help", "RESUME_SAFE_FIELDS"]
 

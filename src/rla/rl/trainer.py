@@ -47,7 +47,7 @@ from rla.rl.grpo import aggregation_weights, group_advantages, importance_weight
 from rla.rl.precision import Policy
 from rla.environment import environment
 from rla.rl.runlog import Progress, RunLog, collapse_fields, padded, summarize
-from rla.rl.schedule import lr_factor
+from rla.rl.lr_schedule import lr_factor
 from rla.rl.warm_start import build_task, initial_model
 
 __all__ = ["Trainer", "train", "derive_seed", "resolve_device"]
