@@ -19,8 +19,10 @@ import pytest
 import torch
 
 from rla import profiles
-from rla.engines.calibrate import Experiment, _decide, calibrate
+from rla.engines.bit_match import Experiment
+from rla.engines.calibrate import calibrate
 from rla.engines.conformance import markdown, write
+from rla.engines.decisions import decide
 
 #: Points Inductor decides on the CPU, and what the vllm-0.33 row says for them.
 COMPILED_POINTS = ("rope_cos_sin", "rope_apply", "swiglu", "norm_weight", "norm_residual",
@@ -76,10 +78,10 @@ def test_eager_mode_without_cuda_falls_back_and_says_so(vllm_wheel):
 
 def test_ambiguity_is_reported_not_guessed():
     exp = Experiment("x", ("swiglu",), {("per_op",): [10, 10, 0], ("fused",): [10, 10, 0]})
-    r = _decide("swiglu", [exp], "native_compiled")
+    r = decide("swiglu", [exp], "native_compiled")
     assert r.ambiguous and r.choice is None and r.fractions == {"per_op": 1.0, "fused": 1.0}
     exp = Experiment("y", ("swiglu",), {("per_op",): [7, 10, 3], ("fused",): [9, 10, 1]})
-    r = _decide("swiglu", [exp], "native_compiled")
+    r = decide("swiglu", [exp], "native_compiled")
     assert (r.choice, r.ambiguous, r.max_ulp) == ("fused", False, 1)
 
 
