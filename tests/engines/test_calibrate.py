@@ -14,6 +14,7 @@ these tests fail.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,6 +60,24 @@ def test_profile_and_reports_round_trip(default_run, tmp_path):
     assert report["command"] == "pytest" and "rms_norm" in report["provenance"]
     md = paths["report_md"].read_text()
     assert "| `residual_stream` | fp32_carry | native_compiled |" in md and "sha256" in md
+
+
+def test_a_calibrated_row_names_no_machine_path(default_run, vllm_wheel, tmp_path):
+    # the CPU run's rope_inv_freq comes from vLLM's source, whose label is the wheel's absolute
+    # path; the row (shipped data) carries the path inside the package, the report the run's own
+    import dataclasses
+    import re
+
+    conf = dataclasses.replace(default_run, command=f"rla calibrate --wheel {vllm_wheel} --out {tmp_path}/v.json")
+    paths = write(conf, tmp_path / "v.json")
+    absolute = re.compile(r"(^|[\s=(\"'])(/|~/|[A-Za-z]:[\\/])[^\s]")
+    assert absolute.search(default_run.points["rope_inv_freq"].fallback)  # the run's own label
+    row = paths["profile"].read_text()
+    assert not absolute.search(row), row
+    cal = profiles.load(paths["profile"]).calibration
+    assert cal.command == f"rla calibrate --wheel {Path(vllm_wheel).name} --out v.json"
+    assert "vllm/model_executor/layers/rotary_embedding/base.py" in cal.points["rope_inv_freq"].note
+    assert str(vllm_wheel) in paths["report_json"].read_text()
 
 
 def test_eager_mode_without_cuda_falls_back_and_says_so(vllm_wheel):
