@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rla.atomic import atomic_file
+from rla.errors import UserError
 
 __all__ = [
     "FORMAT", "RolloutRecord", "RolloutFormatError", "save", "load", "iter_load", "to_padded",
@@ -76,7 +77,7 @@ _REQUIRED = ("prompt_ids", "response_ids", "logprobs", "temperature", "top_p", "
 _OPTIONAL = ("reward", "metadata")
 
 
-class RolloutFormatError(ValueError):
+class RolloutFormatError(ValueError, UserError):
     """A record or rollout file is invalid; the message names the file, line and field."""
 
     def __init__(self, problem: str, *, path: Any = None, line: int | None = None,
