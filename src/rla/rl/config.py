@@ -85,7 +85,7 @@ class TrainConfig:
     rollout_decode_attention: str = _f(
         "grouped",
         "attention of the static-cache decode step: grouped (grouped K/V heads as they are, filled cache columns "
-        "only; since 2026-12-01) or model (the model's own attention over the whole cache, as before)",
+        "only) or model (the model's own attention over the whole cache)",
     )
     temperature: float = _f(1.0, "sampling temperature (engines divide logits by it before log_softmax; so does the trainer)")
     top_p: float = _f(1.0, "nucleus sampling; 1 disables")
