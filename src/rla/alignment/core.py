@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import torch
 
 from rla.alignment import compat
+from rla.alignment.alignment_report import AlignmentReport
 from rla.alignment.families import FAMILIES, Family, class_named, get_family
 from rla.alignment.patch import foreign_wrapper, install, patch_of, uninstall
-from rla.alignment.alignment_report import AlignmentReport
 from rla.alignment.rmsnorm import align_layers, align_norms
 from rla.alignment.rope import align_attention, align_rotary
 from rla.alignment.swiglu import align_experts, align_mlps, check_activation, check_experts
