@@ -32,7 +32,7 @@ def test_load_engine_checks_the_contract(vllm_wheel, monkeypatch):
     eng = A.load_engine("vllm", vllm_wheel)
     assert eng.version == "0.33.0"
     monkeypatch.setattr(type(eng), "source_fact", None)
-    with pytest.raises(TypeError, match="breaks the RegionEngine contract: 'source_fact' is not callable"):
+    with pytest.raises(RuntimeError, match="breaks the RegionEngine contract: 'source_fact' is not callable"):
         A.load_engine("vllm", vllm_wheel)
     with pytest.raises(ValueError, match="unknown engine 'trt'"):
         A.load_engine("trt")

@@ -129,11 +129,11 @@ ENGINES: dict[str, str] = {"vllm": "rla.engines.vllm", "sglang": "rla.engines.sg
 def load_engine(engine: str, wheel: str | None = None):
     """The region adapter of ``engine`` (:data:`ENGINES`), loaded from ``wheel`` or the installed
     package; an adapter that does not meet :class:`RegionEngine` is a bug in rla and raises
-    ``TypeError`` naming what it lacks."""
+    ``RuntimeError`` naming what it lacks (the CLI shows it as an internal error, with its traceback)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; supported: {', '.join(ENGINES)}")
     eng = importlib.import_module(ENGINES[engine]).load(wheel)
     lacks = missing(eng, RegionEngine)
     if lacks:
-        raise TypeError(f"rla's {engine} adapter breaks the RegionEngine contract: {'; '.join(lacks)}")
+        raise RuntimeError(f"rla's {engine} adapter breaks the RegionEngine contract: {'; '.join(lacks)}")
     return eng
