@@ -11,7 +11,7 @@ Stages (``--stages``):
   scaling) and the bundled trained tiny Qwen2, against the vLLM twin in ``--modes``; sides: HF
   eager, aligned with rla's fused kernels, aligned with rla's reference ops, and (eager mode)
   aligned with vLLM's own kernels forward (``rla.engines.backed``); (default mode) the
-  engine-backed forward of the twin's compiled pieces (``rla.engines.forward``).
+  engine-backed forward of the twin's compiled pieces (``rla.engines.vllm_forward``).
 
 Writes one JSON per stage into ``--out``. Needs CUDA, the vLLM files (``--wheel``) and, for eager
 mode and ``order``, vLLM's kernel library (``--library``).
@@ -31,7 +31,7 @@ import torch
 import transformers
 
 from rla import profiles
-from rla.diagnosis.verify import aligned_side, compare, hf_side
+from rla.engines.twin_compare import aligned_side, compare, hf_side
 from rla.engines import vllm
 from rla.ops import fused, reference
 
@@ -172,8 +172,8 @@ def stage_order(engine, kernels, out):
 
 def stage_twin(engine, modes, library, out, quick=False):
     from rla.engines.backed import engine_ops
-    from rla.engines.forward import engine_forward
-    from rla.engines.twin import VllmTwin
+    from rla.engines.vllm_forward import engine_forward
+    from rla.engines.vllm_twin import VllmTwin
     from rla.hf import load_model
 
     cases = {

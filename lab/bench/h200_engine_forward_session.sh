@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device session of 2026-11-30 (evening) for issue #20's engine-backed default mode
-# (rla.engines.forward): the twin stage in vLLM's default mode with the new side `vllm-pieces`,
+# (rla.engines.vllm_forward): the twin stage in vLLM's default mode with the new side `vllm-pieces`,
 # then one training step per variant beside HF eager, rla's kernels and Liger. Carries .engine/mini
 # (vLLM's Python files as a 108 KB wheel: no kernel library is needed in default mode) and .whl
 # (liger-kernel). Everything lands in $OUT/results.tgz.

@@ -24,8 +24,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "experiment": ("rla.commands.experiment", "models x arms x seeds of rla train, resumable, with summary and plots"),
 }
 
-# Errors a user can cause with bad input: printed as one clear line, no traceback.
-USER_ERRORS = (ValueError, TypeError, KeyError, OSError, NotImplementedError)
 
 
 class _PrintVersion(argparse.Action):
@@ -68,15 +66,23 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[args.command][0])
     try:
         return int(module.run(args) or 0)
-    except USER_ERRORS as e:
+    except Exception as e:
+        # the user's errors (rla.errors.is_user_error: rla's own refusals, a missing file) are one
+        # line and exit 2; anything else is a bug and keeps its traceback
+        from rla.errors import is_user_error
+
         if args.debug or os.environ.get("RLA_DEBUG"):
             raise
         from rich.console import Console
 
+        console = Console(stderr=True)
+        if not is_user_error(e):
+            console.print(f"[bold red]rla {args.command}: internal error ({type(e).__name__}):[/] a bug in rla or in a "
+                          "library it calls; please report it with the traceback below", highlight=False, soft_wrap=True)
+            raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        Console(stderr=True).print(f"[bold red]rla {args.command}: error:[/] {msg}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]rla {args.command}: error:[/] {msg}", highlight=False, soft_wrap=True)
         return 2
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -40,6 +40,7 @@ import numpy as np
 
 # Masked logprobs above this are rejected: the record format's rule (engines print -0.0 or tiny
 # positive rounding), one constant for records and metrics.
+from rla.errors import UserError
 from rla.rollout.rollouts import POSITIVE_LOGPROB_TOL
 
 __all__ = [
@@ -64,7 +65,7 @@ _PROB_BUCKETS = ("lt1e-3", "1e-3..0.1", "0.1..0.9", "gt0.9")
 _NAN_POLICIES = ("raise", "mask")
 
 
-class MetricsInputError(ValueError):
+class MetricsInputError(ValueError, UserError):
     """The logprobs, mask or series handed to a metric are unusable; the message says why."""
 
 

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from rla.cli import main
 
 
@@ -39,6 +41,59 @@ def test_bad_input_is_one_line_not_a_traceback(capsys):
     assert main(["check-ops", "--tokens", "0"]) == 2
     err = capsys.readouterr().err
     assert "--tokens must be positive" in err and "Traceback" not in err
+
+
+def test_an_unknown_profile_is_the_users_error(capsys):
+    # a KeyError rla raises on purpose (an unknown name) is one line, exit 2
+    assert main(["demo", "--profile", "no-such-profile", "--out", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-profile" in err and "Traceback" not in err and "internal error" not in err
+
+
+def _planted(exc_factory):
+    def run(args):
+        raise exc_factory()
+
+    return run
+
+
+@pytest.mark.parametrize("make", [
+    lambda: TypeError("an internal call with the wrong arguments"),
+    lambda: KeyError("a missing dict key"),
+    lambda: ValueError("from a dependency, not from rla"),
+    lambda: AttributeError("a renamed attribute"),
+])
+def test_a_bug_keeps_its_traceback(make, monkeypatch, capsys):
+    # raised outside rla's own raise statements (here: the test's code), these are bugs: the CLI
+    # says so and lets the exception through instead of printing a one-line "error"
+    import rla.commands.profiles as cmd
+
+    monkeypatch.setattr(cmd, "run", _planted(make))
+    with pytest.raises(type(make())):
+        main(["profiles"])
+    err = capsys.readouterr().err
+    assert "internal error" in err and "please report" in err
+
+
+def test_user_error_rule():
+    from rla.errors import UserError, is_user_error
+    from rla.rollout.rollouts import RolloutFormatError
+
+    def caught(fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - the test inspects what was raised
+            return e
+        raise AssertionError("nothing raised")
+
+    from rla import profiles
+
+    assert is_user_error(caught(lambda: profiles.get("no-such-profile")))  # rla's own raise
+    assert is_user_error(UserError("x")) and is_user_error(RolloutFormatError("x"))
+    assert is_user_error(caught(lambda: open("/no/such/file")))  # OSError: the machine's or the user's
+    assert not is_user_error(caught(lambda: int("x")))  # a builtin's ValueError, raised in this file
+    assert not is_user_error(caught(lambda: {}["k"]))
+    assert not is_user_error(ValueError("never raised"))  # no traceback: nothing says rla raised it
 
 
 def test_top_level_entry_points_are_the_functions():

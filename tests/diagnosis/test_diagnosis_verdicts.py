@@ -23,25 +23,8 @@ from rla.diagnosis.core import MIN_DETECT_SEQUENCES, detect_profile, diagnose
 from rla.diagnosis.report import explain, to_markdown
 from rla.diagnosis.scale import FAR
 from rla.models import bundled_path
-from rla.rl.bundled import bundled_task, load_bundled
-from rla.rollout.sampler import Sampler, SamplingParams
 from rla.rollout.train_logprobs import logprobs
-
-N, TOKENS = 10, 32  # small: each diagnose here is ~20 tiny forwards
-
-
-@pytest.fixture(scope="module")
-def bundled():
-    torch.manual_seed(0)
-    model, tok = load_bundled()
-    problems = bundled_task().sample(0, N)
-    prompts = [[tok.bos_token_id] + tok(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
-    return model, prompts
-
-
-def sample(model, prompts, profile="vllm", temperature=1.0, seed=0):
-    return Sampler(model, profile).generate(prompts, SamplingParams(max_new_tokens=TOKENS, seed=seed,
-                                                                    temperature=temperature))
+from bundled_rollouts import N, sample
 
 
 @pytest.fixture(scope="module")

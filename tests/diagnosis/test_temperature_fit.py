@@ -21,7 +21,7 @@ from rla.diagnosis.core import diagnose
 from rla.diagnosis.report import explain, to_markdown
 from rla.diagnosis.scale import FAR
 from rla.rollout.train_logprobs import logprobs
-from test_diagnosis_verdicts import bundled, sample  # noqa: F401  (the bundled model and its sampler, one definition)
+from bundled_rollouts import sample
 
 
 def _no_attribution(d):

@@ -14,13 +14,16 @@ these tests fail.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from rla import profiles
-from rla.engines.calibrate import Experiment, _decide, calibrate
+from rla.engines.bit_match import Experiment
+from rla.engines.calibrate import calibrate
 from rla.engines.conformance import markdown, write
+from rla.engines.decisions import decide
 
 #: Points Inductor decides on the CPU, and what the vllm-0.33 row says for them.
 COMPILED_POINTS = ("rope_cos_sin", "rope_apply", "swiglu", "norm_weight", "norm_residual",
@@ -61,6 +64,24 @@ def test_profile_and_reports_round_trip(default_run, tmp_path):
     assert "| `residual_stream` | fp32_carry | native_compiled |" in md and "sha256" in md
 
 
+def test_a_calibrated_row_names_no_machine_path(default_run, vllm_wheel, tmp_path):
+    # the CPU run's rope_inv_freq comes from vLLM's source, whose label is the wheel's absolute
+    # path; the row (shipped data) carries the path inside the package, the report the run's own
+    import dataclasses
+    import re
+
+    conf = dataclasses.replace(default_run, command=f"rla calibrate --wheel {vllm_wheel} --out {tmp_path}/v.json")
+    paths = write(conf, tmp_path / "v.json")
+    absolute = re.compile(r"(^|[\s=(\"'])(/|~/|[A-Za-z]:[\\/])[^\s]")
+    assert absolute.search(default_run.points["rope_inv_freq"].fallback)  # the run's own label
+    row = paths["profile"].read_text()
+    assert not absolute.search(row), row
+    cal = profiles.load(paths["profile"]).calibration
+    assert cal.command == f"rla calibrate --wheel {Path(vllm_wheel).name} --out v.json"
+    assert "vllm/model_executor/layers/rotary_embedding/base.py" in cal.points["rope_inv_freq"].note
+    assert str(vllm_wheel) in paths["report_json"].read_text()
+
+
 def test_eager_mode_without_cuda_falls_back_and_says_so(vllm_wheel):
     if torch.cuda.is_available():
         pytest.skip("with CUDA, eager mode runs the kernels")
@@ -78,10 +99,10 @@ def test_eager_mode_without_cuda_falls_back_and_says_so(vllm_wheel):
 
 def test_ambiguity_is_reported_not_guessed():
     exp = Experiment("x", ("swiglu",), {("per_op",): [10, 10, 0], ("fused",): [10, 10, 0]})
-    r = _decide("swiglu", [exp], "native_compiled")
+    r = decide("swiglu", [exp], "native_compiled")
     assert r.ambiguous and r.choice is None and r.fractions == {"per_op": 1.0, "fused": 1.0}
     exp = Experiment("y", ("swiglu",), {("per_op",): [7, 10, 3], ("fused",): [9, 10, 1]})
-    r = _decide("swiglu", [exp], "native_compiled")
+    r = decide("swiglu", [exp], "native_compiled")
     assert (r.choice, r.ambiguous, r.max_ulp) == ("fused", False, 1)
 
 
@@ -152,7 +173,7 @@ def test_an_op_that_cannot_run_keeps_the_baseline_row_and_says_so(vllm_wheel, mo
     ({"unpinned": 0.98, "vllm_block": 0.97}, "unpinned", False),   # no order rla has
 ])
 def test_norm_reduction_ambiguity_follows_the_docs(fractions, choice, ambiguous):
-    from rla.engines.calibrate import _settle_reduction
+    from rla.engines.decisions import settle_reduction as _settle_reduction
     from rla.engines.conformance import PointResult
 
     r = PointResult("norm_reduction", None, "kernel", dict(fractions), sum(f == 1.0 for f in fractions.values()) > 1)

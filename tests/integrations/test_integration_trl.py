@@ -180,7 +180,7 @@ def test_engine_backed_forward_in_trl(tmp_path, vllm_engine):
     gradient: step-1 KL is exactly 0 (both run the same pieces on the same weights), the policy
     moves, and the mismatch against the vLLM-profile rollouts is measured. Without rollouts from
     outside, TRL would sample with the training model, which this forward cannot (no KV cache)."""
-    from rla.engines.forward import engine_forward
+    from rla.engines.vllm_forward import engine_forward
 
     pieces = engine_forward(vllm_engine, "default")
     with pytest.raises(ValueError, match="keeps no KV cache"):

@@ -19,11 +19,10 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-
-from test_ops import saved_bytes  # one definition of "bytes kept for backward"
 import torch
 
 from rla import profiles
+from saved_memory import saved_bytes
 
 pytestmark = [
     pytest.mark.gpu,

@@ -9,6 +9,7 @@ import rla.ops as ops
 from rla import profiles
 
 import spec
+from saved_memory import saved_bytes
 
 PROFILES = profiles.names()
 DTYPES = [torch.bfloat16, torch.float16]
@@ -303,26 +304,6 @@ def test_gradients_no_worse_than_hf_eager(name):
 
 
 # ---------------------------------------------------------------- saved memory for backward
-
-
-def saved_bytes(fn, inputs):
-    """Bytes the autograd graph keeps for backward beyond the inputs themselves.
-
-    Saved tensors are collected through saved_tensors_hooks and deduplicated by storage; storages
-    of the inputs (held by the caller anyway) are not counted.
-    """
-    held = {t.untyped_storage().data_ptr() for t in inputs}
-    seen = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in held:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(*inputs)
-    return sum(seen.values())
 
 
 @pytest.mark.parametrize("name", PROFILES)

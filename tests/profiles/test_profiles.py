@@ -1,5 +1,7 @@
 import dataclasses
 import json
+import re
+from importlib import resources
 
 import pytest
 
@@ -96,3 +98,28 @@ def test_load_round_trips_and_names_bad_files(tmp_path):
     f.write_text(json.dumps(bad))
     with pytest.raises(ValueError, match="not a fraction"):
         profiles.load(f)
+
+
+#: An absolute path (POSIX, home, or a Windows drive) starting a word of a string value.
+ABSOLUTE_PATH = re.compile(r"(^|[\s=(\"'])(/|~/|[A-Za-z]:[\\/])[^\s]")
+
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def test_no_packaged_profile_names_a_machine_path():
+    files = [f for f in resources.files("rla.profiles").joinpath("data").iterdir() if f.name.endswith(".json")]
+    assert len(files) == len(profiles.names())
+    bad = [(f.name, s) for f in files for s in _strings(json.loads(f.read_text())) if ABSOLUTE_PATH.search(s)]
+    assert not bad, bad
+    assert ABSOLUTE_PATH.search("--wheel /work/x.whl") and ABSOLUTE_PATH.search("C:\\x\\y.whl")
+    assert not ABSOLUTE_PATH.search("head sizes 64/128/256 and vllm/ir/ops/layernorm.py, a / b")

@@ -1,127 +1,137 @@
-"""The package's imports run one way and through public names (docs/README.md, ARCHITECTURE).
+"""The floors of ``ARCHITECTURE.md``, enforced: imports run down, never into the lab, never circle.
 
-Read from the source with ``ast`` (nothing is imported, so this runs in a second): every import
-inside ``src/rla`` -- at the top of a module or deferred inside a function, both are
-dependencies -- becomes an edge between modules. The tests fail on
+:data:`FLOORS` is the floor plan (lowest first; each floor's rooms are packages or modules of
+``rla``). The graph is read from the source with ``ast`` (``import_graph.py``; nothing is
+imported, so this runs in a second). The tests fail on
 
-- a cycle among ``rla``'s modules (an edge to a package is an edge to its ``__init__``; the implicit
-  import of a module's own parent packages is not counted, as every submodule has it);
-- a private module (a name part starting with ``_``) imported from outside its own package, or a
-  private name imported from a module of another package.
+- a module that no floor holds (a new room must be placed);
+- an import of a module on a higher floor;
+- an import of the ``lab`` tree from the library;
+- a circle among ``rla``'s modules;
+- a private module or name imported across packages;
+- a test file importing another test file (shared code lives in helper modules or fixtures).
+
+Each checker is also run on a synthetic tree with one planted violation of each kind, so a
+checker that stopped seeing violations fails here instead of passing quietly.
 """
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
+import pytest
+
+import import_graph as G
 from repo_root import ROOT
 
-SRC = ROOT / "src"
+#: The floors, lowest first: (name, rooms). ARCHITECTURE.md has one paragraph per floor.
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("rla.atomic", "rla.errors", "rla.progress", "rla.hf", "rla.models")),
+    ("profiles", ("rla.profiles",)),
+    ("ops", ("rla.ops", "rla.environment")),
+    ("alignment", ("rla.alignment",)),
+    ("rollout", ("rla.rollout", "rla.metrics")),
+    ("engines", ("rla.engines",)),
+    ("diagnosis", ("rla.diagnosis",)),
+    ("harnesses", ("rla.rl", "rla.bench", "rla.integrations")),
+    ("entry", ("rla", "rla.cli", "rla.commands", "rla.demo")),
+]
 
-
-def _modules() -> dict[str, Path]:
-    out = {}
-    for path in sorted((SRC / "rla").rglob("*.py")):
-        parts = list(path.relative_to(SRC).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = path
-    return out
-
-
-MODULES = _modules()
-
-
-def _package(module: str) -> str:
-    """The package a module lives in (a package's ``__init__`` lives in the package itself)."""
-    return module if MODULES[module].name == "__init__.py" else module.rsplit(".", 1)[0]
-
-
-def _imports(module: str) -> list[tuple[str, str | None, int]]:
-    """(imported rla module, imported name or None, line) for every import in ``module``."""
-    tree = ast.parse(MODULES[module].read_text(), filename=str(MODULES[module]))
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name in MODULES:
-                    out.append((alias.name, None, node.lineno))
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative import: resolve against the importer's package
-                pkg = _package(module).split(".")
-                base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
-            if base not in MODULES:
-                continue
-            for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                out.append((sub, None, node.lineno) if sub in MODULES else (base, alias.name, node.lineno))
-    return out
-
-
-GRAPH = {m: _imports(m) for m in MODULES}
-
-
-def _private(module: str) -> bool:
-    return any(part.startswith("_") for part in module.split("."))
+TREE = G.scan(ROOT / "src", "rla")
 
 
 def test_the_scan_sees_the_package():
     # guards the tests below against passing on an empty or misread tree
-    assert {"rla", "rla.ops", "rla.ops.fused", "rla.rollout.sampler", "rla.alignment.core"} <= set(MODULES)
-    assert ("rla.ops.reference", None) in {(m, n) for m, n, _ in GRAPH["rla.ops.fused"]}
-    assert ("rla.alignment", "align") in {(m, n) for m, n, _ in GRAPH["rla.rollout.sampler"]}
+    assert {"rla", "rla.ops", "rla.ops.fused", "rla.rollout.sampler", "rla.alignment.core"} <= set(TREE.modules)
+    assert ("rla.ops.reference", None) in {(m, n) for m, n, _ in TREE.graph["rla.ops.fused"]}
+    assert ("rla.alignment", "align") in {(m, n) for m, n, _ in TREE.graph["rla.rollout.sampler"]}
+    # lazy imports by name are edges too: rla.align, the CLI's subcommands
+    assert "rla.alignment" in G.edges(TREE)["rla"]
+    assert "rla.commands.demo" in G.edges(TREE)["rla.cli"]
 
 
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
-    path: list[str] = []
-
-    def visit(m: str) -> list[str] | None:
-        state[m] = 1
-        path.append(m)
-        for n in sorted(graph[m]):
-            if state.get(n) == 1:
-                return path[path.index(n):] + [n]
-            if n not in state and (found := visit(n)):
-                return found
-        path.pop()
-        state[m] = 2
-        return None
-
-    for m in sorted(graph):
-        if m not in state and (found := visit(m)):
-            return found
-    return None
+def test_every_module_has_a_floor():
+    assert not G.unplaced(TREE, FLOORS), "place these in FLOORS and ARCHITECTURE.md: " + ", ".join(G.unplaced(TREE, FLOORS))
 
 
-def _edges() -> dict[str, set[str]]:
-    edges = {m: set() for m in MODULES}
-    for m, imports in GRAPH.items():
-        for target, _, _ in imports:
-            if target != m and not m.startswith(target + "."):  # a module's own parent packages
-                edges[m].add(target)
-    return edges
+def test_imports_run_down_the_floors():
+    bad = G.upward(TREE, FLOORS)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_library_never_imports_the_lab():
+    bad = G.lab_imports(TREE)
+    assert not bad, "\n".join(bad)
 
 
 def test_no_import_cycle():
-    cycle = _cycle(_edges())
-    assert cycle is None, "import cycle: " + " -> ".join(cycle)
-
-
-def test_the_cycle_finder_finds_cycles():
-    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+    found = G.cycle(G.edges(TREE))
+    assert found is None, "import cycle: " + " -> ".join(found)
 
 
 def test_no_private_module_or_name_across_packages():
-    bad = []
-    for m, imports in GRAPH.items():
-        for target, name, line in imports:
-            owner = _package(target)
-            if _private(target) and _package(m) != owner:
-                bad.append(f"{MODULES[m].relative_to(SRC)}:{line} imports private module {target}")
-            if name and name.startswith("_") and _package(m) != _package(target):
-                bad.append(f"{MODULES[m].relative_to(SRC)}:{line} imports private name {target}.{name}")
+    bad = G.private_imports(TREE)
     assert not bad, "\n".join(bad)
+
+
+def test_no_test_file_imports_another():
+    bad = G.imports_of_test_files(ROOT / "tests")
+    assert not bad, "\n".join(bad)
+
+
+# -- the checkers see what they are for ------------------------------------------------------
+
+PLANTED = {
+    "pkg/__init__.py": "",
+    "pkg/low/__init__.py": "",
+    "pkg/low/_impl.py": "SECRET = 1\n",
+    "pkg/low/base.py": "def _helper():\n    pass\n\ndef good():\n    return 1\n",
+    "pkg/low/up.py": "def later():\n    from pkg.high.top import run  # upward, deferred\n    return run\n",
+    "pkg/low/lazy.py": "import importlib\nNAMES = {'x': 'pkg.high.top'}\nimportlib.import_module(NAMES['x'])\n",
+    "pkg/mid/__init__.py": "",
+    "pkg/mid/user.py": "from pkg.low.base import good, _helper\nfrom pkg.low import _impl\n",
+    "pkg/mid/study.py": "import lab.dose\n",
+    "pkg/mid/a.py": "from pkg.mid import b\n",
+    "pkg/mid/b.py": "from pkg.mid import a\n",
+    "pkg/high/__init__.py": "",
+    "pkg/high/top.py": "from pkg.low.base import good\n\ndef run():\n    from lab import grid\n",
+    "pkg/stray.py": "",
+}
+PLANTED_FLOORS = [("low", ("pkg.low",)), ("mid", ("pkg.mid",)), ("high", ("pkg", "pkg.high"))]
+
+
+@pytest.fixture
+def planted(tmp_path: Path) -> G.Tree:
+    for rel, text in PLANTED.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return G.scan(tmp_path, "pkg")
+
+
+def test_the_checkers_find_planted_violations(planted):
+    up = G.upward(planted, PLANTED_FLOORS)
+    assert any("pkg/low/up.py:2: pkg.low.up (floor low) imports pkg.high.top.run (floor high" in b for b in up), up
+    assert any(b.startswith("pkg/low/lazy.py:2: pkg.low.lazy (floor low) imports pkg.high.top") for b in up), up
+    assert len(up) == 2, up  # mid -> low and high -> low are downward
+    assert sorted(G.lab_imports(planted)) == ["pkg/high/top.py:4: pkg.high.top imports the lab (lab)",
+                                              "pkg/mid/study.py:1: pkg.mid.study imports the lab (lab)"]
+    assert sorted(G.private_imports(planted)) == ["pkg/mid/user.py:1 imports private name pkg.low.base._helper",
+                                                  "pkg/mid/user.py:2 imports private module pkg.low._impl"]
+    assert G.cycle(G.edges(planted)) == ["pkg.mid.a", "pkg.mid.b", "pkg.mid.a"]
+    # "pkg" is a room of its own floor, so pkg.stray belongs to it; take that room away and it is unplaced
+    assert G.unplaced(planted, PLANTED_FLOORS) == []
+    assert "pkg.stray" in G.unplaced(planted, [("low", ("pkg.low",)), ("mid", ("pkg.mid",)), ("high", ("pkg.high",))])
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert G.cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert G.cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_the_test_file_check_finds_one(tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "test_a.py").write_text("def test_a():\n    pass\n")
+    (tmp_path / "x" / "test_b.py").write_text("from test_a import test_a\n")
+    (tmp_path / "x" / "helper.py").write_text("X = 1\n")
+    (tmp_path / "x" / "test_c.py").write_text("from helper import X\n")
+    assert G.imports_of_test_files(tmp_path) == ["x/test_b.py:1 imports test file test_a"]

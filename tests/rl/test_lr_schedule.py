@@ -1,4 +1,4 @@
-"""The one learning-rate schedule (``rla.rl.schedule.lr_factor``) used by ``rla train`` and SFT.
+"""The one learning-rate schedule (``rla.rl.lr_schedule.lr_factor``) used by ``rla train`` and SFT.
 
 Values at the warm-up and decay edges are pinned against the schedule written out independently
 (closed forms at the points where cos is exact: 0, pi/2, pi), and both trainers are checked to
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from rla.rl.schedule import lr_factor
+from rla.rl.lr_schedule import lr_factor
 
 
 def test_warmup_is_linear_and_starts_above_zero():

@@ -18,8 +18,7 @@ from rla.rl.runlog import read_log
 from rla.rl.trainer import train
 
 from repo_root import ROOT
-from test_trainer import assert_same_run, toy_config, uninterrupted  # noqa: F401 (a fixture)
-from test_trainer_experiment import HERE, write_grid
+from toy_runs import HERE, assert_same_run, toy_config, write_grid
 
 
 def _write(cfg, path: Path) -> Path:

@@ -2,97 +2,26 @@
 checkpoints, and a run stopped (in process) or killed (SIGKILL, through the CLI) that resumes to
 the bitwise-identical state of an uninterrupted run.
 
-The task here is a toy with a graded reward (the share of digits in the response, up to 4), so
-that a randomly initialised model gets rewards that differ within a group and every step has a
-non-zero gradient: a resume bug then shows up in the weights, not only in the log.
+The task is the toy of ``toy_runs.py`` (a graded reward, so a resume bug shows up in the weights,
+not only in the log).
 """
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from rla.rl import checkpoint as ckpt
-from rla.rl.config import TrainConfig
-from rla.rl.runlog import deterministic_part, read_log
+from rla.rl.runlog import read_log
 from rla.rl.trainer import Trainer, train
 
 from repo_root import ROOT
-
-#: This module's folder: the subprocess imports the task "test_trainer:ToyTask" from it (and
-#: ``repo_root``, which this module imports, from tests/).
-HERE = Path(__file__).resolve().parent
-
-
-class ToyTask:
-    """Prompts ``say:<digit>=``; reward = min(4, digits in the response) / 4."""
-
-    name = "toy"
-
-    def __init__(self, difficulty: int = 1):
-        self.difficulty = difficulty
-
-    def sample(self, rng, n):
-        from rla.rl.tasks import Problem
-
-        rng = rng if isinstance(rng, random.Random) else random.Random(rng)
-        out = []
-        for _ in range(n):
-            d = str(rng.randrange(10))
-            out.append(Problem(prompt=f"say:{d}=", answer=d, solution=f">{d}"))
-        return out
-
-    def reward(self, problem, response):
-        return min(4, sum(c.isdigit() for c in response)) / 4
-
-    def max_length(self):
-        return 8
-
-    def spec(self):
-        return {"name": self.name, "difficulty": self.difficulty}
-
-
-def toy_config(out, **kw) -> TrainConfig:
-    values = dict(arch="qwen2", size="micro", init="random", task="test_trainer:ToyTask", difficulty=1, steps=4,
-                  prompts_per_step=2, group_size=4, max_new_tokens=8, out_dir=str(out), device="cpu",
-                  progress=False, lr=3e-3, checkpoint_every=2, keep_checkpoints=2)
-    values.update(kw)
-    return TrainConfig(**values)
-
-
-def final_state(out):
-    path = ckpt.latest(Path(out) / "checkpoints")
-    return load_file(str(path / "model.safetensors")), load_file(str(path / "optimizer.safetensors")), path
-
-
-def assert_same_run(a, b):
-    log_a, log_b = read_log(Path(a) / "log.jsonl"), read_log(Path(b) / "log.jsonl")
-    assert [r["step"] for r in log_a] == [r["step"] for r in log_b] == list(range(len(log_a)))
-    assert [deterministic_part(r) for r in log_a] == [deterministic_part(r) for r in log_b]
-    model_a, opt_a, pa = final_state(a)
-    model_b, opt_b, pb = final_state(b)
-    assert pa.name == pb.name
-    assert model_a.keys() == model_b.keys() and opt_a.keys() == opt_b.keys()
-    for k in model_a:
-        assert torch.equal(model_a[k], model_b[k]), k
-    for k in opt_a:
-        assert torch.equal(opt_a[k], opt_b[k]), k
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    out = tmp_path_factory.mktemp("uninterrupted")
-    result = train(toy_config(out), log=None)
-    return out, result
-
+from toy_runs import HERE, assert_same_run, toy_config
 
 def test_grpo_steps_end_to_end(uninterrupted):
     out, result = uninterrupted

@@ -14,36 +14,7 @@ from rla.rl.experiment import load_grid
 from rla.rl.runlog import read_log
 
 from repo_root import ROOT
-
-#: The folder of test_trainer.py: the runs import the grid's task "test_trainer:ToyTask" from it (and
-#: ``repo_root``, which that module imports, from tests/).
-HERE = Path(__file__).resolve().parent
-
-
-def write_grid(path: Path, steps: int) -> Path:
-    path.write_text(f"""
-base:
-  arch: qwen2
-  size: micro
-  init: random
-  task: "test_trainer:ToyTask"
-  difficulty: 1
-  prompts_per_step: 2
-  group_size: 4
-  max_new_tokens: 8
-  device: cpu
-  lr: 3.0e-3
-  checkpoint_every: 1
-overrides: {{steps: {steps}}}
-models:
-  micro: {{}}
-arms:
-  bf16: {{train_precision: bf16}}
-  rope: {{train_precision: aligned, align_regions: [rope]}}
-seeds: [0]
-""")
-    return path
-
+from toy_runs import HERE, write_grid
 
 def test_grid_runs_resumes_and_summarises(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))

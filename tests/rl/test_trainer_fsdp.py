@@ -67,7 +67,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
                       MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    from test_trainer import toy_config
+    from toy_runs import toy_config
 
     from rla.rl.trainer import Trainer
 
@@ -96,6 +96,6 @@ def test_fsdp2_two_cpu_ranks(tmp_path):
     assert full[0]["mismatch/n_seqs"] == 16  # both ranks' rollouts (2 prompts x 4 each) are measured
     assert all(r["train/grad_norm"] > 0 for r in full)
 
-    from test_trainer import assert_same_run
+    from toy_runs import assert_same_run
 
     assert_same_run(tmp_path / "full", tmp_path / "resumed")

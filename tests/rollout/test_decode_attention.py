@@ -11,8 +11,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from rla.rollout.decode_attention import NAME, decode_attention_of, grouped_decode_attention
 from rla.rollout.sampler import Sampler, SamplingParams
 from rla.rollout.static_decode import WINDOW, StaticDecoder
-from test_sampler import tiny_model
-from test_token_loop import per_token_generate, _records
+from rollout_oracles import per_token_generate, records, tiny_model
 
 
 class _Module(torch.nn.Module):  # what HF's attention functions read off the attention module
@@ -106,7 +105,7 @@ def test_generate_across_several_widths_equals_the_full_width_per_token_loop(k):
     sampler = Sampler(model, "vllm", cache="static", tokens_per_check=k)
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [20], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40]]
     params = SamplingParams(max_new_tokens=150, seed=9, ignore_eos=True)
-    got = _records(sampler.generate(prompts, params))
+    got = records(sampler.generate(prompts, params))
     want = per_token_generate(sampler, prompts, params)
     assert [ids for ids, _ in got] == [ids for ids, _ in want]
     lp_got = torch.tensor([lp for _, lps in got for lp in lps])
@@ -133,6 +132,6 @@ def test_one_graph_per_width_replays_the_eager_loop_bit_for_bit():
         again = graphed.generate(prompts, params)
     finally:
         torch.backends.cuda.enable_cudnn_sdp(was)
-    assert _records(a) == _records(b) == _records(again)
+    assert records(a) == records(b) == records(again)
     (dec,) = graphed._decoders.values()
     assert dec.max_len == 192 and sorted(next(iter(dec._loops.values()))) == [128, 192]

@@ -273,7 +273,7 @@ def _compare_in_one_step(t_logits, side_logits, seed):
 
 
 def test_verify_compares_in_bounded_steps_with_the_same_numbers():
-    from rla.diagnosis import verify
+    from rla.engines import twin_compare as verify
     from rla.metrics import mismatch
 
     g = torch.Generator().manual_seed(6)
@@ -295,7 +295,7 @@ def test_verify_compares_in_bounded_steps_with_the_same_numbers():
 
 def test_verify_refuses_a_run_that_cannot_fit_before_the_twin_runs(vllm_wheel, monkeypatch, capsys):
     from rla.cli import main
-    from rla.engines import twin
+    from rla.engines import vllm_twin as twin
     from rla.models import bundled_path
     from rla.rollout import prefill as pf
 

@@ -4,26 +4,12 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
 
 import rla
 from rla.rollout.train_logprobs import logprobs as train_logprobs
 from rla.rollout.sampler import Sampler, SamplingParams
 from rla.rollout.sampling import process_logits
-
-
-def tiny_model(seed=0, vocab=96):
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        eos_token_id=1, pad_token_id=0, tie_word_embeddings=False,
-    )
-    m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    with torch.no_grad():  # larger logits than the default init: a peaked, LM-like distribution
-        m.lm_head.weight.mul_(8)
-    return m.eval()
-
+from rollout_oracles import tiny_model
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [20]]
 

@@ -1,77 +1,17 @@
 """The token loop (sampling on static buffers, K tokens per CUDA-graph replay) returns exactly what
 the per-token loop with torch.multinomial returned: same ids, same float logprobs.
 
-``per_token_generate`` below is that loop as ``Sampler.generate`` ran it before the token loop,
-written out here so the comparison does not lean on anything the change touched.
+``per_token_generate`` (``rollout_oracles.py``) is that loop as ``Sampler.generate`` ran it before
+the token loop, written out so the comparison does not lean on anything the change touched.
 """
 
 import pytest
 import torch
 
 from rla.rollout.sampler import Sampler, SamplingParams
-from rla.rollout.sampling import process_logits
-from rla.rollout.static_decode import StaticDecoder, bucket
+from rla.rollout.static_decode import StaticDecoder
 from rla.rollout.token_loop import LoopParams
-from test_sampler import tiny_model  # one definition of the tiny test model
-
-
-@torch.no_grad()
-def per_token_generate(sampler: Sampler, prompts, params: SamplingParams, check_every: int = 8):
-    """-> [(response ids, logprobs)] as the pre-change sampler computed them."""
-    from transformers import DynamicCache
-
-    model, n, dev = sampler.model, len(prompts), sampler.device
-    longest = max(len(p) for p in prompts)
-    ids = torch.full((n, longest), sampler.pad_id, dtype=torch.long)
-    mask = torch.zeros((n, longest), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, longest - len(p):] = torch.tensor(p)
-        mask[i, longest - len(p):] = 1
-    ids, mask = ids.to(dev), mask.to(dev)
-    gen = torch.Generator(device=dev).manual_seed(params.seed)
-    stops = sorted(set(() if params.ignore_eos else sampler.eos_ids) | set(params.stop_token_ids))
-    stops_t = torch.tensor(stops, dtype=torch.long, device=dev)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    kw = sampler._cache_kw
-    if sampler.cache == "static":
-        dec = StaticDecoder(model, kw, n, bucket(longest + params.max_new_tokens), capture=False)
-        logits = dec.prefill(ids, mask, positions)
-    else:
-        cache = DynamicCache(config=model.config)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                       logits_to_keep=1, **{kw: cache}).logits[:, -1]
-    done = torch.zeros(n, dtype=torch.bool, device=dev)
-    out_ids, out_lp = [], []
-    for step in range(params.max_new_tokens):
-        logp = process_logits(logits.clone(), params.temperature, params.top_k, params.top_p)
-        nxt = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
-        lp = logp.gather(-1, nxt[:, None]).squeeze(-1)
-        nxt = torch.where(done, torch.full_like(nxt, sampler.pad_id), nxt)
-        out_ids.append(nxt)
-        out_lp.append(torch.where(done, torch.zeros_like(lp), lp))
-        done = done | torch.isin(nxt, stops_t)
-        if step == params.max_new_tokens - 1 or (step % check_every == check_every - 1 and bool(done.all())):
-            break
-        positions = positions[:, -1:] + 1
-        if sampler.cache == "static":
-            logits = dec.decode(nxt[:, None], positions, longest + step)
-        else:
-            mask = torch.cat([mask, mask.new_ones((n, 1))], dim=1)
-            logits = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, use_cache=True,
-                           logits_to_keep=1, **{kw: cache}).logits[:, -1]
-    all_ids = torch.stack(out_ids, 1).cpu()
-    all_lp = torch.stack(out_lp, 1).double().cpu()
-    out = []
-    for i in range(n):
-        resp, lps = [], []
-        for t in range(all_ids.shape[1]):
-            resp.append(int(all_ids[i, t]))
-            lps.append(float(all_lp[i, t]))
-            if resp[-1] in stops:
-                break
-        out.append((resp, lps))
-    return out
-
+from rollout_oracles import per_token_generate, records, tiny_model
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [20], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40]]
 CASES = [
@@ -84,9 +24,6 @@ CASES = [
 ]
 
 
-def _records(recs):
-    return [(r.response_ids, r.logprobs) for r in recs]
-
 
 @pytest.mark.parametrize("cache", ["static", "dynamic"])
 @pytest.mark.parametrize("k", [1, 3, 8])
@@ -97,7 +34,7 @@ def test_generate_equals_the_per_token_multinomial_loop(cache, k):
     stopped_early = 0
     for params in CASES:
         want = per_token_generate(sampler, PROMPTS, params)
-        got = _records(sampler.generate(PROMPTS, params))
+        got = records(sampler.generate(PROMPTS, params))
         assert got == want, params
         stopped_early += sum(len(ids) < params.max_new_tokens for ids, _ in got)
         if params.ignore_eos:
@@ -109,7 +46,7 @@ def test_every_row_stopping_ends_the_loop_early_with_the_same_records():
     """All rows stop within the first chunk: the loop breaks at the first check, as before."""
     sampler = Sampler(tiny_model(seed=12), "vllm", cache="static", tokens_per_check=4)
     params = SamplingParams(max_new_tokens=40, seed=1, stop_token_ids=tuple(range(2, 96)))
-    got = _records(sampler.generate(PROMPTS, params))
+    got = records(sampler.generate(PROMPTS, params))
     assert got == per_token_generate(sampler, PROMPTS, params)
     assert all(len(ids) == 1 for ids, _ in got)
     loop = sampler._decoders[(len(PROMPTS), 64)].loop
@@ -125,7 +62,7 @@ def test_prompt_at_a_cache_bucket_edge():
     params = SamplingParams(max_new_tokens=5, seed=2, ignore_eos=True)
     for k in (2, 5, 8):
         sampler = Sampler(tiny_model(seed=13), "vllm", cache="static", tokens_per_check=k)
-        assert _records(sampler.generate(prompts, params)) == per_token_generate(sampler, prompts, params)
+        assert records(sampler.generate(prompts, params)) == per_token_generate(sampler, prompts, params)
         assert list(sampler._decoders) == [(2, 64)]
 
 
@@ -179,8 +116,8 @@ def test_captured_token_loop_replays_eager_bit_for_bit_and_follows_reseeds():
     seen = {}
     for seed in (1, 1, 2, 1, 3):
         params = SamplingParams(seed=seed, **base)
-        a = _records(graphed.generate(PROMPTS, params))
-        assert a == _records(eager.generate(PROMPTS, params)) == per_token_generate(eager, PROMPTS, params)
+        a = records(graphed.generate(PROMPTS, params))
+        assert a == records(eager.generate(PROMPTS, params)) == per_token_generate(eager, PROMPTS, params)
         seen.setdefault(seed, a)
         assert a == seen[seed]
     assert seen[1] != seen[2] != seen[3] != seen[1]
@@ -188,4 +125,4 @@ def test_captured_token_loop_replays_eager_bit_for_bit_and_follows_reseeds():
     assert len(dec._loops) == 1  # captured once, replayed on every call
     # early stops inside a replay: rows that stopped get pad columns
     params = SamplingParams(seed=4, max_new_tokens=30, stop_token_ids=(3, 4, 7, 9, 11, 13, 17))
-    assert _records(graphed.generate(PROMPTS, params)) == _records(eager.generate(PROMPTS, params))
+    assert records(graphed.generate(PROMPTS, params)) == records(eager.generate(PROMPTS, params))

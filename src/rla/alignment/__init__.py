@@ -49,6 +49,6 @@ Things that behave differently from HF on purpose:
 from __future__ import annotations
 
 from rla.alignment.core import align, aligned, alignment_of, unalign
-from rla.alignment.report import AlignmentReport, FixedHazard
+from rla.alignment.alignment_report import AlignmentReport, FixedHazard
 
 __all__ = ["align", "unalign", "aligned", "alignment_of", "AlignmentReport", "FixedHazard"]

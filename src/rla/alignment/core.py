@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import torch
 
 from rla.alignment import compat, liger
+from rla.alignment.alignment_report import AlignmentReport
 from rla.alignment.families import FAMILIES, Family, class_named, get_family
 from rla.alignment.patch import foreign_wrapper, install, patch_of, uninstall
-from rla.alignment.report import AlignmentReport
 from rla.alignment.rmsnorm import align_layers, align_norms
 from rla.alignment.rope import align_attention, align_rotary
 from rla.alignment.swiglu import align_experts, align_mlps, check_activation, check_experts
@@ -68,7 +68,7 @@ def _check_regions(regions) -> tuple[str, ...]:
 
 
 def _check_ops(impl):
-    if callable(getattr(impl, "make_forward", None)):  # a whole body forward (rla.engines.forward)
+    if callable(getattr(impl, "make_forward", None)):  # a whole body forward (rla.engines.vllm_forward)
         return impl
     missing = [name for name in ("rope", "swiglu", "rms_norm", "add_rms_norm") if not callable(getattr(impl, name, None))]
     if missing:
@@ -377,7 +377,7 @@ def _restore_aligned(body: torch.nn.Module, profile: RoundingProfile, regions) -
 
 
 def _align_body(model, body, found, family, p, regions, impl, report) -> None:
-    """Install an engine-backed body forward (``rla.engines.forward``): one forward that realises
+    """Install an engine-backed body forward (``rla.engines.vllm_forward``): one forward that realises
     the three regions together, so nothing else is patched."""
     if regions != REGIONS:
         raise ValueError(f"{impl!r} replaces the whole decoder forward: it aligns all of {REGIONS}, not {regions}")

@@ -29,7 +29,7 @@ from rla.alignment.families import Family, class_named
 from rla.alignment.patch import install, with_globals
 from rla.alignment.qk_chain import fuse_qk_norm_into_rope
 from rla.alignment.rmsnorm import stack_dtype
-from rla.alignment.report import FixedHazard
+from rla.alignment.alignment_report import FixedHazard
 from rla.profiles import RoundingProfile
 
 __all__ = ["align_rotary", "align_attention", "make_apply_rotary", "make_apply_qk_norm_rope", "fp32_inv_freq",

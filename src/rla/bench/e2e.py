@@ -60,7 +60,7 @@ VARIANTS = ("hf-bf16", "rla-vllm", "rla-vllm-eager", "rla-sglang", "naive-upcast
 #: Also accepted: ``rla-vllm-eager-kernels``, the engine-backed mode (vLLM's own CUDA norm, SwiGLU
 #: and RoPE kernels in the forward, rla's backward); it needs the engine, named by
 #: ``RLA_ENGINE_WHEEL`` (default: the installed vllm) and ``RLA_ENGINE_LIBRARY`` (its kernel library).
-#: And ``rla-vllm-pieces``, the engine-backed default mode (``rla.engines.forward``: the decoder
+#: And ``rla-vllm-pieces``, the engine-backed default mode (``rla.engines.vllm_forward``: the decoder
 #: forward is vLLM's native ops compiled in pieces by Inductor, rla's gradient recomputed per piece).
 #: Variants that patch their model for good: each runs on a model built for it alone.
 OWN_MODEL = {"fp16": torch.float16, "fp32": torch.float32, "liger": torch.bfloat16, "liger-flce": torch.bfloat16,
@@ -143,7 +143,7 @@ def _align(model, variant: str) -> tuple[Callable[[], None], str]:
         import os
 
         from rla.engines import vllm
-        from rla.engines.forward import engine_forward
+        from rla.engines.vllm_forward import engine_forward
 
         profile = variant[len("rla-"):-len("-pieces")]
         align(model, profile, ops=engine_forward(vllm.load(os.environ.get("RLA_ENGINE_WHEEL")), "default"))

@@ -41,7 +41,7 @@ def _wheel(args, say) -> str | None:
     from rla.engines.source import EngineNotFound, cache_dir, cached_wheel, download_wheel
     from rla.profiles import installed_version
 
-    from rla.engines.calibrate import ENGINES
+    from rla.engines.adapter import ENGINES
 
     if args.engine not in ENGINES:
         raise ValueError(f"unknown engine {args.engine!r}; supported: {', '.join(ENGINES)}")

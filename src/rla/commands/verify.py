@@ -25,7 +25,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", default=None, help="write the full result (per-layer rows too) to this file")
     parser.add_argument("--engine-forward", action="store_true",
                         help="add a side whose forward is the engine's own code (default mode: its compiled "
-                        "pieces, rla.engines.forward; eager: its kernels per op, rla.engines.backed)")
+                        "pieces, rla.engines.vllm_forward; eager: its kernels per op, rla.engines.backed)")
     parser.add_argument("--expect-exact", action="store_true",
                         help="exit 1 unless the logits equal the twin's bit for bit: the engine-backed side's "
                         "with --engine-forward, else the aligned model's (the message names the side judged)")
@@ -69,7 +69,7 @@ def memory_needed(config, tokens: int, batch: int, dtype) -> int:
     compared element by element) and one side's forward activations (see rla.rollout.prefill)."""
     import torch
 
-    from rla.diagnosis.verify import COMPARE_BYTES
+    from rla.engines.twin_compare import COMPARE_BYTES
     from rla.rollout.prefill import layer_bytes_per_token
 
     n = tokens * batch
@@ -85,9 +85,9 @@ def run(args) -> int:
     from rla.console import console as make_console
     from rich.table import Table
 
-    from rla.diagnosis.verify import aligned_side, compare, hf_side
+    from rla.engines.twin_compare import aligned_side, compare, hf_side
     from rla.engines import vllm
-    from rla.engines.twin import VllmTwin
+    from rla.engines.vllm_twin import VllmTwin
     from rla.hf import load_model
 
     _check(args)
@@ -172,7 +172,7 @@ def run(args) -> int:
 
 def _engine_side(engine, args):
     if args.mode == "default":
-        from rla.engines.forward import engine_forward
+        from rla.engines.vllm_forward import engine_forward
 
         return engine_forward(engine, "default")
     from rla.engines.backed import engine_ops
@@ -187,7 +187,7 @@ def _rest_note(profile, mode: str) -> str:
                  "Inductor picks a reduction tree per compiled kernel, so rla's kernels add the squares "
                  "in another order. That is the expected rest; a profile that rounds elsewhere than the "
                  "engine would show up here too. Bit-exact: --engine-forward (the engine's compiled pieces "
-                 "in the training forward, rla.engines.forward).")
+                 "in the training forward, rla.engines.vllm_forward).")
     else:
         known = (f"not a rest this row expects (norm_reduction={profile.norm_reduction!r}, mode {mode}): a "
                  "rounding location or an arithmetic order the profile gets wrong, e.g. another engine "

@@ -21,10 +21,9 @@ and a trainer that each round like some profile differ by at most about ``2 max 
 fit is called far when ``|log f|`` exceeds ``FAR_T = 5`` times ``max r_P`` (2.5 times that bound,
 as :data:`rla.diagnosis.scale.FAR` is to the k3 bound) and :data:`TOLERANCE`.
 
-Measured on the bundled model (10 sequences x 32 tokens; docs/diagnosis.md has the table):
-rounding moves the fit by 0.04-0.8% (more when fewer tokens qualify); rollouts sampled at 0.35-0.9
-and recorded 1.0 fit 0.349-0.900; rollouts of checkpoints with 0.5-10% weight noise (k3 1.3-189x
-the rounding scale) fit 0.9996-1.023.
+What this gives on the bundled model -- how far rounding moves the fit, what rollouts sampled hot
+or cold and recorded at 1.0 fit, what rollouts of a noised checkpoint fit -- is the table in
+docs/diagnosis.md ("The temperature fit").
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ functions for ``rla.align(model, profile, ops=...)``:
 
 Only vLLM's eager mode (``enforce_eager``) runs region kernels; its default mode compiles the
 native ops with Inductor across op boundaries, which has no per-op kernel to call: for that mode
-:func:`rla.engines.forward.engine_forward` runs the compiled pieces themselves in the forward.
+:func:`rla.engines.vllm_forward.engine_forward` runs the compiled pieces themselves in the forward.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def engine_ops(engine, mode: str = "eager", library: str | None = None, profile=
         raise NotImplementedError(
             f"engine-backed ops exist for vLLM's eager mode (its region kernels); mode {mode!r} compiles "
             "native ops across op boundaries with Inductor, which has no per-op kernel to call: use "
-            "rla.engines.forward.engine_forward(engine, 'default'), which runs the compiled pieces"
+            "rla.engines.vllm_forward.engine_forward(engine, 'default'), which runs the compiled pieces"
         )
     p = profiles.resolve(profile) if profile is not None else calibrated_profile("vllm", engine.version, mode)
     return EngineOps(engine.c_ops(library), p, f"vLLM {engine.version} kernels")

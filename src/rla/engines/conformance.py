@@ -4,17 +4,44 @@
 (:func:`to_profile`, the JSON format of ``rla.profiles``) and a conformance report (JSON and
 Markdown), both stamped with the engine, version, mode, device, torch/triton versions, date and
 command, so a row in the profile table can always be traced to the run that measured it.
+
+A profile row is data shipped with the package, so it names no machine: :func:`portable` turns
+every absolute path in the row's command and notes into what holds on any machine -- a file
+inside the engine (``wheel!vllm/...`` or ``.../site-packages/vllm/...``) into its
+package-relative path (``vllm/model_executor/layers/layernorm.py``), any other file into its
+name. The reports beside the row keep the run's paths as they were.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rla.profiles import POINTS, Calibration, PointEvidence, RoundingProfile, to_dict
 
-__all__ = ["PointResult", "Conformance", "to_profile", "kernels_ran", "markdown", "write"]
+__all__ = ["PointResult", "Conformance", "to_profile", "kernels_ran", "markdown", "write", "portable"]
+
+#: An absolute path (POSIX, ``~/...`` or a Windows drive) that starts a word, up to a space,
+#: quote, comma or closing bracket (a lone ``/`` between words, as in "a / b", is not one).
+_ABSOLUTE = re.compile(r"(?<![\w.~/-])(?:/|~/|[A-Za-z]:[\\/])[^\s'\",;)\]]+")
+_INSTALLED = re.compile(r"[\\/](?:site|dist)-packages[\\/]")
+
+
+def _portable_path(path: str) -> str:
+    if "!" in path:  # a wheel member: wheel!inner/path
+        return path.split("!", 1)[1]
+    parts = _INSTALLED.split(path, maxsplit=1)
+    if len(parts) == 2:  # a file of an installed package
+        return parts[1].replace("\\", "/")
+    return re.split(r"[\\/]", path.rstrip("/\\"))[-1]
+
+
+def portable(text: str) -> str:
+    """``text`` with each absolute path replaced by its package-relative path (a file inside an
+    engine's wheel or installed package) or its file name (anything else)."""
+    return _ABSOLUTE.sub(lambda m: _portable_path(m.group(0)), text)
 
 
 @dataclass
@@ -85,7 +112,7 @@ def to_profile(conf: Conformance, name: str | None = None, results: str = "") ->
     for p in POINTS:
         r = conf.points[p]
         note = "; ".join(x for x in (r.fallback, r.note) if x)
-        evidence[p] = PointEvidence(r.evidence, r.fractions.get(r.choice), note)
+        evidence[p] = PointEvidence(r.evidence, r.fractions.get(r.choice), portable(note))
     cal = Calibration(
         engine=conf.engine,
         version=conf.version,
@@ -93,8 +120,8 @@ def to_profile(conf: Conformance, name: str | None = None, results: str = "") ->
         date=conf.date,
         gpu=conf.gpu,
         torch=conf.torch,
-        command=conf.command,
-        results=results,
+        command=portable(conf.command),
+        results=portable(results),
         points=evidence,
     )
     short = ".".join(conf.version.split(".")[:2])

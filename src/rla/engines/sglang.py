@@ -175,6 +175,7 @@ class SglangEngine:
     builder extracted, the JIT kernels' entry points located (built on demand by ``kernels()``).
 
     ``provenance`` maps each function, dispatch link and kernel source to its file and sha256.
+    Implements :class:`rla.engines.adapter.RegionEngine` (checked by ``tests/engines/test_engine_adapter.py``).
     """
 
     name = NAME

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rla.errors import UserError
+
 __all__ = [
     "EngineNotFound",
     "EngineCodeError",
@@ -51,7 +53,7 @@ __all__ = [
 ]
 
 
-class EngineNotFound(FileNotFoundError):
+class EngineNotFound(FileNotFoundError, UserError):
     """The engine package (or the wheel, or a file inside it) is not where we looked."""
 
 
@@ -60,7 +62,7 @@ class EngineCodeError(ValueError):
     we do not provide: the engine changed, and the adapter must be updated for that version."""
 
 
-class EngineUnavailable(OSError):
+class EngineUnavailable(OSError, UserError):
     """The engine's compiled code cannot run here (no CUDA, no library file)."""
 
 

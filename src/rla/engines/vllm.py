@@ -69,6 +69,8 @@ def _base_namespace() -> dict[str, Any]:
 class VllmEngine:
     """vLLM's region functions, extracted from one vLLM version's files.
 
+    Implements :class:`rla.engines.adapter.RegionEngine` (checked by ``tests/engines/test_engine_adapter.py``).
+
     ``version`` is the engine's version string; ``provenance`` maps each function's qualified name
     to ``{"file", "sha256", "line"}`` of the source that runs.
     """

@@ -155,7 +155,7 @@ def attach(
 
     Call once after ``GRPOTrainer(...)`` and before ``trainer.train()``. Calling it again
     re-aligns both models (e.g. another profile) and keeps one metrics hook. ``ops`` goes to
-    :func:`rla.align` for both models, e.g. ``rla.engines.forward.engine_forward(vllm.load())``
+    :func:`rla.align` for both models, e.g. ``rla.engines.vllm_forward.engine_forward(vllm.load())``
     (the engine's own compiled pieces in the forward); a forward that keeps no KV cache needs the
     rollouts from vLLM (``use_vllm``) or a ``rollout_func``, and is refused otherwise.
     """

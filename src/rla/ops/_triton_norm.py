@@ -29,15 +29,15 @@ import triton.language as tl
 from rla.ops._triton_common import LAUNCH_OPTS, cdiv, lp_kind, next_pow2, rsqrt, sm_count, to_lp
 
 MAX_COLS = 65536
-#: Launch parameters, from lab/bench/tune_fused.py on an H200 at 16384 x 3584 bf16 (2026-11-29):
-#: forward 0.116 ms (1.06x the copy-bandwidth floor), backward 0.178 ms (1.30x).
+#: Launch parameters, picked by lab/bench/tune_fused.py at 16384 x 3584 bf16; the times it
+#: measured, against the copy-bandwidth floor, are in its results file (results/benchmarks/).
 FWD_ROWS = 2  # rows per forward program
 FWD_WARPS: int | None = 4  # None: one warp per 512 columns, 4 to 32
 BWD_ROWS = 1  # rows per backward loop step
 BWD_WARPS: int | None = 8
 BWD_PROGRAMS_PER_SM = 4  # persistent backward grid; each keeps a d_weight row in registers
 BWD_STAGES = 2  # software pipelining of the row loop (loads of row i+1 in flight during row i)
-EVICT = ""  # no eviction hint: measured faster than evict_first on the H200
+EVICT = ""  # no eviction hint: evict_first was slower in the tuning run
 
 
 def _fwd_warps(block: int) -> int:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from rla.atomic import fsync_path, publish_dir
+from rla.errors import UserError
 
 __all__ = ["save", "load", "latest", "list_checkpoints", "rng_state", "set_rng_state", "CheckpointError",
            "CheckpointWriteError"]
@@ -34,7 +35,7 @@ __all__ = ["save", "load", "latest", "list_checkpoints", "rng_state", "set_rng_s
 _PREFIX = "step_"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ValueError, UserError):
     """A checkpoint is missing, incomplete or does not fit the run."""
 
 

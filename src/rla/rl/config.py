@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rla.rl.schedule import SCHEDULES
+from rla.rl.lr_schedule import SCHEDULES
 
 __all__ = ["TrainConfig", "load_config", "apply_overrides", "config_help", "RESUME_SAFE_FIELDS", "RETIRED_FIELDS",
            "without_retired"]
@@ -115,7 +115,7 @@ class TrainConfig:
     rollout_decode_attention: str = _f(
         "grouped",
         "attention of the static-cache decode step: grouped (grouped K/V heads as they are, filled cache columns "
-        "only; since 2026-12-01) or model (the model's own attention over the whole cache, as before)",
+        "only) or model (the model's own attention over the whole cache)",
     )
     temperature: float = _f(1.0, "sampling temperature (engines divide logits by it before log_softmax; so does the trainer)")
     top_p: float = _f(1.0, "nucleus sampling; 1 disables")

@@ -23,7 +23,7 @@ from rla.atomic import atomic_file
 from rla.metrics import pad_rows
 from rla.progress import Progress as _Bar
 
-__all__ = ["RunLog", "read_log", "deterministic_part", "summarize", "collapse_fields", "padded", "Progress",
+__all__ = ["RunLog", "read_log", "deterministic_part", "summarize", "collapse_fields", "padded", "TrainingBar",
            "NONDETERMINISTIC_PREFIXES"]
 
 #: Keys under these prefixes differ between two runs of one config (clocks, memory).
@@ -206,7 +206,7 @@ def _fill_forward(xs: list[float]) -> list[float]:
     return out
 
 
-class Progress:
+class TrainingBar:
     """The training bar (``rla.progress.Progress``) over steps with the latest reward and k3."""
 
     def __init__(self, enabled: bool, start: int, end: int):

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rla.rl.schedule import lr_factor
+from rla.rl.lr_schedule import lr_factor
 from rla.rl.tasks import Problem, Task
 from rla.rl.tokenizer import char_table
 

@@ -47,9 +47,9 @@ from rla.rl.fsdp_state import load_optimizer_state_by_name, optimizer_state_by_n
 from rla.rl.grpo import aggregation_weights, group_advantages, importance_weights, per_token_loss
 from rla.rl.precision import Policy
 from rla.environment import environment
-from rla.rl.runlog import Progress, RunLog, collapse_fields, padded, summarize
+from rla.rl.lr_schedule import lr_factor
 from rla.rl.runlock import RunLock
-from rla.rl.schedule import lr_factor
+from rla.rl.runlog import RunLog, TrainingBar, collapse_fields, padded, summarize
 from rla.rl.warm_start import build_task, initial_model
 
 __all__ = ["Trainer", "train", "derive_seed", "resolve_device"]
@@ -489,7 +489,7 @@ class Trainer:
                 previous[sig] = signal.signal(sig, request_stop)
         except ValueError:  # not the main thread
             previous = {}
-        progress = Progress(cfg.progress and self.dist.main, self.step, end)
+        progress = TrainingBar(cfg.progress and self.dist.main, self.step, end)
         try:
             while self.step < end:
                 rec = self.run_step()

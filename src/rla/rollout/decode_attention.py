@@ -2,11 +2,10 @@
 
 HF's SDPA attention, given an explicit mask (which the static cache needs), repeats every grouped-query
 K/V head of the *whole* cache before attending (``repeat_kv``; transformers 5.17 does, 5.24 packs the
-query heads instead), and attends over all ``max_len`` columns however few are filled. In a profile of
-the 4M model's decode step on an H200 (64 x 1,088 columns) that was 68% of the GPU time: 53% the copies,
-15% the attention (``results/benchmarks/h200_2026-12-01_decode_loop.md``). This function attends the same
-query to the same keys with neither cost (3.81x faster 52M rollouts,
-``results/benchmarks/h200_2026-12-01_decode_attention.md``):
+query heads instead), and attends over all ``max_len`` columns however few are filled. In a small
+model's decode step those copies and that attention are most of the GPU time (the profile is in
+``results/benchmarks/h200_2026-12-01_decode_loop.md``). This function attends the same query to the
+same keys with neither cost (the speed-up is in ``results/benchmarks/h200_2026-12-01_decode_attention.md``):
 
 - the ``G = heads / kv_heads`` query heads that share a K/V head become ``G`` query rows of that head
   (``[b, heads, 1, d] -> [b, kv_heads, G, d]``), so no K/V is copied;
@@ -14,7 +13,7 @@ query to the same keys with neither cost (3.81x faster 52M rollouts,
   the columns filled so far, rounded up (``rla.rollout.static_decode.WINDOW``), and a graph per width.
 
 Both are exact reformulations: every query row sees the same keys with the same mask, and masked columns
-add exactly zero. The softmax and sums run in SDPA's kernel, as before, whose reduction order may
+add exactly zero. The softmax and sums run in SDPA's kernel, as in HF's path, whose reduction order may
 depend on the number of columns: a logprob can move in its last bits, not more (tests/rollout).
 
 It is registered with transformers as :data:`NAME` and selected only for the decode step

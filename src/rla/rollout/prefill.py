@@ -8,19 +8,19 @@ that must grow with ``S``: ``2 x layers x kv_heads x head_dim`` per token) and t
 the chunk (``chunk x S`` booleans).
 
 **Bits.** Mathematically the two are the same function; in floating point they need not be. What
-was measured on CPU (torch 2.13, 1 and 2 threads; the bundled model in bf16 and fp32, Qwen2/Qwen3/
-Llama test models in bf16, unaligned and aligned to vllm/sglang/hf, batches of 1-3 rows):
+was found on CPU (the cases tried -- bundled and test models, dtypes, alignments, batch sizes, thread
+counts -- and the sizes of the differences are in docs/diagnosis.md):
 
 - *SDPA* (torch's CPU flash-attention kernel) is bit-identical **when every chunk boundary is a
   multiple of 512**: the kernel walks the keys in blocks of 512 from position 0, and a block that
-  ends at another length (a chunk boundary at 333, say) is reduced in another order (max |d| of
-  the hidden state 0.06, 30-60% of elements differ). Boundaries at multiples of :data:`ALIGN` keep
+  ends at another length (a chunk boundary at 333, say) is reduced in another order (a large
+  share of the hidden state's elements differ). Boundaries at multiples of :data:`ALIGN` keep
   every key block the one-call forward has.
 - *fp32 GEMMs* round a block of 1-3, 5-7 or 9-11 rows differently from the same rows inside a
   larger product; bf16 GEMMs were row-count independent in every case tried.
   A final piece shorter than :data:`ALIGN` is therefore joined to the chunk before it.
 - *eager* attention is not bit-identical chunked (softmax and ``P @ V`` run over ``e`` keys instead
-  of ``S``; 20-45% of hidden elements differ), at any chunk size.
+  of ``S``), at any chunk size.
 
 Because this depends on kernels, BLAS and devices that rla does not control, it is not assumed,
 and it is not read off a short probe either: a kernel may pick its blocks by the sequence length

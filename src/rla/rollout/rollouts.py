@@ -67,6 +67,7 @@ from typing import Any
 
 from rla import strict_json
 from rla.atomic import atomic_file
+from rla.errors import UserError
 from rla.strict_json import short
 
 __all__ = [
@@ -81,7 +82,7 @@ _REQUIRED = ("prompt_ids", "response_ids", "logprobs", "temperature", "top_p", "
 _OPTIONAL = ("engine_version", "reward", "metadata")
 
 
-class RolloutFormatError(ValueError):
+class RolloutFormatError(ValueError, UserError):
     """A record or rollout file is invalid; the message names the file, line and field."""
 
     def __init__(self, problem: str, *, path: Any = None, line: int | None = None,

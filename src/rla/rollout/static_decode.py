@@ -20,10 +20,9 @@ steps). :meth:`StaticDecoder.run` is K whole tokens: sample from the logits buff
 (``rla.rollout.token_loop``), feed the token back, advance position and cache position on the
 device, decode -- K times, captured once per sampling setting as one graph. The host then does
 one replay per K tokens instead of ~20 op launches and a ``torch.multinomial`` sync per token.
-On an H200 that gained only 1.01-1.03x for the 4M and 52M models at 64 x 1024 tokens
-(``results/benchmarks/h200_2026-12-01_decode_loop.md``): there the decode step's GPU time, not
-the host, sets the pace. It matters where the host is the bottleneck (a slower host, more runs
-per GPU).
+Where the decode step's GPU time, not the host, sets the pace, that gains little (the small
+models of ``results/benchmarks/h200_2026-12-01_decode_loop.md``); it matters where the host is
+the bottleneck (a slower host, more runs per GPU).
 
 The decode step attends with :func:`rla.rollout.decode_attention.grouped_decode_attention` (sdpa
 models): the grouped K/V heads as they are, and only the first ``W`` cache columns, ``W`` the filled
@@ -78,7 +77,7 @@ class StaticDecoder:
     def __init__(self, model, cache_kw: str, batch: int, max_len: int, *, capture: bool, pad_id: int = 0,
                  attention: str = "grouped"):
         """``attention``: ``"grouped"`` (:mod:`rla.rollout.decode_attention`, sdpa models) or
-        ``"model"`` (the model's own attention over every cache column, as before 2026-12-01)."""
+        ``"model"`` (the model's own attention over every cache column)."""
         from transformers import StaticCache
 
         if attention not in ("grouped", "model"):

@@ -12,7 +12,7 @@ import torch
 
 import rla
 from rla import profiles
-from rla.diagnosis.verify import compare, hf_side
+from rla.engines.twin_compare import compare, hf_side
 
 from align_spec import single_thread, tiny_config, tiny_model, tokens  # noqa: F401
 
@@ -36,7 +36,7 @@ def _flip(p, point):
 
 @pytest.fixture(scope="module", params=list(CASES))
 def twin_run(request, vllm_engine):
-    from rla.engines.twin import VllmTwin
+    from rla.engines.vllm_twin import VllmTwin
 
     model = _model(request.param)
     ids = tokens(2, 24)
@@ -86,7 +86,7 @@ def test_native_ops_run_eagerly_are_hf_rounding_with_an_fp32_sum(vllm_engine):
     """Without Inductor the same native ops round after every bf16 op: the twin then equals the
     profile hf + fp32_sum (vLLM's native add+norm reads the fp32 sum) -- the compiler, not the
     op code, makes vLLM's default path 'fused'."""
-    from rla.engines.twin import VllmTwin
+    from rla.engines.vllm_twin import VllmTwin
 
     model = _model("qwen3")
     ids, positions = tokens(2, 16), torch.arange(16)[None].expand(2, 16)
@@ -97,7 +97,7 @@ def test_native_ops_run_eagerly_are_hf_rounding_with_an_fp32_sum(vllm_engine):
 
 
 def test_twin_refuses_what_it_does_not_cover(vllm_engine):
-    from rla.engines.twin import VllmTwin
+    from rla.engines.vllm_twin import VllmTwin
 
     with pytest.raises(NotImplementedError, match="covers qwen2, qwen3, llama"):
         VllmTwin(tiny_model("mistral"), vllm_engine, "default")
@@ -241,7 +241,7 @@ def test_many_twins_in_one_process_stay_compiled(vllm_engine):
     eagerly, which for a twin would silently be other rounding (the native ops unfused). Each
     twin compiles its pieces on code objects of its own, so the ninth model in a process (a test
     session, a benchmark over many shapes) still gets the compiled twin, bit-equal to rla.align."""
-    from rla.engines.twin import VllmTwin
+    from rla.engines.vllm_twin import VllmTwin
 
     for vocab in range(128, 128 + 10 * 8, 8):  # 10 models, each its own graphs (embedding shape)
         model = tiny_model("qwen2", config=tiny_config("qwen2", vocab_size=vocab, num_hidden_layers=1))

@@ -1,6 +1,6 @@
 """``verify``: an aligned training model against an engine twin, logits and layer by layer.
 
-The twin (:class:`rla.engines.twin.VllmTwin`) and the training model share weights, GEMMs and
+The twin (:class:`rla.engines.vllm_twin.VllmTwin`) and the training model share weights, GEMMs and
 attention, so every difference between them is a rounding location or an arithmetic order. This
 module runs both on the same tokens and measures:
 
@@ -192,7 +192,7 @@ def aligned_side(model, profile, ops=None):
     def run(ids, positions):
         with aligned(model, profile, ops=ops):
             if callable(getattr(ops, "make_forward", None)):  # an engine-backed body forward
-                from rla.engines.forward import recording_streams
+                from rla.engines.vllm_forward import recording_streams
 
                 with recording_streams(model.model) as streams, torch.no_grad():
                     logits = model(input_ids=ids, position_ids=positions).logits

@@ -1,7 +1,7 @@
-"""The engine-backed training forward of vLLM's default mode (``rla.engines.forward``), on CPU.
+"""The engine-backed training forward of vLLM's default mode (``rla.engines.vllm_forward``), on CPU.
 
 vLLM's own native region code, compiled in pieces by Inductor's CPU backend as the twin compiles
-it (``tests/engines/test_engine_twin.py``), runs as the aligned model's forward. Checked:
+it (``tests/engines/test_vllm_twin.py``), runs as the aligned model's forward. Checked:
 
 - the logits are the twin's, bit for bit (the engine's pieces run: nothing of rla's forward);
 - the gradient is rla's gradient of the calibrated profile: on CPU the aligned model with
@@ -31,7 +31,7 @@ CASES = {"qwen2": {}, "qwen3": {}, "llama3": LLAMA3}
 
 @pytest.fixture(scope="module")
 def pieces(vllm_engine):
-    from rla.engines.forward import engine_forward
+    from rla.engines.vllm_forward import engine_forward
 
     return engine_forward(vllm_engine, "default")
 
@@ -50,7 +50,7 @@ def _loss_and_grads(model, ids, positions, attention_mask=None):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_forward_is_the_twins_and_backward_is_rlas(case, vllm_engine, pieces):
-    from rla.engines.twin import VllmTwin
+    from rla.engines.vllm_twin import VllmTwin
 
     model = _model(case)
     ids = tokens(2, 24)
@@ -60,7 +60,7 @@ def test_forward_is_the_twins_and_backward_is_rlas(case, vllm_engine, pieces):
     oracle, hf = copy.deepcopy(model), copy.deepcopy(model)
     rla.align(oracle, "vllm-0.33")
     want_logits, want = _loss_and_grads(oracle, ids, positions)
-    assert torch.equal(want_logits, twin.logits)  # the oracle is exact here (test_engine_twin.py)
+    assert torch.equal(want_logits, twin.logits)  # the oracle is exact here (test_vllm_twin.py)
     _, hf_grads = _loss_and_grads(hf, ids, positions)
 
     report = rla.align(model, "vllm-0.33", ops=pieces)
@@ -103,7 +103,7 @@ def test_padding_mask_reuse_deepcopy_and_unalign(pieces):
 def test_what_is_not_covered_is_refused(vllm_engine, pieces):
     from transformers import DynamicCache
 
-    from rla.engines.forward import engine_forward
+    from rla.engines.vllm_forward import engine_forward
 
     model = _model("qwen2")
     with pytest.raises(ValueError, match="aligns all of"):
@@ -138,8 +138,8 @@ def test_the_forward_runs_the_engines_pieces_not_rlas_ops(vllm_engine, pieces):
     """Where Inductor's CPU kernels reduce a norm in another order than rla's ops (the bundled
     model's hidden size, 256 tokens), rla's forward misses the twin and the engine-backed one
     does not: the forward is the engine's compiled code, not a copy of its rounding."""
-    from rla.diagnosis.verify import aligned_side, compare
-    from rla.engines.twin import VllmTwin
+    from rla.engines.twin_compare import aligned_side, compare
+    from rla.engines.vllm_twin import VllmTwin
     from rla.hf import load_model
     from repo_root import ROOT
 

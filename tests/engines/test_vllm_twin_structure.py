@@ -1,6 +1,6 @@
 """The twin's layout, checked against vLLM 0.33.0's own model code (read from its wheel with ast).
 
-The twin (``rla.engines.twin``) claims vLLM's structure for Qwen2, Qwen3 and Llama: each decoder
+The twin (``rla.engines.vllm_twin``) claims vLLM's structure for Qwen2, Qwen3 and Llama: each decoder
 layer starts with a plain norm (first layer) or a fused add + norm of the previous layer's output
 and residual, the attention's residual add is fused into the post-attention norm, the model ends
 with a fused add + final norm, q/k norms run per head before the rotary embedding (Qwen3), the MLP

@@ -7,7 +7,7 @@ reduced in the order of the kernel Inductor generates for that piece. No per-op 
 that, so :mod:`rla.engines.backed`'s per-op ops cannot serve this mode. This module runs the
 pieces themselves in the training forward:
 
-- **forward** = the engine twin's pieces (:class:`rla.engines.twin.VllmTwin`): vLLM's own native
+- **forward** = the engine twin's pieces (:class:`rla.engines.vllm_twin.VllmTwin`): vLLM's own native
   region code, laid out as vLLM's model code lays it out, compiled by the same torch in the same
   process as vLLM compiles a model (one graph per piece, the token dimension dynamic), with HF's
   own attention function between pieces. The logits are therefore the twin's, bit for bit;
@@ -17,7 +17,7 @@ pieces themselves in the training forward:
   as in HF. The recomputation is a forward of the piece's GEMMs, as activation checkpointing
   does; only the two [tokens, hidden] tensors entering each piece are saved.
 
-Use: ``rla.align(model, "vllm-0.33", ops=rla.engines.forward.engine_forward(vllm.load()))``. The
+Use: ``rla.align(model, "vllm-0.33", ops=rla.engines.vllm_forward.engine_forward(vllm.load()))``. The
 decoder body's forward is replaced (per instance, reversible by ``rla.unalign``); the lm_head and
 the loss stay HF's. It is a forward over whole sequences (training, scoring): no KV cache, no
 ``inputs_embeds``; bf16/fp16 weights on the device the engine runs on; Qwen2, Qwen3, Llama.
@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from rla import ops as rla_ops
 from rla import profiles
 from rla.engines.backed import calibrated_profile, engine_backed
-from rla.engines.twin import MODES, SUPPORTED_FAMILIES, VllmTwin, attention_inputs
+from rla.engines.vllm_twin import MODES, SUPPORTED_FAMILIES, VllmTwin, attention_inputs
 
 __all__ = ["EngineForward", "engine_forward", "recording_streams"]
 
