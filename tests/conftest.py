@@ -6,10 +6,7 @@ import sys
 
 import pytest
 
-VLLM_VERSION = "0.33.0"
-#: A vLLM release with no calibrated row: what profile="vllm" does for an engine it was not measured on.
-VLLM_UNCALIBRATED_VERSION = "0.26.0"
-SGLANG_VERSION = "0.5.23"
+from engine_versions import SGLANG_VERSION, VLLM_UNCALIBRATED_VERSION, VLLM_VERSION
 
 
 def _cached_wheel(name: str, version: str, size: str) -> str:

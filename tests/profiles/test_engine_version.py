@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import VLLM_UNCALIBRATED_VERSION, VLLM_VERSION
+from engine_versions import VLLM_UNCALIBRATED_VERSION, VLLM_VERSION
 from rla.profiles import ProfileVersionWarning, for_engine, get, registry, rollout_version
 from rla.rollout.rollouts import RolloutRecord, load, save
 
@@ -133,7 +133,7 @@ def test_the_version_recorded_in_the_rollouts(tmp_path, monkeypatch):
     assert json.loads(path.read_text().splitlines()[0])["engine_version"] == "0.26.0"
     assert "engine_version" not in json.loads(path.read_text().splitlines()[1])
     assert [r.engine_version for r in load(path)] == ["0.26.0", None]
-    assert rollout_version(path) == "0.26.0" and rollout_version(load(path), "sglang") is None
+    assert rollout_version(load(path)) == "0.26.0" and rollout_version(load(path), "sglang") is None
     with pytest.warns(ProfileVersionWarning, match=r"vllm 0\.26\.0 \(recorded in the rollouts\)"):
         m = for_engine("vllm", records=load(path))
     assert m.source == "rollouts"

@@ -26,7 +26,7 @@ from repo_root import ROOT
 
 #: The floors, lowest first: (name, rooms). ARCHITECTURE.md has one paragraph per floor.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("rla.atomic", "rla.errors", "rla.progress", "rla.hf", "rla.models")),
+    ("base", ("rla.atomic", "rla.errors", "rla.strict_json", "rla.console", "rla.progress", "rla.hf", "rla.models")),
     ("profiles", ("rla.profiles",)),
     ("ops", ("rla.ops", "rla.environment")),
     ("alignment", ("rla.alignment",)),

@@ -63,7 +63,7 @@ def test_lambda_lr_applies_the_factors():
 
 
 def test_changing_steps_on_resume_under_a_cosine_schedule_is_refused(tmp_path):
-    from test_trainer import toy_config
+    from toy_runs import toy_config
 
     from rla.rl.trainer import train
 

@@ -28,7 +28,7 @@ from rla.rl.runlog import read_log
 from rla.rl.trainer import Trainer, train
 
 from repo_root import ROOT
-from test_trainer import assert_same_run, toy_config
+from toy_runs import assert_same_run, toy_config
 
 HERE = Path(__file__).resolve().parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(HERE), str(ROOT / "tests"),

@@ -15,7 +15,7 @@ from rla import ops as rla_ops
 from rla.rl.runlog import deterministic_part, read_log
 from rla.rl.trainer import train
 
-from test_trainer import toy_config
+from toy_runs import toy_config
 
 
 class Recording:

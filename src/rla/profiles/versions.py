@@ -108,13 +108,12 @@ def installed_version(engine: str) -> str | None:
 
 
 def rollout_version(records, engine: str | None = None) -> str | None:
-    """The ``engine_version`` the rollout records carry (records, or the path of a rollout file),
-    among those of ``engine`` when given; None when none carries one. Two different versions in one
-    set of records is a ``ValueError``: they need different rows."""
+    """The ``engine_version`` the rollout records carry (loaded records: this floor does not read
+    files of the rollout floor above it), among those of ``engine`` when given; None when none
+    carries one. Two different versions in one set of records is a ``ValueError``: they need
+    different rows."""
     if isinstance(records, (str, os.PathLike)):
-        from rla.rollout.rollouts import iter_load
-
-        records = iter_load(records)
+        raise TypeError("rollout_version takes loaded records (rla.rollout.rollouts.load(path)), not a path")
     versions = set()
     for r in records:
         v = getattr(r, "engine_version", None)
