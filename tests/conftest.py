@@ -64,3 +64,11 @@ def vllm_engine(vllm_wheel):
     from rla.engines import vllm
 
     return vllm.load(vllm_wheel)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The CPU the run was made on, in every run's summary (``-q`` included): the suite's bit-level
+    tests measure the CPU's behaviour at run time, so a CI log says which behaviour it measured."""
+    from rla.environment import cpu_model
+
+    terminalreporter.write_line(f"rla tests ran on: {cpu_model()}")
