@@ -33,10 +33,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from rla.engines.live_calibration import score, search  # noqa: E402
+
 BF16 = torch.bfloat16
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 PROMPT_LENGTHS = (512, 2048, 4096)
-BUCKETS = ((0, 1024), (1024, 4096), (4096, 16384), (16384, 1 << 30))
 
 
 def stamp() -> dict:
@@ -116,97 +117,6 @@ def run_engine(path: Path, mode: str, out: Path, long_tokens: int, decode_tokens
 
 
 # -- stage compare ----------------------------------------------------------------------------------
-
-def train_logprobs(model, ids: list[int]) -> torch.Tensor:
-    """log pi of tokens 1..n-1 from one forward over the whole sequence (what a trainer does),
-    the head in chunks: vLLM's ``log_softmax(bf16 logits, dtype=float32)``."""
-    x = torch.tensor(ids, device=DEV)[None]
-    with torch.no_grad():
-        h = model.model(input_ids=x).last_hidden_state[0]
-        out = []
-        for s in range(0, len(ids) - 1, 4096):
-            e = min(s + 4096, len(ids) - 1)
-            lp = model.lm_head(h[s:e]).log_softmax(-1, dtype=torch.float32)
-            out.append(lp.gather(-1, x[0, s + 1:e + 1, None])[:, 0])
-    return torch.cat(out).double().cpu()
-
-
-def stats(train: list[torch.Tensor], engine: list[torch.Tensor], offsets: list[int] | None = None) -> dict:
-    t, e = torch.cat(train), torch.cat(engine)
-    d = t - e
-    k3 = (torch.exp(d) - 1 - d)
-    row = {"tokens": int(d.numel()), "equal": float((d == 0).double().mean()), "k3": float(k3.mean()),
-           "mean_abs": float(d.abs().mean()), "max_abs": float(d.abs().max())}
-    if offsets is not None:  # per position bucket (position of the scored token)
-        pos = torch.cat([torch.arange(len(x)) + 1 + o for x, o in zip(train, offsets)])
-        row["by_position"] = {f"{lo}-{hi}": {"equal": float((d[(pos >= lo) & (pos < hi)] == 0).double().mean()),
-                                             "k3": float(k3[(pos >= lo) & (pos < hi)].mean())}
-                              for lo, hi in BUCKETS if ((pos >= lo) & (pos < hi)).any()}
-    return row
-
-
-def score(model, profile, prompts, pre, records) -> dict:
-    from rla.alignment import aligned
-    import contextlib
-
-    ctx = aligned(model, profile) if profile is not None else contextlib.nullcontext()
-    with ctx:
-        tp = [train_logprobs(model, p) for p in prompts]
-        td = [train_logprobs(model, r.prompt_ids + r.response_ids)[len(r.prompt_ids) - 1:] for r in records]
-    ep = [torch.tensor(x, dtype=torch.float64) for x in pre]
-    ed = [torch.tensor(r.logprobs, dtype=torch.float64) for r in records]
-    return {"prefill": stats(tp, ep, [0] * len(tp)), "decode": stats(td, ed)}
-
-
-def better(a: dict, b: dict | None) -> bool:
-    if b is None:
-        return True
-    return (-a["prefill"]["k3"], a["prefill"]["equal"]) > (-b["prefill"]["k3"], b["prefill"]["equal"])
-
-
-def search(model, start, prompts, pre, records, log) -> tuple:
-    """Region by region, every combination of the region's points with the other regions held at
-    the best so far (a region's points interact: one flip at a time gets stuck), until a sweep
-    changes nothing (at most two sweeps). Then each point of the best row is flipped alone, so
-    the result says which points this model decides (a point no layer exercises ties)."""
-    import itertools
-
-    from rla.profiles import POINTS, REGION_POINTS
-
-    best, best_score = start, score(model, start, prompts, pre, records)
-    tried = [{"points": start.points(), **best_score}]
-    for _ in range(2):
-        changed = False
-        for region, points in REGION_POINTS.items():
-            for combo in itertools.product(*(POINTS[p] for p in points)):
-                change = dict(zip(points, combo))
-                cand = best.replace(**change)
-                if cand.points() == best.points():
-                    continue
-                try:
-                    s = score(model, cand, prompts, pre, records)
-                except NotImplementedError as e:  # a combination rla.align refuses: say so, go on
-                    tried.append({"points": cand.points(), "error": str(e)})
-                    continue
-                tried.append({"points": cand.points(), **s})
-                if better(s, best_score):
-                    best, best_score, changed = cand, s, True
-                    log(f"    {region} {change}: prefill eq {s['prefill']['equal']:.4%} k3 {s['prefill']['k3']:.3e}")
-        if not changed:
-            break
-    flips = {}
-    for point, allowed in POINTS.items():
-        other = next(v for v in allowed if v != getattr(best, point))
-        try:
-            s = score(model, best.replace(**{point: other}), prompts, pre, records)
-        except NotImplementedError as e:
-            flips[point] = {"other": other, "error": str(e)}
-            continue
-        flips[point] = {"other": other, "prefill_equal": s["prefill"]["equal"], "prefill_k3": s["prefill"]["k3"],
-                        "decided": s["prefill"]["equal"] != best_score["prefill"]["equal"]
-                        or s["prefill"]["k3"] != best_score["prefill"]["k3"]}
-    return best, best_score, tried, flips
-
 
 def run_compare(folder: Path, ckpt_root: Path, out: Path, do_search: bool, families: list[str], layers: list[str]) -> None:
     import transformers

@@ -1,0 +1,131 @@
+"""Model-level calibration against a live engine: score a training model's logprobs of the
+engine's own tokens under a row, and search the rounding points for the row that reproduces them.
+
+The engine's side is plain data -- prompt logprobs (prefill) and rollout records (decode), e.g.
+from :mod:`rla.engines.vllm_live` -- so the same search runs against a real engine on a GPU or,
+in the tests, against an aligned model standing in for one. The training side is one forward per
+sequence (what a trainer does), the LM head in chunks, ``log_softmax(bf16 logits, dtype=float32)``
+as vLLM computes its logprobs.
+
+The search goes group by group (:data:`GROUPS`): every combination of a group's points with the
+other points held at the best so far, because points interact and one flip at a time gets stuck;
+at most two sweeps. A group is a region (:data:`rla.profiles.REGION_POINTS`) together with the
+SwiGLU point: SwiGLU's output is what the MLP's residual add and the next norm read, so a wrong
+``swiglu`` can make a wrong norm point look better than the right one, and the two are only
+found together (the bundled model aligned under ``vllm-0.33-eager`` and searched from
+``vllm-0.33``, region by region, stopped at ``swiglu=fused`` with ``residual_stream=fp32_carry``). The objective is prefill k3 (it
+moves with every point, where the bit-equal fraction needs every point right at once), then the
+bit-equal fraction. Each point of the best row is then flipped alone, so the result says which
+points the model decides: a point no layer exercises (q/k norms in a model without them) ties.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import torch
+
+from rla.alignment import aligned
+from rla.profiles import POINTS, REGION_POINTS
+
+__all__ = ["train_logprobs", "stats", "score", "better", "search", "BUCKETS", "GROUPS"]
+
+GROUPS: tuple[tuple[str, ...], ...] = tuple(
+    tuple(dict.fromkeys(points + REGION_POINTS["swiglu"])) for region, points in REGION_POINTS.items()
+    if region != "swiglu"
+)
+"""The point groups searched jointly: each region's points with SwiGLU's (module docstring)."""
+
+BUCKETS = ((0, 1024), (1024, 4096), (4096, 16384), (16384, 1 << 30))
+"""Position buckets of the per-position statistics (the scored token's position)."""
+
+HEAD_CHUNK = 4096
+"""Rows of the LM head computed at once."""
+
+
+def train_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """log pi of tokens 1..n-1 from one forward over the whole sequence (what a trainer does),
+    the head in chunks: vLLM's ``log_softmax(bf16 logits, dtype=float32)``."""
+    x = torch.tensor(ids, device=next(model.parameters()).device)[None]
+    with torch.no_grad():
+        h = model.model(input_ids=x).last_hidden_state[0]
+        out = []
+        for s in range(0, len(ids) - 1, HEAD_CHUNK):
+            e = min(s + HEAD_CHUNK, len(ids) - 1)
+            lp = model.lm_head(h[s:e]).log_softmax(-1, dtype=torch.float32)
+            out.append(lp.gather(-1, x[0, s + 1:e + 1, None])[:, 0])
+    return torch.cat(out).double().cpu()
+
+
+def stats(train: list[torch.Tensor], engine: list[torch.Tensor], offsets: list[int] | None = None) -> dict:
+    """Bit-equal fraction, k3, mean and max abs delta of ``train`` against ``engine`` (fp64);
+    with ``offsets`` (each sequence's first position) also per position bucket."""
+    t, e = torch.cat(train), torch.cat(engine)
+    d = t - e
+    k3 = (torch.exp(d) - 1 - d)
+    row = {"tokens": int(d.numel()), "equal": float((d == 0).double().mean()), "k3": float(k3.mean()),
+           "mean_abs": float(d.abs().mean()), "max_abs": float(d.abs().max())}
+    if offsets is not None:  # per position bucket (position of the scored token)
+        pos = torch.cat([torch.arange(len(x)) + 1 + o for x, o in zip(train, offsets)])
+        row["by_position"] = {f"{lo}-{hi}": {"equal": float((d[(pos >= lo) & (pos < hi)] == 0).double().mean()),
+                                             "k3": float(k3[(pos >= lo) & (pos < hi)].mean())}
+                              for lo, hi in BUCKETS if ((pos >= lo) & (pos < hi)).any()}
+    return row
+
+
+def score(model, profile, prompts, pre, records) -> dict:
+    """Prefill and decode statistics of ``model`` under ``profile`` (None: as it is) against the
+    engine's prompt logprobs ``pre`` (one list per prompt, tokens 1..n-1) and ``records``."""
+    ctx = aligned(model, profile) if profile is not None else contextlib.nullcontext()
+    with ctx:
+        tp = [train_logprobs(model, p) for p in prompts]
+        td = [train_logprobs(model, r.prompt_ids + r.response_ids)[len(r.prompt_ids) - 1:] for r in records]
+    ep = [torch.tensor(x, dtype=torch.float64) for x in pre]
+    ed = [torch.tensor(r.logprobs, dtype=torch.float64) for r in records]
+    return {"prefill": stats(tp, ep, [0] * len(tp)), "decode": stats(td, ed)}
+
+
+def better(a: dict, b: dict | None) -> bool:
+    """Does score ``a`` beat ``b``: lower prefill k3, then more bit-equal logprobs."""
+    if b is None:
+        return True
+    return (-a["prefill"]["k3"], a["prefill"]["equal"]) > (-b["prefill"]["k3"], b["prefill"]["equal"])
+
+
+def search(model, start, prompts, pre, records, log) -> tuple:
+    """The best row from ``start`` (module docstring): ``(row, its score, every row tried,
+    each point's flip)``; ``log(message)`` is told of each improvement."""
+    best, best_score = start, score(model, start, prompts, pre, records)
+    tried = [{"points": start.points(), **best_score}]
+    for _ in range(2):
+        changed = False
+        for points in GROUPS:
+            for combo in itertools.product(*(POINTS[p] for p in points)):
+                change = dict(zip(points, combo))
+                cand = best.replace(**change)
+                if cand.points() == best.points():
+                    continue
+                try:
+                    s = score(model, cand, prompts, pre, records)
+                except NotImplementedError as e:  # a combination rla.align refuses: say so, go on
+                    tried.append({"points": cand.points(), "error": str(e)})
+                    continue
+                tried.append({"points": cand.points(), **s})
+                if better(s, best_score):
+                    best, best_score, changed = cand, s, True
+                    log(f"    {change}: prefill eq {s['prefill']['equal']:.4%} k3 {s['prefill']['k3']:.3e}")
+        if not changed:
+            break
+    flips = {}
+    for point, allowed in POINTS.items():
+        other = next(v for v in allowed if v != getattr(best, point))
+        try:
+            s = score(model, best.replace(**{point: other}), prompts, pre, records)
+        except NotImplementedError as e:
+            flips[point] = {"other": other, "error": str(e)}
+            continue
+        flips[point] = {"other": other, "prefill_equal": s["prefill"]["equal"], "prefill_k3": s["prefill"]["k3"],
+                        "decided": s["prefill"]["equal"] != best_score["prefill"]["equal"]
+                        or s["prefill"]["k3"] != best_score["prefill"]["k3"]}
+    return best, best_score, tried, flips
