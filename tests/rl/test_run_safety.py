@@ -135,7 +135,7 @@ def test_kill_9_of_experiment_stops_its_runs_and_the_resume_finishes_them_unmixe
                             stderr=subprocess.STDOUT, start_new_session=True)
     runs = [out / "runs" / f"micro__bf16__s{s}" for s in (0, 1)]
     try:
-        assert _wait(lambda: all(len(read_log(r / "log.jsonl")) >= 2 for r in runs), 240), "runs never started"
+        assert _wait(lambda: all(len(read_log(r / "log.jsonl")) >= 2 for r in runs), 600), "runs never started"
         pids = [owner(r)["pid"] for r in runs]
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -287,6 +287,7 @@ def _guard(body: torch.nn.Module, report: AlignmentReport) -> None:
     """What every alignment leaves on the body: its report, its pickling, its dtype guard."""
     body.__dict__[_STATE_ATTR] = report
     body.__dict__[_REDUCE_ATTR] = _AlignedReduce(body)
+    body.__dict__[_DEEPCOPY_ATTR] = _AlignedDeepcopy(body)
     dtype = next((t.dtype for t in body.parameters() if t.is_floating_point()), None)
     if dtype in (torch.bfloat16, torch.float16):
         report.__dict__["_dtype_hook"] = body.register_forward_pre_hook(_DtypeGuard(dtype))
@@ -322,6 +323,7 @@ class _DtypeGuard:
 
 
 _REDUCE_ATTR = "__reduce_ex__"
+_DEEPCOPY_ATTR = "__deepcopy__"
 
 
 class _AlignedReduce:
@@ -337,10 +339,31 @@ class _AlignedReduce:
         if "_ops_object" in report.__dict__:
             raise TypeError(
                 f"this model is aligned with ops={report.ops!r}, which cannot be pickled (it holds an engine). "
-                "Call rla.unalign(model) before torch.save / pickle / copy.deepcopy, or save the weights with "
+                "Call rla.unalign(model) before torch.save / pickle, or save the weights with "
                 "model.save_pretrained(...) and align the loaded model again"
             )
         return _restore_aligned, (_unpatched_copy(self.body, {}), report.profile, report.regions)
+
+
+class _AlignedDeepcopy:
+    """``copy.deepcopy`` of an aligned body: what pickling gives (its unpatched copy, aligned again),
+    except for an alignment with engine ``ops`` (an engine cannot be pickled, but a deep copy needs
+    no pickle): that body is copied as PyTorch copies any module, patches and all, the ops object
+    shared, so the copy runs the engine's pieces on its own weights."""
+
+    def __init__(self, body: torch.nn.Module):
+        self.body = body
+
+    def __call__(self, memo):
+        import copy
+
+        report = self.body.__dict__.get(_STATE_ATTR)
+        engine_backed = report is not None and "_ops_object" in report.__dict__
+        if engine_backed:  # the ops are code (an engine, a module of functions): shared, not copied
+            ops = report.__dict__["_ops_object"]
+            memo[id(ops)] = ops
+        rv = object.__reduce_ex__(self.body, 4) if engine_backed else self.body.__reduce_ex__(4)
+        return copy._reconstruct(self.body, memo, *rv)
 
 
 def _unpatched_copy(module: torch.nn.Module, memo: dict) -> torch.nn.Module:
@@ -352,7 +375,7 @@ def _unpatched_copy(module: torch.nn.Module, memo: dict) -> torch.nn.Module:
     new = module.__class__.__new__(module.__class__)
     memo[id(module)] = new
     d = dict(module.__dict__)
-    for name in (_STATE_ATTR, _REDUCE_ATTR):
+    for name in (_STATE_ATTR, _REDUCE_ATTR, _DEEPCOPY_ATTR):
         d.pop(name, None)
     if any(isinstance(h, _DtypeGuard) for h in d.get("_forward_pre_hooks", {}).values()):
         d["_forward_pre_hooks"] = type(d["_forward_pre_hooks"])(
@@ -432,6 +455,7 @@ def unalign(model: torch.nn.Module) -> AlignmentReport | None:
     for m in patched:
         uninstall(m)
     body.__dict__.pop(_REDUCE_ATTR, None)
+    body.__dict__.pop(_DEEPCOPY_ATTR, None)
     report = body.__dict__.pop(_STATE_ATTR, None)
     hook = None if report is None else report.__dict__.pop("_dtype_hook", None)
     if hook is not None:
