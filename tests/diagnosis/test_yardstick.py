@@ -4,7 +4,9 @@ Every case is the bundled model's own rollouts (its aligned vllm stack) with one
 and no other rounding: the records' temperature or top-p replaced by one they were not sampled
 with, a degenerate temperature, an ``engine`` field contradicting the profile. None is reported as
 rounding; each names its cause. The clean rollouts still give the rounding verdict, and the
-settings check's scale is measured at fixed settings, whatever the records say.
+settings check's scale is measured at fixed settings, whatever the records say. Weights that do
+not match the rollout's (1% weight noise, half the records from a 2%-noised checkpoint) are named
+``different_model`` while their k3 is inside the size-based bound (2.75x and 8.4x the scale here).
 """
 
 import dataclasses
@@ -89,3 +91,30 @@ def test_cli_exits_3_on_a_recorded_temperature_the_logprobs_do_not_fit(bundled, 
                  "--profile", "vllm", "--out", str(tmp_path / "rep")]) == 3
     out = capsys.readouterr().out.replace("\n", " ")
     assert "within what rounding produces" not in out and "not the recorded settings" in out
+
+
+def _noised(model, scale, seed=1):
+    import copy
+
+    import torch
+
+    m = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn(p.shape, generator=g).to(p.dtype) * scale * p.float().std().to(p.dtype))
+    return m
+
+
+@pytest.mark.parametrize("case", ["noise_1pct", "half_from_another_checkpoint"])
+def test_weights_that_do_not_match_within_roundings_size_are_named(bundled, clean, case):
+    model, prompts = bundled
+    if case == "noise_1pct":
+        recs = sample(_noised(model, 0.01), prompts)
+    else:
+        recs = clean[:5] + sample(_noised(model, 0.02), prompts)[5:]
+    d = diagnose(model, recs, "vllm", regions=("rope",), detect=False)
+    assert d.verdict.ratio < 10  # the premise: within the size-based bound, where it read as rounding
+    assert not d.verdict.ok and d.verdict.cause == "different_model", d.verdict.message
+    assert "within what rounding produces" not in d.verdict.message
+    assert "Shapley" not in to_markdown(d)
