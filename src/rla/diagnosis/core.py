@@ -295,8 +295,7 @@ def diagnose(
         settings = check_settings(model, records, profile_groups(), reference, by_group, mu, mask, sizes, bar)
         detection = _detection(by_group, mu, mask)
         if prof is None:
-            prof = get_profile(detection.best[0])
-            check_engine(records, prof)
+            prof = get_profile(detection.best[0])  # detected: the engine field is not checked against a guess
         elif not detect:
             detection = None
         combos = subsets(tuple(regions))
