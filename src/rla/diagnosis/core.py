@@ -3,9 +3,13 @@
 Order of work, cheapest refusal first:
 
 1. The records are checked against the model (:mod:`.inputs`): positions past
-   ``max_position_embeddings`` are refused, exact duplicates counted once.
+   ``max_position_embeddings``, a temperature below 1e-5 and an ``engine`` field naming another
+   engine than the profile's row are refused, exact duplicates counted once.
 2. The fully aligned forward under every known profile and an fp32 forward of the same weights
    give the rounding scale (:mod:`.scale`) and, for free, the profile detection.
+   The records' sampling settings are checked on a scale measured at fixed settings
+   (:mod:`.settings`: temperature 1, no top-k / top-p), which the records cannot move; a
+   contradiction is the verdict, before any attribution.
 3. The verdict (:mod:`.verdict`): a mismatch far beyond the scale is explained by what is wrong with
    the input (raw logprobs, a wrong temperature, corrupt logprobs, a different model), a profile
    that increases the mismatch is said to, and only otherwise is the mismatch attributed.
@@ -26,10 +30,11 @@ import torch
 
 import rla.metrics as M
 from rla.diagnosis.attribution import shapley, subsets
-from rla.diagnosis.inputs import check_records
+from rla.diagnosis.inputs import check_engine, check_records
 from rla.diagnosis.passes import Sizes, forward_pass, per_sequence_k3
 from rla.progress import Progress
 from rla.diagnosis.scale import RoundingScale, fp32_reference, rounding_scale
+from rla.diagnosis.settings import SettingsCheck, check_settings
 from rla.diagnosis.temperature import FACTORS, ONE, fit_rows, fit_temperature
 from rla.diagnosis.verdict import Verdict, judge
 from rla.profiles import REGIONS, RoundingProfile, for_engine, names as profile_names, get as get_profile, resolve
@@ -112,6 +117,8 @@ class Diagnosis:
     detection: Detection | None = None
     verdict: Verdict | None = None
     scale: RoundingScale | None = None
+    settings: SettingsCheck | None = None
+    """The records' sampling settings checked at fixed settings (:mod:`.settings`), before the verdict."""
     n_input: int = 0
     """Records given, duplicates included."""
     duplicates: int = 0
@@ -134,6 +141,7 @@ class Diagnosis:
             "n_tokens": self.n_tokens,
             "verdict": self.verdict.to_dict() if self.verdict is not None else None,
             "rounding_scale": self.scale.to_dict() if self.scale is not None else None,
+            "settings_check": self.settings.to_dict() if self.settings is not None else None,
             "input_notes": self.input_notes,
             "long_inputs": self.long_inputs,
             "metrics": self.metrics,
@@ -270,6 +278,8 @@ def diagnose(
     _check_unaligned(model)
     check = check_records(model, records)
     records = check.records
+    if prof is not None:
+        check_engine(records, prof)
     mu, mask = M.pad_rows([np.asarray(r.logprobs, dtype=np.float64) for r in records])
     bar = Progress(progress, transient=True)
     try:
@@ -282,9 +292,10 @@ def diagnose(
                                       mu[rows][:, :width], mask[rows][:, :width],
                                       indices=[check.indices[i] for i in rows],
                                       temperatures=[records[i].temperature for i in rows])
+        settings = check_settings(model, records, profile_groups(), reference, by_group, mu, mask, sizes, bar)
         detection = _detection(by_group, mu, mask)
         if prof is None:
-            prof = get_profile(detection.best[0])
+            prof = get_profile(detection.best[0])  # detected: the engine field is not checked against a guess
         elif not detect:
             detection = None
         combos = subsets(tuple(regions))
@@ -305,7 +316,9 @@ def diagnose(
         attribution = {m: shapley({k: v[m] for k, v in values.items()}, tuple(regions)) for m in ATTRIBUTED}
         none, full = values[frozenset()], values[frozenset(regions)]
         unexplained = {m: (full[m] / none[m] if none[m] > 0 else float("nan")) for m in ATTRIBUTED}
-        verdict = judge(model, records, check.indices, mu, mask, scale, {group_label(g): v for g, v in by_group.items()},
+        verdict = Verdict("beyond_rounding", settings.cause, settings.message,
+                          settings.k3_recorded / settings.scale.k3 if settings.scale.k3 > 0 else float("inf"),
+                          list(check.indices)) if settings.cause is not None else judge(model, records, check.indices, mu, mask, scale, {group_label(g): v for g, v in by_group.items()},
                         prof.name, seq[frozenset()], seq[frozenset(regions)], tuple(regions),
                         sizes=sizes, bar=bar, temperature=temperature)
     finally:
@@ -323,6 +336,7 @@ def diagnose(
         detection=detection,
         verdict=verdict,
         scale=scale,
+        settings=settings,
         n_input=check.n_input,
         duplicates=check.duplicates,
         input_notes=[n for n in (check.note(), match and match.version and match.message()) if n],
