@@ -114,7 +114,7 @@ def test_temporary_checkpoint_names_are_a_writers_own(tmp_path):
 
 def _experiment_grid(path: Path, steps: int) -> Path:
     path.write_text(f"""
-base: {{arch: qwen2, size: micro, init: random, task: "test_trainer:ToyTask", difficulty: 1, prompts_per_step: 2,
+base: {{arch: qwen2, size: micro, init: random, task: "toy_runs:ToyTask", difficulty: 1, prompts_per_step: 2,
         group_size: 4, max_new_tokens: 8, device: cpu, lr: 3.0e-3, checkpoint_every: 1, steps: {steps}}}
 models: {{micro: {{}}}}
 arms: {{bf16: {{train_precision: bf16}}}}
@@ -135,7 +135,7 @@ def test_kill_9_of_experiment_stops_its_runs_and_the_resume_finishes_them_unmixe
                             stderr=subprocess.STDOUT, start_new_session=True)
     runs = [out / "runs" / f"micro__bf16__s{s}" for s in (0, 1)]
     try:
-        assert _wait(lambda: all(len(read_log(r / "log.jsonl")) >= 2 for r in runs), 600), "runs never started"
+        assert _wait(lambda: all(len(read_log(r / "log.jsonl")) >= 2 for r in runs), 240), "runs never started"
         pids = [owner(r)["pid"] for r in runs]
         proc.send_signal(signal.SIGKILL)
         proc.wait()
