@@ -18,12 +18,13 @@ FILES = ("compare_l4.json", "compare_l4_qwen3.json", "compare_l28.json")
 SIDES = ("hf", "vllm-0.33", "vllm-0.33-eager")
 
 
-def rows(folder: Path) -> list[dict]:
+def entries(folder: Path, key: str) -> list[dict]:
+    """``key`` (``rows`` or ``search``) of every compare file of ``folder``, in :data:`FILES` order."""
     out = []
     for name in FILES:
         path = folder / name
         if path.is_file():
-            out += json.loads(path.read_text())["rows"]
+            out += json.loads(path.read_text())[key]
     return out
 
 
@@ -32,7 +33,7 @@ def removed(base: float, k3: float) -> str:
 
 
 def render(folder: Path) -> str:
-    by = {(r["model"], r["mode"], r["side"]): r for r in rows(folder)}
+    by = {(r["model"], r["mode"], r["side"]): r for r in entries(folder, "rows")}
     cases = sorted({(m, mode) for m, mode, _ in by}, key=lambda c: (int(c[0].rsplit("-L", 1)[1]), c[0], c[1]))
     head = ("| model | engine mode | side | prefill bit-equal | prefill k3 | k3 removed | max abs dlogp "
             "| decode k3 | decode k3 removed |\n|---|---|---|---|---|---|---|---|---|")
@@ -51,15 +52,6 @@ def render(folder: Path) -> str:
     return "\n".join(lines)
 
 
-def searches(folder: Path) -> list[dict]:
-    out = []
-    for name in FILES:
-        path = folder / name
-        if path.is_file():
-            out += json.loads(path.read_text())["search"]
-    return out
-
-
 def render_search(folder: Path) -> str:
     """Per searched model and mode: the row the search started from, the points where the best
     row differs from it, and each point's flip (the best row with that point alone changed)."""
@@ -68,7 +60,7 @@ def render_search(folder: Path) -> str:
     lines = ["| model | engine mode | start row | best row differs in | best k3 | start k3 | "
              + " | ".join(f"flip {p}" for p in POINTS) + " |",
              "|---|---|---|---|---|---|" + "---|" * len(POINTS)]
-    for s in sorted(searches(folder), key=lambda s: (s["model"], s["mode"])):
+    for s in sorted(entries(folder, "search"), key=lambda s: (s["model"], s["mode"])):
         start = s["tried"][0]
         diff = [f"{k}={v}" for k, v in s["best"].items() if start["points"][k] != v] or ["nothing"]
         flips = []
@@ -81,13 +73,17 @@ def render_search(folder: Path) -> str:
     return "\n".join(lines)
 
 
+def _span(text: str, begin: str, end: str) -> tuple[int, int]:
+    return text.index(begin) + len(begin), text.index(end)
+
+
 def block(text: str, begin: str = BEGIN, end: str = END) -> str:
-    a, b = text.index(begin) + len(begin), text.index(end)
+    a, b = _span(text, begin, end)
     return text[a:b].strip("\n")
 
 
 def _put(text: str, begin: str, end: str, body: str) -> str:
-    a, b = text.index(begin) + len(begin), text.index(end)
+    a, b = _span(text, begin, end)
     return text[:a] + "\n" + body + "\n" + text[b:]
 
 

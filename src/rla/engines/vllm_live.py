@@ -33,7 +33,7 @@ import importlib.metadata
 import importlib.util
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from rla.engines.source import EngineNotFound, EngineUnavailable
 from rla.rollout.rollouts import RolloutRecord
