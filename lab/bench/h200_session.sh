@@ -13,6 +13,10 @@
 #   hosttime  lab/bench/host_time.py for this tree and for commit $OLD_REV (host us per op call)
 #   opsiso    per-op benchmark, each implementation in its own process ($OPS_IMPLS, default rla liger hf)
 #   e2e       end-to-end training step through rla.align, 1.5B and 7B shapes ($E2E_VARIANTS)
+#   e2eold    the e2e step of commit $OLD_REV and of this tree, alternating (E2E_ORDER, default
+#             "old new old"), variants $E2E_OLD_VARIANTS (default hf-bf16 rla-vllm): the same step
+#             before and after a restructuring, each run with its own HF baseline
+#   gpupick   pytest on CUDA of $GPU_TESTS (files or node ids, space separated), log r/gpupick.log
 # Every stage has its own timeout and writes under $OUT; results come back as $OUT/results.tgz
 # (and $OUT/grpo.tgz: the experiment folder without checkpoints).
 set -o pipefail
@@ -97,6 +101,22 @@ if has e2e; then
   mkdir -p "$OUT/r/e2e"
   timeout $(cap 200) python3 -m rla.cli bench e2e --variants ${E2E_VARIANTS:-hf-bf16 rla-vllm rla-sglang} --out "$OUT/r/e2e" > "$OUT/r/e2e.log" 2>&1; echo rc=$?
   grep -E "^qwen|^- " "$OUT/r/e2e.log" | cut -c1-200
+fi
+if has e2eold; then
+  stamp e2eold
+  [[ -d /tmp/old/src ]] || { mkdir -p /tmp/old && git archive "${OLD_REV:-HEAD~1}" src | tar -x -C /tmp/old; }
+  i=0
+  for v in ${E2E_ORDER:-old new old}; do
+    i=$((i + 1)); src=$PWD/src; [[ $v == old ]] && src=/tmp/old/src
+    d="$OUT/r/e2e-$v$i"; mkdir -p "$d"
+    PYTHONPATH=$src:$PYTHONPATH timeout $(cap 150) python3 -m rla.cli bench e2e --variants ${E2E_OLD_VARIANTS:-hf-bf16 rla-vllm} --out "$d" > "$d.log" 2>&1; echo "$v$i rc=$?"
+    grep -E "^qwen|^- " "$d.log" | cut -c1-200
+  done
+fi
+if has gpupick; then
+  stamp gpupick
+  timeout $(cap 120) python3 -m pytest -q -p no:cacheprovider $GPU_TESTS > "$OUT/r/gpupick.log" 2>&1; echo rc=$?
+  grep -E "passed|failed|FAILED|Error" "$OUT/r/gpupick.log" | tail -15 | cut -c1-300
 fi
 if has grpo; then
   stamp grpo
