@@ -248,3 +248,33 @@ def test_many_twins_in_one_process_stay_compiled(vllm_engine):
         ids, positions = tokens(1, 12, vocab=vocab), torch.arange(12)[None]
         out = VllmTwin(model, vllm_engine, "default")(ids, positions)
         assert _side(model, "vllm-0.33", out, ids, positions).logits_equal == 1.0, vocab
+
+
+def test_merged_gemms_compute_each_projection_from_its_rows_of_one_gemm(vllm_engine):
+    """``merged_gemms``: q/k/v and gate/up from one GEMM over the concatenated weights (vLLM's
+    QKVParallelLinear / MergedColumnParallelLinear). Each output column is a dot product over the
+    same row of the same weights, so the split outputs equal the per-projection GEMMs wherever the
+    BLAS kernel does not change with the output width, and the layer's streams stay within bf16
+    noise of the unmerged twin everywhere; a split in the wrong order or at the wrong sizes moves
+    them by O(1)."""
+    from rla.engines.vllm_twin import VllmTwin
+
+    model = _model("qwen3")  # q/k norms after the split, QKV of different widths (GQA)
+    ids = tokens(2, 24)
+    plain = VllmTwin(model, vllm_engine, "native")(ids)
+    merged_twin = VllmTwin(model, vllm_engine, "native", merged_gemms=True)
+    w = merged_twin.layers[0]
+    assert torch.equal(w["wqkv"], torch.cat((w["wq"], w["wk"], w["wv"])))
+    assert torch.equal(w["wgu"], torch.cat((w["wg"], w["wu"])))
+    merged = merged_twin(ids)
+    for a, b in zip(plain.layers, merged.layers):
+        scale = a.float().abs().amax()
+        assert (a.float() - b.float()).abs().amax() <= 0.05 * scale
+    assert (plain.logits.float() - merged.logits.float()).abs().amax() <= 0.05 * plain.logits.float().abs().amax()
+
+
+def test_inductor_options_belong_to_the_compiled_mode(vllm_engine):
+    from rla.engines.vllm_twin import VllmTwin
+
+    with pytest.raises(ValueError, match="compiled default mode"):
+        VllmTwin(_model("qwen2"), vllm_engine, "native", inductor_options={"combo_kernels": True})

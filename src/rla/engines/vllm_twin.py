@@ -95,9 +95,18 @@ class VllmTwin:
 
     ``engine`` is :func:`rla.engines.vllm.load`'s result; ``library`` (eager mode) names vLLM's
     kernel library if it is not in the engine's package.
+
+    ``inductor_options`` (default mode): Inductor configuration the pieces compile under, e.g. the
+    engine's own ``CompilationConfig().inductor_compile_config`` read from its package at run time
+    (vLLM sets ``combo_kernels`` and ``benchmark_combo_kernel``, which decide how kernels are
+    grouped); None compiles with stock Inductor. ``merged_gemms``: q/k/v and gate/up as one GEMM
+    each over the concatenated weights, then split, as vLLM's ``QKVParallelLinear`` and
+    ``MergedColumnParallelLinear`` compute them (the GEMM's shape picks the BLAS kernel, and with
+    it the reduction order); False keeps one GEMM per projection.
     """
 
-    def __init__(self, model, engine, mode: str = "default", library: str | None = None):
+    def __init__(self, model, engine, mode: str = "default", library: str | None = None, *,
+                 inductor_options: dict | None = None, merged_gemms: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         cfg = model.config
@@ -106,7 +115,10 @@ class VllmTwin:
                 f"the vLLM twin covers {', '.join(SUPPORTED_FAMILIES)}; this model is {cfg.model_type!r}"
             )
         body = model.model
+        if inductor_options and mode != "default":
+            raise ValueError(f"inductor_options apply to the compiled default mode, not {mode!r}")
         self.model, self.engine, self.mode = model, engine, mode
+        self.merged_gemms = merged_gemms
         self.dtype = body.embed_tokens.weight.dtype
         self.device = body.embed_tokens.weight.device
         self.eps = float(cfg.rms_norm_eps)
@@ -120,7 +132,7 @@ class VllmTwin:
             self.head_dim, rotary_dim, cfg.max_position_embeddings, rp["rope_theta"], scaling,
             dtype=self.dtype, device=self.device,
         )
-        self.layers = [self.layer_weights(layer) for layer in body.layers]
+        self.layers = [self.layer_weights(layer, merged_gemms) for layer in body.layers]
         self.final_norm = body.norm.weight
         self.embed = body.embed_tokens.weight
         self.lm_head = model.lm_head.weight
@@ -139,12 +151,14 @@ class VllmTwin:
         self.first, self.middle, self.last = self._first_piece, self._middle_piece, self._last_piece
         if mode == "default":
             self.first, self.middle, self.last = (
-                _compiled(self._first_piece), _compiled(self._middle_piece), _compiled(self._last_piece)
+                _compiled(self._first_piece, inductor_options), _compiled(self._middle_piece, inductor_options),
+                _compiled(self._last_piece, inductor_options),
             )
 
     @staticmethod
-    def layer_weights(layer):
-        """One decoder layer's tensors by the names the pieces read (read anew at each call)."""
+    def layer_weights(layer, merged_gemms: bool = False):
+        """One decoder layer's tensors by the names the pieces read (read anew at each call); with
+        ``merged_gemms`` also the concatenated q/k/v and gate/up weights (a copy)."""
         a, m = layer.self_attn, layer.mlp
         w = {
             "in": layer.input_layernorm.weight,
@@ -157,6 +171,10 @@ class VllmTwin:
         }
         if hasattr(a, "q_norm"):
             w["qn"], w["kn"] = a.q_norm.weight, a.k_norm.weight
+        if merged_gemms:
+            w["wqkv"] = torch.cat((w["wq"], w["wk"], w["wv"]))
+            w["bqkv"] = None if w["bq"] is None else torch.cat((w["bq"], w["bk"], w["bv"]))
+            w["wgu"] = torch.cat((w["wg"], w["wu"]))
         return w
 
     def release_model(self) -> "VllmTwin":
@@ -177,9 +195,13 @@ class VllmTwin:
             hidden = self.norm(hidden, w["in"], self.eps)
         else:
             hidden, residual = self.add_norm(hidden, residual, w["in"], self.eps)
-        q = F.linear(hidden, w["wq"], w["bq"])
-        k = F.linear(hidden, w["wk"], w["bk"])
-        v = F.linear(hidden, w["wv"], w["bv"])
+        if "wqkv" in w:  # vLLM's QKVParallelLinear: one GEMM, split
+            q, k, v = F.linear(hidden, w["wqkv"], w["bqkv"]).split(
+                [w["wq"].shape[0], w["wk"].shape[0], w["wv"].shape[0]], dim=-1)
+        else:
+            q = F.linear(hidden, w["wq"], w["bq"])
+            k = F.linear(hidden, w["wk"], w["bk"])
+            v = F.linear(hidden, w["wv"], w["bv"])
         if "qn" in w:  # Qwen3: per-head norms on [T, heads, head_dim]
             t = q.shape[0]
             q = self.norm(q.view(t, -1, self.head_dim), w["qn"], self.eps).view(q.shape)
@@ -191,7 +213,10 @@ class VllmTwin:
         """Layer after attention: o_proj, add + post-attention norm, gate/up, SiluAndMul, down."""
         hidden = F.linear(attn, w["wo"])
         hidden, residual = self.add_norm(hidden, residual, w["post"], self.eps)
-        gate_up = torch.cat((F.linear(hidden, w["wg"]), F.linear(hidden, w["wu"])), dim=-1)
+        if "wgu" in w:  # vLLM's MergedColumnParallelLinear: one GEMM
+            gate_up = F.linear(hidden, w["wgu"])
+        else:
+            gate_up = torch.cat((F.linear(hidden, w["wg"]), F.linear(hidden, w["wu"])), dim=-1)
         return F.linear(self.act(gate_up), w["wd"]), residual
 
     # -- the pieces vLLM compiles between attentions ----------------------------------------------
@@ -290,8 +315,9 @@ class VllmTwin:
 _PIECE_CODES = itertools.count()
 
 
-def _compiled(method):
-    """``method`` compiled as vLLM compiles a piece, on a code object of its own.
+def _compiled(method, options: dict | None = None):
+    """``method`` compiled as vLLM compiles a piece, on a code object of its own (Inductor
+    configured by ``options``, stock when None).
 
     Dynamo keeps its compiled graphs per code object, at most ``recompile_limit`` (8) of them; past
     that it runs the function *eagerly*, which here would silently be another rounding (the native
@@ -301,7 +327,8 @@ def _compiled(method):
     fn = method.__func__
     code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_{next(_PIECE_CODES)}")  # distinct by value too
     own = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    compiled = torch.compile(types.MethodType(own, method.__self__), backend="inductor", fullgraph=True)
+    compiled = torch.compile(types.MethodType(own, method.__self__), backend="inductor", fullgraph=True,
+                             options=dict(options) if options else None)
 
     def run(*args):
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
