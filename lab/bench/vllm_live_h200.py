@@ -8,10 +8,14 @@ Stages (each writes JSON into ``--out``):
   prompts of 512 / 2048 / 4096 tokens and one of ``--long`` tokens, and sampled responses
   (decode: KV cache, CUDA graphs in default mode, vLLM's sampler) with their logprobs.
 - ``compare``: loads the same checkpoint with HF (sdpa, bf16) and scores the engine's tokens with
-  HF eager, rla under each candidate row, and a live-calibrated row found by coordinate search
-  over the nine points (start: the op-calibrated row; objective: bit-equal prefill logprobs,
-  then k3); writes per side the fraction of bit-equal logprobs, k3, mean / max |dlogp|, for
-  prefill and decode, per position bucket.
+  HF eager and rla under each candidate row (``rla.engines.live_verify.compare``, the function
+  ``rla verify --live`` runs: the rows of the engine's version in both modes, plus any
+  ``oprow-*.json`` in the folder), and with ``--search`` the model-level search
+  (``rla.engines.live_calibration.search``, what ``rla calibrate --live`` runs); writes per side
+  the fraction of bit-equal logprobs, k3, mean / max |dlogp|, for prefill and decode, per
+  position bucket.
+- ``checkpoint``: only builds the random-init checkpoints (for ``rla verify --live`` /
+  ``rla calibrate --live`` on the device).
 
 Needs CUDA and the real vLLM (0.26 on torch 2.11). Random-init weights: norm weights are drawn
 around 1 (as the twin runs do) so per_op and fused norms differ.
@@ -33,7 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rla.engines.live_calibration import score, search  # noqa: E402
+from rla.engines.live_calibration import search  # noqa: E402
+from rla.engines.live_verify import EngineData, candidates, compare, random_prompts  # noqa: E402
 
 BF16 = torch.bfloat16
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -84,9 +89,7 @@ def build_checkpoint(name: str, layers: int, root: Path) -> Path:
 
 
 def prompts_for(vocab: int, long_tokens: int, seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    lengths = list(PROMPT_LENGTHS) + ([long_tokens] if long_tokens else [])
-    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+    return random_prompts(vocab, list(PROMPT_LENGTHS) + ([long_tokens] if long_tokens else []), seed)
 
 
 # -- stage engine (one process per model and mode) ------------------------------------------------
@@ -121,6 +124,7 @@ def run_engine(path: Path, mode: str, out: Path, long_tokens: int, decode_tokens
 def run_compare(folder: Path, ckpt_root: Path, out: Path, do_search: bool, families: list[str], layers: list[str]) -> None:
     import transformers
     from rla import profiles
+    from rla.engines.vllm_live import MODES
     from rla.rollout import rollouts
 
     rows, searched = [], []
@@ -134,18 +138,14 @@ def run_compare(folder: Path, ckpt_root: Path, out: Path, do_search: bool, famil
         records = rollouts.load(eng.with_suffix(".rollouts.jsonl"))
         model = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt_root / name), dtype=BF16,
                                                                    attn_implementation="sdpa").to(DEV).eval()
-        cands = {"hf": None, "vllm-0.33": profiles.get("vllm-0.33"), "vllm-0.33-eager": profiles.get("vllm-0.33-eager")}
-        for extra in sorted(folder.glob("oprow-*.json")):
-            prof = profiles.load(str(extra))
-            cands[f"op:{prof.name}"] = prof
-        for side, prof in cands.items():
-            t0 = time.time()
-            s = score(model, prof, data["prompts"], data["prompt_logprobs"], records)
-            rows.append({"model": name, "mode": mode, "side": side,
-                         "points": prof.points() if prof else None, **s})
-            log(f"{name:22s} {mode:7s} {side:22s} prefill eq {s['prefill']['equal']:.4%} k3 {s['prefill']['k3']:.3e} "
-                f"max {s['prefill']['max_abs']:.2e} | decode eq {s['decode']['equal']:.4%} k3 {s['decode']['k3']:.3e} "
-                f"({time.time() - t0:.1f}s)")
+        extra = {}
+        for path in sorted(folder.glob("oprow-*.json")):
+            prof = profiles.load(str(path))
+            extra[f"op:{prof.name}"] = prof
+        engine = EngineData(data["prompts"], data["prompt_logprobs"], records, data["engine"])
+        sides = candidates(data["engine"]["name"], data["engine"]["version"], mode, MODES, extra)
+        for r in compare(model, sides, engine, log=lambda m: log(f"{name:22s} {mode:7s} {m}")):
+            rows.append({"model": name, "mode": mode, **r})
         if do_search and name.endswith("-L4"):
             for start in (profiles.get("vllm-0.33-eager" if mode == "eager" else "vllm-0.33"),):
                 best, s, tried, flips = search(model, start, data["prompts"], data["prompt_logprobs"], records, log)
@@ -160,7 +160,7 @@ def run_compare(folder: Path, ckpt_root: Path, out: Path, do_search: bool, famil
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("stage", choices=("engine", "engine-one", "compare"))
+    ap.add_argument("stage", choices=("engine", "engine-one", "compare", "checkpoint"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--models", default="/tmp/rla-live-models")
     ap.add_argument("--families", default="qwen2-h1536,qwen3-h2048,llama31-h2048")
@@ -178,6 +178,11 @@ def main():
     if a.stage == "engine-one":
         run_engine(Path(a.model_path), a.mode, out / f"engine-{Path(a.model_path).name}-{a.mode}.json",
                    a.long, a.decode_tokens, a.samples)
+        return
+    if a.stage == "checkpoint":
+        for layers in [int(x) for x in a.layers.split(",")]:
+            for fam in a.families.split(","):
+                print(build_checkpoint(fam, layers, Path(a.models)), flush=True)
         return
     if a.stage == "engine":
         root = Path(a.models)

@@ -1,15 +1,20 @@
-"""``rla calibrate``: measure where an engine rounds, from its own code, into a profile file."""
+"""``rla calibrate``: measure where an engine rounds, from its own code, into a profile file; with
+``--live``, from the running engine's logprobs (``rla.commands.calibrate_live``)."""
 
 from __future__ import annotations
+
+from rla.commands._args import MODEL_HELP, model_path
+from rla.commands._live import add_live_arguments
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--engine", default="vllm",
                         help="engine to calibrate: vllm, or sglang (its JIT CUDA kernels, built here: needs a GPU, "
                         "nvcc, ninja and tvm-ffi)")
-    parser.add_argument("--mode", default="default", choices=("default", "eager"),
+    parser.add_argument("--mode", default=None, choices=("default", "eager"),
                         help="vllm: default = native ops under Inductor (-O2), eager = its CUDA kernels "
-                        "(enforce_eager); sglang has one mode, default (its CUDA path)")
+                        "(enforce_eager); sglang has one mode, default (its CUDA path). Default: default; "
+                        "with --live it must be given")
     parser.add_argument("--wheel", default=None,
                         help="engine wheel file to load the code from (default: the installed package, else "
                         "the engine's wheel in rla's engine cache, $RLA_ENGINE_CACHE or ~/.cache/rla/engines)")
@@ -33,6 +38,15 @@ def add_arguments(parser) -> None:
                         help="profile JSON to write (default rla-calibrate/<engine>-<mode>.json); "
                         "reports go beside it as <stem>.report.json / .report.md")
     parser.add_argument("--name", default=None, help="profile name (default <engine>-<major.minor>[-<mode>])")
+    add_live_arguments(parser, "512,2048,4096")
+    parser.add_argument("--model", default=None, type=model_path,
+                        help=f"--live: the HF checkpoint folder the engine and the search run (Qwen2, Qwen3, Llama), "
+                        f"or {MODEL_HELP}")
+    parser.add_argument("--start", default=None,
+                        help="--live: the row the search starts from (a name or a profile JSON file); default: the "
+                        "row calibrated for the installed version and mode, else the nearest calibrated row")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="--live: replace an existing --out file (and its .report.json)")
 
 
 def _wheel(args, say) -> str | None:
@@ -65,6 +79,26 @@ def _wheel(args, say) -> str | None:
 
 
 def run(args) -> int:
+    from rla.commands._live import check_live
+
+    from rla.commands.calibrate_live import OP_FLAGS
+
+    check_live(args, OP_FLAGS, "the op-level calibration")
+    if args.live:
+        if args.model is None:
+            raise ValueError("--live needs --model PATH: the HF checkpoint folder the engine runs")
+        from rla.commands.calibrate_live import run as run_live
+
+        return run_live(args)
+    for dest, flag in (("model", "--model"), ("start", "--start"), ("overwrite", "--overwrite")):
+        if getattr(args, dest):
+            raise ValueError(f"{flag}: only used with --live (the op-level calibration runs no model); "
+                             "add --live or drop it")
+    args.mode = args.mode or "default"
+    return _run_ops(args)
+
+
+def _run_ops(args) -> int:
     import shlex
     import sys
     import time

@@ -1,8 +1,16 @@
-"""``rla verify --model PATH --engine vllm``: the aligned model against the engine's twin."""
+"""``rla verify --model PATH --engine vllm``: the aligned model against the engine's twin; with
+``--live``, against vLLM itself (``rla.commands.verify_live``)."""
 
 from __future__ import annotations
 
 from rla.commands._args import MODEL_HELP, model_path
+from rla.commands._live import add_live_arguments
+
+#: Flags of the twin path (dest -> (flag, value when not given)); refused with --live.
+TWIN_FLAGS = {"wheel": ("--wheel", None), "library": ("--library", None), "tokens": ("--tokens", None),
+              "batch": ("--batch", None), "position_offset": ("--position-offset", 0), "json": ("--json", None),
+              "engine_forward": ("--engine-forward", False), "expect_exact": ("--expect-exact", False),
+              "device": ("--device", "cuda")}
 
 
 def add_arguments(parser) -> None:
@@ -14,11 +22,12 @@ def add_arguments(parser) -> None:
                         "eager: vLLM's CUDA kernels (enforce_eager); native: native ops uncompiled")
     parser.add_argument("--profile", default=None,
                         help="profile to align to (a name, an alias, or a profile JSON file); default: the "
-                        "engine's newest calibrated row for the mode")
+                        "engine's newest calibrated row for the mode; with --live, a side added to the rows "
+                        "of the engine's version")
     parser.add_argument("--wheel", default=None, help="the engine's wheel file, if the engine is not installed")
     parser.add_argument("--library", default=None, help="vLLM's _C_stable_libtorch.abi3.so (or .xz) for --mode eager")
-    parser.add_argument("--tokens", type=int, default=512, help="tokens per sequence (default 512)")
-    parser.add_argument("--batch", type=int, default=2, help="sequences (default 2)")
+    parser.add_argument("--tokens", type=int, default=None, help="tokens per sequence (default 512)")
+    parser.add_argument("--batch", type=int, default=None, help="sequences (default 2)")
     parser.add_argument("--position-offset", type=int, default=0, help="first position (long-context phases)")
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--seed", type=int, default=0)
@@ -29,6 +38,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--expect-exact", action="store_true",
                         help="exit 1 unless the logits equal the twin's bit for bit: the engine-backed side's "
                         "with --engine-forward, else the aligned model's (the message names the side judged)")
+    add_live_arguments(parser, "512,2048")
+    parser.add_argument("--out", default=None,
+                        help="--live: report folder (report.json, report.md, the engine's logprobs and records); "
+                        "default rla-verify-live/vllm-<mode>")
+    parser.add_argument("--overwrite", action="store_true", help="--live: replace a non-empty --out folder rla wrote")
 
 
 def _profile(args):
@@ -45,6 +59,8 @@ def _profile(args):
 def _check(args) -> None:
     import torch
 
+    args.tokens = 512 if args.tokens is None else args.tokens
+    args.batch = 2 if args.batch is None else args.batch
     for flag in ("tokens", "batch"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
@@ -79,6 +95,20 @@ def memory_needed(config, tokens: int, batch: int, dtype) -> int:
 
 
 def run(args) -> int:
+    from rla.commands._live import check_live
+
+    check_live(args, TWIN_FLAGS, "the twin")
+    if args.live:
+        from rla.commands.verify_live import run as run_live
+
+        return run_live(args)
+    for dest, flag in (("out", "--out"), ("overwrite", "--overwrite")):
+        if getattr(args, dest):
+            raise ValueError(f"{flag}: only used with --live (the twin's report goes to --json); add --live or drop it")
+    return _run_twin(args)
+
+
+def _run_twin(args) -> int:
     import json
 
     import torch

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 from rla.engines.source import EngineNotFound, EngineUnavailable
 from rla.rollout.rollouts import RolloutRecord
 
-__all__ = ["LiveSettings", "LiveVllm", "MODES", "installed_version", "engine_metadata",
+__all__ = ["LiveSettings", "LiveVllm", "MODES", "SUPPORTED", "installed_version", "preflight", "engine_metadata",
            "engine_environment", "prompt_logprobs_of", "records_of", "check_sampling"]
 
 MODES = ("default", "eager")
@@ -107,6 +107,21 @@ def _check_version(version: str | None) -> str:
             f"{', '.join(SUPPORTED)} only. Its LLM arguments or output objects may differ: install "
             f"one of those, or read the engine's code instead (rla verify without --live runs the twin)"
         )
+    return version
+
+
+def preflight(model_path: str) -> str:
+    """The checks a :class:`LiveVllm` makes before it imports vLLM, in its order, each a one-line
+    error: ``model_path`` is an HF checkpoint folder, vLLM is installed (package metadata only),
+    in a version this adapter has run, and torch sees a GPU. Returns the installed vLLM's version;
+    the commands call it before anything expensive (``rla verify --live``, ``rla calibrate --live``)."""
+    if not os.path.isfile(os.path.join(model_path, "config.json")):
+        raise FileNotFoundError(f"{model_path}: not an HF checkpoint folder (no config.json)")
+    version = _check_version(installed_version())
+    import torch
+
+    if not torch.cuda.is_available():
+        raise EngineUnavailable(f"the live vLLM engine runs on CUDA; this torch ({torch.__version__}) sees no GPU")
     return version
 
 
@@ -209,13 +224,7 @@ class LiveVllm:
     version: str = field(init=False)
 
     def __post_init__(self) -> None:
-        if not os.path.isfile(os.path.join(self.model_path, "config.json")):
-            raise FileNotFoundError(f"{self.model_path}: not an HF checkpoint folder (no config.json)")
-        self.version = _check_version(installed_version())
-        import torch
-
-        if not torch.cuda.is_available():
-            raise EngineUnavailable(f"the live vLLM engine runs on CUDA; this torch ({torch.__version__}) sees no GPU")
+        self.version = preflight(self.model_path)
         engine_environment(self.settings)
         from vllm import LLM
 

@@ -49,10 +49,14 @@ REGION_POINTS: dict[str, tuple[str, ...]] = {
     "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction"),
 }
 
-#: Evidence strengths, strongest first: the engine's compiled kernels run on a GPU; its Python
-#: (native) ops run under its own compiler (Inductor); the same native ops run eagerly; the
-#: source read by a person; the spec of ``hf``/``rla`` themselves (not an engine measurement).
-EVIDENCE: tuple[str, ...] = ("kernel", "native_compiled", "native_eager", "source", "definition")
+#: Evidence strengths, strongest first: the engine itself run live (its own logprobs of a real
+#: model, ``rla calibrate --live``: the point's value is the one under which the aligned model
+#: reproduces them best, at the model level, so the engine's attention and GEMMs are in the
+#: measurement; a row with such a point carries the measurement in ``Calibration.live``); the
+#: engine's compiled kernels run on a GPU; its Python (native) ops run under its own compiler
+#: (Inductor); the same native ops run eagerly; the source read by a person; the spec of
+#: ``hf``/``rla`` themselves (not an engine measurement).
+EVIDENCE: tuple[str, ...] = ("live", "kernel", "native_compiled", "native_eager", "source", "definition")
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,14 @@ class Calibration:
 
     points: dict = field(default_factory=dict)
     """point name -> :class:`PointEvidence`."""
+
+    live: dict | None = None
+    """For a row calibrated against the live engine (``live`` evidence): what ran and what was
+    measured -- ``settings`` (the engine's, as it was started), ``model`` (family and shape),
+    ``prefill_tokens`` / ``decode_tokens`` (logprobs scored), and ``start`` / ``found`` (the row
+    the search started from and the row it found: ``name``, and ``prefill_equal``,
+    ``prefill_k3``, ``decode_equal``, ``decode_k3`` against the engine). Checked by
+    ``rla.profiles.from_dict`` (``registry.LIVE_KEYS``)."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,13 @@ from rla import strict_json
 from rla.strict_json import short
 from rla.profiles.model import POINTS, Calibration, PointEvidence, RoundingProfile
 
-__all__ = ["get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles"]
+__all__ = ["get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles",
+           "LIVE_KEYS", "LIVE_SCORE_KEYS"]
+
+#: The keys of a live calibration block (``Calibration.live``), each required.
+LIVE_KEYS = ("settings", "model", "prefill_tokens", "decode_tokens", "start", "found")
+#: The keys of its ``start`` and ``found`` rows: the row's name and its measured agreement.
+LIVE_SCORE_KEYS = ("name", "prefill_equal", "prefill_k3", "decode_equal", "decode_k3")
 
 #: Order of the built-in rows in tables: HF first, rla last, engines in between by name.
 _FIRST, _LAST = ("hf",), ("rla",)
@@ -63,6 +69,12 @@ def from_dict(data: dict, source: str = "<dict>") -> RoundingProfile:
         for key in ("engine", "version", "mode", "date", "gpu", "torch", "command", "results"):
             if key in cal and not isinstance(cal[key], str):
                 raise ValueError(f"{source}: calibration {key!r} must be a string, got {short(cal[key])}")
+        if cal.get("live") is not None:
+            _live(cal["live"], f"{source}: calibration 'live'")
+        live_points = sorted(p for p, e in evidence.items() if e.evidence == "live")
+        if live_points and cal.get("live") is None:
+            raise ValueError(f"{source}: calibration points {live_points} have evidence 'live' but the calibration "
+                             "has no 'live' block saying what ran and what was measured")
         try:
             calibration = Calibration(points=evidence, **cal)
         except TypeError as e:
@@ -98,6 +110,37 @@ def _evidence(ev, where: str) -> PointEvidence:
         raise ValueError(f"{where}: {e}") from None
 
 
+def _live(block, where: str) -> None:
+    """A live calibration block (``Calibration.live``): every key of :data:`LIVE_KEYS`, nothing else,
+    each of its kind; token counts >= 1, every fraction in [0, 1], every k3 a finite number >= 0."""
+    if not isinstance(block, dict):
+        raise ValueError(f"{where}: must be an object ({', '.join(LIVE_KEYS)}), got {type(block).__name__}")
+    if set(block) != set(LIVE_KEYS):
+        raise ValueError(f"{where}: has keys {sorted(block)}; it needs exactly {list(LIVE_KEYS)}")
+    for key in ("settings", "model"):
+        if not isinstance(block[key], dict):
+            raise ValueError(f"{where}: {key!r} must be an object, got {short(block[key])}")
+    for key in ("prefill_tokens", "decode_tokens"):
+        v = block[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{where}: {key!r} must be the number of logprobs scored (an integer >= 1), "
+                             f"got {short(v)}")
+    for side in ("start", "found"):
+        row = block[side]
+        if not isinstance(row, dict) or set(row) != set(LIVE_SCORE_KEYS):
+            got = sorted(row) if isinstance(row, dict) else short(row)
+            raise ValueError(f"{where}: {side!r} must be an object with exactly {list(LIVE_SCORE_KEYS)}, got {got}")
+        if not isinstance(row["name"], str) or not row["name"]:
+            raise ValueError(f"{where}: {side} 'name' must be a non-empty string, got {short(row['name'])}")
+        for key in LIVE_SCORE_KEYS[1:]:
+            v = row[key]
+            number = not isinstance(v, bool) and isinstance(v, (int, float)) and v == v and abs(v) != float("inf")
+            if key.endswith("_equal") and not (number and 0.0 <= v <= 1.0):
+                raise ValueError(f"{where}: {side} {key!r} must be a fraction in [0, 1], got {short(v)}")
+            if key.endswith("_k3") and not (number and v >= 0.0):
+                raise ValueError(f"{where}: {side} {key!r} must be a finite number >= 0, got {short(v)}")
+
+
 def to_dict(profile: RoundingProfile) -> dict:
     """The JSON form of ``profile`` (what :func:`from_dict` reads back)."""
     out = {"name": profile.name, "description": profile.description, "points": profile.points()}
@@ -107,6 +150,8 @@ def to_dict(profile: RoundingProfile) -> dict:
         c["points"] = {
             p: {"evidence": e.evidence, "matched": e.matched, "note": e.note} for p, e in cal.points.items()
         }
+        if cal.live is not None:
+            c["live"] = cal.live
         out["calibration"] = c
     return out
 

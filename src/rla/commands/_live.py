@@ -1,0 +1,127 @@
+"""What ``rla verify --live`` and ``rla calibrate --live`` share: their flags, the checks that run
+before vLLM is imported, starting the engine and collecting its logprobs.
+
+Every check is a one-line error before anything expensive: a flag of the other path, a mode vLLM
+does not have, a model folder that is not an HF checkpoint of a family rla aligns (or whose
+positions the prompts pass), then -- last, because it is what a CPU machine fails on -- vLLM
+missing or in a version the live adapter has not run, and no GPU
+(:func:`rla.engines.vllm_live.preflight`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rla.commands._args import positive_float, positive_int
+
+__all__ = ["add_live_arguments", "LIVE_FLAGS", "token_list", "check_live", "check_model", "run_engine",
+           "DECODE_PROMPT_TOKENS"]
+
+DECODE_PROMPT_TOKENS = 256
+"""Tokens of each decode prompt (random tokens; one sampled response per prompt)."""
+
+#: The flags only the live path reads (dest -> flag), None unless given.
+LIVE_FLAGS = {"prompt_tokens": "--prompt-tokens", "responses": "--responses", "max_new_tokens": "--max-new-tokens",
+              "attention_backend": "--attention-backend", "gpu_memory_utilization": "--gpu-memory-utilization"}
+
+
+def token_list(text: str) -> list[int]:
+    """``--prompt-tokens 512,2048``: prompt lengths, each >= 2 (a prompt logprob needs a token before it)."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or any(v < 2 for v in values):
+        raise argparse.ArgumentTypeError(f"prompt lengths must each be >= 2 tokens, got {text!r}")
+    return values
+
+
+def add_live_arguments(parser, default_prompts: str) -> None:
+    parser.add_argument("--live", action="store_true",
+                        help="run vLLM itself (vllm.LLM on --model, on a GPU; vLLM 0.26 installed): its own prompt "
+                        "logprobs and sampled tokens, in --mode default or eager (docs/engines.md)")
+    parser.add_argument("--prompt-tokens", type=token_list, default=None,
+                        help=f"--live: prompt lengths, comma-separated (default {default_prompts}); random tokens")
+    parser.add_argument("--responses", type=positive_int, default=None,
+                        help="--live: sampled responses, one per random prompt of "
+                        f"{DECODE_PROMPT_TOKENS} tokens (default 8)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=None,
+                        help="--live: tokens per sampled response (default 128)")
+    parser.add_argument("--attention-backend", default=None,
+                        help="--live: vLLM's attention backend (default TRITON_ATTN; 'auto': vLLM's own choice)")
+    parser.add_argument("--gpu-memory-utilization", type=positive_float, default=None,
+                        help="--live: the share of GPU memory vLLM may take (default 0.5; the training side "
+                        "loads after the engine is closed)")
+
+
+def check_live(args, other_flags: dict[str, object], other: str) -> None:
+    """Flags of one path given to the other are refused (nothing is silently ignored); ``other``
+    names the path ``other_flags`` configure."""
+    if args.live:
+        given = [flag for dest, (flag, unset) in other_flags.items() if getattr(args, dest) != unset]
+        if given:
+            raise ValueError(f"{', '.join(given)}: set{'s' if len(given) == 1 else ''} up {other}, not the live "
+                             f"engine; drop {'it' if len(given) == 1 else 'them'} with --live")
+        if args.mode is not None and args.mode not in ("default", "eager"):
+            raise ValueError(f"--live --mode {args.mode}: the live engine runs vLLM's own modes, default "
+                             "(-O2 compile, CUDA graphs) or eager (enforce_eager)")
+    else:
+        given = [flag for dest, flag in LIVE_FLAGS.items() if getattr(args, dest) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: only used with --live; add --live or drop "
+                             f"{'it' if len(given) == 1 else 'them'}")
+
+
+def check_model(path: str, longest: int) -> dict:
+    """The model folder's config, checked: an HF checkpoint, readable weights of its shapes, a
+    family rla aligns, and room for ``longest`` positions. Returns its family and shape."""
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from rla.alignment.families import get_family
+    from rla.engines.live_verify import model_info
+    from rla.hf import check_safetensors
+
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"--model {path}: not an HF checkpoint folder (no config.json)")
+    try:
+        config = AutoConfig.from_pretrained(str(p), local_files_only=True)
+    except Exception as e:  # transformers raises several types for a bad config; name the file
+        raise ValueError(f"{p / 'config.json'} could not be read as an HF config: {e}") from e
+    if not any(p.glob("*.safetensors")):
+        raise FileNotFoundError(f"--model {path}: no *.safetensors weights (vLLM and rla both read safetensors)")
+    check_safetensors(p, config)
+    get_family(getattr(config, "model_type", None), f"--model {path}")
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None and longest > limit:
+        raise ValueError(f"--model {path}: sequences of {longest} tokens pass its max_position_embeddings ({limit}); "
+                         "lower --prompt-tokens or --max-new-tokens")
+    return model_info(config)
+
+
+def settings_of(args, longest: int):
+    from rla.engines.vllm_live import LiveSettings
+
+    backend = args.attention_backend or "TRITON_ATTN"
+    return LiveSettings(mode=args.mode, attention_backend=None if backend == "auto" else backend,
+                        max_model_len=max(longest + 64, 1024), seed=args.seed,
+                        gpu_memory_utilization=args.gpu_memory_utilization or 0.5)
+
+
+def run_engine(args, settings, vocab: int, say):
+    """Start the engine, collect prefill and decode (:func:`rla.engines.live_verify.collect`), close it."""
+    from rla.engines.live_verify import collect, random_prompts
+    from rla.engines.vllm_live import LiveVllm
+
+    prompts = random_prompts(vocab, args.prompt_tokens, args.seed)
+    decode = random_prompts(vocab, [DECODE_PROMPT_TOKENS] * args.responses, args.seed + 1)
+    say(f"starting vLLM on {args.model} ({settings.mode} mode, attention {settings.attention_backend or 'auto'})")
+    engine = LiveVllm(args.model, settings)
+    try:
+        say(f"vLLM {engine.version}: prompt logprobs of {len(prompts)} prompts, {len(decode)} sampled responses")
+        data = collect(engine, prompts, decode, max_new_tokens=args.max_new_tokens, seed=args.seed + 1)
+    finally:
+        engine.close()
+    return data

@@ -1,0 +1,138 @@
+"""``rla calibrate --engine vllm --live --model PATH --mode default|eager``: a profile row from the
+live engine, by a model-level search.
+
+Starts vLLM on the folder, takes its prompt logprobs and sampled tokens (as ``rla verify --live``),
+closes it, and runs :func:`rla.engines.live_calibration.search` from the row calibrated for the
+installed version and mode (or the nearest calibrated row; ``--start`` names another). Writes the
+found row (``rla.engines.live_profile``: ``vllm-0.26`` / ``vllm-0.26-eager``, ``live`` evidence,
+the start and found rows' bit-equal fractions and k3, the engine settings, the model's shape) in
+the profile format, and beside it ``<stem>.report.json`` with every row the search tried and each
+point's flip. An existing file, or a name a built-in row has, is refused unless ``--overwrite``
+(files) or ``--name`` (the row's name).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["run", "write_row", "report_path"]
+
+#: Flags of the op-level path (dest -> (flag, value when not given)); refused with --live.
+OP_FLAGS = {"wheel": ("--wheel", None), "engine_version": ("--engine-version", None),
+            "download": ("--download", False), "allow_native_eager": ("--allow-native-eager", False),
+            "library": ("--library", None), "device": ("--device", None), "scale": ("--scale", None)}
+
+
+def report_path(out) -> Path:
+    return Path(f"{Path(out).with_suffix('')}.report.json")
+
+
+def check_out(out, overwrite: bool) -> None:
+    """The row file and its report must not exist (unless ``overwrite``), and their folder must."""
+    for path in (Path(out), report_path(out)):
+        if path.is_dir():
+            raise IsADirectoryError(f"--out {out}: {path} is a folder; --out names the profile file (.json)")
+        if path.exists() and not overwrite:
+            raise FileExistsError(f"--out {out}: {path} exists; choose another --out or pass --overwrite to replace it")
+    if Path(out).suffix != ".json":
+        raise ValueError(f"--out {out}: a profile file is .json")
+
+
+def write_row(row, search_report: dict, out, *, overwrite: bool) -> dict[str, Path]:
+    """The row (profile JSON) and its report, each written atomically; checked again just before."""
+    from rla.atomic import write_text
+    from rla.profiles import load, to_dict
+
+    check_out(out, overwrite)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rep = report_path(out)
+    write_text(rep, json.dumps(search_report, indent=1) + "\n")
+    write_text(out, json.dumps(to_dict(row), indent=2) + "\n")
+    load(out)  # what was written reads back as a valid row
+    return {"profile": out, "report_json": rep}
+
+
+def _start(args, version: str):
+    from rla import profiles
+
+    if args.start:
+        return profiles.load(args.start) if Path(args.start).suffix == ".json" else profiles.get(args.start)
+    alias = args.engine if args.mode == "default" else f"{args.engine}-{args.mode}"
+    return profiles.for_engine(alias, version, warn=False).profile
+
+
+def run(args) -> int:
+    import torch
+
+    from rla import profiles
+    from rla.commands._live import DECODE_PROMPT_TOKENS, check_model, run_engine, settings_of
+    from rla.engines.live_calibration import search
+    from rla.engines.live_profile import live_name, live_row, settle
+    from rla.engines.vllm_live import installed_version, preflight
+    from rla.hf import load_model
+
+    if args.mode is None:
+        raise ValueError("--live: name the engine's mode, --mode default (-O2 compile, CUDA graphs) or --mode eager")
+    if args.engine != "vllm":
+        raise ValueError(f"--live --engine {args.engine}: the live adapter runs vLLM only")
+    args.prompt_tokens = args.prompt_tokens or [512, 2048, 4096]
+    args.responses = args.responses or 4
+    args.max_new_tokens = args.max_new_tokens or 128
+    if args.out is not None:  # before the engine's version is known: the out path alone
+        check_out(args.out, args.overwrite)
+    longest = max(max(args.prompt_tokens), DECODE_PROMPT_TOKENS + args.max_new_tokens)
+    info = check_model(args.model, longest)
+    version = preflight(args.model)
+    name = args.name or live_name(args.engine, version, args.mode)
+    if name in profiles.names():
+        raise ValueError(f"a built-in row is named {name!r}: give this live row another name (--name)")
+    out = args.out or f"rla-calibrate/{name}.json"
+    check_out(out, args.overwrite)
+    start_row = _start(args, version)
+    settings = settings_of(args, longest)
+    t0 = time.monotonic()
+
+    def say(message: str) -> None:
+        print(f"[rla calibrate --live {time.monotonic() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    data = run_engine(args, settings, info["vocab_size"], say)
+    say(f"engine closed; searching the points from {start_row.name}")
+    model = load_model(args.model, dtype=torch.bfloat16, device="cuda")
+    best, best_score, tried, flips = search(model, start_row, data.prompts, data.prompt_logprobs, data.records, say)
+    best, best_score = settle(model, start_row, best, best_score, flips, data.prompts, data.prompt_logprobs,
+                              data.records)
+    command = "rla " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["calibrate"] \
+        else "rla calibrate --live"
+    from rla.environment import environment
+
+    env = environment(torch.device("cuda"))
+    row = live_row(data.engine, start_row, tried[0], best, best_score, flips, info, date=env["date"],
+                   gpu=torch.cuda.get_device_name(), torch=torch.__version__, command=command,
+                   results=report_path(out).name, name=name)
+    paths = write_row(row, {"format": "rla.live_calibration/1", "engine": data.engine, "model": info,
+                            "installed": installed_version(), "start": start_row.name, "best": best.points(),
+                            "score": best_score, "start_score": tried[0], "flips": flips, "tried": tried,
+                            "environment": env}, out, overwrite=args.overwrite)
+    print(summary(row, start_row))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+def summary(row, start) -> str:
+    """Per point: the start row's value, the live row's, its evidence and note; then the scores."""
+    live = row.calibration.live
+    lines = [f"# {row.name}: live calibration from {start.name}", "",
+             "| point | start | live row | evidence | note |", "|---|---|---|---|---|"]
+    for p, e in row.calibration.points.items():
+        lines.append(f"| {p} | {getattr(start, p)} | {getattr(row, p)} | {e.evidence} | {e.note.replace('|', '/')} |")
+    for side in ("start", "found"):
+        s = live[side]
+        lines.append(f"\n{side} ({s['name']}): prefill bit-equal {s['prefill_equal']:.4%} k3 {s['prefill_k3']:.3e}; "
+                     f"decode bit-equal {s['decode_equal']:.4%} k3 {s['decode_k3']:.3e}")
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""``rla verify --engine vllm --live --model PATH``: vLLM itself against HF eager and rla's rows.
+
+Starts vLLM's own offline engine on the folder (``rla.engines.vllm_live``), takes its prompt
+logprobs (prefill) and sampled responses with their logprobs (decode), closes it, then scores
+them with HF eager and with rla under each candidate row (``rla.engines.live_verify``) and writes a
+report folder: ``report.json`` (every side, prefill and decode, per position), ``report.md`` (the
+table printed), ``engine.json`` (the prompts and the engine's prompt logprobs) and
+``rollouts.jsonl`` (its records), so a report can be re-scored without the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+__all__ = ["run", "publish"]
+
+
+def publish(rep: dict, data, out, *, overwrite: bool, inputs=()) -> None:
+    """The report folder (module docstring), written whole or not at all; a non-empty ``out`` is
+    refused unless ``overwrite`` (and then only a folder rla wrote: ``rla.diagnosis.output``)."""
+    from rla.diagnosis.output import staged
+    from rla.engines.live_verify import render
+    from rla.rollout import rollouts
+
+    with staged(out, overwrite=overwrite, inputs=inputs) as tmp:
+        (tmp / "report.json").write_text(json.dumps(rep, indent=1) + "\n")
+        (tmp / "report.md").write_text(render(rep))
+        (tmp / "engine.json").write_text(json.dumps({"engine": data.engine, "prompts": data.prompts,
+                                                     "prompt_logprobs": data.prompt_logprobs}) + "\n")
+        rollouts.save(tmp / "rollouts.jsonl", data.records)
+
+
+def _extra(args) -> dict:
+    from pathlib import Path
+
+    from rla import profiles
+
+    if not args.profile:
+        return {}
+    row = profiles.load(args.profile) if Path(args.profile).suffix == ".json" else profiles.get(args.profile)
+    return {row.name: row}
+
+
+def run(args) -> int:
+    import torch
+
+    from rla.commands._live import DECODE_PROMPT_TOKENS, check_model, run_engine, settings_of
+    from rla.diagnosis.output import check_out_dir
+    from rla.engines.live_verify import candidates, compare, report
+    from rla.engines.vllm_live import MODES, preflight
+    from rla.environment import environment
+    from rla.hf import load_model
+
+    args.prompt_tokens = args.prompt_tokens or [512, 2048]
+    args.responses = args.responses or 8
+    args.max_new_tokens = args.max_new_tokens or 128
+    out = args.out or f"rla-verify-live/vllm-{args.mode}"
+    check_out_dir(out, overwrite=args.overwrite, inputs=[args.model])
+    longest = max(max(args.prompt_tokens), DECODE_PROMPT_TOKENS + args.max_new_tokens)
+    info = check_model(args.model, longest)
+    extra = _extra(args)
+    version = preflight(args.model)  # vLLM installed, a version the adapter ran, a GPU: still not imported
+    settings = settings_of(args, longest)
+    start = time.monotonic()
+
+    def say(message: str) -> None:
+        print(f"[rla verify --live {time.monotonic() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    data = run_engine(args, settings, info["vocab_size"], say)
+    say("engine closed; scoring its tokens with HF eager and rla's rows")
+    model = load_model(args.model, dtype=torch.bfloat16, device="cuda")
+    sides = candidates(data.engine["name"], version, args.mode, MODES, extra)
+    rows = compare(model, sides, data, log=say)
+    rep = report(data, rows, info, environment(torch.device("cuda")))
+    publish(rep, data, out, overwrite=args.overwrite, inputs=[args.model])
+    from rla.engines.live_verify import render
+
+    print(render(rep))
+    print(f"report: {out}/report.json, report.md; the engine's logprobs: {out}/engine.json, rollouts.jsonl")
+    return 0

@@ -1,0 +1,101 @@
+"""A profile row from a live calibration (``rla calibrate --engine vllm --live``): the row
+:func:`rla.engines.live_calibration.search` found, with ``live`` evidence and the measurement.
+
+The row is named from the engine's version and mode (``vllm-0.26``, ``vllm-0.26-eager``), as the
+op-level rows are, and carries in ``calibration.live`` the engine's settings, the model's family and
+shape, how many logprobs were scored, and the start row's and the found row's bit-equal fractions
+and k3 against the engine (prefill and decode).
+
+Per point the evidence says what the live engine decided on this model. A point whose flip (the
+found row with that point alone changed) moves the prefill score is ``live``: its note gives the
+flipped value's k3 beside the row's. A point the model does not exercise (its flip ties: q/k norms
+in a model without them) is not decided by this run: it keeps the start row's value and that
+row's evidence for it, and the note says so -- a live row claims nothing it did not measure.
+``matched`` is None for live points: the measurement is the model-level fraction in
+``calibration.live``, not a per-point fraction of probe elements.
+"""
+
+from __future__ import annotations
+
+from rla.profiles import POINTS, Calibration, PointEvidence, RoundingProfile
+
+__all__ = ["live_name", "live_row", "settle"]
+
+
+def live_name(engine: str, version: str, mode: str) -> str:
+    """``<engine>-<major.minor>`` (default mode) or ``<engine>-<major.minor>-<mode>``."""
+    short = ".".join(version.split(".")[:2])
+    return f"{engine}-{short}" + ("" if mode == "default" else f"-{mode}")
+
+
+def settle(model, start: RoundingProfile, best: RoundingProfile, best_score: dict, flips: dict,
+           prompts, pre, records) -> tuple[RoundingProfile, dict]:
+    """``best`` with every point whose flip ties (the model does not decide it) set back to the
+    start row's value, and its score. The search may move such a point along with others of its
+    group (a tie is no worse), which would leave a value nobody measured (``rope_inv_freq`` on a
+    CPU, where host and device are one place). Kept only when the settled row scores exactly as
+    ``best`` on prefill (k3 and bit-equal fraction); else ``best`` is returned unchanged."""
+    from rla.engines.live_calibration import score
+
+    tied = {p: getattr(start, p) for p, f in flips.items()
+            if "error" not in f and not f["decided"] and getattr(best, p) != getattr(start, p)}
+    if not tied:
+        return best, best_score
+    row = best.replace(**tied)
+    s = score(model, row, prompts, pre, records)
+    same = (s["prefill"]["k3"], s["prefill"]["equal"]) == (best_score["prefill"]["k3"], best_score["prefill"]["equal"])
+    return (row, s) if same else (best, best_score)
+
+
+def _score(name: str, s: dict) -> dict:
+    return {"name": name, "prefill_equal": s["prefill"]["equal"], "prefill_k3": s["prefill"]["k3"],
+            "decode_equal": s["decode"]["equal"], "decode_k3": s["decode"]["k3"]}
+
+
+def live_row(engine: dict, start: RoundingProfile, start_score: dict, best: RoundingProfile, best_score: dict,
+             flips: dict, model: dict, *, date: str, gpu: str, torch: str, command: str, results: str = "",
+             name: str | None = None) -> RoundingProfile:
+    """The row (module docstring). ``engine``: the engine's metadata (``name``, ``version``,
+    ``mode``, ``settings``); ``start`` / ``start_score``: the row the search began from and its
+    score; ``best`` / ``best_score`` / ``flips``: what :func:`search` returned; ``model``: the
+    model's family and shape (:func:`rla.engines.live_verify.model_info`)."""
+    missing = [p for p in POINTS if p not in flips]
+    if missing:
+        raise ValueError(f"the search's flips lack {missing}: every point must have been flipped")
+    evidence = {}
+    for p in POINTS:
+        f = flips[p]
+        value = getattr(best, p)
+        if "error" in f:  # the other value is a combination rla.align refuses: not measured
+            decided = False
+            why = f"the other value ({f['other']}) cannot be aligned with this row's other points ({f['error']})"
+        else:
+            decided = bool(f["decided"])
+            why = (f"flipped to {f['other']}: prefill k3 {f['prefill_k3']:.3e}, bit-equal {f['prefill_equal']:.4%}; "
+                   f"this row: k3 {best_score['prefill']['k3']:.3e}, bit-equal {best_score['prefill']['equal']:.4%}")
+        if decided:
+            evidence[p] = PointEvidence("live", None, why)
+        elif value == getattr(start, p) and start.calibration is not None and p in start.calibration.points:
+            kept = start.calibration.points[p]
+            evidence[p] = PointEvidence(kept.evidence, kept.matched, f"not decided by the live engine on this model "
+                                        f"({why if 'error' in f else 'its flip ties'}); kept from {start.name}"
+                                        + (f": {kept.note}" if kept.note else ""))
+        else:
+            raise ValueError(f"point {p}: the live search left it undecided ({why if 'error' in f else 'its flip ties'}) "
+                             f"and {start.name} has no evidence for the value {value!r}: no row is written "
+                             "with a value nobody measured")
+    version, mode = engine["version"], engine["mode"]
+    live = {"settings": dict(engine.get("settings") or {}), "model": dict(model),
+            "prefill_tokens": int(best_score["prefill"]["tokens"]), "decode_tokens": int(best_score["decode"]["tokens"]),
+            "start": _score(start.name, start_score), "found": _score(name or live_name(engine["name"], version, mode),
+                                                                     best_score)}
+    cal = Calibration(engine=engine["name"], version=version, mode=mode, date=date, gpu=gpu, torch=torch,
+                      command=command, results=results, points=evidence, live=live)
+    found = live["found"]
+    return RoundingProfile(
+        name=found["name"],
+        description=(f"{engine['name']} {version} {mode} mode, calibrated against the live engine by rla calibrate "
+                     f"--live on {gpu or 'a GPU'} ({model.get('family')} h{model.get('hidden_size')} x "
+                     f"{model.get('num_hidden_layers')} layers; prefill bit-equal {found['prefill_equal']:.3%})"),
+        calibration=cal, **best.points(),
+    )

@@ -1,0 +1,181 @@
+"""The live engine against the training side: its own prompt logprobs and sampled tokens, scored by
+HF eager and by rla under each candidate row -- what ``rla verify --engine vllm --live`` writes and
+``lab/bench/vllm_live_h200.py compare`` stores.
+
+The engine's side is plain data (:class:`EngineData`: prompts, the engine's prompt logprobs,
+rollout records with its sampled tokens and their logprobs, the engine's metadata), collected once
+from a running engine by :func:`collect`; everything after that (:func:`compare`, :func:`report`,
+:func:`render`) needs no engine and runs on any device, so the CPU tests drive it with data an
+aligned model produced under a known row. Each side is one forward per sequence, the LM head as
+vLLM computes its logprobs (:func:`rla.engines.live_calibration.score`): the bit-equal fraction is
+the share of logprobs equal to the engine's in every bit, k3 = E[exp(d) - 1 - d] with
+d = log pi_train - log pi_engine in fp64, max |d|; for prefill and decode, and for prefill per
+position bucket (:data:`rla.engines.live_calibration.BUCKETS`).
+
+Which rows are candidates is data, not engine branches: for each of the engine's modes, the row
+:func:`rla.profiles.for_engine` resolves for the engine's version (calibrated on it, else the
+nearest), the running mode's row first; then any row the user names.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from rla.engines.live_calibration import BUCKETS, score
+from rla.profiles import RoundingProfile, for_engine
+
+__all__ = ["EngineData", "FORMAT", "candidates", "random_prompts", "collect", "compare", "model_info",
+           "report", "render"]
+
+FORMAT = "rla.live_verify/1"
+"""The ``format`` key of a report (``report.json``)."""
+
+_SHAPE_KEYS = ("model_type", "architectures", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size", "max_position_embeddings",
+               "rope_parameters", "tie_word_embeddings")
+
+
+@dataclass(frozen=True)
+class EngineData:
+    """What the engine returned: per prompt its logprobs of tokens 1..n-1 (prefill), and its
+    sampled responses as rollout records (decode), with the engine's metadata
+    (``{"name", "version", "mode", "settings"}``, as :func:`rla.engines.vllm_live.engine_metadata`)."""
+
+    prompts: list[list[int]]
+    prompt_logprobs: list[list[float]]
+    records: list
+    engine: dict
+
+    def __post_init__(self) -> None:
+        if not self.prompts or not self.records:
+            raise ValueError("engine data needs at least one prompt (prefill) and one record (decode)")
+        if len(self.prompts) != len(self.prompt_logprobs):
+            raise ValueError(f"{len(self.prompts)} prompts but {len(self.prompt_logprobs)} prompt logprob lists")
+        for i, (p, lp) in enumerate(zip(self.prompts, self.prompt_logprobs)):
+            if len(lp) != len(p) - 1:
+                raise ValueError(f"prompt {i}: {len(p)} tokens need {len(p) - 1} prompt logprobs, got {len(lp)}")
+        for key in ("name", "version", "mode"):
+            if not isinstance(self.engine.get(key), str):
+                raise ValueError(f"engine metadata lacks {key!r} (it has {sorted(self.engine)})")
+
+
+def _alias(engine: str, mode: str) -> str:
+    return engine if mode == "default" else f"{engine}-{mode}"
+
+
+def candidates(engine: str, version: str, mode: str, modes: tuple[str, ...],
+               extra: dict[str, RoundingProfile] | None = None) -> dict[str, RoundingProfile | None]:
+    """The sides of a report: ``hf`` (None: the model as HF runs it), then for the running
+    ``mode`` and each other of ``modes`` the row calibrated for ``engine`` ``version`` in that mode
+    (or the nearest calibrated one), then ``extra`` (name -> row). A row met twice is listed once."""
+    sides: dict[str, RoundingProfile | None] = {"hf": None}
+    for m in (mode, *(x for x in modes if x != mode)):
+        match = for_engine(_alias(engine, m), version, warn=False)
+        if match is not None:
+            sides.setdefault(match.profile.name, match.profile)
+    for name, row in (extra or {}).items():
+        if name in sides:
+            raise ValueError(f"side {name!r} is already in the report ({', '.join(sides)}): name it otherwise")
+        sides[name] = row
+    return sides
+
+
+def random_prompts(vocab: int, lengths, seed: int = 0) -> list[list[int]]:
+    """Random-token prompts of the given lengths (seeded): every position is scored, none is
+    easy, and no tokenizer is needed (the engine runs with ``skip_tokenizer_init``)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in lengths]
+
+
+def collect(engine, prompts, decode_prompts, *, max_new_tokens: int, seed: int = 1) -> EngineData:
+    """Prompt logprobs of ``prompts`` and one sampled response of ``max_new_tokens`` per decode
+    prompt, from a running engine (``prompt_logprobs``, ``sample`` and ``metadata`` as
+    :class:`rla.engines.vllm_live.LiveVllm` has them), at temperature 1 without truncation."""
+    pre = engine.prompt_logprobs(prompts)
+    records = engine.sample(decode_prompts, max_tokens=max_new_tokens, seed=seed)
+    return EngineData([list(p) for p in prompts], pre, records, dict(engine.metadata))
+
+
+def compare(model, sides: dict[str, RoundingProfile | None], data: EngineData,
+            log: Callable[[str], None] | None = None) -> list[dict]:
+    """One row per side: ``side``, ``points`` (None for ``hf``), ``prefill`` and ``decode``
+    statistics against the engine (see the module docstring), ``seconds``."""
+    rows = []
+    for side, row in sides.items():
+        t0 = time.monotonic()
+        s = score(model, row, data.prompts, data.prompt_logprobs, data.records)
+        rows.append({"side": side, "points": row.points() if row is not None else None, **s,
+                     "seconds": round(time.monotonic() - t0, 3)})
+        if log is not None:
+            log(f"{side:22s} prefill eq {s['prefill']['equal']:.4%} k3 {s['prefill']['k3']:.3e} "
+                f"max {s['prefill']['max_abs']:.2e} | decode eq {s['decode']['equal']:.4%} k3 {s['decode']['k3']:.3e} "
+                f"({rows[-1]['seconds']:.1f}s)")
+    return rows
+
+
+def model_info(config) -> dict:
+    """The model's family and shape, from its HF config (what a report and a live row record)."""
+    d = config.to_dict()
+    out = {"family": d.get("model_type")}
+    out.update({k: d[k] for k in _SHAPE_KEYS[1:] if k in d})
+    out["qk_norm"] = d.get("model_type") in ("qwen3", "qwen3_moe")
+    out["attention_bias"] = bool(d.get("attention_bias", d.get("model_type") in ("qwen2", "qwen2_moe")))
+    return out
+
+
+def report(data: EngineData, rows: list[dict], model: dict, environment: dict | None = None) -> dict:
+    """The JSON report: the engine (metadata), the model, what was scored, every side's row."""
+    return {
+        "format": FORMAT,
+        "engine": data.engine,
+        "model": model,
+        "prompt_tokens": [len(p) for p in data.prompts],
+        "responses": len(data.records),
+        "response_tokens": sum(len(r.response_ids) for r in data.records),
+        "rows": rows,
+        "environment": environment or {},
+    }
+
+
+def _removed(base: float, k3: float) -> str:
+    return "-" if base == 0 else f"{1 - k3 / base:.0%}"
+
+
+def render(rep: dict) -> str:
+    """The report as Markdown: one table of every side (prefill and decode: bit-equal, k3, the
+    share of HF eager's k3 removed, max |dlogp|), one of prefill per position bucket."""
+    e = rep["engine"]
+    rows = rep["rows"]
+    hf = next((r for r in rows if r["side"] == "hf"), None)
+    lines = [
+        f"# {e['name']} {e['version']} live, mode {e['mode']}: {rep['model'].get('family')} "
+        f"h{rep['model'].get('hidden_size')} x {rep['model'].get('num_hidden_layers')} layers",
+        "",
+        f"Prefill: {len(rep['prompt_tokens'])} prompts of {', '.join(map(str, rep['prompt_tokens']))} tokens "
+        f"({rows[0]['prefill']['tokens']} logprobs); decode: {rep['responses']} sampled responses "
+        f"({rows[0]['decode']['tokens']} logprobs). \"k3 removed\" is against HF eager (side `hf`).",
+        "",
+        "| side | prefill bit-equal | prefill k3 | k3 removed | prefill max abs dlogp | decode bit-equal "
+        "| decode k3 | decode k3 removed | decode max abs dlogp |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p, d = r["prefill"], r["decode"]
+        base = hf is None or r is hf
+        lines.append(
+            f"| {r['side']} | {p['equal']:.3%} | {p['k3']:.2e} | {'-' if base else _removed(hf['prefill']['k3'], p['k3'])} "
+            f"| {p['max_abs']:.3g} | {d['equal']:.3%} | {d['k3']:.2e} | "
+            f"{'-' if base else _removed(hf['decode']['k3'], d['k3'])} | {d['max_abs']:.3g} |")
+    buckets = [f"{lo}-{hi}" for lo, hi in BUCKETS if any(f"{lo}-{hi}" in r["prefill"].get("by_position", {})
+                                                          for r in rows)]
+    lines += ["", "Prefill per position of the scored token (bit-equal / k3):", "",
+              "| side | " + " | ".join(buckets) + " |", "|---|" + "---|" * len(buckets)]
+    for r in rows:
+        by = r["prefill"].get("by_position", {})
+        lines.append(f"| {r['side']} | " + " | ".join(
+            f"{by[b]['equal']:.3%} / {by[b]['k3']:.2e}" if b in by else "-" for b in buckets) + " |")
+    return "\n".join(lines) + "\n"
