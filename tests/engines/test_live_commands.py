@@ -108,7 +108,8 @@ def test_the_report_shows_the_row_that_made_the_engine_bit_equal(model, data, tm
     publish(rep, data, out, overwrite=True)  # a folder rla wrote may be replaced
 
 
-@pytest.mark.slow  # 136-169 s under pytest on the loaded 2-core machine (the same search run as a script: 3 s; not explained yet)
+@pytest.mark.slow  # ~140 scorings, each a few small bf16 GEMMs: ~3 s on a quiet 2-core machine; 136-210 s when
+# other processes load it (2-thread GEMMs wait for a descheduled thread: profiled, 13 ms per 64x256x640 linear)
 def test_the_live_search_writes_the_row_that_made_the_engine(model, data, tmp_path):
     start = profiles.get("vllm-0.33")
     best, s, tried, flips = search(model, start, data.prompts, data.prompt_logprobs, data.records, lambda m: None)
