@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call of the live vLLM 0.26 session (after lab/bench/vllm026_device.sh part a|b, assemble,
+# deps). STAGES, in order:
+#   cli-eager / cli-default  `rla verify --live` then `rla calibrate --live` on the Qwen3 h2048 4-layer
+#                            random-init checkpoint (q/k norms: every point has a say), that mode
+#   solo                     vllm_live_attribution.py engine-solo (each prompt alone, no chunked prefill)
+#   attr                     vllm_live_attribution.py compare (the interventions, batched and solo)
+#   twin                     vllm_live_attribution.py twin (the twin with the engine's attention vs live)
+# NAMES (attribution models, default qwen2-h1536-L4), MODES (default eager,default). Results under $OUT.
+set -o pipefail
+source lab/bench/vllm026_device.sh env
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/rla-out}; M=/tmp/rla-live-models; mkdir -p "$OUT" "$M"
+t0=$(date +%s); DEADLINE=${DEADLINE:-580}
+cap() { local left=$(( DEADLINE - ($(date +%s) - t0) - 5 )); (( left < $1 )) && echo $(( left > 1 ? left : 1 )) || echo $1; }
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+stamp() { echo "=== $1 at +$(( $(date +%s) - t0 ))s"; }
+for mode in eager default; do
+  has cli-$mode || continue
+  stamp cli-$mode
+  python3 lab/bench/vllm_live_h200.py checkpoint --models $M --families qwen3-h2048 --layers 4 > "$OUT/checkpoint.log" 2>&1 || tail -5 "$OUT/checkpoint.log"
+  timeout $(cap 300) python3 -m rla.cli verify --engine vllm --live --model $M/qwen3-h2048-L4 --mode $mode \
+    --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 --out "$OUT/verify-$mode" > "$OUT/verify-$mode.log" 2>&1
+  echo "verify rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/verify-$mode.log" | tail -25 | cut -c1-220
+  timeout $(cap 300) python3 -m rla.cli calibrate --engine vllm --live --model $M/qwen3-h2048-L4 --mode $mode \
+    --out "$OUT/vllm-0.26$([[ $mode == eager ]] && echo -eager).json" > "$OUT/calibrate-$mode.log" 2>&1
+  echo "calibrate rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/calibrate-$mode.log" | tail -25 | cut -c1-220
+done
+A="python3 lab/bench/vllm_live_attribution.py --out /tmp/attr --models $M --names ${NAMES:-qwen2-h1536-L4} --modes ${MODES:-eager,default}"
+if has solo; then stamp solo; timeout $(cap 300) $A engine-solo > "$OUT/solo.log" 2>&1; echo "rc=$?"; grep -E "solo:|Error|error" "$OUT/solo.log" | tail -8; fi
+if has attr; then stamp attr; timeout $(cap 300) $A compare > "$OUT/attr.log" 2>&1; echo "rc=$?"; grep -E "prefill eq|batched vs solo|FAILED|Error" "$OUT/attr.log" | cut -c1-200; fi
+if has twin; then stamp twin; timeout $(cap 300) $A twin > "$OUT/twin.log" 2>&1; echo "rc=$?"; grep -E "prefill eq|FAILED|Error" "$OUT/twin.log" | cut -c1-200; fi
+# /tmp/attr stays while the machine is warm (a later call's compare reads the solo runs); copy what it holds
+if ls /tmp/attr/*.json >/dev/null 2>&1; then mkdir -p "$OUT/attr" && cp /tmp/attr/*.json "$OUT/attr/"; fi
+stamp done
