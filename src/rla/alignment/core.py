@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rla.alignment import compat, liger
+from rla.alignment import compat, gemma, liger
 from rla.alignment.alignment_report import AlignmentReport
 from rla.alignment.families import FAMILIES, Family, class_named, get_family
 from rla.alignment.patch import foreign_wrapper, install, patch_of, uninstall
@@ -106,12 +106,12 @@ def _find(model) -> tuple[Family, torch.nn.Module]:
         )
     family = get_family(config.model_type, type(model).__name__)
     for m in model.modules():
-        if class_named(m, family.prefix + "Model") is not None and isinstance(
+        if class_named(m, family.cls("body")) is not None and isinstance(
             getattr(m, "layers", None), torch.nn.ModuleList
         ):
             return family, m
     raise NotImplementedError(
-        f"rla.align: found a {family.model_type} config but no {family.prefix}Model with `layers` "
+        f"rla.align: found a {family.model_type} config but no {family.cls('body')} with `layers` "
         f"inside {type(model).__name__}"
     )
 
@@ -214,6 +214,8 @@ def align(
             f"rla.align: {meta} is on the meta device (no data): alignment reads and replaces RoPE's tables, so "
             "it needs the real weights. Align after loading them (from_pretrained, or to_empty + load_state_dict)"
         )
+    if family.layout == "gemma3":
+        return _align_gemma3(model, body, family, p, regions, impl, match)
     found = _scan(body, family)
     if "swiglu" in regions:
         check_activation(body.config)
@@ -278,6 +280,29 @@ def align(
             uninstall(m)
         raise
     report.notes.extend(liger_notes + liger.outside_notes(model, body))
+    report.notes.extend(_nothing_to_round(model))
+    _guard(body, report)
+    return report
+
+
+def _align_gemma3(model, body, family, p, regions, impl, match) -> AlignmentReport:
+    """Gemma 3's layer shape (``rla.alignment.gemma``): rla.ops only, no Liger, no ``ops=`` plug."""
+    if impl is not None:
+        raise NotImplementedError(
+            f"rla.align: ops={impl!r} on {family.model_type}: engine-backed ops cover the Llama-shaped "
+            "families only; align Gemma 3 with rla.ops (ops=None)"
+        )
+    if any(liger.is_liger(type(m)) for m in body.modules()):
+        raise liger.refusal(f"{type(model).__name__} holds Liger modules; rla.align does not align Liger's Gemma kernels")
+    if body.__dict__.get(_STATE_ATTR) is not None:
+        unalign(body)
+    report = AlignmentReport(
+        profile=p, regions=regions, family=family.model_type, model_class=type(model).__name__,
+        transformers_version=str(compat.TRANSFORMERS_VERSION), ops="rla.ops",
+    )
+    if match is not None:
+        report.profile_choice = match.message()
+    gemma.align_gemma3(body, family, p, regions, report)
     report.notes.extend(_nothing_to_round(model))
     _guard(body, report)
     return report

@@ -8,6 +8,9 @@ attention calls the module-global ``apply_rotary_pos_emb``; norms are ``<Prefix>
 ``k_norm`` (Qwen3), and whether ``mlp`` is a dense SwiGLU MLP or a sparse MoE block whose
 ``experts`` hold a 3-D ``gate_up_proj`` (plus, for Qwen2-MoE, a dense ``shared_expert``).
 
+Gemma 3 (``gemma3_text``, and the text model inside ``gemma3``) has another layer shape
+(``layout='gemma3'``, aligned by ``rla.alignment.gemma``).
+
 Modules are recognised by class name anywhere in their MRO, so FSDP2's ``FSDP<Class>`` subclasses
 and PEFT-wrapped models are found too. A new family of the same skeleton is one row here.
 """
@@ -40,8 +43,18 @@ class Family:
     shared_expert: str | None = None
     """Attribute of the MoE block holding a dense SwiGLU MLP that every token goes through."""
 
+    body: str | None = None
+    """Class name of the decoder body when it is not ``<Prefix>Model`` (Gemma 3: ``Gemma3TextModel``)."""
+
+    layout: str = "llama"
+    """The decoder layer's shape: ``llama`` (input norm, attention, add, post-attention norm, MLP,
+    add) or ``gemma3`` (zero-centred norms before *and* after each sub-block, a GeGLU MLP, one
+    rotary module with a table per layer type; ``rla.alignment.gemma``)."""
+
     def cls(self, role: str) -> str:
         """Class name of a role: ``rotary`` -> ``Qwen2RotaryEmbedding`` and so on."""
+        if role == "body":
+            return self.body or self.prefix + "Model"
         return self.prefix + _ROLE_SUFFIX[role]
 
 
@@ -65,6 +78,8 @@ FAMILIES: dict[str, Family] = {
         Family("qwen2_moe", "Qwen2Moe", moe=True, shared_expert="shared_expert"),
         Family("qwen3_moe", "Qwen3Moe", qk_norm=True, moe=True),
         Family("mixtral", "Mixtral", moe=True),
+        Family("gemma3_text", "Gemma3", qk_norm=True, body="Gemma3TextModel", layout="gemma3"),
+        Family("gemma3", "Gemma3", qk_norm=True, body="Gemma3TextModel", layout="gemma3"),
     )
 }
 
@@ -76,7 +91,8 @@ def get_family(model_type: str | None, what: str = "this model") -> Family:
         raise NotImplementedError(
             f"rla.align does not support {what} (config.model_type={model_type!r}). Supported "
             f"families: {', '.join(FAMILIES)} (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, "
-            "Mixtral). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other models."
+            "Mixtral, Gemma 3's text model). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
+            "models; docs/families.md says what each newer family needs."
         ) from None
 
 
