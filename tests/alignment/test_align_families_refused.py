@@ -1,0 +1,37 @@
+"""Families rla.align does not align yet are refused before anything changes, with a message that
+names them and where their needs are written down (docs/families.md): a new user is never left
+believing an unaligned region aligned."""
+
+import pytest
+import torch
+import transformers
+
+import rla
+
+_TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=16)
+
+
+def _gpt_oss():
+    return transformers.GptOssConfig(**_TINY, num_local_experts=2, num_experts_per_tok=1,
+                                     layer_types=["sliding_attention"])
+
+
+def _qwen3_5():
+    return transformers.Qwen3_5TextConfig(**_TINY, layer_types=["full_attention"])
+
+
+def _glm4_moe():
+    return transformers.Glm4MoeConfig(**_TINY, n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                                      first_k_dense_replace=1)
+
+
+@pytest.mark.parametrize("make", [_gpt_oss, _qwen3_5, _glm4_moe], ids=["gpt_oss", "qwen3_5_text", "glm4_moe"])
+def test_not_yet_aligned_families_are_refused_by_name(make):
+    cfg = make()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    before = {id(m): dict(m.__dict__) for m in model.modules()}
+    with pytest.raises(NotImplementedError, match=rf"model_type='{cfg.model_type}'.*docs/families.md"):
+        rla.align(model, "vllm")
+    assert all(m.__dict__.keys() == before[id(m)].keys() for m in model.modules())
