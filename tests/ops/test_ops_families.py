@@ -138,14 +138,67 @@ def test_zero_centred_norm_backward_oracle(name, add):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_family_ops_on_cuda_are_the_reference():
-    """No fused kernel takes the offset or the gelu yet: on CUDA the reference runs, and equals
-    the CPU reference bit for bit (elementwise fp32 ops and a row mean)."""
+    """No fused kernel takes the offset, the gelu or the clamped SwiGLU yet: on CUDA the reference
+    runs. It equals the CPU reference except where CUDA's tanh / exp / the row mean's order
+    differ from the CPU's in the last fp32 bit, which moves a bf16 output by at most one ulp."""
     x, r, _ = _inputs((64, 256), 11)
     w = (0.3 * torch.randn(256, generator=torch.Generator().manual_seed(12))).to(BF16)
+
+    def close(got, want, what):
+        got, want = got.cpu().float(), want.float()
+        ulp = torch.ldexp(torch.ones_like(want), torch.frexp(want)[1] - 8)
+        assert ((got - want).abs() <= ulp).all(), what
+        assert (got == want).float().mean() > 0.99, what
+
     for name in ("hf", "vllm", "sglang"):
-        got = ops.geglu(x.cuda(), r.cuda(), name).cpu()
-        assert torch.equal(got, ops.geglu(x, r, name))
+        close(ops.geglu(x.cuda(), r.cuda(), name), ops.geglu(x, r, name), f"{name} geglu")
+        close(ops.swiglu_oai(x.cuda(), r.cuda(), 1.702, 7.0, name), ops.swiglu_oai(x, r, 1.702, 7.0, name),
+              f"{name} swiglu_oai")
         got = ops.add_rms_norm(x.cuda(), r.cuda(), w.cuda(), 1e-6, name, weight_offset=1.0)
         want = ops.add_rms_norm(x, r, w, 1e-6, name, weight_offset=1.0)
         assert torch.equal(got[1].cpu(), want[1])
-        assert (got[0].cpu().float() - want[0].float()).abs().max() <= 2 * want[0].float().abs().max() * 2**-8
+        close(got[0], want[0], f"{name} zero-centred add + norm")
+
+
+# ------------------------------------------------------------------------- GPT-OSS clamped SwiGLU
+
+
+def _oai_inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    gate_up = (torch.randn(6, 33, 2 * 48, generator=g) * 5).to(BF16)  # |x| > 7 often: both clamps act
+    return gate_up, torch.randn(6, 33, 48, generator=g).to(BF16)
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_swiglu_oai_forward_is_the_point(name):
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    experts = GptOssExperts(GptOssConfig(hidden_size=32, intermediate_size=48, num_local_experts=2))
+    gate_up, _ = _oai_inputs(20)
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    got = ops.swiglu_oai(gate, up, experts.alpha, experts.limit, name)
+    if profiles.get(name).swiglu == "per_op":  # HF's own _apply_gate, op by op on bf16 tensors
+        assert torch.equal(got, experts._apply_gate(gate_up))
+    else:
+        g, u = gate.float().clamp(max=7.0), up.float().clamp(-7.0, 7.0)
+        assert torch.equal(got, ((u + 1.0) * (g * torch.sigmoid(g * 1.702))).to(BF16))
+        assert not torch.equal(got, experts._apply_gate(gate_up))
+
+
+@pytest.mark.parametrize("name", ["hf", "vllm"])
+def test_swiglu_oai_backward_oracle(name):
+    gate_up, dy = _oai_inputs(21)
+    gate = gate_up[..., ::2].contiguous().requires_grad_(True)
+    up = gate_up[..., 1::2].contiguous().requires_grad_(True)
+    ops.swiglu_oai(gate, up, 1.702, 7.0, name).backward(dy)
+    g64 = gate.detach().double().requires_grad_(True)
+    u64 = up.detach().double().requires_grad_(True)
+    gc, uc = torch.clamp(g64, max=7.0), torch.clamp(u64, -7.0, 7.0)
+    out = (uc + 1.0) * gc / (1.0 + torch.exp(-1.702 * gc))  # written another way than the op
+    dgate, dup = torch.autograd.grad(out, (g64, u64), dy.double())
+    gd, ud = gc.detach(), uc.detach()
+    mag = (dy.double() * (ud.abs() + 1.0)).abs() * (1.0 + 1.702 * gd.abs())
+    _check(gate.grad, dgate, 32 * U32 * mag, f"{name} swiglu_oai dgate")
+    _check(up.grad, dup, 16 * U32 * (dy.double() * gd).abs(), f"{name} swiglu_oai dup")
+    assert (gate.grad[gate.detach() > 7.0] == 0).all() and (up.grad[up.detach().abs() > 7.0] == 0).all()

@@ -29,7 +29,15 @@ from rla.alignment.families import FAMILIES, Family, class_named, get_family
 from rla.alignment.patch import foreign_wrapper, install, patch_of, uninstall
 from rla.alignment.rmsnorm import align_layers, align_norms
 from rla.alignment.rope import align_attention, align_rotary
-from rla.alignment.swiglu import align_experts, align_mlps, check_activation, check_experts
+from rla.alignment.swiglu import (
+    align_clamped_experts,
+    align_experts,
+    align_mlps,
+    check_activation,
+    check_clamped_experts,
+    check_experts,
+    family_notes,
+)
 from rla.profiles import REGIONS, RoundingProfile, aliases, for_engine, resolve
 
 __all__ = ["align", "unalign", "aligned", "alignment_of"]
@@ -150,7 +158,8 @@ def _scan(body: torch.nn.Module, family: Family) -> _Modules:
                     _expect(getattr(attn, name, None), family, "norm", f"{where}.self_attn.{name}")
                 )
         mlp = getattr(layer, "mlp", None)
-        if mlp is not None and (class_named(mlp, family.cls("mlp")) is not None or liger.stands_for(mlp, "mlp")):
+        dense = family.dense_mlp and mlp is not None
+        if dense and (class_named(mlp, family.cls("mlp")) is not None or liger.stands_for(mlp, "mlp")):
             found.mlps.append(mlp)
         elif family.moe and mlp is not None and class_named(mlp, family.cls("moe")) is not None:
             found.experts.append(_expect(getattr(mlp, "experts", None), family, "experts", f"{where}.mlp.experts"))
@@ -161,7 +170,7 @@ def _scan(body: torch.nn.Module, family: Family) -> _Modules:
                 )
         else:
             expected = family.cls("mlp") + (f" or {family.cls('moe')}" if family.moe else "")
-            _expect(mlp, family, "mlp", f"{where}.mlp (a {expected})")
+            _expect(mlp, family, "moe" if not family.dense_mlp else "mlp", f"{where}.mlp (a {expected})")
     return found
 
 
@@ -218,9 +227,13 @@ def align(
         return _align_gemma3(model, body, family, p, regions, impl, match)
     found = _scan(body, family)
     if "swiglu" in regions:
-        check_activation(body.config)
-        for experts in found.experts:
-            check_experts(experts)
+        if family.experts_gate == "clamped_swiglu":
+            for experts in found.experts:
+                check_clamped_experts(experts)
+        else:
+            check_activation(body.config)
+            for experts in found.experts:
+                check_experts(experts)
     if body.__dict__.get(_STATE_ATTR) is not None:
         unalign(body)
     liger_notes, _ = liger.notes_before(body, family, found, regions)
@@ -247,6 +260,18 @@ def align(
     if callable(getattr(impl, "make_forward", None)):
         _align_body(model, body, found, family, p, regions, impl, report)
         return report
+    if family.variant is not None:
+        if impl is not None:
+            raise NotImplementedError(f"rla.align: ops={impl!r} on {family.model_type}: engine-backed ops cover "
+                                      "the Llama-shaped families without a row variant; align with rla.ops (ops=None)")
+        pv = p.variant(family.variant)
+        if pv is not p:
+            changed = {k: v for k, v in pv.points().items() if getattr(p, k) != v}
+            report.notes.append(f"{family.model_type}'s norms and experts follow {pv.name!r}: {changed}, the row's "
+                                "variant for them (docs/families.md)")
+        p = pv
+        report.variant = family.variant
+        report.notes.extend(family_notes(family))
     try:
         if "rope" in regions:
             report.hazards.extend(align_rotary(found.rotary, p, report, round_tables=chain))
@@ -257,7 +282,10 @@ def align(
             report.notes.extend(notes)
         if "swiglu" in regions:
             align_mlps(found.mlps + found.shared_experts, p, impl)
-            align_experts(found.experts, p, impl)
+            if family.experts_gate == "clamped_swiglu":
+                align_clamped_experts(found.experts, p)
+            else:
+                align_experts(found.experts, p, impl)
             counts = {"mlp": len(found.mlps)}
             if family.moe:
                 counts["experts"] = len(found.experts)
@@ -265,7 +293,7 @@ def align(
                     counts["shared_expert"] = len(found.shared_experts)
             report.counts["swiglu"] = counts
         if "rmsnorm" in regions:
-            align_layers(found.layers, found.layer_class, p, impl)
+            align_layers(found.layers, found.layer_class, p, impl, keep_router=family.moe_block != "MLP")
             after_add = {id(found.norms[0])} | {id(layer.input_layernorm) for layer in found.layers[1:]}
             align_norms([n for n in found.norms if id(n) in after_add], p, False, impl, after_add=True)
             align_norms([n for n in found.norms if id(n) not in after_add], p, False, impl)

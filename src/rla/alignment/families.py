@@ -51,11 +51,29 @@ class Family:
     add) or ``gemma3`` (zero-centred norms before *and* after each sub-block, a GeGLU MLP, one
     rotary module with a table per layer type; ``rla.alignment.gemma``)."""
 
+    moe_block: str | None = None
+    """Class-name suffix of the MoE block when it is not ``SparseMoeBlock`` (GPT-OSS: ``MLP``,
+    every layer's MLP being its MoE block; then no dense MLP exists)."""
+
+    experts_gate: str = "swiglu"
+    """The experts' gated activation: ``swiglu`` (silu(gate) * up, concatenated 3-D weights) or
+    ``clamped_swiglu`` (GPT-OSS: interleaved gate/up with biases, ``alpha`` and ``limit``)."""
+
+    variant: str | None = None
+    """The rows' variant (:data:`rla.profiles.VARIANTS`) that holds for this family's modules."""
+
     def cls(self, role: str) -> str:
         """Class name of a role: ``rotary`` -> ``Qwen2RotaryEmbedding`` and so on."""
         if role == "body":
             return self.body or self.prefix + "Model"
+        if role == "moe" and self.moe_block:
+            return self.prefix + self.moe_block
         return self.prefix + _ROLE_SUFFIX[role]
+
+    @property
+    def dense_mlp(self) -> bool:
+        """Whether a layer's ``mlp`` can be a dense SwiGLU MLP (``<Prefix>MLP``)."""
+        return self.moe_block != "MLP"
 
 
 _ROLE_SUFFIX = {
@@ -78,6 +96,7 @@ FAMILIES: dict[str, Family] = {
         Family("qwen2_moe", "Qwen2Moe", moe=True, shared_expert="shared_expert"),
         Family("qwen3_moe", "Qwen3Moe", qk_norm=True, moe=True),
         Family("mixtral", "Mixtral", moe=True),
+        Family("gpt_oss", "GptOss", moe=True, moe_block="MLP", experts_gate="clamped_swiglu", variant="gpt_oss"),
         Family("gemma3_text", "Gemma3", qk_norm=True, body="Gemma3TextModel", layout="gemma3"),
         Family("gemma3", "Gemma3", qk_norm=True, body="Gemma3TextModel", layout="gemma3"),
     )
@@ -91,7 +110,7 @@ def get_family(model_type: str | None, what: str = "this model") -> Family:
         raise NotImplementedError(
             f"rla.align does not support {what} (config.model_type={model_type!r}). Supported "
             f"families: {', '.join(FAMILIES)} (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, "
-            "Mixtral, Gemma 3's text model). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
+            "Mixtral, GPT-OSS, Gemma 3's text model). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
             "models; docs/families.md says what each newer family needs."
         ) from None
 

@@ -230,6 +230,7 @@ def align_gemma3(body, family: Family, profile: RoundingProfile, regions: tuple[
         raise ValueError(f"rla.align 'swiglu' region: Gemma 3's config.hidden_activation is {act!r}; the region "
                          f"aligns the gated product of {GEGLU_ACTIVATIONS}. Align without 'swiglu'.")
     p = profile.variant(ZERO_CENTRED)
+    report.variant = ZERO_CENTRED
     chain = p.qk_norm_out == "fp32" and {"rope", "rmsnorm"} <= set(regions)
     if chain and p.rope_cos_sin == "fp32":
         raise NotImplementedError(f"profile {p.name!r}: qk_norm_out='fp32' with rope_cos_sin='fp32' is not implemented")

@@ -18,7 +18,7 @@ from rla.ops._checks import check_carry_add, check_norm, check_rope, check_swigl
 from rla.ops.launch import launch_config, set_launch_config
 from rla.profiles import RoundingProfile, resolve
 
-__all__ = ["rope", "swiglu", "geglu", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope", "backend", "launch_config", "set_launch_config"]
+__all__ = ["rope", "swiglu", "geglu", "swiglu_oai", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope", "backend", "launch_config", "set_launch_config"]
 
 
 def backend(*tensors: torch.Tensor):
@@ -103,6 +103,20 @@ def geglu(gate, up, profile: str | RoundingProfile):
     p = resolve(profile)
     check_swiglu(gate, up)
     return reference.geglu(gate, up, p)
+
+
+def swiglu_oai(gate, up, alpha: float, limit: float, profile: str | RoundingProfile):
+    """GPT-OSS's clamped SwiGLU, (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with
+    g = clamp(gate, max=limit), rounded where ``profile.swiglu`` says: ``per_op`` is HF's op
+    sequence on bf16 tensors (each of its five arithmetic ops rounded), ``fused`` one rounding.
+    ``gate``/``up`` may be the strided halves of an interleaved gate_up (``x[..., ::2]``,
+    ``x[..., 1::2]``). The PyTorch reference on every device (no fused kernel yet)."""
+    p = resolve(profile)
+    check_swiglu(gate, up)
+    for name, v in (("alpha", alpha), ("limit", limit)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or v == float("inf"):
+            raise ValueError(f"swiglu_oai: {name} must be a finite positive number, got {v!r}")
+    return reference.swiglu_oai(gate, up, alpha, limit, p)
 
 
 def _check_offset(weight_offset) -> float:

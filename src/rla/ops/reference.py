@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from rla.ops.reduction import block_sum_squares, call_tree
 from rla.profiles import RoundingProfile
 
-__all__ = ["rope", "swiglu", "geglu", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope"]
+__all__ = ["rope", "swiglu", "geglu", "swiglu_oai", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope"]
 
 
 def _rn(v: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
@@ -183,6 +183,56 @@ def geglu(gate, up, profile: RoundingProfile):
     tanh approximation in fp32 (``F.gelu(g.float(), approximate='tanh')``), which is what HF's
     ``gelu_pytorch_tanh`` computes inside its bf16 op before rounding."""
     return _GeGLU.apply(gate, up, profile.swiglu == "per_op")
+
+
+# --------------------------------------------------------------------------------------------
+# GPT-OSS's clamped SwiGLU: (clamp(u, -l, l) + 1) * g * sigmoid(alpha * g), g = clamp(gate, max=l)
+# --------------------------------------------------------------------------------------------
+
+
+def _oai_parts(gf, uf, alpha, limit):
+    g = gf.clamp(max=limit)
+    u = uf.clamp(min=-limit, max=limit)
+    return g, u
+
+
+class _SwiGLUOAI(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, alpha: float, limit: float, per_op: bool):
+        lp = gate.dtype
+        g, u = _oai_parts(gate.float(), up.float(), alpha, limit)
+        if per_op:  # HF's GptOssExperts._apply_gate on lp tensors: every op rounded
+            t = _rn(g * alpha, lp)
+            glu = _rn(g * _rn(torch.sigmoid(t), lp), lp)
+            out = _rn(u + 1.0, lp) * glu
+        else:  # one rounding at the store (vLLM's swigluoai_and_mul kernel computes in fp32)
+            out = (u + 1.0) * (g * torch.sigmoid(g * alpha))
+        ctx.save_for_backward(gate, up)
+        ctx.alpha, ctx.limit = alpha, limit
+        return out.to(lp)
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        gf, uf, dyf = gate.float(), up.float(), dy.float()
+        alpha, limit = ctx.alpha, ctx.limit
+        g, u = _oai_parts(gf, uf, alpha, limit)
+        sig = torch.sigmoid(g * alpha)
+        dgate = dup = None
+        if ctx.needs_input_grad[0]:  # clamp passes the gradient where the input is inside its bounds
+            d = (u + 1.0) * (sig + g * alpha * sig * (1.0 - sig))
+            dgate = (dyf * torch.where(gf <= limit, d, torch.zeros_like(d))).to(gate.dtype)
+        if ctx.needs_input_grad[1]:
+            inside = (uf >= -limit) & (uf <= limit)
+            dup = (dyf * torch.where(inside, g * sig, torch.zeros_like(g))).to(up.dtype)
+        return dgate, dup, None, None, None
+
+
+def swiglu_oai(gate, up, alpha: float, limit: float, profile: RoundingProfile):
+    """GPT-OSS's clamped SwiGLU under ``profile.swiglu`` (inputs already validated): ``per_op`` =
+    HF's op sequence on lp tensors, RN(RN(RN(u) + 1) * RN(g * RN(sigmoid(RN(g * alpha))))) with the
+    clamps exact; ``fused`` = RN((u + 1) * (g * sigmoid(g * alpha))) in fp32."""
+    return _SwiGLUOAI.apply(gate, up, float(alpha), float(limit), profile.swiglu == "per_op")
 
 
 # --------------------------------------------------------------------------------------------

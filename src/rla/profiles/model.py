@@ -54,8 +54,10 @@ REGION_POINTS: dict[str, tuple[str, ...]] = {
 #: measured on, so a row can say, as data, which points differ for them (``RoundingProfile.variants``).
 #: ``zero_centred_norm``: the RMSNorm of Gemma and Qwen3.5/Qwen3-Next, ``x * rstd * (1 + w)``,
 #: and the decoder layers built around it (Gemma's norms before and after each sub-block).
+#: ``gpt_oss``: GPT-OSS's norms and its experts' clamped SwiGLU (docs/families.md).
 VARIANTS: dict[str, str] = {
     "zero_centred_norm": "RMSNorm computing x * rstd * (1 + w) (Gemma 3, Qwen3.5/Qwen3-Next) and its layers' adds",
+    "gpt_oss": "GPT-OSS's RMSNorm (HF: (w * x * rstd) rounded once) and its experts' clamped SwiGLU",
 }
 
 #: Evidence strengths, strongest first: the engine's compiled kernels run on a GPU; its Python
