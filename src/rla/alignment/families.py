@@ -8,7 +8,7 @@ attention calls the module-global ``apply_rotary_pos_emb``; norms are ``<Prefix>
 ``k_norm`` (Qwen3), and whether ``mlp`` is a dense SwiGLU MLP or a sparse MoE block whose
 ``experts`` hold a 3-D ``gate_up_proj`` (plus, for Qwen2-MoE, a dense ``shared_expert``).
 
-Gemma 3 (``gemma3_text``, and the text model inside ``gemma3``) has another layer shape
+Gemma 3's text model (``gemma3_text``; the multimodal ``gemma3`` is not registered) has another layer shape
 (``layout='gemma3'``, aligned by ``rla.alignment.gemma``).
 
 Modules are recognised by class name anywhere in their MRO, so FSDP2's ``FSDP<Class>`` subclasses
@@ -98,7 +98,6 @@ FAMILIES: dict[str, Family] = {
         Family("mixtral", "Mixtral", moe=True),
         Family("gpt_oss", "GptOss", moe=True, moe_block="MLP", experts_gate="clamped_swiglu", variant="gpt_oss"),
         Family("gemma3_text", "Gemma3", qk_norm=True, body="Gemma3TextModel", layout="gemma3"),
-        Family("gemma3", "Gemma3", qk_norm=True, body="Gemma3TextModel", layout="gemma3"),
     )
 }
 

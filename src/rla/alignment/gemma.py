@@ -1,4 +1,4 @@
-"""Gemma 3 (``gemma3_text``; the text model of ``gemma3``): its layer shape, aligned region by region.
+"""Gemma 3's text model (``gemma3_text``): its layer shape, aligned region by region.
 
 What differs from the Llama-shaped families (``docs/families.md`` gives each engine's code):
 

@@ -208,8 +208,9 @@ class RoundingProfile:
         return {point: getattr(self, point) for point in POINTS}
 
     def same_rounding(self, other: "RoundingProfile") -> bool:
-        """True when both profiles round at the same places (names may differ), variants included."""
-        return self.points() == other.points() and self.variants == other.variants
+        """True when both profiles round at the same places (names may differ) on the families the
+        points were measured on; the variants (other kinds of modules) are not compared."""
+        return self.points() == other.points()
 
     def variant(self, kind: str) -> "RoundingProfile":
         """The profile that holds for modules of ``kind`` (:data:`VARIANTS`): this row with the
