@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rla.alignment import compat, gemma, liger
+from rla.alignment import compat, gemma, liger, qwen3_5
 from rla.alignment.alignment_report import AlignmentReport
 from rla.alignment.families import FAMILIES, Family, class_named, get_family
 from rla.alignment.patch import foreign_wrapper, install, patch_of, uninstall
@@ -223,8 +223,8 @@ def align(
             f"rla.align: {meta} is on the meta device (no data): alignment reads and replaces RoPE's tables, so "
             "it needs the real weights. Align after loading them (from_pretrained, or to_empty + load_state_dict)"
         )
-    if family.layout == "gemma3":
-        return _align_gemma3(model, body, family, p, regions, impl, match)
+    if family.layout in ("gemma3", "qwen3_5"):
+        return _align_own_layout(model, body, family, p, regions, impl, match)
     found = _scan(body, family)
     if "swiglu" in regions:
         if family.experts_gate == "clamped_swiglu":
@@ -313,15 +313,16 @@ def align(
     return report
 
 
-def _align_gemma3(model, body, family, p, regions, impl, match) -> AlignmentReport:
-    """Gemma 3's layer shape (``rla.alignment.gemma``): rla.ops only, no Liger, no ``ops=`` plug."""
+def _align_own_layout(model, body, family, p, regions, impl, match) -> AlignmentReport:
+    """Gemma 3's and Qwen3.5's layer shapes (``rla.alignment.gemma``, ``rla.alignment.qwen3_5``):
+    rla.ops only, no Liger, no ``ops=`` plug."""
     if impl is not None:
         raise NotImplementedError(
             f"rla.align: ops={impl!r} on {family.model_type}: engine-backed ops cover the Llama-shaped "
-            "families only; align Gemma 3 with rla.ops (ops=None)"
+            "families only; align it with rla.ops (ops=None)"
         )
     if any(liger.is_liger(type(m)) for m in body.modules()):
-        raise liger.refusal(f"{type(model).__name__} holds Liger modules; rla.align does not align Liger's Gemma kernels")
+        raise liger.refusal(f"{type(model).__name__} holds Liger modules; rla.align does not align Liger's kernels on {family.model_type}")
     if body.__dict__.get(_STATE_ATTR) is not None:
         unalign(body)
     report = AlignmentReport(
@@ -330,7 +331,7 @@ def _align_gemma3(model, body, family, p, regions, impl, match) -> AlignmentRepo
     )
     if match is not None:
         report.profile_choice = match.message()
-    gemma.align_gemma3(body, family, p, regions, report)
+    (gemma.align_gemma3 if family.layout == "gemma3" else qwen3_5.align_qwen3_5)(body, family, p, regions, report)
     report.notes.extend(_nothing_to_round(model))
     _guard(body, report)
     return report

@@ -98,6 +98,7 @@ FAMILIES: dict[str, Family] = {
         Family("mixtral", "Mixtral", moe=True),
         Family("gpt_oss", "GptOss", moe=True, moe_block="MLP", experts_gate="clamped_swiglu", variant="gpt_oss"),
         Family("gemma3_text", "Gemma3", qk_norm=True, body="Gemma3TextModel", layout="gemma3"),
+        Family("qwen3_5_text", "Qwen3_5", qk_norm=True, body="Qwen3_5TextModel", layout="qwen3_5"),
     )
 }
 
@@ -109,7 +110,7 @@ def get_family(model_type: str | None, what: str = "this model") -> Family:
         raise NotImplementedError(
             f"rla.align does not support {what} (config.model_type={model_type!r}). Supported "
             f"families: {', '.join(FAMILIES)} (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, "
-            "Mixtral, GPT-OSS, Gemma 3's text model). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
+            "Mixtral, GPT-OSS, Gemma 3's and Qwen3.5's text models). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
             "models; docs/families.md says what each newer family needs."
         ) from None
 
