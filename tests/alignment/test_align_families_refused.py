@@ -12,12 +12,18 @@ _TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_lay
              num_key_value_heads=1, head_dim=16)
 
 
-def _glm4_moe():
-    return transformers.Glm4MoeConfig(**_TINY, n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
-                                      first_k_dense_replace=1)
+def _deepseek_v3():
+    return transformers.DeepseekV3Config(**_TINY, n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                                         first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
+                                         qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1)
 
 
-@pytest.mark.parametrize("make", [_glm4_moe], ids=["glm4_moe"])
+def _qwen3_5_moe():
+    return transformers.Qwen3_5MoeTextConfig(**_TINY, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                                             shared_expert_intermediate_size=16, layer_types=["full_attention"])
+
+
+@pytest.mark.parametrize("make", [_deepseek_v3, _qwen3_5_moe], ids=["deepseek_v3", "qwen3_5_moe_text"])
 def test_not_yet_aligned_families_are_refused_by_name(make):
     cfg = make()
     torch.manual_seed(0)

@@ -152,7 +152,7 @@ def _scan(body: torch.nn.Module, family: Family) -> _Modules:
         found.attentions.append(attn)
         for name in ("input_layernorm", "post_attention_layernorm"):
             found.norms.append(_expect(getattr(layer, name, None), family, "norm", f"{where}.{name}"))
-        if family.qk_norm:
+        if family.qk_norm and not (family.qk_norm_optional and getattr(attn, "q_norm", None) is None):
             for name in ("q_norm", "k_norm"):
                 found.qk_norms.append(
                     _expect(getattr(attn, name, None), family, "norm", f"{where}.self_attn.{name}")
@@ -271,11 +271,15 @@ def align(
                                 "variant for them (docs/families.md)")
         p = pv
         report.variant = family.variant
-        report.notes.extend(family_notes(family))
+    report.notes.extend(family_notes(family))
     try:
         if "rope" in regions:
             report.hazards.extend(align_rotary(found.rotary, p, report, round_tables=chain))
-            fused, notes = align_attention(found.attentions, family, p, impl, qk_chain=chain)
+            if family.partial_rotary and impl is not None:
+                raise NotImplementedError(f"rla.align: ops={impl!r} on {family.model_type}: engine-backed ops do "
+                                          "not rotate part of a head; align it with rla.ops (ops=None)")
+            fused, notes = align_attention(found.attentions, family, p, impl, qk_chain=chain,
+                                           partial=family.partial_rotary)
             report.counts["rope"] = {"rotary_emb": 1, "self_attn": len(found.attentions)}
             if fused:  # the q/k norms run inside RoPE's op (rla.alignment.qk_chain)
                 report.counts["rope"]["fused q/k norm + RoPE"] = fused

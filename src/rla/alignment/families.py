@@ -59,6 +59,12 @@ class Family:
     """The experts' gated activation: ``swiglu`` (silu(gate) * up, concatenated 3-D weights) or
     ``clamped_swiglu`` (GPT-OSS: interleaved gate/up with biases, ``alpha`` and ``limit``)."""
 
+    partial_rotary: bool = False
+    """RoPE rotates the first ``head_dim * partial_rotary_factor`` dims of each head (GLM-4 MoE)."""
+
+    qk_norm_optional: bool = False
+    """The q/k norms exist only when the config says so (GLM-4 MoE's ``use_qk_norm``)."""
+
     variant: str | None = None
     """The rows' variant (:data:`rla.profiles.VARIANTS`) that holds for this family's modules."""
 
@@ -97,6 +103,8 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3_moe", "Qwen3Moe", qk_norm=True, moe=True),
         Family("mixtral", "Mixtral", moe=True),
         Family("gpt_oss", "GptOss", moe=True, moe_block="MLP", experts_gate="clamped_swiglu", variant="gpt_oss"),
+        Family("glm4_moe", "Glm4Moe", qk_norm=True, qk_norm_optional=True, moe=True, moe_block="MoE",
+               shared_expert="shared_experts", partial_rotary=True),
         Family("gemma3_text", "Gemma3", qk_norm=True, body="Gemma3TextModel", layout="gemma3"),
         Family("qwen3_5_text", "Qwen3_5", qk_norm=True, body="Qwen3_5TextModel", layout="qwen3_5"),
     )
@@ -110,7 +118,7 @@ def get_family(model_type: str | None, what: str = "this model") -> Family:
         raise NotImplementedError(
             f"rla.align does not support {what} (config.model_type={model_type!r}). Supported "
             f"families: {', '.join(FAMILIES)} (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, "
-            "Mixtral, GPT-OSS, Gemma 3's and Qwen3.5's text models). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
+            "Mixtral, GPT-OSS, GLM-4 MoE, Gemma 3's and Qwen3.5's text models). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
             "models; docs/families.md says what each newer family needs."
         ) from None
 

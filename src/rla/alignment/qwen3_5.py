@@ -30,6 +30,7 @@ from rla.alignment.families import Family, class_named
 from rla.alignment.gemma import ZERO_CENTRED, _norm_forward
 from rla.alignment.patch import install, uninstall, with_globals
 from rla.alignment.rmsnorm import _cast_error, _layer_parameters, stack_dtype
+from rla.alignment.rope import make_apply_partial_rotary
 from rla.alignment.swiglu import align_mlps, check_activation
 from rla.profiles import RoundingProfile
 
@@ -99,18 +100,6 @@ def _rotary_forward(self, x, position_ids):
     return cos, sin
 
 
-def _make_apply_partial(profile: RoundingProfile):
-    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        dtype = cos.dtype if q.dtype == torch.float32 and cos.dtype != torch.float32 else None
-        lp = dtype or q.dtype
-        d = cos.shape[-1]
-        qr, kr = ops.rope(q[..., :d], k[..., :d], cos, sin, profile, unsqueeze_dim=unsqueeze_dim, dtype=dtype)
-        return torch.cat([qr, q[..., d:].to(lp)], dim=-1), torch.cat([kr, k[..., d:].to(lp)], dim=-1)
-
-    apply_rotary_pos_emb.__doc__ = f"partial rla.ops.rope under profile {profile.name!r} (installed by rla.align)."
-    return apply_rotary_pos_emb
-
-
 def _layer_forward(profile: RoundingProfile, index: int, names, defaults):
     fp32_sum = profile.norm_residual == "fp32_sum"
     carry = profile.residual_stream == "fp32_carry"
@@ -175,7 +164,7 @@ def align_qwen3_5(body, family: Family, profile: RoundingProfile, regions: tuple
                 if klass not in rebuilt:
                     modeling = sys.modules[klass.__module__]
                     rebuilt[klass] = with_globals(klass.forward, modeling.__dict__,
-                                                  {"apply_rotary_pos_emb": _make_apply_partial(p)})
+                                                  {"apply_rotary_pos_emb": make_apply_partial_rotary(p, half_tables=False)})
                 install(attn, "attention", {"forward": types.MethodType(rebuilt[klass], attn)})
             report.counts["rope"] = {"rotary_emb (partial)": 1, "self_attn": len(found["attentions"])}
         if "swiglu" in regions:

@@ -173,4 +173,9 @@ def family_notes(family) -> list[str]:
             "yarn_scaling_rope.py with other arithmetic (bits may differ; not a rounding location)",
             "the clamped SwiGLU runs rla.ops' PyTorch reference on every device (no fused kernel yet)",
         ]
+    if family.model_type == "glm4_moe":
+        return [
+            "left as is: the router (sigmoid scores, the correction bias, group top-k: they belong to the MoE issue)",
+            "partial RoPE: the first head_dim * partial_rotary_factor dims rotated by rla.ops.rope, the rest passed",
+        ]
     return []
