@@ -8,7 +8,8 @@ trained against an engine that serves merged weights (a different computation, w
 alignment makes equal). For the zero-centred norms of Gemma 3 and Qwen3.5 (``x * rstd * (1 + w)``):
 a norm whose ``1 + w`` is formed or applied in bf16 (transformers' own Gemma norm before PR 29402,
 remote code copied from it), found by running each such norm on a probe, and the per-layer-type
-RoPE buffers (``sliding_attention_inv_freq``, ...) that ``model.to(bf16)`` rounds.
+RoPE buffers (``sliding_attention_inv_freq``, ...) that ``model.to(bf16)`` rounds. For GPT-OSS: an
+MXFP4 checkpoint, which an engine runs with quantized MoE kernels the rows do not describe.
 """
 
 from __future__ import annotations
@@ -177,6 +178,21 @@ def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16
                 "the master weight, the engine 1 + RN(w) from its bf16 copy, so the norms scale by different "
                 "numbers (by up to half a bf16 ulp of w).",
                 "rla.align(model, profile=...): aligned zero-centred norms use 1 + RN(w), as the engine does.",
+            )
+        )
+    quant = getattr(cfg, "quantization_config", None)
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    if getattr(cfg, "model_type", None) == "gpt_oss" and str(method).lower().endswith("mxfp4") and external_engine:
+        hazards.append(
+            Hazard(
+                "MXFP4 experts",
+                "warning",
+                "this GPT-OSS checkpoint's experts are MXFP4: an engine that loads the checkpoint runs its quantized "
+                "MoE kernels, whose clamped SwiGLU is fused into the GEMM (not the bf16 swigluoai_and_mul kernel the "
+                "rows describe), while training computes with the weights dequantized to bf16: another computation, "
+                "which no rounding profile makes equal.",
+                "send the engine the bf16 weights the trainer holds (a weight sync does), or measure the mismatch "
+                "(rla.metrics.mismatch); docs/families.md, GPT-OSS.",
             )
         )
     if torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest":

@@ -1,5 +1,6 @@
 """``rla doctor`` on the zero-centred families: 1 + w formed in bf16, per-layer-type RoPE buffers
-rounded by a cast, fp32 zero-centred weights; a clean tiny Gemma 3 has none of them."""
+rounded by a cast, fp32 zero-centred weights; a clean tiny Gemma 3 has none of them. And GPT-OSS's
+MXFP4 checkpoint, which an engine runs with kernels no row describes."""
 
 from __future__ import annotations
 
@@ -52,3 +53,17 @@ def test_fp32_master_weights_face_the_engines_bf16_copy():
     hazard = next(h for h in rla.doctor(model) if h.name == "fp32 zero-centred norm weights")
     assert "1 + RN(w)" in hazard.detail
     assert "fp32 norm weights" not in _names(model)  # the Llama-shaped text would be wrong here
+
+
+def test_gpt_oss_mxfp4_checkpoint_is_named():
+    from gpt_oss_spec import tiny_gpt_oss
+
+    model = tiny_gpt_oss()
+    assert "MXFP4 experts" not in _names(model)
+    model.config.quantization_config = {"quant_method": "mxfp4"}
+    try:
+        hazard = next(h for h in rla.doctor(model) if h.name == "MXFP4 experts")
+        assert "quantized MoE kernels" in hazard.detail
+        assert not any(h.name == "MXFP4 experts" for h in rla.doctor(model, external_engine=False))
+    finally:
+        del model.config.quantization_config
