@@ -71,10 +71,12 @@ def tiny_gemma3(seed: int = 0, layers: int = 3, dtype=BF16):
     return model
 
 
-def spec_inv_freq(cfg, layer_type: str) -> torch.Tensor:
+def spec_inv_freq(cfg, layer_type: str, where="cpu") -> torch.Tensor:
+    """fp32 frequencies evaluated on ``where`` (the CPU for ``rope_inv_freq='host'``)."""
     rp = cfg.rope_parameters[layer_type]
     d = cfg.head_dim
-    inv_freq = 1.0 / (rp["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float) / d))
+    exponent = torch.arange(0, d, 2, dtype=torch.int64).to(device=where, dtype=torch.float) / d
+    inv_freq = 1.0 / (rp["rope_theta"] ** exponent)
     return inv_freq / rp["factor"] if rp["rope_type"] == "linear" else inv_freq
 
 
@@ -99,9 +101,9 @@ def spec_geglu(g, u, pts):
     return (a * u.float()).to(lp)
 
 
-def _mask(seq: int, window: int | None, lp) -> torch.Tensor:
-    i = torch.arange(seq)[:, None]
-    j = torch.arange(seq)[None, :]
+def _mask(seq: int, window: int | None, lp, device="cpu") -> torch.Tensor:
+    i = torch.arange(seq, device=device)[:, None]
+    j = torch.arange(seq, device=device)[None, :]
     allowed = j <= i
     if window is not None:
         allowed &= (i - j) < window
@@ -119,7 +121,7 @@ def _attention(attn, h, cos, sin, pts, lp):
     q = spec_norm(q.float(), attn.q_norm.weight, attn.q_norm.eps, pts, lp, qk_out)
     k = spec_norm(k.float(), attn.k_norm.weight, attn.k_norm.eps, pts, lp, qk_out)
     q, k = spec_rope(q, cos, sin, pts, lp), spec_rope(k, cos, sin, pts, lp)
-    out, _ = modeling.eager_attention_forward(attn, q, k, v, _mask(S, attn.sliding_window, lp), dropout=0.0,
+    out, _ = modeling.eager_attention_forward(attn, q, k, v, _mask(S, attn.sliding_window, lp, h.device), dropout=0.0,
                                               scaling=attn.scaling, sliding_window=attn.sliding_window)
     return F.linear(out.reshape(B, S, -1).contiguous(), attn.o_proj.weight)
 
@@ -128,10 +130,12 @@ def spec_forward(model, input_ids, pts) -> torch.Tensor:
     """Logits of ``model`` (a Gemma3ForCausalLM) computed under the points ``pts``."""
     body, cfg = model.model, model.config
     lp = body.embed_tokens.weight.dtype
-    positions = torch.arange(input_ids.shape[1])[None].expand(input_ids.shape[0], -1)
+    device = input_ids.device
+    where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")
+    positions = torch.arange(input_ids.shape[1], device=device)[None].expand(input_ids.shape[0], -1)
     tables = {}
     for t in set(cfg.layer_types):
-        freqs = positions[..., None].float() * spec_inv_freq(cfg, t)
+        freqs = positions[..., None].float() * spec_inv_freq(cfg, t, where).to(device)
         emb = torch.cat((freqs, freqs), dim=-1)
         tables[t] = (emb.cos(), emb.sin())
     fp32_sum = pts["norm_residual"] == "fp32_sum"

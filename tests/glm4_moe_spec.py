@@ -82,12 +82,15 @@ def spec_forward(model, input_ids, pts) -> torch.Tensor:
     b, s = input_ids.shape
     rp = cfg.rope_parameters
     dim = int(cfg.head_dim * rp["partial_rotary_factor"])
-    inv_freq = 1.0 / (rp["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-    freqs = torch.arange(s)[None].expand(b, s)[..., None].float() * inv_freq
+    device = input_ids.device
+    where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64).to(device=where, dtype=torch.float) / dim
+    inv_freq = (1.0 / (rp["rope_theta"] ** exponent)).to(device)
+    freqs = torch.arange(s, device=device)[None].expand(b, s)[..., None].float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()
-    future = torch.arange(s)[None, :] > torch.arange(s)[:, None]
-    mask = torch.zeros(s, s, dtype=lp).masked_fill(future, torch.finfo(lp).min)[None, None]
+    future = torch.arange(s, device=device)[None, :] > torch.arange(s, device=device)[:, None]
+    mask = torch.zeros(s, s, dtype=lp, device=device).masked_fill(future, torch.finfo(lp).min)[None, None]
     fp32_sum = pts["norm_residual"] == "fp32_sum"
     carry = pts["residual_stream"] == "fp32_carry"
     residual = F.embedding(input_ids, body.embed_tokens.weight)

@@ -72,8 +72,8 @@ def spec_clamped_swiglu(gate, up, alpha, limit, pts):
     return ((u + 1.0) * (g * torch.sigmoid(g * alpha))).to(lp)
 
 
-def _mask(seq, window, lp):
-    i, j = torch.arange(seq)[:, None], torch.arange(seq)[None, :]
+def _mask(seq, window, lp, device="cpu"):
+    i, j = torch.arange(seq, device=device)[:, None], torch.arange(seq, device=device)[None, :]
     allowed = j <= i
     if window is not None:
         allowed &= (i - j) < window
@@ -88,7 +88,7 @@ def _attention(attn, h, cos, sin, pts, lp):
     k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(shape).transpose(1, 2)
     v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(shape).transpose(1, 2)
     q, k = spec_rope(q, cos, sin, pts, lp), spec_rope(k, cos, sin, pts, lp)
-    out, _ = modeling.eager_attention_forward(attn, q, k, v, _mask(S, attn.sliding_window, lp), dropout=0.0,
+    out, _ = modeling.eager_attention_forward(attn, q, k, v, _mask(S, attn.sliding_window, lp, h.device), dropout=0.0,
                                               scaling=attn.scaling, sliding_window=attn.sliding_window,
                                               s_aux=attn.sinks)
     return F.linear(out.reshape(B, S, -1).contiguous(), attn.o_proj.weight, attn.o_proj.bias)
@@ -114,9 +114,11 @@ def _experts(mlp, h, pts):
 def spec_forward(model, input_ids, pts) -> torch.Tensor:
     body, cfg = model.model, model.config
     lp = body.embed_tokens.weight.dtype
-    inv_freq, scale = ROPE_INIT_FUNCTIONS["yarn"](cfg)  # the model's own definition of its frequencies
-    positions = torch.arange(input_ids.shape[1])[None].expand(input_ids.shape[0], -1)
-    freqs = positions[..., None].float() * inv_freq.float()
+    device = input_ids.device
+    where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")
+    inv_freq, scale = ROPE_INIT_FUNCTIONS["yarn"](cfg, device=where)  # the model's own definition of its frequencies
+    positions = torch.arange(input_ids.shape[1], device=device)[None].expand(input_ids.shape[0], -1)
+    freqs = positions[..., None].float() * inv_freq.float().to(device)
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos() * scale, emb.sin() * scale
     fp32_sum = pts["norm_residual"] == "fp32_sum"

@@ -49,10 +49,11 @@ def tiny_qwen3_5(seed: int = 0, dtype=BF16):
     return model
 
 
-def _tables(cfg, positions):
+def _tables(cfg, positions, where):
     rp = cfg.rope_parameters
     d = int(cfg.head_dim * rp["partial_rotary_factor"])
-    inv_freq = 1.0 / (rp["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float) / d))
+    exponent = torch.arange(0, d, 2, dtype=torch.int64).to(device=where, dtype=torch.float) / d
+    inv_freq = (1.0 / (rp["rope_theta"] ** exponent)).to(positions.device)
     freqs = positions[..., None].float() * inv_freq  # text: the three mRoPE sections read the same positions
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
@@ -74,7 +75,7 @@ def _attention(attn, h, cos, sin, pts, lp):
     q = spec_norm(q.float(), attn.q_norm.weight, attn.q_norm.eps, pts, lp, out).transpose(1, 2)
     k = spec_norm(k.float(), attn.k_norm.weight, attn.k_norm.eps, pts, lp, out).transpose(1, 2)
     q, k = _partial_rope(q, cos, sin, pts, lp), _partial_rope(k, cos, sin, pts, lp)
-    i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
+    i, j = torch.arange(S, device=h.device)[:, None], torch.arange(S, device=h.device)[None, :]
     mask = torch.where(j <= i, 0.0, torch.finfo(lp).min).to(lp)[None, None]
     o, _ = modeling.eager_attention_forward(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling)
     o = o.reshape(B, S, -1).contiguous() * torch.sigmoid(gate)  # HF's output gate (left as is)
@@ -84,7 +85,9 @@ def _attention(attn, h, cos, sin, pts, lp):
 def spec_forward(model, input_ids, pts) -> torch.Tensor:
     body, cfg = model.model, model.config
     lp = body.embed_tokens.weight.dtype
-    cos, sin = _tables(cfg, torch.arange(input_ids.shape[1])[None].expand(input_ids.shape[0], -1))
+    device = input_ids.device
+    where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")
+    cos, sin = _tables(cfg, torch.arange(input_ids.shape[1], device=device)[None].expand(input_ids.shape[0], -1), where)
     fp32_sum = pts["norm_residual"] == "fp32_sum"
     carry = pts["residual_stream"] == "fp32_carry"
     s = body.embed_tokens(input_ids).float()

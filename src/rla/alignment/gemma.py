@@ -172,8 +172,14 @@ def _inv_freq(rotary, layer_type: str, device: torch.device) -> torch.Tensor:
     if key not in state["inv_freq"]:
         where = device if state["evaluate_on"] == "device" else torch.device("cpu")
         rope_type = rotary.rope_type[layer_type]
-        fn = rotary.compute_default_rope_parameters if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
-        inv_freq, scaling = fn(rotary.config, where, layer_type=layer_type)
+        rp = rotary.config.rope_parameters[layer_type]
+        if where.type == "cpu":  # HF's own init function (it evaluates on the CPU whatever it is told)
+            fn = rotary.compute_default_rope_parameters if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
+            inv_freq, scaling = fn(rotary.config, where, layer_type=layer_type)
+        else:  # the same expression on the device (compat.default_inv_freq_on); linear divides by its factor
+            inv_freq, scaling = compat.default_inv_freq_on(rp["rope_theta"], rotary.config.head_dim, where), 1.0
+            if rope_type == "linear":
+                inv_freq = inv_freq / rp["factor"]
         state["inv_freq"][key] = (inv_freq.to(torch.float32).to(device), float(scaling))
     return state["inv_freq"][key]
 

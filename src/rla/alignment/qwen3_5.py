@@ -84,8 +84,11 @@ def _rotary_forward(self, x, position_ids):
     state = self.__dict__["_rla_rotary"]
     device = x.device
     if device not in state["inv_freq"]:
-        where = device if state["evaluate_on"] == "device" else torch.device("cpu")
-        state["inv_freq"][device] = self.compute_default_rope_parameters(self.config, where)[0].float().to(device)
+        if state["evaluate_on"] == "device" and device.type != "cpu":  # HF's init evaluates on the CPU
+            inv_freq = compat._default_rope_on(self.config, device)
+        else:
+            inv_freq = self.compute_default_rope_parameters(self.config, torch.device("cpu"))[0]
+        state["inv_freq"][device] = inv_freq.float().to(device)
     position_ids = position_ids.expand(3, -1, -1)
     freqs = position_ids[..., None].to(torch.float32) * state["inv_freq"][device]
     cos, sin = freqs.cos(), freqs.sin()
