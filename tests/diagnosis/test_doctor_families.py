@@ -46,6 +46,10 @@ def test_cast_rounds_the_per_layer_type_rope_buffers():
     model = tiny_gemma3(layers=2, dtype=torch.float32).to(torch.bfloat16)
     hazard = next(h for h in rla.doctor(model) if h.name == "low-precision inv_freq")
     assert "per-layer-type RoPE buffers are torch.bfloat16" in hazard.detail
+    rla.align(model, "vllm")  # the aligned rotary computes each layer type's frequencies in fp32
+    assert "low-precision inv_freq" not in _names(model)
+    rla.unalign(model)
+    assert "low-precision inv_freq" in _names(model)
 
 
 def test_fp32_master_weights_face_the_engines_bf16_copy():

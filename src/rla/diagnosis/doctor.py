@@ -85,8 +85,11 @@ def _one_plus_w_low(norm: torch.nn.Module) -> bool | None:
 
 
 def _rounded_layer_type_rope(model) -> list[tuple[str, str, torch.dtype]]:
-    """Per-layer-type RoPE buffers (Gemma 3's ``<type>_inv_freq``) that are not fp32."""
-    return [(n, b, m._buffers[b].dtype) for n, m in model.named_modules() for b in m._buffers
+    """Per-layer-type RoPE buffers (Gemma 3's ``<type>_inv_freq``) that are not fp32; a module with a
+    plain ``inv_freq`` (and its ``original_inv_freq``) is the check above's."""
+    return [(n, b, m._buffers[b].dtype) for n, m in model.named_modules()
+            if "inv_freq" not in m._buffers and "_rla_rotary" not in m.__dict__  # aligned: fp32 from the config
+            for b in m._buffers
             if b.endswith("_inv_freq") and m._buffers[b] is not None and m._buffers[b].dtype != torch.float32]
 
 
