@@ -97,3 +97,27 @@ def test_refusals_name_the_problem(gemma):
     finally:
         gemma.config.hidden_activation = "gelu_pytorch_tanh"
     assert rla.alignment_of(gemma) is None
+
+
+def test_deepcopy_and_pickle_keep_the_alignment(gemma):
+    import copy
+    import io
+
+    ids = _ids(seq=10)
+    rla.align(gemma, "vllm")
+    try:
+        with torch.no_grad():
+            want = gemma(ids).logits
+        copied = copy.deepcopy(gemma)
+        buf = io.BytesIO()
+        torch.save(gemma, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+    finally:
+        rla.unalign(gemma)
+    with torch.no_grad():
+        assert torch.equal(copied(ids).logits, want) and torch.equal(loaded(ids).logits, want)
+    assert rla.alignment_of(loaded).profile.name == "vllm-0.33"
+    rla.unalign(loaded)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, gemma(ids).logits)

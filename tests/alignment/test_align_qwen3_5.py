@@ -56,3 +56,27 @@ def test_report_names_what_is_left_and_backward_runs(qwen):
     assert report.counts["rmsnorm"] == {"decoder layers": 3, "zero-centred RMSNorm": 7, "q_norm/k_norm": 2}
     text = str(report)
     assert "2 of 3 layers are linear attention" in text and "Gated DeltaNet" in text and "output gate" in text
+
+
+def test_deepcopy_and_pickle_keep_the_alignment(qwen):
+    import copy
+    import io
+
+    ids = _ids(seq=10)
+    rla.align(qwen, "vllm")
+    try:
+        with torch.no_grad():
+            want = qwen(ids).logits
+        copied = copy.deepcopy(qwen)
+        buf = io.BytesIO()
+        torch.save(qwen, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+    finally:
+        rla.unalign(qwen)
+    with torch.no_grad():
+        assert torch.equal(copied(ids).logits, want) and torch.equal(loaded(ids).logits, want)
+    assert rla.alignment_of(loaded).profile.name == "vllm-0.33"
+    rla.unalign(loaded)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, qwen(ids).logits)
