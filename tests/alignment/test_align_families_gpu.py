@@ -15,6 +15,9 @@ import pytest
 import torch
 
 import rla
+from packaging.version import Version
+
+from rla.alignment import compat
 from align_spec import PROFILES, SPEC
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -38,6 +41,8 @@ def _case(name):
     ("gemma3", PROFILES), ("qwen3_5", PROFILES), ("gpt_oss", ("vllm-0.33-eager",)), ("glm4_moe", ("vllm-0.33-eager",)),
 ])
 def test_aligned_on_cuda_equals_the_oracle_on_cuda(name, profiles):
+    if name != "gemma3" and compat.TRANSFORMERS_VERSION < Version("5.24"):
+        pytest.skip(f"{name}: rla.align reads its 5.24 layout")
     model, points, spec_forward = _case(name)
     model = model.cuda()
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(5)).cuda()

@@ -32,3 +32,17 @@ def test_not_yet_aligned_families_are_refused_by_name(make):
     with pytest.raises(NotImplementedError, match=rf"model_type='{cfg.model_type}'.*docs/families.md"):
         rla.align(model, "vllm")
     assert all(m.__dict__.keys() == before[id(m)].keys() for m in model.modules())
+
+
+def test_families_read_from_a_newer_layout_are_refused_on_older_transformers(monkeypatch):
+    from packaging.version import Version
+
+    from gpt_oss_spec import tiny_gpt_oss
+    from rla.alignment import compat
+
+    model = tiny_gpt_oss()
+    monkeypatch.setattr(compat, "TRANSFORMERS_VERSION", Version("5.5.3"))
+    with pytest.raises(NotImplementedError, match=r"gpt_oss is aligned on transformers >= 5.24.*5.5.3 lays it out"):
+        rla.align(model, "vllm")
+    assert model.model.__dict__.get("_rla_alignment") is None and not any(
+        "_rla_patch" in m.__dict__ for m in model.modules())

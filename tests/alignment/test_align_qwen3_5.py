@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from packaging.version import Version
 
 import rla
+from rla.alignment import compat
 from align_spec import PROFILES, single_thread  # noqa: F401  (fixture)
 from qwen3_5_spec import qwen3_5_points, spec_forward, tiny_qwen3_5
 
+
+pytestmark = pytest.mark.skipif(compat.TRANSFORMERS_VERSION < Version("5.24"),
+                                reason="rla.align reads this family's 5.24 layout; older releases are refused "
+                                       "(test_align_families_refused.py)")
 
 @pytest.fixture(scope="module")
 def qwen():

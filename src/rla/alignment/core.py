@@ -22,6 +22,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+from packaging.version import Version
 
 from rla.alignment import compat, gemma, liger, qwen3_5
 from rla.alignment.alignment_report import AlignmentReport
@@ -113,6 +114,12 @@ def _find(model) -> tuple[Family, torch.nn.Module]:
             f"transformers models of the families {', '.join(FAMILIES)}"
         )
     family = get_family(config.model_type, type(model).__name__)
+    if family.min_transformers and compat.TRANSFORMERS_VERSION < Version(family.min_transformers):
+        raise NotImplementedError(
+            f"rla.align: {family.model_type} is aligned on transformers >= {family.min_transformers} (the layout "
+            f"src/rla/alignment reads); transformers {compat.TRANSFORMERS_VERSION} lays it out otherwise. Upgrade "
+            "transformers, or align without this model (docs/families.md)"
+        )
     for m in model.modules():
         if class_named(m, family.cls("body")) is not None and isinstance(
             getattr(m, "layers", None), torch.nn.ModuleList

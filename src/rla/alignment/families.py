@@ -65,6 +65,11 @@ class Family:
     qk_norm_optional: bool = False
     """The q/k norms exist only when the config says so (GLM-4 MoE's ``use_qk_norm``)."""
 
+    min_transformers: str | None = None
+    """The oldest transformers whose layout of this family rla.align was checked on (older ones lay
+    it out otherwise: 5.5.3's GPT-OSS RoPE takes position_ids, its Qwen3.5 layers name their mixer
+    ``layer_type``, its GLM-4 MoE experts are ``Glm4MoeNaiveMoe``); refused below it."""
+
     variant: str | None = None
     """The rows' variant (:data:`rla.profiles.VARIANTS`) that holds for this family's modules."""
 
@@ -102,11 +107,13 @@ FAMILIES: dict[str, Family] = {
         Family("qwen2_moe", "Qwen2Moe", moe=True, shared_expert="shared_expert"),
         Family("qwen3_moe", "Qwen3Moe", qk_norm=True, moe=True),
         Family("mixtral", "Mixtral", moe=True),
-        Family("gpt_oss", "GptOss", moe=True, moe_block="MLP", experts_gate="clamped_swiglu", variant="gpt_oss"),
+        Family("gpt_oss", "GptOss", moe=True, moe_block="MLP", experts_gate="clamped_swiglu", variant="gpt_oss",
+               min_transformers="5.24"),
         Family("glm4_moe", "Glm4Moe", qk_norm=True, qk_norm_optional=True, moe=True, moe_block="MoE",
-               shared_expert="shared_experts", partial_rotary=True),
+               shared_expert="shared_experts", partial_rotary=True, min_transformers="5.24"),
         Family("gemma3_text", "Gemma3", qk_norm=True, body="Gemma3TextModel", layout="gemma3"),
-        Family("qwen3_5_text", "Qwen3_5", qk_norm=True, body="Qwen3_5TextModel", layout="qwen3_5"),
+        Family("qwen3_5_text", "Qwen3_5", qk_norm=True, body="Qwen3_5TextModel", layout="qwen3_5",
+               min_transformers="5.24"),
     )
 }
 
