@@ -19,7 +19,8 @@ def family_model(request):
 
 
 def test_every_supported_family_is_registered_and_tested():
-    assert set(REGISTERED) == set(FAMILIES)
+    # the Llama-shaped families here; the others in test_align_{gemma,gpt_oss,qwen3_5,glm4_moe}.py
+    assert set(REGISTERED) == set(FAMILIES) | {"gemma3_text", "gpt_oss", "qwen3_5_text", "glm4_moe"}
 
 
 def test_aligned_logits_equal_the_spec_for_every_profile(family_model):

@@ -22,8 +22,10 @@ What changes, per region (everything else in the model runs HF's own code):
   (``rla.alignment.qk_chain``; the two-op chain, with a note in the report, where the source
   has another shape).
 
-Supported families: Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Mixtral
-(``rla.alignment.families``); transformers 5.17 and 5.24 (``rla.alignment.compat``).
+Supported families: Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Mixtral, GLM-4 MoE (partial rotary), GPT-OSS
+(its experts' clamped SwiGLU through ``rla.ops.swiglu_oai``) Gemma 3 (``rla.alignment.gemma``) and Qwen3.5 dense (``rla.alignment.qwen3_5``; its linear-attention mixers left as they are)
+(``rla.alignment.families``); transformers 5.17 and 5.24 (``rla.alignment.compat``). Where a
+family's modules run other engine code, the row's variant for them holds (docs/families.md).
 
 Alignment is per instance: only instance attributes change, classes and transformers' module
 globals never do, and ``state_dict()`` is untouched. Works under ``model.generate``, gradient

@@ -46,6 +46,9 @@ class AlignmentReport:
     """Which implementation runs the region ops' forward (``rla.ops``, or an engine's kernels)."""
     notes: list[str] = field(default_factory=list)
     """Things the user should know that are not hazards, e.g. that nothing can round yet."""
+    variant: str = ""
+    """The rows' variant (``rla.profiles.VARIANTS``) whose points hold for this family's modules
+    (empty: the row's own points); the table prints the points that ran."""
     profile_choice: str = ""
     """How an engine alias (``"vllm"``) became this row: the engine version it was matched to and
     where that version came from (:meth:`rla.profiles.EngineMatch.message`); empty for a row name."""
@@ -58,6 +61,8 @@ class AlignmentReport:
         d = asdict(self)
         d["profile"] = self.profile.name
         d["points"] = self.profile.points()
+        if self.variant:
+            d["variant_points"] = self.profile.variant(self.variant).points()
         return d
 
     def _rows(self) -> list[tuple[str, str, str]]:
@@ -65,7 +70,8 @@ class AlignmentReport:
         for region in REGIONS:
             if region in self.regions:
                 what = ", ".join(f"{n} {kind}" for kind, n in self.counts.get(region, {}).items())
-                rows.append((region, what, _rounding(self.profile, region)))
+                ran = self.profile.variant(self.variant) if self.variant else self.profile
+                rows.append((region, what, _rounding(ran, region)))
             else:
                 rows.append((region, "not aligned (model's own code)", ""))
         return rows

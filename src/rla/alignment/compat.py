@@ -148,6 +148,13 @@ def rope_init(rotary: torch.nn.Module, device=None, seq_len=None) -> tuple[torch
     return inv_freq.to(torch.float32), scaling
 
 
+def default_inv_freq_on(theta: float, dim: int, device) -> torch.Tensor:
+    """``1/(theta**(arange(0, dim, 2)/dim))`` evaluated on ``device``, op for op the expression of
+    :func:`_default_rope_on` (for the families whose rope parameters are per layer type)."""
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+    return 1.0 / (theta ** exponent)
+
+
 def _default_rope_on(config, device) -> torch.Tensor:
     """The default RoPE frequencies, ``1/(theta**(arange(0, d, 2)/d))``, evaluated on ``device``:
     the expression every transformers release's default init (and vLLM's cache builder) uses,

@@ -22,14 +22,23 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+from packaging.version import Version
 
-from rla.alignment import compat, liger
+from rla.alignment import compat, gemma, liger, qwen3_5
 from rla.alignment.alignment_report import AlignmentReport
 from rla.alignment.families import FAMILIES, Family, class_named, get_family
 from rla.alignment.patch import foreign_wrapper, install, patch_of, uninstall
 from rla.alignment.rmsnorm import align_layers, align_norms
 from rla.alignment.rope import align_attention, align_rotary
-from rla.alignment.swiglu import align_experts, align_mlps, check_activation, check_experts
+from rla.alignment.swiglu import (
+    align_clamped_experts,
+    align_experts,
+    align_mlps,
+    check_activation,
+    check_clamped_experts,
+    check_experts,
+    family_notes,
+)
 from rla.profiles import REGIONS, RoundingProfile, aliases, for_engine, resolve
 
 __all__ = ["align", "unalign", "aligned", "alignment_of"]
@@ -105,13 +114,19 @@ def _find(model) -> tuple[Family, torch.nn.Module]:
             f"transformers models of the families {', '.join(FAMILIES)}"
         )
     family = get_family(config.model_type, type(model).__name__)
+    if family.min_transformers and compat.TRANSFORMERS_VERSION < Version(family.min_transformers):
+        raise NotImplementedError(
+            f"rla.align: {family.model_type} is aligned on transformers >= {family.min_transformers} (the layout "
+            f"src/rla/alignment reads); transformers {compat.TRANSFORMERS_VERSION} lays it out otherwise. Upgrade "
+            "transformers, or align without this model (docs/families.md)"
+        )
     for m in model.modules():
-        if class_named(m, family.prefix + "Model") is not None and isinstance(
+        if class_named(m, family.cls("body")) is not None and isinstance(
             getattr(m, "layers", None), torch.nn.ModuleList
         ):
             return family, m
     raise NotImplementedError(
-        f"rla.align: found a {family.model_type} config but no {family.prefix}Model with `layers` "
+        f"rla.align: found a {family.model_type} config but no {family.cls('body')} with `layers` "
         f"inside {type(model).__name__}"
     )
 
@@ -144,13 +159,14 @@ def _scan(body: torch.nn.Module, family: Family) -> _Modules:
         found.attentions.append(attn)
         for name in ("input_layernorm", "post_attention_layernorm"):
             found.norms.append(_expect(getattr(layer, name, None), family, "norm", f"{where}.{name}"))
-        if family.qk_norm:
+        if family.qk_norm and not (family.qk_norm_optional and getattr(attn, "q_norm", None) is None):
             for name in ("q_norm", "k_norm"):
                 found.qk_norms.append(
                     _expect(getattr(attn, name, None), family, "norm", f"{where}.self_attn.{name}")
                 )
         mlp = getattr(layer, "mlp", None)
-        if mlp is not None and (class_named(mlp, family.cls("mlp")) is not None or liger.stands_for(mlp, "mlp")):
+        dense = family.dense_mlp and mlp is not None
+        if dense and (class_named(mlp, family.cls("mlp")) is not None or liger.stands_for(mlp, "mlp")):
             found.mlps.append(mlp)
         elif family.moe and mlp is not None and class_named(mlp, family.cls("moe")) is not None:
             found.experts.append(_expect(getattr(mlp, "experts", None), family, "experts", f"{where}.mlp.experts"))
@@ -161,7 +177,7 @@ def _scan(body: torch.nn.Module, family: Family) -> _Modules:
                 )
         else:
             expected = family.cls("mlp") + (f" or {family.cls('moe')}" if family.moe else "")
-            _expect(mlp, family, "mlp", f"{where}.mlp (a {expected})")
+            _expect(mlp, family, "moe" if not family.dense_mlp else "mlp", f"{where}.mlp (a {expected})")
     return found
 
 
@@ -214,11 +230,17 @@ def align(
             f"rla.align: {meta} is on the meta device (no data): alignment reads and replaces RoPE's tables, so "
             "it needs the real weights. Align after loading them (from_pretrained, or to_empty + load_state_dict)"
         )
+    if family.layout in ("gemma3", "qwen3_5"):
+        return _align_own_layout(model, body, family, p, regions, impl, match)
     found = _scan(body, family)
     if "swiglu" in regions:
-        check_activation(body.config)
-        for experts in found.experts:
-            check_experts(experts)
+        if family.experts_gate == "clamped_swiglu":
+            for experts in found.experts:
+                check_clamped_experts(experts)
+        else:
+            check_activation(body.config)
+            for experts in found.experts:
+                check_experts(experts)
     if body.__dict__.get(_STATE_ATTR) is not None:
         unalign(body)
     liger_notes, _ = liger.notes_before(body, family, found, regions)
@@ -245,17 +267,36 @@ def align(
     if callable(getattr(impl, "make_forward", None)):
         _align_body(model, body, found, family, p, regions, impl, report)
         return report
+    if family.variant is not None:
+        if impl is not None:
+            raise NotImplementedError(f"rla.align: ops={impl!r} on {family.model_type}: engine-backed ops cover "
+                                      "the Llama-shaped families without a row variant; align with rla.ops (ops=None)")
+        pv = p.variant(family.variant)
+        if pv is not p:
+            changed = {k: v for k, v in pv.points().items() if getattr(p, k) != v}
+            report.notes.append(f"{family.model_type}'s norms and experts follow {pv.name!r}: {changed}, the row's "
+                                "variant for them (docs/families.md)")
+        p = pv
+        report.variant = family.variant
+    report.notes.extend(family_notes(family))
     try:
         if "rope" in regions:
             report.hazards.extend(align_rotary(found.rotary, p, report, round_tables=chain))
-            fused, notes = align_attention(found.attentions, family, p, impl, qk_chain=chain)
+            if family.partial_rotary and impl is not None:
+                raise NotImplementedError(f"rla.align: ops={impl!r} on {family.model_type}: engine-backed ops do "
+                                          "not rotate part of a head; align it with rla.ops (ops=None)")
+            fused, notes = align_attention(found.attentions, family, p, impl, qk_chain=chain,
+                                           partial=family.partial_rotary)
             report.counts["rope"] = {"rotary_emb": 1, "self_attn": len(found.attentions)}
             if fused:  # the q/k norms run inside RoPE's op (rla.alignment.qk_chain)
                 report.counts["rope"]["fused q/k norm + RoPE"] = fused
             report.notes.extend(notes)
         if "swiglu" in regions:
             align_mlps(found.mlps + found.shared_experts, p, impl)
-            align_experts(found.experts, p, impl)
+            if family.experts_gate == "clamped_swiglu":
+                align_clamped_experts(found.experts, p)
+            else:
+                align_experts(found.experts, p, impl)
             counts = {"mlp": len(found.mlps)}
             if family.moe:
                 counts["experts"] = len(found.experts)
@@ -263,7 +304,7 @@ def align(
                     counts["shared_expert"] = len(found.shared_experts)
             report.counts["swiglu"] = counts
         if "rmsnorm" in regions:
-            align_layers(found.layers, found.layer_class, p, impl)
+            align_layers(found.layers, found.layer_class, p, impl, keep_router=family.moe_block != "MLP")
             after_add = {id(found.norms[0])} | {id(layer.input_layernorm) for layer in found.layers[1:]}
             align_norms([n for n in found.norms if id(n) in after_add], p, False, impl, after_add=True)
             align_norms([n for n in found.norms if id(n) not in after_add], p, False, impl)
@@ -278,6 +319,30 @@ def align(
             uninstall(m)
         raise
     report.notes.extend(liger_notes + liger.outside_notes(model, body))
+    report.notes.extend(_nothing_to_round(model))
+    _guard(body, report)
+    return report
+
+
+def _align_own_layout(model, body, family, p, regions, impl, match) -> AlignmentReport:
+    """Gemma 3's and Qwen3.5's layer shapes (``rla.alignment.gemma``, ``rla.alignment.qwen3_5``):
+    rla.ops only, no Liger, no ``ops=`` plug."""
+    if impl is not None:
+        raise NotImplementedError(
+            f"rla.align: ops={impl!r} on {family.model_type}: engine-backed ops cover the Llama-shaped "
+            "families only; align it with rla.ops (ops=None)"
+        )
+    if any(liger.is_liger(type(m)) for m in body.modules()):
+        raise liger.refusal(f"{type(model).__name__} holds Liger modules; rla.align does not align Liger's kernels on {family.model_type}")
+    if body.__dict__.get(_STATE_ATTR) is not None:
+        unalign(body)
+    report = AlignmentReport(
+        profile=p, regions=regions, family=family.model_type, model_class=type(model).__name__,
+        transformers_version=str(compat.TRANSFORMERS_VERSION), ops="rla.ops",
+    )
+    if match is not None:
+        report.profile_choice = match.message()
+    (gemma.align_gemma3 if family.layout == "gemma3" else qwen3_5.align_qwen3_5)(body, family, p, regions, report)
     report.notes.extend(_nothing_to_round(model))
     _guard(body, report)
     return report

@@ -8,6 +8,9 @@ attention calls the module-global ``apply_rotary_pos_emb``; norms are ``<Prefix>
 ``k_norm`` (Qwen3), and whether ``mlp`` is a dense SwiGLU MLP or a sparse MoE block whose
 ``experts`` hold a 3-D ``gate_up_proj`` (plus, for Qwen2-MoE, a dense ``shared_expert``).
 
+Gemma 3's text model (``gemma3_text``; the multimodal ``gemma3`` is not registered) has another layer shape
+(``layout='gemma3'``, aligned by ``rla.alignment.gemma``).
+
 Modules are recognised by class name anywhere in their MRO, so FSDP2's ``FSDP<Class>`` subclasses
 and PEFT-wrapped models are found too. A new family of the same skeleton is one row here.
 """
@@ -40,9 +43,48 @@ class Family:
     shared_expert: str | None = None
     """Attribute of the MoE block holding a dense SwiGLU MLP that every token goes through."""
 
+    body: str | None = None
+    """Class name of the decoder body when it is not ``<Prefix>Model`` (Gemma 3: ``Gemma3TextModel``)."""
+
+    layout: str = "llama"
+    """The decoder layer's shape: ``llama`` (input norm, attention, add, post-attention norm, MLP,
+    add) or ``gemma3`` (zero-centred norms before *and* after each sub-block, a GeGLU MLP, one
+    rotary module with a table per layer type; ``rla.alignment.gemma``)."""
+
+    moe_block: str | None = None
+    """Class-name suffix of the MoE block when it is not ``SparseMoeBlock`` (GPT-OSS: ``MLP``,
+    every layer's MLP being its MoE block; then no dense MLP exists)."""
+
+    experts_gate: str = "swiglu"
+    """The experts' gated activation: ``swiglu`` (silu(gate) * up, concatenated 3-D weights) or
+    ``clamped_swiglu`` (GPT-OSS: interleaved gate/up with biases, ``alpha`` and ``limit``)."""
+
+    partial_rotary: bool = False
+    """RoPE rotates the first ``head_dim * partial_rotary_factor`` dims of each head (GLM-4 MoE)."""
+
+    qk_norm_optional: bool = False
+    """The q/k norms exist only when the config says so (GLM-4 MoE's ``use_qk_norm``)."""
+
+    min_transformers: str | None = None
+    """The oldest transformers whose layout of this family rla.align was checked on (older ones lay
+    it out otherwise: 5.5.3's GPT-OSS RoPE takes position_ids, its Qwen3.5 layers name their mixer
+    ``layer_type``, its GLM-4 MoE experts are ``Glm4MoeNaiveMoe``); refused below it."""
+
+    variant: str | None = None
+    """The rows' variant (:data:`rla.profiles.VARIANTS`) that holds for this family's modules."""
+
     def cls(self, role: str) -> str:
         """Class name of a role: ``rotary`` -> ``Qwen2RotaryEmbedding`` and so on."""
+        if role == "body":
+            return self.body or self.prefix + "Model"
+        if role == "moe" and self.moe_block:
+            return self.prefix + self.moe_block
         return self.prefix + _ROLE_SUFFIX[role]
+
+    @property
+    def dense_mlp(self) -> bool:
+        """Whether a layer's ``mlp`` can be a dense SwiGLU MLP (``<Prefix>MLP``)."""
+        return self.moe_block != "MLP"
 
 
 _ROLE_SUFFIX = {
@@ -65,6 +107,13 @@ FAMILIES: dict[str, Family] = {
         Family("qwen2_moe", "Qwen2Moe", moe=True, shared_expert="shared_expert"),
         Family("qwen3_moe", "Qwen3Moe", qk_norm=True, moe=True),
         Family("mixtral", "Mixtral", moe=True),
+        Family("gpt_oss", "GptOss", moe=True, moe_block="MLP", experts_gate="clamped_swiglu", variant="gpt_oss",
+               min_transformers="5.24"),
+        Family("glm4_moe", "Glm4Moe", qk_norm=True, qk_norm_optional=True, moe=True, moe_block="MoE",
+               shared_expert="shared_experts", partial_rotary=True, min_transformers="5.24"),
+        Family("gemma3_text", "Gemma3", qk_norm=True, body="Gemma3TextModel", layout="gemma3"),
+        Family("qwen3_5_text", "Qwen3_5", qk_norm=True, body="Qwen3_5TextModel", layout="qwen3_5",
+               min_transformers="5.24"),
     )
 }
 
@@ -76,7 +125,8 @@ def get_family(model_type: str | None, what: str = "this model") -> Family:
         raise NotImplementedError(
             f"rla.align does not support {what} (config.model_type={model_type!r}). Supported "
             f"families: {', '.join(FAMILIES)} (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, "
-            "Mixtral). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other models."
+            "Mixtral, GPT-OSS, GLM-4 MoE, Gemma 3's and Qwen3.5's text models). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
+            "models; docs/families.md says what each newer family needs."
         ) from None
 
 

@@ -114,7 +114,7 @@ def _layer_parameters(forward) -> tuple[tuple[str, ...], tuple[tuple[str, object
     return names, defaults
 
 
-def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, impl=None):
+def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, impl=None, keep_router: bool = True):
     add_rms_norm = impl.add_rms_norm if impl is not None else (lambda *a: ops.add_rms_norm(*a))
     carry_add = getattr(impl, "carry_add", None) or (lambda *a: ops.carry_add(*a))
     fp32_sum = profile.norm_residual == "fp32_sum"
@@ -159,14 +159,17 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, i
             out = mlp_out.to(torch.float32, copy=True).add_(rounded)
         else:  # an lp add computes in fp32 and rounds once: RN(x + r)
             out = mlp_out + rounded
-        return (out, *extra) if extra else out
+        return (out, *extra) if extra and keep_router else out
 
     return compat.with_layer_checkpointing(forward)
 
 
-def align_layers(layers: list[torch.nn.Module], layer_class: type, profile: RoundingProfile, impl=None) -> None:
-    """Replace each decoder layer's forward; ``layers`` in model order (index 0 reads embeddings)."""
+def align_layers(layers: list[torch.nn.Module], layer_class: type, profile: RoundingProfile, impl=None,
+                 keep_router: bool = True) -> None:
+    """Replace each decoder layer's forward; ``layers`` in model order (index 0 reads embeddings).
+    ``keep_router`` False: the layer drops what its MoE block returns beside the hidden states
+    (GPT-OSS's layer discards the router scores), as HF's layer does."""
     names, defaults = _layer_parameters(layer_class.forward)
     for index, layer in enumerate(layers):
-        forward = _make_layer_forward(profile, index, names, defaults, impl)
+        forward = _make_layer_forward(profile, index, names, defaults, impl, keep_router)
         install(layer, "layer", {"forward": types.MethodType(forward, layer)})

@@ -32,8 +32,8 @@ from rla.alignment.rmsnorm import stack_dtype
 from rla.alignment.alignment_report import FixedHazard
 from rla.profiles import RoundingProfile
 
-__all__ = ["align_rotary", "align_attention", "make_apply_rotary", "make_apply_qk_norm_rope", "fp32_inv_freq",
-           "angle_error"]
+__all__ = ["align_rotary", "align_attention", "make_apply_rotary", "make_apply_partial_rotary",
+           "make_apply_qk_norm_rope", "fp32_inv_freq", "angle_error"]
 
 
 #: Rope types whose frequencies HF's ``dynamic_rope_update`` recomputes during the forward.
@@ -135,6 +135,22 @@ def make_apply_rotary(profile: RoundingProfile, impl=None):
     return apply_rotary_pos_emb
 
 
+def make_apply_partial_rotary(profile: RoundingProfile, half_tables: bool):
+    """``apply_rotary_pos_emb`` of a partial-rotary family (GLM-4 MoE, Qwen3.5): ``rla.ops.rope`` on
+    ``q[..., :rotary_dim]``, the rest passed through (rounded to the stack dtype when an aligned q/k
+    norm handed it on unrounded under ``qk_norm_out='fp32'``), as HF's and vLLM's partial rotary
+    leave it. ``half_tables``: the tables are the aligned rotary's [..., rotary_dim / 2] halves."""
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        dtype = cos.dtype if q.dtype == torch.float32 and cos.dtype != torch.float32 else None
+        lp = dtype or q.dtype
+        d = cos.shape[-1] * (2 if half_tables else 1)
+        qr, kr = ops.rope(q[..., :d], k[..., :d], cos, sin, profile, unsqueeze_dim=unsqueeze_dim, dtype=dtype)
+        return torch.cat([qr, q[..., d:].to(lp)], dim=-1), torch.cat([kr, k[..., d:].to(lp)], dim=-1)
+
+    apply_rotary_pos_emb.__doc__ = f"partial rla.ops.rope under profile {profile.name!r} (installed by rla.align)."
+    return apply_rotary_pos_emb
+
+
 def make_apply_qk_norm_rope(profile: RoundingProfile, impl=None):
     """The ``apply_rotary_pos_emb`` of an attention forward rebuilt by ``rla.alignment.qk_chain``:
     it receives the raw q/k and the norm modules (``qk_norm=(q_norm, k_norm)``, a required
@@ -232,15 +248,19 @@ FUSE_QK_NORM_ROPE = True
 
 def align_attention(
     attentions: list[torch.nn.Module], family: Family, profile: RoundingProfile, impl=None, qk_chain: bool = False,
+    partial: bool = False,
 ) -> tuple[int, list[str]]:
     """Give each attention instance a forward whose ``apply_rotary_pos_emb`` is ``rla.ops.rope``.
 
     ``qk_chain`` (``qk_norm_out='fp32'`` with q/k norms): the forward is rebuilt from HF's source
     so that the q/k norms run inside RoPE's op (``rla.alignment.qk_chain``). Returns (how many
     attentions run the fused op, notes for the report: why a class keeps the two-op chain)."""
-    apply_rotary = make_apply_rotary(profile, impl)
-    fuse = qk_chain and FUSE_QK_NORM_ROPE
+    apply_rotary = make_apply_partial_rotary(profile, half_tables=True) if partial else make_apply_rotary(profile, impl)
+    fuse = qk_chain and FUSE_QK_NORM_ROPE and not partial
     notes: list[str] = []
+    if qk_chain and partial:
+        notes.append("q/k norm -> partial RoPE runs as two ops (an fp32 q/k between them): the fused "
+                     "qk_norm_rope kernel rotates whole heads")
     if fuse and not callable(getattr(ops if impl is None else impl, "qk_norm_rope", None)):
         notes.append(f"q/k norm -> RoPE runs as two ops (an fp32 q/k between them): {impl!r} has no qk_norm_rope")
         fuse = False

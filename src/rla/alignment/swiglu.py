@@ -23,7 +23,8 @@ from rla.alignment import compat
 from rla.alignment.patch import install
 from rla.profiles import RoundingProfile
 
-__all__ = ["check_activation", "check_experts", "align_mlps", "align_experts"]
+__all__ = ["check_activation", "check_experts", "align_mlps", "align_experts", "check_clamped_experts",
+           "align_clamped_experts", "family_notes"]
 
 _SILU = ("silu", "swish")
 
@@ -126,3 +127,55 @@ def align_experts(experts_list: list[torch.nn.Module], profile: RoundingProfile,
                 "_apply_gate": types.MethodType(apply_gate, experts),
             },
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# GPT-OSS: interleaved gate/up with biases, the clamped SwiGLU
+# ---------------------------------------------------------------------------------------------
+
+
+def check_clamped_experts(experts: torch.nn.Module) -> None:
+    """GPT-OSS's experts: the aligned ``_apply_gate`` needs ``alpha`` and ``limit`` and an experts
+    implementation that calls ``_apply_gate`` (HF's eager loop does, after its bias add)."""
+    problems = [f"no float {name}" for name in ("alpha", "limit") if not isinstance(getattr(experts, name, None), float)]
+    if not callable(getattr(type(experts), "_apply_gate", None)):
+        problems.append("no _apply_gate method")
+    if problems:
+        raise NotImplementedError(f"rla.align: {type(experts).__name__} has a layout the aligned clamped SwiGLU "
+                                  f"does not handle: {'; '.join(problems)}")
+    impl = _experts_implementation(experts)
+    if impl != "eager":
+        compat.experts_function(impl)  # raises for kernels that fuse the activation
+
+
+def _make_clamped_gate(profile: RoundingProfile):
+    def _apply_gate(self, gate_up):
+        return ops.swiglu_oai(gate_up[..., ::2], gate_up[..., 1::2], self.alpha, self.limit, profile)
+
+    return _apply_gate
+
+
+def align_clamped_experts(experts_list: list[torch.nn.Module], profile: RoundingProfile) -> None:
+    """Replace each GPT-OSS experts instance's ``_apply_gate`` (HF's forward, its bias adds and its
+    implementation dispatch stay)."""
+    apply_gate = _make_clamped_gate(profile)
+    for experts in experts_list:
+        install(experts, "experts", {"_apply_gate": types.MethodType(apply_gate, experts)})
+
+
+def family_notes(family) -> list[str]:
+    """What the alignment of ``family`` leaves as it is, and why (for the report)."""
+    if family.model_type == "gpt_oss":
+        return [
+            "left as is: attention sinks (HF's eager_attention_forward concatenates them to the logits; "
+            "attention is outside the regions), the router (top-k and its softmax belong to the MoE issue)",
+            "not measured: YaRN's inv_freq, computed by HF's _compute_yarn_parameters and by vLLM's "
+            "yarn_scaling_rope.py with other arithmetic (bits may differ; not a rounding location)",
+            "the clamped SwiGLU runs rla.ops' PyTorch reference on every device (no fused kernel yet)",
+        ]
+    if family.model_type == "glm4_moe":
+        return [
+            "left as is: the router (sigmoid scores, the correction bias, group top-k: they belong to the MoE issue)",
+            "partial RoPE: the first head_dim * partial_rotary_factor dims rotated by rla.ops.rope, the rest passed",
+        ]
+    return []

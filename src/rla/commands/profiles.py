@@ -41,6 +41,11 @@ def run(args) -> int:
         cal = p.calibration
         measured = f" Measured on {cal.gpu}, torch {cal.torch}, {cal.date[:10]} ({cal.results})." if cal and cal.gpu else ""
         console.print(f"  [bold]{p.name}[/]: {p.description}.{measured}", highlight=False)
+    variants = [(p.name, kind, point, value) for p in rows for kind, points in p.variants.items()
+                for point, value in points.items()]
+    if variants:  # other kinds of modules whose engine code rounds otherwise (docs/families.md)
+        console.print("variants (docs/families.md): "
+                      + "; ".join(f"{n} {kind}: {point}={value}" for n, kind, point, value in variants), highlight=False)
     if args.evidence:
         for p in rows:
             if p.calibration is None:
@@ -51,5 +56,9 @@ def run(args) -> int:
             for point, e in p.calibration.points.items():
                 matched = "-" if e.matched is None else f"{e.matched:.6%}"
                 ev.add_row(point, getattr(p, point), e.evidence, matched, e.note)
+            for kind, points in p.variant_evidence.items():
+                for point, e in points.items():
+                    matched = "-" if e.matched is None else f"{e.matched:.6%}"
+                    ev.add_row(f"{point} ({kind})", p.variants[kind][point], e.evidence, matched, e.note)
             console.print(ev)
     return 0

@@ -5,7 +5,11 @@ a RoPE ``inv_freq`` buffer rounded by ``model.to(torch.bfloat16)`` (phase drift 
 position), TF32 matmuls that touch the angles, fp32 norm weights facing a bf16 engine, FSDP2
 casting the fp32 tensors that alignment passes between modules, and unmerged LoRA adapters
 trained against an engine that serves merged weights (a different computation, which no
-alignment makes equal).
+alignment makes equal). For the zero-centred norms of Gemma 3 and Qwen3.5 (``x * rstd * (1 + w)``):
+a norm whose ``1 + w`` is formed or applied in bf16 (transformers' own Gemma norm before PR 29402,
+remote code copied from it), found by running each such norm on a probe, and the per-layer-type
+RoPE buffers (``sliding_attention_inv_freq``, ...) that ``model.to(bf16)`` rounds. For GPT-OSS: an
+MXFP4 checkpoint, which an engine runs with quantized MoE kernels the rows do not describe.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Hazard", "doctor", "inv_freq_angle_error"]
+__all__ = ["Hazard", "doctor", "inv_freq_angle_error", "ZERO_CENTRED_FAMILIES"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,55 @@ def inv_freq_angle_error(module, max_position: int) -> float:
     from rla.alignment.rope import angle_error, fp32_inv_freq
 
     return angle_error(module.inv_freq, fp32_inv_freq(module), max_position)
+
+
+#: config.model_type of the families whose RMSNorm is zero-centred, x * rstd * (1 + w).
+ZERO_CENTRED_FAMILIES = ("gemma3", "gemma3_text", "gemma2", "gemma", "qwen3_next", "qwen3_5", "qwen3_5_text",
+                         "qwen3_5_moe", "qwen3_5_moe_text")
+
+
+def _zero_centred_norms(model) -> list[tuple[str, torch.nn.Module]]:
+    cfg = getattr(model, "config", None)
+    types = {getattr(cfg, "model_type", None), getattr(getattr(cfg, "text_config", None), "model_type", None)}
+    if not types & set(ZERO_CENTRED_FAMILIES):
+        return []
+    return [(n, m) for n, m in model.named_modules()
+            if type(m).__name__.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor)
+            and m.weight.ndim == 1]
+
+
+def _one_plus_w_low(norm: torch.nn.Module) -> bool | None:
+    """Run ``norm`` on a fixed probe in its weight's low-precision dtype: True when its output is
+    RN(RN(x*rstd) * RN(1 + w)) (1 + w formed and applied in bf16) and not what every engine
+    computes, RN((x*rstd) * (1 + w)) with 1 + w in fp32; None when the norm is fp32 or ran
+    otherwise (no claim)."""
+    w = norm.weight.detach()
+    if w.dtype not in (torch.bfloat16, torch.float16) or w.is_meta:
+        return None
+    eps = float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 1e-6)))
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(4, w.shape[0], generator=g) * 2).to(w.dtype).to(w.device)
+    with torch.no_grad():
+        try:
+            out = norm(x)
+        except Exception:  # a norm that takes other inputs (gated norms): no claim
+            return None
+        v = x.float()
+        n = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+        engines = (n * (1.0 + w.float())).to(w.dtype)
+        low = n.to(w.dtype) * (1.0 + w)  # bf16 tensors: 1 + w and the product rounded
+    if torch.equal(out, engines):
+        return False
+    return True if torch.equal(out, low) else None
+
+
+def _rounded_layer_type_rope(model) -> list[tuple[str, str, torch.dtype]]:
+    """Per-layer-type RoPE buffers (Gemma 3's ``<type>_inv_freq``) that are not fp32; a module with a
+    plain ``inv_freq`` (and its ``original_inv_freq``) is the check above's."""
+    return [(n, b, m._buffers[b].dtype) for n, m in model.named_modules()
+            if "inv_freq" not in m._buffers and "_rla_rotary" not in m.__dict__  # aligned: fp32 from the config
+            for b in m._buffers
+            if b.endswith("_inv_freq") and m._buffers[b] is not None and m._buffers[b].dtype != torch.float32]
 
 
 def _unmerged_lora(model) -> list[tuple[str, torch.nn.Module]]:
@@ -89,6 +142,62 @@ def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16
                     "rla.align(model, ...), which recomputes an fp32 inv_freq from the config.",
                 )
             )
+    rounded = _rounded_layer_type_rope(model)
+    if rounded:
+        name, buffer, dtype = rounded[0]
+        hazards.append(
+            Hazard(
+                "low-precision inv_freq",
+                "error",
+                f"{len(rounded)} per-layer-type RoPE buffers are {dtype} (e.g. {name or 'model'}.{buffer}; "
+                "model.to(bf16) rounds these non-persistent buffers): every layer type's angles drift with "
+                "position, while engines compute its frequencies in fp32.",
+                "load with from_pretrained(..., dtype=torch.bfloat16) instead of model.to(bfloat16), or call "
+                "rla.align(model, ...), which recomputes each layer type's frequencies in fp32 from the config.",
+            )
+        )
+    zc = _zero_centred_norms(model)
+    low = [n for n, m in zc if _one_plus_w_low(m)]
+    if low:
+        hazards.append(
+            Hazard(
+                "1 + w in bf16",
+                "error",
+                f"{len(low)} zero-centred RMSNorms (e.g. {low[0]}) compute RN(RN(x*rstd) * RN(1 + w)): 1 + w "
+                "formed and applied in bf16 (transformers' Gemma norm before PR 29402, or code copied from it). "
+                "HF's current Gemma 3 / Qwen3.5 norms, vLLM and SGLang all form 1 + w in fp32 and round once: "
+                "RN((x*rstd) * (1 + w)); 1 + w in bf16 loses the low bits of every weight near 0.",
+                "use transformers' own modeling code (no trust_remote_code copy of an old Gemma norm), or "
+                "rla.align(model, ...), whose zero-centred norms form 1 + w in fp32 (docs/families.md).",
+            )
+        )
+    fp32_zc = [n for n, m in zc if m.weight.dtype == torch.float32]
+    if fp32_zc and engine_dtype != torch.float32 and not _is_aligned(model):
+        hazards.append(
+            Hazard(
+                "fp32 zero-centred norm weights",
+                "warning",
+                f"{len(fp32_zc)} zero-centred RMSNorm weights are fp32 (e.g. {fp32_zc[0]}): HF forms 1 + w32 from "
+                "the master weight, the engine 1 + RN(w) from its bf16 copy, so the norms scale by different "
+                "numbers (by up to half a bf16 ulp of w).",
+                "rla.align(model, profile=...): aligned zero-centred norms use 1 + RN(w), as the engine does.",
+            )
+        )
+    quant = getattr(cfg, "quantization_config", None)
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    if getattr(cfg, "model_type", None) == "gpt_oss" and str(method).lower().endswith("mxfp4") and external_engine:
+        hazards.append(
+            Hazard(
+                "MXFP4 experts",
+                "warning",
+                "this GPT-OSS checkpoint's experts are MXFP4: an engine that loads the checkpoint runs its quantized "
+                "MoE kernels, whose clamped SwiGLU is fused into the GEMM (not the bf16 swigluoai_and_mul kernel the "
+                "rows describe), while training computes with the weights dequantized to bf16: another computation, "
+                "which no rounding profile makes equal.",
+                "send the engine the bf16 weights the trainer holds (a weight sync does), or measure the mismatch "
+                "(rla.metrics.mismatch); docs/families.md, GPT-OSS.",
+            )
+        )
     if torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest":
         hazards.append(
             Hazard(
@@ -102,10 +211,11 @@ def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16
             )
         )
     aligned = _is_aligned(model)
+    zc_ids = {id(m) for _, m in zc}
     fp32_norms = [
         n for n, m in model.named_modules()
         if type(m).__name__.endswith("RMSNorm") and getattr(m, "weight", None) is not None
-        and m.weight.dtype == torch.float32
+        and m.weight.dtype == torch.float32 and id(m) not in zc_ids
     ]
     if fp32_norms and engine_dtype != torch.float32 and not aligned:
         hazards.append(
@@ -137,7 +247,10 @@ def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16
 def _is_aligned(model) -> bool:
     from rla.alignment import alignment_of
 
-    return alignment_of(model) is not None
+    try:
+        return alignment_of(model) is not None
+    except NotImplementedError:  # a family rla.align refuses (or refuses on this transformers): not aligned
+        return False
 
 
 def _fsdp_mp_policy(module):

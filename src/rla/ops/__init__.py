@@ -18,7 +18,7 @@ from rla.ops._checks import check_carry_add, check_norm, check_rope, check_swigl
 from rla.ops.launch import launch_config, set_launch_config
 from rla.profiles import RoundingProfile, resolve
 
-__all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope", "backend", "launch_config", "set_launch_config"]
+__all__ = ["rope", "swiglu", "geglu", "swiglu_oai", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope", "backend", "launch_config", "set_launch_config"]
 
 
 def backend(*tensors: torch.Tensor):
@@ -92,9 +92,43 @@ def swiglu(gate, up, profile: str | RoundingProfile):
     return backend(gate, up).swiglu(gate, up, p)
 
 
+def geglu(gate, up, profile: str | RoundingProfile):
+    """gelu_tanh(gate) * up (Gemma's gated MLP, ``gelu_pytorch_tanh``), rounded where
+    ``profile.swiglu`` says: the gated product's point, the same for either activation
+    (``per_op`` = the activation rounded before the product, ``fused`` = one rounding).
+
+    The PyTorch reference runs on every device (no fused kernel yet): on CUDA it is a few
+    elementwise kernels, each reading and writing the gate/up tensors.
+    """
+    p = resolve(profile)
+    check_swiglu(gate, up)
+    return reference.geglu(gate, up, p)
+
+
+def swiglu_oai(gate, up, alpha: float, limit: float, profile: str | RoundingProfile):
+    """GPT-OSS's clamped SwiGLU, (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with
+    g = clamp(gate, max=limit), rounded where ``profile.swiglu`` says: ``per_op`` is HF's op
+    sequence on bf16 tensors (each of its five arithmetic ops rounded), ``fused`` one rounding.
+    ``gate``/``up`` may be the strided halves of an interleaved gate_up (``x[..., ::2]``,
+    ``x[..., 1::2]``). The PyTorch reference on every device (no fused kernel yet)."""
+    p = resolve(profile)
+    check_swiglu(gate, up)
+    for name, v in (("alpha", alpha), ("limit", limit)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or v == float("inf"):
+            raise ValueError(f"swiglu_oai: {name} must be a finite positive number, got {v!r}")
+    return reference.swiglu_oai(gate, up, alpha, limit, p)
+
+
+def _check_offset(weight_offset) -> float:
+    if not isinstance(weight_offset, (int, float)) or isinstance(weight_offset, bool) or weight_offset not in (0, 1):
+        raise ValueError(f"weight_offset must be 0.0 (x * w) or 1.0 (x * (1 + w), a zero-centred norm), "
+                         f"got {weight_offset!r}")
+    return float(weight_offset)
+
+
 def rms_norm(
     x, weight, eps: float, profile: str | RoundingProfile, dtype: torch.dtype | None = None,
-    out_dtype: torch.dtype | None = None, after_add: bool = False,
+    out_dtype: torch.dtype | None = None, after_add: bool = False, weight_offset: float = 0.0,
 ):
     """RMSNorm over the last dim; an fp32 ``weight`` is first rounded to the low-precision dtype.
 
@@ -106,22 +140,29 @@ def rms_norm(
     normalises inside its fused add + norm kernel (every decoder layer's input norm but the
     first, the final norm); it matters only under ``norm_reduction='vllm_block'``, whose add + norm
     kernel adds the squares in another order than its plain norm (``rla.ops.reduction``).
+    ``weight_offset=1.0`` is a zero-centred norm (Gemma, Qwen3.5): x * rstd * (1 + w), with
+    1 + w formed in fp32 from the engine's copy of w, as every stack forms it; it runs the
+    PyTorch reference on every device (no fused kernel takes the offset yet).
     """
     p = resolve(profile)
     check_norm(x, None, weight, eps, dtype)
     if out_dtype not in (None, torch.float32) and out_dtype != (dtype or x.dtype):
         raise TypeError(f"out_dtype must be None (the stack dtype) or torch.float32, got {out_dtype}")
+    if _check_offset(weight_offset):
+        return reference.rms_norm(x, weight, eps, p, dtype, out_dtype, bool(after_add), 1.0)
     return backend(x, weight).rms_norm(x, weight, eps, p, dtype, out_dtype, bool(after_add))
 
 
-def add_rms_norm(x, residual, weight, eps: float, profile: str | RoundingProfile):
+def add_rms_norm(x, residual, weight, eps: float, profile: str | RoundingProfile, weight_offset: float = 0.0):
     """Residual add + RMSNorm -> ``(normed, new_residual)``.
 
     ``new_residual`` is RN(x + residual) under every profile; the norm reads that rounded sum or
-    the fp32 sum, as ``profile.norm_residual`` says.
+    the fp32 sum, as ``profile.norm_residual`` says. ``weight_offset`` as for :func:`rms_norm`.
     """
     p = resolve(profile)
     check_norm(x, residual, weight, eps)
+    if _check_offset(weight_offset):
+        return reference.add_rms_norm(x, residual, weight, eps, p, 1.0)
     return backend(x, residual, weight).add_rms_norm(x, residual, weight, eps, p)
 
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from rla.ops.reduction import block_sum_squares, call_tree
 from rla.profiles import RoundingProfile
 
-__all__ = ["rope", "swiglu", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope"]
+__all__ = ["rope", "swiglu", "geglu", "swiglu_oai", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope"]
 
 
 def _rn(v: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
@@ -144,15 +144,111 @@ def swiglu(gate, up, profile: RoundingProfile):
 
 
 # --------------------------------------------------------------------------------------------
+# GeGLU (tanh approximation): Gemma's gated MLP
+# --------------------------------------------------------------------------------------------
+
+
+_GELU_BETA = 0.7978845608028654  # sqrt(2 / pi), as PyTorch's kernels write it (M_SQRT2 * M_2_SQRTPI * 0.5)
+_GELU_KAPPA = 0.044715
+
+
+class _GeGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, per_op: bool):
+        lp = gate.dtype
+        a = F.gelu(gate.float(), approximate="tanh")
+        if per_op:
+            a = _rn(a, lp)
+        ctx.save_for_backward(gate, up)
+        return (a * up.float()).to(lp)
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        gf, uf, dyf = gate.float(), up.float(), dy.float()
+        dgate = dup = None
+        if ctx.needs_input_grad[0]:
+            # d/dg of 0.5 g (1 + tanh(b (g + k g^3))) = 0.5 (1 + t) + 0.5 g (1 - t^2) b (1 + 3 k g^2)
+            t = torch.tanh(_GELU_BETA * (gf + _GELU_KAPPA * gf * gf * gf))
+            dact = 0.5 * (1.0 + t) + 0.5 * gf * (1.0 - t * t) * (_GELU_BETA * (1.0 + 3.0 * _GELU_KAPPA * gf * gf))
+            dgate = (dyf * uf * dact).to(gate.dtype)
+        if ctx.needs_input_grad[1]:
+            dup = (dyf * F.gelu(gf, approximate="tanh")).to(up.dtype)
+        return dgate, dup, None
+
+
+def geglu(gate, up, profile: RoundingProfile):
+    """gelu_tanh(gate) * up under ``profile.swiglu`` (the gated product's point; inputs already
+    validated): ``per_op`` = RN(RN(gelu(g)) * u), ``fused`` = RN(gelu(g) * u). gelu is PyTorch's
+    tanh approximation in fp32 (``F.gelu(g.float(), approximate='tanh')``), which is what HF's
+    ``gelu_pytorch_tanh`` computes inside its bf16 op before rounding."""
+    return _GeGLU.apply(gate, up, profile.swiglu == "per_op")
+
+
+# --------------------------------------------------------------------------------------------
+# GPT-OSS's clamped SwiGLU: (clamp(u, -l, l) + 1) * g * sigmoid(alpha * g), g = clamp(gate, max=l)
+# --------------------------------------------------------------------------------------------
+
+
+def _oai_parts(gf, uf, alpha, limit):
+    g = gf.clamp(max=limit)
+    u = uf.clamp(min=-limit, max=limit)
+    return g, u
+
+
+class _SwiGLUOAI(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, alpha: float, limit: float, per_op: bool):
+        lp = gate.dtype
+        g, u = _oai_parts(gate.float(), up.float(), alpha, limit)
+        if per_op:  # HF's GptOssExperts._apply_gate on lp tensors: every op rounded
+            t = _rn(g * alpha, lp)
+            glu = _rn(g * _rn(torch.sigmoid(t), lp), lp)
+            out = _rn(u + 1.0, lp) * glu
+        else:  # one rounding at the store (vLLM's swigluoai_and_mul kernel computes in fp32)
+            out = (u + 1.0) * (g * torch.sigmoid(g * alpha))
+        ctx.save_for_backward(gate, up)
+        ctx.alpha, ctx.limit = alpha, limit
+        return out.to(lp)
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        gf, uf, dyf = gate.float(), up.float(), dy.float()
+        alpha, limit = ctx.alpha, ctx.limit
+        g, u = _oai_parts(gf, uf, alpha, limit)
+        sig = torch.sigmoid(g * alpha)
+        dgate = dup = None
+        if ctx.needs_input_grad[0]:  # clamp passes the gradient where the input is inside its bounds
+            d = (u + 1.0) * (sig + g * alpha * sig * (1.0 - sig))
+            dgate = (dyf * torch.where(gf <= limit, d, torch.zeros_like(d))).to(gate.dtype)
+        if ctx.needs_input_grad[1]:
+            inside = (uf >= -limit) & (uf <= limit)
+            dup = (dyf * torch.where(inside, g * sig, torch.zeros_like(g))).to(up.dtype)
+        return dgate, dup, None, None, None
+
+
+def swiglu_oai(gate, up, alpha: float, limit: float, profile: RoundingProfile):
+    """GPT-OSS's clamped SwiGLU under ``profile.swiglu`` (inputs already validated): ``per_op`` =
+    HF's op sequence on lp tensors, RN(RN(RN(u) + 1) * RN(g * RN(sigmoid(RN(g * alpha))))) with the
+    clamps exact; ``fused`` = RN((u + 1) * (g * sigmoid(g * alpha))) in fp32."""
+    return _SwiGLUOAI.apply(gate, up, float(alpha), float(limit), profile.swiglu == "per_op")
+
+
+# --------------------------------------------------------------------------------------------
 # RMSNorm and residual-add + RMSNorm
 # --------------------------------------------------------------------------------------------
 
 
-def _engine_weight(weight: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
-    """The engine's copy of the weight, in fp32: RN(w) when an fp32 master weight meets ``lp``."""
+def _engine_weight(weight: torch.Tensor, lp: torch.dtype, offset: float = 0.0) -> torch.Tensor:
+    """The engine's copy of the weight, in fp32: RN(w) when an fp32 master weight meets ``lp``.
+    ``offset`` (1.0 for a zero-centred norm) is added to that copy in fp32, as every stack forms
+    Gemma's ``1 + w`` (HF ``1.0 + self.weight.float()``, vLLM ``self.weight.float() + 1.0``)."""
     if weight.dtype == torch.float32 and lp != torch.float32:
-        return weight.to(lp).float()
-    return weight.float()
+        w = weight.to(lp).float()
+    else:
+        w = weight.float()
+    return w + offset if offset else w
 
 
 def _rstd(v: torch.Tensor, eps: float, tree: bool = False, fused_add: bool = False) -> torch.Tensor:
@@ -187,26 +283,27 @@ def _norm_bwd(dy, v, rstd, w, need_w, w_dtype):
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps: float, per_op: bool, lp: torch.dtype, out_dtype: torch.dtype, tree: bool,
-                after_add: bool):
+                after_add: bool, offset: float = 0.0):
         v = x.float()
         rstd = _rstd(v, eps, tree, fused_add=after_add)
         ctx.save_for_backward(x, weight, rstd)
-        ctx.lp = lp
-        return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op, out_dtype)
+        ctx.lp, ctx.offset = lp, offset
+        return _norm_fwd(v, rstd, _engine_weight(weight, lp, offset), lp, per_op, out_dtype)
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
-        w = _engine_weight(weight, ctx.lp)
+        w = _engine_weight(weight, ctx.lp, ctx.offset)  # d(offset + w)/dw = 1: dw is the same sum
         dv, dw = _norm_bwd(dy, x.float(), rstd, w, ctx.needs_input_grad[1], weight.dtype)
         dx = dv.to(x.dtype) if ctx.needs_input_grad[0] else None
-        return dx, dw, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None
 
 
 class _AddRMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, tree: bool):
+    def forward(ctx, x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, tree: bool, offset: float = 0.0):
         lp = x.dtype
+        ctx.offset = offset
         total = x.float() + residual.float()
         new_residual = total.to(lp)
         v = total if fp32_sum else new_residual.float()
@@ -219,7 +316,7 @@ class _AddRMSNorm(torch.autograd.Function):
             ctx.save_for_backward(new_residual, weight, rstd)
         ctx.fp32_sum = fp32_sum
         ctx.dtypes = (x.dtype, residual.dtype)
-        normed = _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op)
+        normed = _norm_fwd(v, rstd, _engine_weight(weight, lp, offset), lp, per_op)
         return normed, new_residual
 
     @staticmethod
@@ -231,7 +328,7 @@ class _AddRMSNorm(torch.autograd.Function):
             new_residual, weight, rstd = ctx.saved_tensors
             v = new_residual.float()
         x_dtype, r_dtype = ctx.dtypes
-        w = _engine_weight(weight, x_dtype)
+        w = _engine_weight(weight, x_dtype, ctx.offset)
         if dnormed is not None:
             dv, dw = _norm_bwd(dnormed, v, rstd, w, ctx.needs_input_grad[2], weight.dtype)
         else:
@@ -240,12 +337,12 @@ class _AddRMSNorm(torch.autograd.Function):
             dv = dv + dresidual.float()
         dx = dv.to(x_dtype) if ctx.needs_input_grad[0] else None
         dr = dv.to(r_dtype) if ctx.needs_input_grad[1] else None
-        return dx, dr, dw, None, None, None, None
+        return dx, dr, dw, None, None, None, None, None
 
 
 def rms_norm(
     x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype | None = None,
-    out_dtype: torch.dtype | None = None, after_add: bool = False,
+    out_dtype: torch.dtype | None = None, after_add: bool = False, weight_offset: float = 0.0,
 ):
     """RMSNorm of ``x`` under ``profile``'s ``norm_weight`` and ``norm_reduction`` points (inputs
     already validated; ``after_add``: see ``rla.ops.rms_norm``).
@@ -255,17 +352,20 @@ def rms_norm(
     is computed from it and rounded once to bf16. ``out_dtype=torch.float32`` skips that last
     rounding: the unrounded output of a q/k norm that RoPE reads (``qk_norm_out='fp32'``); the
     weight is still the engine's ``lp`` copy and a ``per_op`` product still rounds x*rstd.
+    ``weight_offset`` (1.0: a zero-centred norm, ``x * rstd * (1 + w)``) is added in fp32 to the
+    engine's copy of the weight before the product.
     """
     lp = x.dtype if dtype is None else dtype
     return _RMSNorm.apply(
         x, weight, float(eps), profile.norm_weight == "per_op", lp, out_dtype or lp,
-        profile.norm_reduction == "vllm_block", after_add,
+        profile.norm_reduction == "vllm_block", after_add, float(weight_offset),
     )
 
 
-def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile):
+def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile, weight_offset: float = 0.0):
     """(norm(x + residual), RN(x + residual)) under ``profile`` (inputs already validated); the
-    norm's reduction is the add + norm kernel's (``after_add``)."""
+    norm's reduction is the add + norm kernel's (``after_add``); ``weight_offset`` as for
+    :func:`rms_norm`."""
     return _AddRMSNorm.apply(
         x,
         residual,
@@ -274,6 +374,7 @@ def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile):
         profile.norm_weight == "per_op",
         profile.norm_residual == "fp32_sum",
         profile.norm_reduction == "vllm_block",
+        float(weight_offset),
     )
 
 

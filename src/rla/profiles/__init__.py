@@ -18,6 +18,7 @@ from rla.profiles.model import (
     Calibration,
     PointEvidence,
     RoundingProfile,
+    VARIANTS,
 )
 from rla.profiles.registry import (
     alias_target,
@@ -41,7 +42,7 @@ from rla.profiles.versions import (
 )
 
 __all__ = [
-    "RoundingProfile", "Calibration", "PointEvidence", "POINTS", "REGIONS", "REGION_POINTS", "EVIDENCE",
+    "RoundingProfile", "Calibration", "PointEvidence", "POINTS", "REGIONS", "REGION_POINTS", "EVIDENCE", "VARIANTS",
     "get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles",
     "for_engine", "EngineMatch", "ProfileVersionWarning", "engine_alias", "installed_version",
     "rollout_version", "calibrated_rows",

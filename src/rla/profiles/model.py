@@ -22,7 +22,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["RoundingProfile", "Calibration", "PointEvidence", "POINTS", "REGIONS", "REGION_POINTS", "EVIDENCE"]
+__all__ = ["RoundingProfile", "Calibration", "PointEvidence", "POINTS", "REGIONS", "REGION_POINTS", "EVIDENCE",
+           "VARIANTS"]
 
 #: The three regions a profile describes, in the order reports list them.
 REGIONS: tuple[str, ...] = ("rope", "swiglu", "rmsnorm")
@@ -47,6 +48,16 @@ REGION_POINTS: dict[str, tuple[str, ...]] = {
     "rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq", "qk_norm_out"),
     "swiglu": ("swiglu",),
     "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction"),
+}
+
+#: Module kinds whose rounding an engine may realise with other code than the row's points were
+#: measured on, so a row can say, as data, which points differ for them (``RoundingProfile.variants``).
+#: ``zero_centred_norm``: the RMSNorm of Gemma and Qwen3.5/Qwen3-Next, ``x * rstd * (1 + w)``,
+#: and the decoder layers built around it (Gemma's norms before and after each sub-block).
+#: ``gpt_oss``: GPT-OSS's norms and its experts' clamped SwiGLU (docs/families.md).
+VARIANTS: dict[str, str] = {
+    "zero_centred_norm": "RMSNorm computing x * rstd * (1 + w) (Gemma 3, Qwen3.5/Qwen3-Next) and its layers' adds",
+    "gpt_oss": "GPT-OSS's RMSNorm (HF: (w * x * rstd) rounded once) and its experts' clamped SwiGLU",
 }
 
 #: Evidence strengths, strongest first: the engine itself run live (its own logprobs of a real
@@ -171,6 +182,15 @@ class RoundingProfile:
     calibration: Calibration | None = field(default=None, compare=False, repr=False)
     """Where and how the profile was measured (None for a hand-made profile)."""
 
+    variants: dict = field(default_factory=dict, compare=False, repr=False)
+    """kind (one of :data:`VARIANTS`) -> {point: choice}: the points that differ for that kind of
+    module, because the engine runs other code for it (e.g. vLLM's CUDA norm kernels take only a
+    weight in the input's dtype, so its zero-centred norm, whose weight ``w.float() + 1`` is fp32,
+    runs the PyTorch ops). Points not named keep the row's value. :meth:`variant` applies them."""
+
+    variant_evidence: dict = field(default_factory=dict, compare=False, repr=False)
+    """kind -> {point: :class:`PointEvidence`}: how each variant point was decided."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError("RoundingProfile.name must be a non-empty string")
@@ -178,14 +198,42 @@ class RoundingProfile:
             value = getattr(self, point)
             if value not in allowed:
                 raise ValueError(f"RoundingProfile {self.name!r}: {point}={value!r} is not one of {allowed}")
+        for kind, changes in self.variants.items():
+            if kind not in VARIANTS:
+                raise ValueError(f"RoundingProfile {self.name!r}: unknown variant {kind!r}; variants are {list(VARIANTS)}")
+            if not isinstance(changes, dict):
+                raise ValueError(f"RoundingProfile {self.name!r}: variant {kind!r} must map points to choices")
+            for point, value in changes.items():
+                if point not in POINTS or value not in POINTS[point]:
+                    raise ValueError(
+                        f"RoundingProfile {self.name!r}: variant {kind!r} sets {point}={value!r}; points and "
+                        f"choices are {POINTS}"
+                    )
+        for kind, evidence in self.variant_evidence.items():
+            missing = sorted(set(evidence) - set(self.variants.get(kind, {})))
+            if missing:
+                raise ValueError(f"RoundingProfile {self.name!r}: evidence for variant {kind!r} names {missing}, "
+                                 "which the variant does not set")
 
     def points(self) -> dict[str, str]:
         """The rounding points as a plain dict (for tables and JSON), in :data:`POINTS` order."""
         return {point: getattr(self, point) for point in POINTS}
 
     def same_rounding(self, other: "RoundingProfile") -> bool:
-        """True when both profiles round at the same places (names may differ)."""
+        """True when both profiles round at the same places (names may differ) on the families the
+        points were measured on; the variants (other kinds of modules) are not compared."""
         return self.points() == other.points()
+
+    def variant(self, kind: str) -> "RoundingProfile":
+        """The profile that holds for modules of ``kind`` (:data:`VARIANTS`): this row with the
+        variant's points applied, named ``<name>/<kind>`` when any differ (itself otherwise)."""
+        if kind not in VARIANTS:
+            raise ValueError(f"unknown variant {kind!r}; variants are {list(VARIANTS)}")
+        changes = {p: v for p, v in self.variants.get(kind, {}).items() if getattr(self, p) != v}
+        if not changes:
+            return self
+        return dataclasses.replace(self, name=f"{self.name}/{kind}", calibration=None, variants={},
+                                   variant_evidence={}, **changes)
 
     def differs_from(self, other: "RoundingProfile") -> tuple[str, ...]:
         """Regions whose rounding differs between the two profiles."""
@@ -196,7 +244,9 @@ class RoundingProfile:
         )
 
     def replace(self, **changes) -> "RoundingProfile":
-        """A copy with ``changes``; a changed point drops the calibration (it is no longer measured)."""
+        """A copy with ``changes``; a changed point drops the calibration (it is no longer measured).
+        The variants stay: they say what the engine's code does for a kind of module (pass
+        ``variants={}`` to drop them)."""
         if any(p in changes for p in POINTS) and "calibration" not in changes:
             changes["calibration"] = None
         return dataclasses.replace(self, **changes)

@@ -17,7 +17,7 @@ from packaging.version import InvalidVersion, Version
 
 from rla import strict_json
 from rla.strict_json import short
-from rla.profiles.model import POINTS, Calibration, PointEvidence, RoundingProfile
+from rla.profiles.model import POINTS, VARIANTS, Calibration, PointEvidence, RoundingProfile
 
 __all__ = ["get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles",
            "LIVE_KEYS", "LIVE_SCORE_KEYS"]
@@ -35,9 +35,10 @@ def from_dict(data: dict, source: str = "<dict>") -> RoundingProfile:
     """A profile from its JSON form; every missing or unknown key is an error naming ``source``."""
     if not isinstance(data, dict):
         raise ValueError(f"{source}: a profile is a JSON object, got {type(data).__name__}")
-    unknown = set(data) - {"name", "description", "points", "calibration"}
+    unknown = set(data) - {"name", "description", "points", "calibration", "variants"}
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {sorted(unknown)}; a profile has name, description, points, calibration")
+        raise ValueError(f"{source}: unknown key(s) {sorted(unknown)}; a profile has name, description, points, "
+                         "calibration and optionally variants")
     for key in ("name", "points"):
         if key not in data:
             raise ValueError(f"{source}: missing {key!r}")
@@ -79,12 +80,36 @@ def from_dict(data: dict, source: str = "<dict>") -> RoundingProfile:
             calibration = Calibration(points=evidence, **cal)
         except TypeError as e:
             raise ValueError(f"{source}: calibration: {e}") from None
+    variants, variant_evidence = _variants(data.get("variants", {}), source)
     try:
         return RoundingProfile(
-            name=data["name"], description=data.get("description", ""), calibration=calibration, **pts
+            name=data["name"], description=data.get("description", ""), calibration=calibration,
+            variants=variants, variant_evidence=variant_evidence, **pts
         )
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
+
+
+def _variants(data, source: str) -> tuple[dict, dict]:
+    """``variants``: kind -> {"points": {point: choice}, "evidence": {point: evidence}}; every
+    variant point needs its evidence (a variant is a claim about the engine's code)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: 'variants' must be an object of kind -> {{points, evidence}}")
+    variants, evidence = {}, {}
+    for kind, v in data.items():
+        where = f"{source}: variant {kind!r}"
+        if kind not in VARIANTS:
+            raise ValueError(f"{where}: unknown kind; variants are {list(VARIANTS)}")
+        if not isinstance(v, dict) or set(v) != {"points", "evidence"}:
+            raise ValueError(f"{where}: must be an object with exactly 'points' and 'evidence'")
+        if not isinstance(v["points"], dict) or not isinstance(v["evidence"], dict):
+            raise ValueError(f"{where}: 'points' and 'evidence' must be objects keyed by point")
+        if set(v["points"]) != set(v["evidence"]):
+            raise ValueError(f"{where}: every point needs its evidence; points {sorted(v['points'])}, "
+                             f"evidence {sorted(v['evidence'])}")
+        variants[kind] = dict(v["points"])
+        evidence[kind] = {p: _evidence(e, f"{where} point {p!r}") for p, e in v["evidence"].items()}
+    return variants, evidence
 
 
 def _evidence(ev, where: str) -> PointEvidence:
@@ -141,6 +166,9 @@ def _live(block, where: str) -> None:
                 raise ValueError(f"{where}: {side} {key!r} must be a finite number >= 0, got {short(v)}")
 
 
+_HAND_MADE = PointEvidence("definition", None, "set by hand (RoundingProfile(variants=...)), not measured")
+
+
 def to_dict(profile: RoundingProfile) -> dict:
     """The JSON form of ``profile`` (what :func:`from_dict` reads back)."""
     out = {"name": profile.name, "description": profile.description, "points": profile.points()}
@@ -153,6 +181,19 @@ def to_dict(profile: RoundingProfile) -> dict:
         if cal.live is not None:
             c["live"] = cal.live
         out["calibration"] = c
+    if profile.variants:
+        out["variants"] = {
+            kind: {
+                "points": dict(points),
+                "evidence": {
+                    p: {"evidence": e.evidence, "matched": e.matched, "note": e.note}
+                    for p, e in (
+                        (p, profile.variant_evidence.get(kind, {}).get(p) or _HAND_MADE) for p in points
+                    )
+                },
+            }
+            for kind, points in profile.variants.items()
+        }
     return out
 
 

@@ -1,0 +1,195 @@
+"""Qwen3.5 dense (``qwen3_5_text``): its full-attention layers aligned, its linear-attention layers
+left as they are.
+
+The layer shape is Llama's (input norm, token mixer, add, post-attention norm, SwiGLU MLP, add),
+with three differences (``docs/families.md``):
+
+- **Zero-centred RMSNorm** ``x * rstd * (1 + w)`` everywhere (``Qwen3_5RMSNorm``: the layers',
+  the final one, the q/k norms), under the rows' ``zero_centred_norm`` variant, as Gemma 3's
+  (``rla.alignment.gemma``; vLLM imports ``GemmaRMSNorm as Qwen3_5RMSNorm``).
+- **Partial rotary**: the rotary tables cover ``head_dim * partial_rotary_factor`` dims; the aligned
+  ``apply_rotary_pos_emb`` rotates ``q[..., :rotary_dim]`` with ``rla.ops.rope`` and passes the rest
+  through (rounded to the stack dtype where the q/k norm handed it on unrounded). The rotary
+  module's mRoPE recomposition (``recomposition_frequencies``, HF's own method) runs on the fp32
+  tables; for text every section reads the same positions.
+- **Two token mixers**: ``self_attn`` (gated: ``attn * sigmoid(gate)``, left as HF computes it) or
+  ``linear_attn`` (Gated DeltaNet with its own gated norm, left as is: no engine's rounding there
+  has been read). The aligned layer calls the one the layer has, with HF's arguments.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import torch
+
+from rla import ops
+from rla.alignment import compat
+from rla.alignment.families import Family, class_named
+from rla.alignment.gemma import ZERO_CENTRED, _norm_forward
+from rla.alignment.patch import install, uninstall, with_globals
+from rla.alignment.rmsnorm import _cast_error, _layer_parameters, stack_dtype
+from rla.alignment.rope import make_apply_partial_rotary
+from rla.alignment.swiglu import align_mlps, check_activation
+from rla.profiles import RoundingProfile
+
+__all__ = ["align_qwen3_5", "LEFT_AS_IS"]
+
+#: What the alignment of a Qwen3.5 model leaves to HF's code, and why (printed in the report).
+LEFT_AS_IS = [
+    "left as is: the linear-attention (Gated DeltaNet) layers' mixer and its gated RMSNorm: no engine's "
+    "rounding there has been read (vLLM and SGLang run FLA kernels)",
+    "left as is: the attention output gate attn * sigmoid(gate) (outside the regions)",
+    "not read: vLLM's Qwen3-Next attention fuses the gated split, q/k norm and partial RoPE in one kernel "
+    "when it can; the row's q/k-norm point is applied as it stands (docs/families.md)",
+]
+
+
+def _expect(module, family: Family, role: str, where: str):
+    name = family.prefix + "TextRotaryEmbedding" if role == "rotary" else family.cls(role)
+    if module is None or class_named(module, name) is None:
+        raise NotImplementedError(
+            f"rla.align: expected a {name} at {where}, found {type(module).__name__}. transformers "
+            f"{compat.TRANSFORMERS_VERSION} may lay out Qwen3.5 differently from src/rla/alignment/qwen3_5.py."
+        )
+    return module
+
+
+def _scan(body, family: Family) -> dict:
+    rotary = _expect(getattr(body, "rotary_emb", None), family, "rotary", "model.rotary_emb")
+    if getattr(rotary, "rope_type", None) != "default":
+        raise NotImplementedError(f"rla.align: Qwen3.5 rope type {rotary.rope_type!r}; the aligned rotary computes 'default'")
+    found = {"rotary": rotary, "layers": list(body.layers), "attentions": [], "norms": [], "qk_norms": [], "mlps": [],
+             "final": _expect(getattr(body, "norm", None), family, "norm", "model.norm")}
+    if not found["layers"]:
+        raise NotImplementedError("rla.align: the model has no decoder layers")
+    for i, layer in enumerate(found["layers"]):
+        where = f"model.layers[{i}]"
+        _expect(layer, family, "layer", where)
+        if layer.block_type == "full_attention":
+            attn = _expect(getattr(layer, "self_attn", None), family, "attention", f"{where}.self_attn")
+            found["attentions"].append(attn)
+            for name in ("q_norm", "k_norm"):
+                found["qk_norms"].append(_expect(getattr(attn, name, None), family, "norm", f"{where}.self_attn.{name}"))
+        elif layer.block_type != "linear_attention":
+            raise NotImplementedError(f"rla.align: {where} is a {layer.block_type!r} layer")
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            found["norms"].append(_expect(getattr(layer, name, None), family, "norm", f"{where}.{name}"))
+        found["mlps"].append(_expect(getattr(layer, "mlp", None), family, "mlp", f"{where}.mlp"))
+    return found
+
+
+def _rotary_forward(self, x, position_ids):
+    state = self.__dict__["_rla_rotary"]
+    device = x.device
+    if device not in state["inv_freq"]:
+        if state["evaluate_on"] == "device" and device.type != "cpu":  # HF's init evaluates on the CPU
+            inv_freq = compat._default_rope_on(self.config, device)
+        else:
+            inv_freq = self.compute_default_rope_parameters(self.config, torch.device("cpu"))[0]
+        state["inv_freq"][device] = inv_freq.float().to(device)
+    position_ids = position_ids.expand(3, -1, -1)
+    freqs = position_ids[..., None].to(torch.float32) * state["inv_freq"][device]
+    cos, sin = freqs.cos(), freqs.sin()
+    if self.attention_scaling != 1.0:
+        cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
+    cos, sin = self.recomposition_frequencies(cos), self.recomposition_frequencies(sin)  # HF's own layout
+    if state["round_tables"]:
+        lp = x.dtype
+        if lp == torch.float32 and torch.is_autocast_enabled(device.type):
+            lp = torch.get_autocast_dtype(device.type)
+        cos, sin = cos.to(lp), sin.to(lp)
+    return cos, sin
+
+
+def _layer_forward(profile: RoundingProfile, index: int, names, defaults):
+    fp32_sum = profile.norm_residual == "fp32_sum"
+    carry = profile.residual_stream == "fp32_carry"
+    reads_sum = fp32_sum and index > 0
+
+    def forward(self, hidden_states, *args, **kwargs):
+        for name, value in zip(names, args):
+            kwargs[name] = value
+        for name, value in defaults:
+            kwargs.setdefault(name, value)
+        lp = stack_dtype(hidden_states, self.input_layernorm.weight)
+        if hidden_states.dtype == lp:
+            if reads_sum and lp != torch.float32:
+                raise _cast_error(index, hidden_states.dtype, profile)
+            residual = hidden_states
+            h = self.input_layernorm(hidden_states)
+        else:
+            residual = hidden_states.to(lp)
+            h = self.input_layernorm(hidden_states if reads_sum else residual)
+        if self.block_type == "linear_attention":  # HF's call: no positions for the recurrent mixer
+            kwargs.pop("position_embeddings", None)
+            kwargs.pop("position_ids", None)
+            attn_out = self.linear_attn(hidden_states=h, **kwargs)
+        else:
+            attn_out = self.self_attn(hidden_states=h, **kwargs)[0]
+        attn_out = attn_out.to(lp)
+        norm = self.post_attention_layernorm
+        h, rounded = ops.add_rms_norm(attn_out, residual, norm.weight, norm.eps, profile, weight_offset=1.0)
+        mlp_out = self.mlp(h).to(lp)
+        if carry:
+            return ops.carry_add(attn_out, residual, mlp_out, torch.float32 if fp32_sum else lp)
+        if fp32_sum:
+            return mlp_out.to(torch.float32, copy=True).add_(rounded)
+        return mlp_out + rounded
+
+    return compat.with_layer_checkpointing(forward)
+
+
+def align_qwen3_5(body, family: Family, profile: RoundingProfile, regions: tuple[str, ...], report) -> None:
+    """Align a Qwen3.5 text body in ``regions`` under ``profile``'s ``zero_centred_norm`` variant."""
+    found = _scan(body, family)
+    if "swiglu" in regions:
+        check_activation(body.config)
+    p = profile.variant(ZERO_CENTRED)
+    report.variant = ZERO_CENTRED
+    chain = p.qk_norm_out == "fp32" and {"rope", "rmsnorm"} <= set(regions)
+    if chain and p.rope_cos_sin == "fp32":
+        raise NotImplementedError(f"profile {p.name!r}: qk_norm_out='fp32' with rope_cos_sin='fp32' is not implemented")
+    if p is not profile:
+        changed = {k: v for k, v in p.points().items() if getattr(profile, k) != v}
+        report.notes.append(f"zero-centred norms (x * (1 + w)) follow {p.name!r}: {changed}, the row's variant for "
+                            "them (docs/families.md)")
+    linear = sum(layer.block_type == "linear_attention" for layer in found["layers"])
+    try:
+        if "rope" in regions:
+            rotary = found["rotary"]
+            state = {"inv_freq": {}, "evaluate_on": p.rope_inv_freq, "round_tables": chain}
+            install(rotary, "rotary", {"forward": types.MethodType(_rotary_forward, rotary), "_rla_rotary": state})
+            rebuilt = {}
+            for attn in found["attentions"]:
+                klass = class_named(attn, family.cls("attention"))
+                if klass not in rebuilt:
+                    modeling = sys.modules[klass.__module__]
+                    rebuilt[klass] = with_globals(klass.forward, modeling.__dict__,
+                                                  {"apply_rotary_pos_emb": make_apply_partial_rotary(p, half_tables=False)})
+                install(attn, "attention", {"forward": types.MethodType(rebuilt[klass], attn)})
+            report.counts["rope"] = {"rotary_emb (partial)": 1, "self_attn": len(found["attentions"])}
+        if "swiglu" in regions:
+            align_mlps(found["mlps"], p)
+            report.counts["swiglu"] = {"mlp": len(found["mlps"])}
+        if "rmsnorm" in regions:
+            names, defaults = _layer_parameters(class_named(found["layers"][0], family.cls("layer")).forward)
+            for index, layer in enumerate(found["layers"]):
+                install(layer, "layer", {"forward": types.MethodType(_layer_forward(p, index, names, defaults), layer)})
+            after_add = {id(found["final"])} | {id(layer.input_layernorm) for layer in found["layers"][1:]}
+            for norm in found["norms"] + [found["final"]]:
+                install(norm, "norm", {"forward": types.MethodType(_norm_forward(p, after_add=id(norm) in after_add), norm)})
+            qk = _norm_forward(p, fp32_out=chain)
+            for norm in found["qk_norms"]:
+                install(norm, "norm", {"forward": types.MethodType(qk, norm)})
+            report.counts["rmsnorm"] = {"decoder layers": len(found["layers"]),
+                                        "zero-centred RMSNorm": len(found["norms"]) + 1,
+                                        "q_norm/k_norm": len(found["qk_norms"])}
+    except BaseException:
+        for m in body.modules():
+            uninstall(m)
+        raise
+    report.notes.append(f"{linear} of {len(found['layers'])} layers are linear attention: their norms, MLP and adds "
+                        "are aligned, their mixer is not")
+    report.notes.extend(LEFT_AS_IS)

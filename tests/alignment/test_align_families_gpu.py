@@ -1,0 +1,59 @@
+"""The newer families aligned on CUDA: rla's fused kernels where they exist (RoPE, SwiGLU, the
+plain norms), the PyTorch reference for the new ops (zero-centred norms, GeGLU, the clamped
+SwiGLU), against each family's oracle run on the same GPU.
+
+Gemma 3 and Qwen3.5 under every row: their norms run the reference, and the fused RoPE / SwiGLU
+kernels equal the reference bit for bit, so the logits must be bit-equal. GPT-OSS and GLM-4 MoE
+under ``vllm-0.33-eager``: their plain norms run the fused kernel in vLLM's block order, which the
+oracle's ``vllm_mean_square`` reproduces; under the ``unpinned`` rows the fused norm's tree and
+PyTorch's mean differ by an ulp now and then, so those rows are not compared here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rla
+from packaging.version import Version
+
+from rla.alignment import compat
+from align_spec import PROFILES, SPEC
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _case(name):
+    if name == "gemma3":
+        from gemma_spec import gemma_points, spec_forward, tiny_gemma3
+        return tiny_gemma3(), gemma_points, spec_forward
+    if name == "qwen3_5":
+        from qwen3_5_spec import qwen3_5_points, spec_forward, tiny_qwen3_5
+        return tiny_qwen3_5(), qwen3_5_points, spec_forward
+    if name == "gpt_oss":
+        from gpt_oss_spec import gpt_oss_points, spec_forward, tiny_gpt_oss
+        return tiny_gpt_oss(), gpt_oss_points, spec_forward
+    from glm4_moe_spec import spec_forward, tiny_glm4_moe
+    return tiny_glm4_moe(), lambda p: SPEC[p], spec_forward
+
+
+@pytest.mark.parametrize("name, profiles", [
+    ("gemma3", PROFILES), ("qwen3_5", PROFILES), ("gpt_oss", ("vllm-0.33-eager",)), ("glm4_moe", ("vllm-0.33-eager",)),
+])
+def test_aligned_on_cuda_equals_the_oracle_on_cuda(name, profiles):
+    if name != "gemma3" and compat.TRANSFORMERS_VERSION < Version("5.24"):
+        pytest.skip(f"{name}: rla.align reads its 5.24 layout")
+    model, points, spec_forward = _case(name)
+    model = model.cuda()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(5)).cuda()
+    with torch.no_grad():
+        before = model(ids).logits
+        for profile in profiles:
+            rla.align(model, profile)
+            try:
+                got = model(ids).logits
+            finally:
+                rla.unalign(model)
+            want = spec_forward(model, ids, points(profile))
+            assert torch.equal(got, want), f"{name} {profile}: {(got == want).float().mean():.4f} of logits equal"
+        assert torch.equal(model(ids).logits, before)

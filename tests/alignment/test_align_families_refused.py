@@ -1,0 +1,48 @@
+"""Families rla.align does not align yet are refused before anything changes, with a message that
+names them and where their needs are written down (docs/families.md): a new user is never left
+believing an unaligned region aligned."""
+
+import pytest
+import torch
+import transformers
+
+import rla
+
+_TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=16)
+
+
+def _deepseek_v3():
+    return transformers.DeepseekV3Config(**_TINY, n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                                         first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
+                                         qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1)
+
+
+def _qwen3_5_moe():
+    return transformers.Qwen3_5MoeTextConfig(**_TINY, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                                             shared_expert_intermediate_size=16, layer_types=["full_attention"])
+
+
+@pytest.mark.parametrize("make", [_deepseek_v3, _qwen3_5_moe], ids=["deepseek_v3", "qwen3_5_moe_text"])
+def test_not_yet_aligned_families_are_refused_by_name(make):
+    cfg = make()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    before = {id(m): dict(m.__dict__) for m in model.modules()}
+    with pytest.raises(NotImplementedError, match=rf"model_type='{cfg.model_type}'.*docs/families.md"):
+        rla.align(model, "vllm")
+    assert all(m.__dict__.keys() == before[id(m)].keys() for m in model.modules())
+
+
+def test_families_read_from_a_newer_layout_are_refused_on_older_transformers(monkeypatch):
+    from packaging.version import Version
+
+    from gpt_oss_spec import tiny_gpt_oss
+    from rla.alignment import compat
+
+    model = tiny_gpt_oss()
+    monkeypatch.setattr(compat, "TRANSFORMERS_VERSION", Version("5.5.3"))
+    with pytest.raises(NotImplementedError, match=r"gpt_oss is aligned on transformers >= 5.24.*5.5.3 lays it out"):
+        rla.align(model, "vllm")
+    assert model.model.__dict__.get("_rla_alignment") is None and not any(
+        "_rla_patch" in m.__dict__ for m in model.modules())

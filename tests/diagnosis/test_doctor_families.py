@@ -1,0 +1,73 @@
+"""``rla doctor`` on the zero-centred families: 1 + w formed in bf16, per-layer-type RoPE buffers
+rounded by a cast, fp32 zero-centred weights; a clean tiny Gemma 3 has none of them. And GPT-OSS's
+MXFP4 checkpoint, which an engine runs with kernels no row describes."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+import rla
+from gemma_spec import tiny_gemma3
+
+NEW = {"1 + w in bf16", "low-precision inv_freq", "fp32 zero-centred norm weights"}
+
+
+class OldGemmaRMSNorm(torch.nn.Module):
+    """transformers' Gemma norm before PR 29402: the normalised value rounded, then * (1 + w) in bf16."""
+
+    def forward(self, x):
+        n = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return n.type_as(x) * (1 + self.weight)
+
+
+def _names(model):
+    return {h.name for h in rla.doctor(model)}
+
+
+def test_clean_gemma_has_none_of_them():
+    assert not _names(tiny_gemma3(layers=2)) & NEW
+
+
+def test_one_plus_w_in_bf16_is_found_by_a_probe_and_aligning_fixes_it():
+    model = tiny_gemma3(layers=2)
+    norm = model.model.layers[1].pre_feedforward_layernorm
+    norm.forward = types.MethodType(OldGemmaRMSNorm.forward, norm)  # remote code of that age, on one norm
+    hazard = next(h for h in rla.doctor(model) if h.name == "1 + w in bf16")
+    assert "1 zero-centred RMSNorms (e.g. model.layers.1.pre_feedforward_layernorm)" in hazard.detail
+    rla.align(model, "vllm")
+    assert "1 + w in bf16" not in _names(model)
+    rla.unalign(model)
+    assert "1 + w in bf16" in _names(model)
+
+
+def test_cast_rounds_the_per_layer_type_rope_buffers():
+    model = tiny_gemma3(layers=2, dtype=torch.float32).to(torch.bfloat16)
+    hazard = next(h for h in rla.doctor(model) if h.name == "low-precision inv_freq")
+    assert "per-layer-type RoPE buffers are torch.bfloat16" in hazard.detail
+    rla.align(model, "vllm")  # the aligned rotary computes each layer type's frequencies in fp32
+    assert "low-precision inv_freq" not in _names(model)
+    rla.unalign(model)
+    assert "low-precision inv_freq" in _names(model)
+
+
+def test_fp32_master_weights_face_the_engines_bf16_copy():
+    model = tiny_gemma3(layers=2, dtype=torch.float32)
+    hazard = next(h for h in rla.doctor(model) if h.name == "fp32 zero-centred norm weights")
+    assert "1 + RN(w)" in hazard.detail
+    assert "fp32 norm weights" not in _names(model)  # the Llama-shaped text would be wrong here
+
+
+def test_gpt_oss_mxfp4_checkpoint_is_named():
+    from gpt_oss_spec import tiny_gpt_oss
+
+    model = tiny_gpt_oss()
+    assert "MXFP4 experts" not in _names(model)
+    model.config.quantization_config = {"quant_method": "mxfp4"}
+    try:
+        hazard = next(h for h in rla.doctor(model) if h.name == "MXFP4 experts")
+        assert "quantized MoE kernels" in hazard.detail
+        assert not any(h.name == "MXFP4 experts" for h in rla.doctor(model, external_engine=False))
+    finally:
+        del model.config.quantization_config

@@ -1,0 +1,163 @@
+"""The test oracle for ``rla.align`` on Gemma 3: its decoder written from docs/families.md.
+
+Nothing here calls ``rla.ops`` or ``rla.align``. It reuses the model's weights, its scaled
+embedding and HF's own eager attention function (attention is outside the regions), and writes
+every region with explicit ``.to(lp)``: the zero-centred norm ``x * rstd * (1 + w)``, the
+sandwich layer with its two adds, the GeGLU product, RoPE from frequencies computed here.
+Under the ``hf`` points it must equal the unaligned HF model bit for bit
+(``tests/alignment/test_align_gemma.py``), which is what makes it an oracle for the other rows.
+
+A helper module, not a test file (``from gemma_spec import ...``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+import transformers
+
+from align_spec import BF16, SPEC, rn, spec_rope
+from spec import vllm_mean_square
+
+# docs/families.md, "the zero_centred_norm variant", copied as data (checked against rla.profiles
+# by tests/alignment/test_align_gemma.py): the points that differ for Gemma's norms and layers.
+VARIANT = {
+    "hf": {"norm_weight": "fused"},
+    "vllm-0.33-eager": {"norm_residual": "fp32_sum", "norm_reduction": "unpinned"},
+}
+
+
+def gemma_points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
+    """The points that hold for a Gemma 3 model aligned to ``profile`` in ``regions``; HF's own
+    Gemma points elsewhere (HF's Gemma norm rounds once: the hf variant)."""
+    hf = {**SPEC["hf"], **VARIANT["hf"]}
+    row = {**SPEC[profile], **VARIANT.get(profile, {})}
+    groups = {"rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq", "qk_norm_out"), "swiglu": ("swiglu",),
+              "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction")}
+    out = dict(hf)
+    for region in regions:
+        for point in groups[region]:
+            out[point] = row[point]
+    if not {"rope", "rmsnorm"} <= set(regions):
+        out["qk_norm_out"] = "round"
+    return out
+
+
+def tiny_gemma3(seed: int = 0, layers: int = 3, dtype=BF16):
+    """A random tiny Gemma 3 text model: sliding and full layers (theta 10k default, theta 1M
+    linear x8), head_dim 16, every norm weight random around 0 (HF initialises them to 0, where
+    ``1 + w`` is exact and a test would prove little). Parameters cast one by one, so the rotary
+    buffers stay fp32 (as ``from_pretrained(dtype=)`` leaves them)."""
+    types = ["sliding_attention"] * (layers - 1) + ["full_attention"]
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=8,
+        query_pre_attn_scalar=16, layer_types=types, final_logit_softcapping=None, tie_word_embeddings=False,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}},
+        attn_implementation="eager",
+    )
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    for p in model.parameters():
+        p.data = p.data.to(dtype)
+    return model
+
+
+def spec_inv_freq(cfg, layer_type: str, where="cpu") -> torch.Tensor:
+    """fp32 frequencies evaluated on ``where`` (the CPU for ``rope_inv_freq='host'``)."""
+    rp = cfg.rope_parameters[layer_type]
+    d = cfg.head_dim
+    exponent = torch.arange(0, d, 2, dtype=torch.int64).to(device=where, dtype=torch.float) / d
+    inv_freq = 1.0 / (rp["rope_theta"] ** exponent)
+    return inv_freq / rp["factor"] if rp["rope_type"] == "linear" else inv_freq
+
+
+def spec_norm(v, weight, eps, pts, lp, out=None, after_add=False):
+    """Zero-centred RMSNorm of the fp32 value ``v``: (v * rstd) * (1 + RN(w)), 1 + w in fp32."""
+    if pts["norm_reduction"] == "vllm_block":
+        mean_square = vllm_mean_square(v, v.numel() // v.shape[-1], after_add)
+    else:
+        mean_square = (v * v).mean(-1, keepdim=True)
+    rstd = torch.rsqrt(mean_square + eps)
+    w = 1.0 + rn(weight.float(), lp)
+    if pts["norm_weight"] == "per_op":
+        return (w * rn(v * rstd, lp)).to(out or lp)
+    return ((v * rstd) * w).to(out or lp)
+
+
+def spec_geglu(g, u, pts):
+    lp = g.dtype
+    a = F.gelu(g.float(), approximate="tanh")
+    if pts["swiglu"] == "per_op":
+        a = rn(a, lp)
+    return (a * u.float()).to(lp)
+
+
+def _mask(seq: int, window: int | None, lp, device="cpu") -> torch.Tensor:
+    i = torch.arange(seq, device=device)[:, None]
+    j = torch.arange(seq, device=device)[None, :]
+    allowed = j <= i
+    if window is not None:
+        allowed &= (i - j) < window
+    return torch.where(allowed, 0.0, torch.finfo(lp).min).to(lp)[None, None]
+
+
+def _attention(attn, h, cos, sin, pts, lp):
+    modeling = sys.modules[type(attn).__module__]
+    B, S, _ = h.shape
+    shape = (B, S, -1, attn.head_dim)
+    q = F.linear(h, attn.q_proj.weight).view(shape).transpose(1, 2)
+    k = F.linear(h, attn.k_proj.weight).view(shape).transpose(1, 2)
+    v = F.linear(h, attn.v_proj.weight).view(shape).transpose(1, 2)
+    qk_out = torch.float32 if pts["qk_norm_out"] == "fp32" else None
+    q = spec_norm(q.float(), attn.q_norm.weight, attn.q_norm.eps, pts, lp, qk_out)
+    k = spec_norm(k.float(), attn.k_norm.weight, attn.k_norm.eps, pts, lp, qk_out)
+    q, k = spec_rope(q, cos, sin, pts, lp), spec_rope(k, cos, sin, pts, lp)
+    out, _ = modeling.eager_attention_forward(attn, q, k, v, _mask(S, attn.sliding_window, lp, h.device), dropout=0.0,
+                                              scaling=attn.scaling, sliding_window=attn.sliding_window)
+    return F.linear(out.reshape(B, S, -1).contiguous(), attn.o_proj.weight)
+
+
+def spec_forward(model, input_ids, pts) -> torch.Tensor:
+    """Logits of ``model`` (a Gemma3ForCausalLM) computed under the points ``pts``."""
+    body, cfg = model.model, model.config
+    lp = body.embed_tokens.weight.dtype
+    device = input_ids.device
+    where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")
+    positions = torch.arange(input_ids.shape[1], device=device)[None].expand(input_ids.shape[0], -1)
+    tables = {}
+    for t in set(cfg.layer_types):
+        freqs = positions[..., None].float() * spec_inv_freq(cfg, t, where).to(device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        tables[t] = (emb.cos(), emb.sin())
+    fp32_sum = pts["norm_residual"] == "fp32_sum"
+    carry = pts["residual_stream"] == "fp32_carry"
+    x = body.embed_tokens(input_ids)  # HF's scaled embedding (left as is)
+    s = x.float()  # what the next norm reads: the fp32 sum (or the embeddings)
+    for i, layer in enumerate(body.layers):
+        r = rn(s, lp)  # the residual stream
+        h = spec_norm(s if fp32_sum else r, layer.input_layernorm.weight, layer.input_layernorm.eps, pts, lp,
+                      after_add=i > 0)
+        a = _attention(layer.self_attn, h, *tables[cfg.layer_types[i]], pts, lp)
+        a = spec_norm(a.float(), layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, pts, lp)
+        s1 = a.float() + r
+        r1 = rn(s1, lp)
+        ff = layer.pre_feedforward_layernorm
+        h = spec_norm(s1 if fp32_sum else r1, ff.weight, ff.eps, pts, lp, after_add=True)
+        mlp = layer.mlp
+        y = spec_geglu(F.linear(h, mlp.gate_proj.weight), F.linear(h, mlp.up_proj.weight), pts)
+        m = F.linear(y, mlp.down_proj.weight)
+        m = spec_norm(m.float(), layer.post_feedforward_layernorm.weight, layer.post_feedforward_layernorm.eps, pts, lp)
+        s = (s1 if carry else r1) + m.float()
+        if not fp32_sum:
+            s = rn(s, lp)
+    h = spec_norm(s if fp32_sum else rn(s, lp), body.norm.weight, body.norm.eps, pts, lp, after_add=True)
+    return F.linear(h, model.lm_head.weight)
