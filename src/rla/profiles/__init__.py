@@ -19,6 +19,7 @@ from rla.profiles.model import (
     PointEvidence,
     RoundingProfile,
 )
+from rla.profiles.router import ROUTER_POINTS, RouterPoints
 from rla.profiles.registry import (
     alias_target,
     aliases,
@@ -44,5 +45,5 @@ __all__ = [
     "RoundingProfile", "Calibration", "PointEvidence", "POINTS", "REGIONS", "REGION_POINTS", "EVIDENCE",
     "get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles",
     "for_engine", "EngineMatch", "ProfileVersionWarning", "engine_alias", "installed_version",
-    "rollout_version", "calibrated_rows",
+    "rollout_version", "calibrated_rows", "RouterPoints", "ROUTER_POINTS",
 ]

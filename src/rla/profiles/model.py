@@ -22,6 +22,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rla.profiles.router import RouterPoints
+
 __all__ = ["RoundingProfile", "Calibration", "PointEvidence", "POINTS", "REGIONS", "REGION_POINTS", "EVIDENCE"]
 
 #: The three regions a profile describes, in the order reports list them.
@@ -159,6 +161,11 @@ class RoundingProfile:
     calibration: Calibration | None = field(default=None, compare=False, repr=False)
     """Where and how the profile was measured (None for a hand-made profile)."""
 
+    router: RouterPoints | None = field(default=None, repr=False)
+    """Where the stack rounds inside an MoE block (:mod:`rla.profiles.router`), with the evidence
+    per point; None when the row claims no router values (``hf``: HF's own module is the
+    baseline; a file written by ``rla calibrate``, which does not measure routers yet)."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError("RoundingProfile.name must be a non-empty string")
@@ -166,6 +173,9 @@ class RoundingProfile:
             value = getattr(self, point)
             if value not in allowed:
                 raise ValueError(f"RoundingProfile {self.name!r}: {point}={value!r} is not one of {allowed}")
+        if self.router is not None and not isinstance(self.router, RouterPoints):
+            raise TypeError(f"RoundingProfile {self.name!r}: router must be a RouterPoints or None, "
+                            f"got {type(self.router).__name__}")
 
     def points(self) -> dict[str, str]:
         """The rounding points as a plain dict (for tables and JSON), in :data:`POINTS` order."""

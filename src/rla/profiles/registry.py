@@ -18,6 +18,7 @@ from packaging.version import InvalidVersion, Version
 from rla import strict_json
 from rla.strict_json import short
 from rla.profiles.model import POINTS, Calibration, PointEvidence, RoundingProfile
+from rla.profiles.router import ROUTER_POINTS, RouterPoints
 
 __all__ = ["get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles"]
 
@@ -29,9 +30,10 @@ def from_dict(data: dict, source: str = "<dict>") -> RoundingProfile:
     """A profile from its JSON form; every missing or unknown key is an error naming ``source``."""
     if not isinstance(data, dict):
         raise ValueError(f"{source}: a profile is a JSON object, got {type(data).__name__}")
-    unknown = set(data) - {"name", "description", "points", "calibration"}
+    unknown = set(data) - {"name", "description", "points", "calibration", "router"}
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {sorted(unknown)}; a profile has name, description, points, calibration")
+        raise ValueError(f"{source}: unknown key(s) {sorted(unknown)}; a profile has name, description, points, "
+                         "calibration, router")
     for key in ("name", "points"):
         if key not in data:
             raise ValueError(f"{source}: missing {key!r}")
@@ -67,12 +69,30 @@ def from_dict(data: dict, source: str = "<dict>") -> RoundingProfile:
             calibration = Calibration(points=evidence, **cal)
         except TypeError as e:
             raise ValueError(f"{source}: calibration: {e}") from None
+    router = None if data.get("router") is None else _router(data["router"], f"{source}: router")
     try:
         return RoundingProfile(
-            name=data["name"], description=data.get("description", ""), calibration=calibration, **pts
+            name=data["name"], description=data.get("description", ""), calibration=calibration, router=router, **pts
         )
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
+
+
+def _router(data, where: str) -> RouterPoints:
+    """The router points of a profile file: ``{"points": {...}, "evidence": {point: {...}}}``."""
+    if not isinstance(data, dict) or set(data) - {"points", "evidence"} or "points" not in data:
+        raise ValueError(f"{where}: must be an object with 'points' (and optionally 'evidence'), got {short(data)}")
+    pts, evidence = data["points"], data.get("evidence") or {}
+    if not isinstance(pts, dict) or not isinstance(evidence, dict):
+        raise ValueError(f"{where}: 'points' and 'evidence' must be objects of point -> value")
+    missing = [p for p in ROUTER_POINTS if p not in pts]
+    extra = [p for p in (*pts, *evidence) if p not in ROUTER_POINTS]
+    if missing or extra:
+        raise ValueError(f"{where}: points must be exactly {list(ROUTER_POINTS)}; missing {missing}, unknown {extra}")
+    try:
+        return RouterPoints(**pts, evidence={p: _evidence(e, f"{where} evidence {p!r}") for p, e in evidence.items()})
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def _evidence(ev, where: str) -> PointEvidence:
@@ -108,6 +128,12 @@ def to_dict(profile: RoundingProfile) -> dict:
             p: {"evidence": e.evidence, "matched": e.matched, "note": e.note} for p, e in cal.points.items()
         }
         out["calibration"] = c
+    if profile.router is not None:
+        out["router"] = {
+            "points": profile.router.points(),
+            "evidence": {p: {"evidence": e.evidence, "matched": e.matched, "note": e.note}
+                         for p, e in profile.router.evidence.items()},
+        }
     return out
 
 
