@@ -19,7 +19,11 @@ def family_model(request):
 
 
 def test_every_supported_family_is_registered_and_tested():
-    assert set(REGISTERED) == set(FAMILIES)
+    import moe_models
+
+    assert {f for f, fam in REGISTERED.items() if fam.regions is None} == set(FAMILIES)
+    # families aligned in some regions only (DeepSeek-V3's MoE) are tested by test_align_router
+    assert {f for f, fam in REGISTERED.items() if fam.regions is not None} <= set(moe_models.FAMILIES)
 
 
 def test_aligned_logits_equal_the_spec_for_every_profile(family_model):

@@ -1,12 +1,14 @@
 """The model families ``rla.align`` supports, and the little that differs between them.
 
-All seven share one skeleton (transformers 5.x): ``<Prefix>Model`` holds ``embed_tokens``,
+All eight share one skeleton (transformers 5.x): ``<Prefix>Model`` holds ``embed_tokens``,
 ``layers`` of ``<Prefix>DecoderLayer`` (``input_layernorm`` -> ``self_attn`` -> add ->
 ``post_attention_layernorm`` -> ``mlp`` -> add), a final ``norm`` and one ``rotary_emb``; the
 attention calls the module-global ``apply_rotary_pos_emb``; norms are ``<Prefix>RMSNorm`` with
 ``variance_epsilon``. What differs is the class-name prefix, whether attention has ``q_norm`` /
 ``k_norm`` (Qwen3), and whether ``mlp`` is a dense SwiGLU MLP or a sparse MoE block whose
-``experts`` hold a 3-D ``gate_up_proj`` (plus, for Qwen2-MoE, a dense ``shared_expert``).
+``experts`` hold a 3-D ``gate_up_proj`` (plus, for Qwen2-MoE, a dense ``shared_expert``; for
+DeepSeek-V3, ``shared_experts``, whose MLA attention is outside what ``rla.align`` aligns: only its
+MoE regions are).
 
 Modules are recognised by class name anywhere in their MRO, so FSDP2's ``FSDP<Class>`` subclasses
 and PEFT-wrapped models are found too. A new family of the same skeleton is one row here.
@@ -40,9 +42,21 @@ class Family:
     shared_expert: str | None = None
     """Attribute of the MoE block holding a dense SwiGLU MLP that every token goes through."""
 
+    moe_block: str = "SparseMoeBlock"
+    """Class-name suffix of the MoE block (``DeepseekV3MoE``: ``MoE``)."""
+
+    router: str = "softmax"
+    """The router's kind: ``softmax`` top-k (``gate.weight``, ``top_k``, ``norm_topk_prob``) or
+    ``sigmoid_grouped`` (DeepSeek-V3: sigmoid scores, ``e_score_correction_bias``, grouped top-k,
+    ``routed_scaling_factor``)."""
+
+    regions: tuple[str, ...] | None = None
+    """The regions ``rla.align`` supports for this family (None: all). DeepSeek-V3's attention (MLA,
+    with its own RoPE and q/kv norms) is not aligned, so only its MoE regions are."""
+
     def cls(self, role: str) -> str:
         """Class name of a role: ``rotary`` -> ``Qwen2RotaryEmbedding`` and so on."""
-        return self.prefix + _ROLE_SUFFIX[role]
+        return self.prefix + (self.moe_block if role == "moe" else _ROLE_SUFFIX[role])
 
 
 _ROLE_SUFFIX = {
@@ -65,6 +79,8 @@ FAMILIES: dict[str, Family] = {
         Family("qwen2_moe", "Qwen2Moe", moe=True, shared_expert="shared_expert"),
         Family("qwen3_moe", "Qwen3Moe", qk_norm=True, moe=True),
         Family("mixtral", "Mixtral", moe=True),
+        Family("deepseek_v3", "DeepseekV3", moe=True, shared_expert="shared_experts", moe_block="MoE",
+               router="sigmoid_grouped", regions=("swiglu", "router")),
     )
 }
 
@@ -76,7 +92,7 @@ def get_family(model_type: str | None, what: str = "this model") -> Family:
         raise NotImplementedError(
             f"rla.align does not support {what} (config.model_type={model_type!r}). Supported "
             f"families: {', '.join(FAMILIES)} (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, "
-            "Mixtral). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other models."
+            "Mixtral; DeepSeek-V3's MoE regions). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other models."
         ) from None
 
 
