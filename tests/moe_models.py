@@ -39,8 +39,10 @@ def config(family: str):
     }[family](**kw)
 
 
-def model(family: str, seed: int = 0, experts: str = "eager", dtype=torch.bfloat16):
-    """A random tiny ``family`` model in ``dtype`` with sharp routers (module docstring)."""
+def model(family: str, seed: int = 0, experts: str = "eager", dtype=torch.bfloat16, gate_scale: float = 0.5):
+    """A random tiny ``family`` model in ``dtype``; ``gate_scale`` sets how sharp its routers are
+    (0.5: sharp, the module docstring; small: near-uniform probabilities, where two stacks
+    disagree on the experts often)."""
     torch.manual_seed(seed)
     m = transformers.AutoModelForCausalLM.from_config(config(family), dtype=dtype, attn_implementation="eager",
                                                       experts_implementation=experts)
@@ -48,7 +50,7 @@ def model(family: str, seed: int = 0, experts: str = "eager", dtype=torch.bfloat
     with torch.no_grad():
         for name, p in m.named_parameters():
             if name.endswith("mlp.gate.weight"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+                p.copy_(torch.randn(p.shape, generator=g) * gate_scale)
         for name, b in m.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.copy_(torch.randn(b.shape, generator=g) * 0.05)

@@ -19,8 +19,9 @@ def _rank(scores_row: list[float], k: int, ties: str, torch_ids: list[int]) -> l
     return torch_ids  # 'torch': whatever torch.topk returned, as the model calls it
 
 
-def route(block, x: torch.Tensor, points, family_router: str):
-    """(ids [T, k] long, weights [T, k]) of ``block``'s router on lp input ``x`` [T, H]."""
+def route(block, x: torch.Tensor, points, family_router: str, raw: bool = False):
+    """(ids [T, k] long, weights [T, k]) of ``block``'s router on lp input ``x`` [T, H]; ``raw``:
+    the fp32 weights before the routed scale and the cast (what capture and replay see)."""
     gate, lp = block.gate, x.dtype
     k = gate.top_k
     logits = F.linear(x, gate.weight.to(lp)).float() if points.logits == "lp" else F.linear(x.float(), gate.weight.float())
@@ -65,6 +66,10 @@ def route(block, x: torch.Tensor, points, family_router: str):
             for j in range(1, k):
                 s = s + w[j]
             w = w / (s + 1e-20) if family_router != "softmax" else w / s
+        if raw:
+            weights.append(w)
+            ids.append(row)
+            continue
         if family_router != "softmax" and points.routed_scale == "weights":
             w = w * gate.routed_scaling_factor
         ids.append(row)

@@ -17,13 +17,17 @@ What changes, per region (everything else in the model runs HF's own code):
 - ``rmsnorm``: every RMSNorm (input, post-attention, final, Qwen3's q/k norms) runs
   ``rla.ops.rms_norm``; under ``norm_residual='fp32_sum'`` decoder layers hand the fp32 residual
   sum to the next norm, as fused add+norm kernels do (see ``rla.alignment.rmsnorm``).
+- ``router`` (opt-in, MoE models: ``regions=("rope", "swiglu", "rmsnorm", "router")``): each MoE
+  block's routing and weighted sum of experts through ``rla.ops.routing`` with the profile's
+  router points (``rla.alignment.router``); ``rla.replay_routes`` routes the training forward to
+  recorded experts (``rla.alignment.replay``).
 - ``qk_norm_out='fp32'`` (rope and rmsnorm regions): Qwen3's q/k norms and RoPE run as one op,
   ``rla.ops.qk_norm_rope``, in an attention forward rebuilt from HF's own source
   (``rla.alignment.qk_chain``; the two-op chain, with a note in the report, where the source
   has another shape).
 
-Supported families: Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Mixtral
-(``rla.alignment.families``); transformers 5.17 and 5.24 (``rla.alignment.compat``).
+Supported families: Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Mixtral, and
+DeepSeek-V3's ``swiglu`` and ``router`` regions (``rla.alignment.families``); transformers 5.17 and 5.24 (``rla.alignment.compat``).
 
 Alignment is per instance: only instance attributes change, classes and transformers' module
 globals never do, and ``state_dict()`` is untouched. Works under ``model.generate``, gradient
@@ -50,5 +54,7 @@ from __future__ import annotations
 
 from rla.alignment.core import align, aligned, alignment_of, unalign
 from rla.alignment.alignment_report import AlignmentReport, FixedHazard
+from rla.alignment.replay import capture_routes, replay_routes, routes_from_records
 
-__all__ = ["align", "unalign", "aligned", "alignment_of", "AlignmentReport", "FixedHazard"]
+__all__ = ["align", "unalign", "aligned", "alignment_of", "AlignmentReport", "FixedHazard", "replay_routes",
+           "capture_routes", "routes_from_records"]

@@ -33,7 +33,7 @@ from rla.alignment.patch import install, patch_of
 from rla.ops import routing
 from rla.profiles import RoundingProfile, RouterPoints
 
-__all__ = ["hf_router_points", "moe_blocks", "align_routers", "RouterState", "STATE_ATTR"]
+__all__ = ["hf_router_points", "moe_blocks", "align_routers", "patch_block", "state_of", "RouterState", "STATE_ATTR"]
 
 #: The instance attribute of a patched block holding its :class:`RouterState`.
 STATE_ATTR = "_rla_router"
@@ -92,22 +92,26 @@ def hf_router_points(block: torch.nn.Module, family: Family) -> RouterPoints:
 
 
 def _route(self, x, state: RouterState):
+    """(weights, ids): the router's, or the recorded ids (and weights) while replaying. Capture
+    and replay see the fp32 weights before the routed scale and the cast (``finish_weights``)."""
     points, gate = state.points, self.gate
     recorded_ids, recorded_w = (None, None) if state.replay is None else state.replay(x.shape[0], x.device)
     logits = routing.router_logits(x, gate.weight, points)
+    scale = None
     if state.family.router == "sigmoid_grouped":
+        scale = gate.routed_scaling_factor
         weights, ids = routing.sigmoid_grouped_route(
             logits, gate.e_score_correction_bias, gate.top_k, gate.num_group, gate.topk_group,
-            gate.norm_topk_prob, gate.routed_scaling_factor, points, x.dtype, ids=recorded_ids)
+            gate.norm_topk_prob, scale, points, x.dtype, ids=recorded_ids, finish=False)
     else:
         renormalize = getattr(gate, "norm_topk_prob", True)  # Mixtral's router always renormalises
-        weights, ids = routing.softmax_route(logits, gate.top_k, renormalize, points, x.dtype, ids=recorded_ids)
+        weights, ids = routing.softmax_route(logits, gate.top_k, renormalize, points, x.dtype, ids=recorded_ids,
+                                             finish=False)
     if recorded_w is not None:  # the recorded values, the router's gradient (straight through)
-        recorded_w = recorded_w.to(weights.dtype)
-        weights = recorded_w + (weights - weights.detach())
+        weights = recorded_w.float() + (weights - weights.detach())
     if state.capture is not None:
         state.capture.append((ids.detach().cpu(), weights.detach().float().cpu()))
-    return weights, ids
+    return routing.finish_weights(weights, points, x.dtype, scale), ids
 
 
 def _expert_outputs(experts, x, ids, points: RouterPoints) -> torch.Tensor:
@@ -166,18 +170,19 @@ def check_router(block: torch.nn.Module, family: Family) -> None:
         raise NotImplementedError(f"rla.align 'router' region: {type(block).__name__}.gate has a bias")
 
 
+def patch_block(block: torch.nn.Module, family: Family, points: RouterPoints | None, layer: int) -> RouterState:
+    """Install the routed forward on one block (``points`` None: HF's own values)."""
+    check_router(block, family)
+    state = RouterState(hf_router_points(block, family) if points is None else points, family, layer)
+    install(block, "moe", {"forward": types.MethodType(_block_forward, block), STATE_ATTR: state})
+    return state
+
+
 def align_routers(blocks: list[torch.nn.Module], family: Family, profile: RoundingProfile) -> int:
     """Patch each MoE block's forward; returns how many blocks use HF's own values (no router points)."""
-    own = 0
     for i, block in enumerate(blocks):
-        check_router(block, family)
-        points = profile.router
-        if points is None:
-            points = hf_router_points(block, family)
-            own += 1
-        install(block, "moe", {"forward": types.MethodType(_block_forward, block),
-                               STATE_ATTR: RouterState(points, family, i)})
-    return own
+        patch_block(block, family, profile.router, i)
+    return len(blocks) if profile.router is None else 0
 
 
 def state_of(block: torch.nn.Module) -> RouterState | None:

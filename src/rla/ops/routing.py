@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 from rla.profiles.router import RouterPoints
 
-__all__ = ["router_logits", "softmax_scores", "select_topk", "softmax_route", "sigmoid_grouped_route", "combine"]
+__all__ = ["router_logits", "softmax_scores", "select_topk", "softmax_route", "sigmoid_grouped_route", "finish_weights",
+           "combine"]
 
 
 def router_logits(x: torch.Tensor, weight: torch.Tensor, points: RouterPoints) -> torch.Tensor:
@@ -67,7 +68,13 @@ def select_topk(scores: torch.Tensor, k: int, ties: str, sorted: bool = True) ->
     raise ValueError(f"ties={ties!r} is not one of ('torch', 'lowest_index')")
 
 
-def _weights_out(w: torch.Tensor, points: RouterPoints, lp: torch.dtype) -> torch.Tensor:
+def finish_weights(w: torch.Tensor, points: RouterPoints, lp: torch.dtype, scale: float | None = None) -> torch.Tensor:
+    """The last steps of the routing weights: times ``scale`` in fp32 when ``routed_scale='weights'``
+    (a router with a ``routed_scaling_factor``; None: none), then lp or fp32 (``weights``). Routing
+    replay and capture read the fp32 weights before these steps (the engines' own weights carry
+    no scale where ``routed_scale`` is ``output`` or ``combine``)."""
+    if scale is not None and points.routed_scale == "weights":
+        w = w * scale
     return w.to(lp) if points.weights == "lp" else w
 
 
@@ -79,34 +86,40 @@ def _given(ids: torch.Tensor, k: int, t: int) -> torch.Tensor:
 
 
 def softmax_route(logits: torch.Tensor, k: int, renormalize: bool, points: RouterPoints,
-                  lp: torch.dtype, ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  lp: torch.dtype, ids: torch.Tensor | None = None,
+                  finish: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax top-k routing (Qwen2/Qwen3-MoE, Mixtral): ``(weights [T, k], ids [T, k])``.
 
     The weights are the fp32 probabilities at the chosen ids, divided by their sum over the k
     slots when ``renormalize`` (``norm_topk_prob``; Mixtral always), then ``lp`` or fp32. Given
     ``ids`` (routing replay) replace the top-k: the weights are then the router's probabilities
-    gathered at those ids, so the gradient still flows through the router (R3)."""
+    gathered at those ids, so the gradient still flows through the router (R3). ``finish=False``
+    returns the fp32 weights before :func:`finish_weights`."""
     probs = softmax_scores(logits, points.softmax)
     ids = select_topk(probs, k, points.ties) if ids is None else _given(ids, k, probs.shape[0])
     w = probs.gather(-1, ids)
     if renormalize:
         w = w / w.sum(dim=-1, keepdim=True)
-    return _weights_out(w, points, lp), ids
+    return (finish_weights(w, points, lp) if finish else w), ids
 
 
 def sigmoid_grouped_route(logits: torch.Tensor, bias: torch.Tensor, k: int, n_group: int, topk_group: int,
                           renormalize: bool, scale: float, points: RouterPoints,
-                          lp: torch.dtype, ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          lp: torch.dtype, ids: torch.Tensor | None = None,
+                          finish: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3's sigmoid router with a correction bias and grouped top-k: ``(weights, ids)``.
 
     scores = sigmoid(fp32 logits); the choice reads scores + bias (fp32): the ``topk_group`` groups
     with the largest sum of their two best biased scores, then the k best biased scores inside
     them; the weights are the *unbiased* scores at those ids, renormalised by (sum + 1e-20) as HF
     does, times ``scale`` when ``routed_scale='weights'`` (else :func:`combine` applies it). Given
-    ``ids`` (replay) replace the grouped choice."""
+    ``ids`` (replay) replace the grouped choice; ``finish=False`` returns the fp32 weights before
+    :func:`finish_weights` (unscaled)."""
     scores = logits.float().sigmoid()
     if ids is not None:
-        return _sigmoid_weights(scores, _given(ids, k, scores.shape[0]), renormalize, scale, points, lp)
+        ids = _given(ids, k, scores.shape[0])
+        w = _sigmoid_weights(scores, ids, renormalize)
+        return (finish_weights(w, points, lp, scale) if finish else w), ids
     choice = scores + bias.float()
     t, e = choice.shape
     grouped = choice.detach().view(t, n_group, e // n_group)
@@ -116,16 +129,15 @@ def sigmoid_grouped_route(logits: torch.Tensor, bias: torch.Tensor, k: int, n_gr
     score_mask = group_mask.unsqueeze(-1).expand(t, n_group, e // n_group).reshape(t, e)
     masked = choice.detach().masked_fill(~score_mask.bool(), float("-inf"))
     ids = select_topk(masked, k, points.ties, sorted=False)
-    return _sigmoid_weights(scores, ids, renormalize, scale, points, lp)
+    w = _sigmoid_weights(scores, ids, renormalize)
+    return (finish_weights(w, points, lp, scale) if finish else w), ids
 
 
-def _sigmoid_weights(scores, ids, renormalize, scale, points, lp):
+def _sigmoid_weights(scores, ids, renormalize):
     w = scores.gather(1, ids)
     if renormalize:
         w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
-    if points.routed_scale == "weights":
-        w = w * scale
-    return _weights_out(w, points, lp), ids
+    return w
 
 
 def combine(outputs: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, points: RouterPoints,
