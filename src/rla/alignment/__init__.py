@@ -52,9 +52,9 @@ Things that behave differently from HF on purpose:
 
 from __future__ import annotations
 
-from rla.alignment.core import align, aligned, alignment_of, unalign
+from rla.alignment.core import ALIGN_REGIONS, align, aligned, alignment_of, unalign
 from rla.alignment.alignment_report import AlignmentReport, FixedHazard
-from rla.alignment.replay import capture_routes, replay_routes, routes_from_records
+from rla.alignment.replay import capture_routes, moe_layers, replay_routes, routes_from_records
 
-__all__ = ["align", "unalign", "aligned", "alignment_of", "AlignmentReport", "FixedHazard", "replay_routes",
-           "capture_routes", "routes_from_records"]
+__all__ = ["ALIGN_REGIONS", "align", "unalign", "aligned", "alignment_of", "AlignmentReport", "FixedHazard", "replay_routes",
+           "capture_routes", "routes_from_records", "moe_layers"]

@@ -26,7 +26,14 @@ from rla.alignment import core
 from rla.alignment.patch import uninstall
 from rla.alignment.router import moe_blocks, patch_block, state_of
 
-__all__ = ["replay_routes", "capture_routes", "routes_from_records", "RouteCapture", "RoutesMissingError"]
+__all__ = ["replay_routes", "capture_routes", "routes_from_records", "RouteCapture", "RoutesMissingError",
+           "moe_layers"]
+
+
+def moe_layers(model) -> int:
+    """How many MoE blocks ``model`` has (0: a dense model, or a family without one)."""
+    family, body = core._find(model)
+    return len(moe_blocks(body, family)) if family.moe else 0
 
 
 class RoutesMissingError(ValueError):
