@@ -113,7 +113,7 @@ def block_output(block, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tenso
                 acc = acc * torch.tensor(scale, dtype=torch.float32)
             out = acc.to(lp)
         else:
-            out = torch.zeros(x.shape[1], dtype=lp)
+            out = torch.zeros(x.shape[1], dtype=lp, device=x.device)
             for j in order:
                 out = (out.float() + terms[j].float()).to(lp)
         if scale is not None and points.routed_scale == "output":

@@ -169,3 +169,20 @@ def test_gpu_router_equals_its_definition_on_cuda():
             assert torch.equal(captured[0][0], ids.cpu()), (family, profile)
             assert torch.equal(captured[0][1], router_spec.route(block, x, points, fam.router, raw=True)[1].cpu())
             assert torch.equal(got, want), (family, profile)
+
+
+def test_router_alignment_survives_deepcopy_and_pickle():
+    import copy
+    import io
+
+    model = M.model("qwen3_moe")
+    ids = M.tokens()
+    rla.align(model, "vllm", regions=("rope", "swiglu", "rmsnorm", "router"))
+    with torch.no_grad():
+        want = model(ids).logits
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        buf.seek(0)
+        for other in (copy.deepcopy(model), torch.load(buf, weights_only=False)):
+            assert torch.equal(other(ids).logits, want)
+            assert rla.alignment_of(other).regions == ("rope", "swiglu", "rmsnorm", "router")
