@@ -131,3 +131,23 @@ def test_bad_routes_are_refused():
     for routes, match in bad:
         with pytest.raises(rollouts.RolloutFormatError, match=match):
             rollouts.RolloutRecord(**base, routes=routes)
+
+
+def test_sampler_routes_like_the_profile_when_asked():
+    """rla's sampler (the engine stand-in) with the router region: its records' logprobs are the
+    router-aligned model's own, bit for bit (one prefill of the whole sequence against the
+    sampler's KV-cache decode; on this CPU both give the same bits)."""
+    from rla.rollout.sampler import Sampler, SamplingParams
+
+    model = M.model("qwen3_moe", seed=0, gate_scale=0.02)
+    regions = ("rope", "swiglu", "rmsnorm", "router")
+    sampler = Sampler(model, "vllm-0.33", regions=regions, cuda_graph=False)
+    assert sampler.alignment.regions == regions
+    recs = sampler.generate([[1, 2, 3, 4]] * 2, SamplingParams(max_new_tokens=6, seed=0, ignore_eos=True))
+    engine = copy.deepcopy(model)
+    rla.align(engine, "vllm-0.33", regions=regions)
+    ids = torch.tensor([r.prompt_ids + r.response_ids for r in recs])
+    with torch.no_grad():
+        lp = _token_logprobs(engine, ids)[:, 3:]
+    got = torch.tensor([r.logprobs for r in recs], dtype=torch.float64)
+    assert torch.equal(lp.double(), got)
