@@ -4,7 +4,8 @@ The one-line entry points live here; ``import rla`` stays light, and each name i
 (and torch, transformers) on first use:
 
 - ``rla.align(model, profile="vllm")``, ``rla.unalign``, ``rla.aligned``, ``rla.alignment_of``
-  (:mod:`rla.alignment`);
+  (:mod:`rla.alignment`); ``rla.replay_routes(model, experts)`` / ``rla.capture_routes(model)``
+  for MoE routing replay (:mod:`rla.alignment.replay`);
 - ``rla.logprobs(model, records)``: training-side logprobs of recorded tokens
   (:mod:`rla.rollout.train_logprobs`);
 - ``rla.diagnose(model, records, profile)``, ``rla.detect_profile``, ``rla.doctor(model)``
@@ -21,6 +22,8 @@ _LAZY = {
     "aligned": "rla.alignment",
     "alignment_of": "rla.alignment",
     "AlignmentReport": "rla.alignment",
+    "replay_routes": "rla.alignment",
+    "capture_routes": "rla.alignment",
     "logprobs": "rla.rollout.train_logprobs",
     "diagnose": "rla.diagnosis",
     "detect_profile": "rla.diagnosis",

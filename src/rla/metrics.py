@@ -54,6 +54,7 @@ __all__ = [
     "CollapseEvent",
     "PERCENTILE_METHOD",
     "POSITIVE_LOGPROB_TOL",
+    "routing_mismatch",
 ]
 
 #: Interpolation used for ``mismatch/abs/p*`` (``numpy.percentile(method=...)``).
@@ -479,3 +480,58 @@ def collapse_signal(
                 )
             )
     return events
+
+
+def routing_mismatch(ids: Any, ref_ids: Any, weights: Any = None, ref_weights: Any = None,
+                     mask: Any = None) -> dict[str, Any]:
+    """How one stack's expert choice differs from another's (``docs/metrics.md``, routing).
+
+    ``ids``/``ref_ids``: [layers, tokens, k] expert ids of the same tokens through the same MoE
+    layers (e.g. ``rla.alignment.replay.capture_routes(model).ids()`` of the training side and of
+    the engine side, or a record's ``routes``); ``weights``/``ref_weights`` the routing weights in
+    the same slots (optional); ``mask`` [tokens] (bool) the tokens to count (default all).
+
+    Returns, per layer (lists, layer order): ``routing/set_differs`` the fraction of tokens whose
+    *set* of k experts differs; ``routing/order_differs`` whose slot order differs (set differences
+    included: the order of the weighted sum is a rounding location too); and, over tokens whose
+    set agrees, ``routing/weight_abs_max`` and ``routing/weight_abs_mean`` of |w - w_ref| matched
+    by expert id (fp64). Scalars: ``routing/any_layer_set_differs`` the fraction of tokens whose set
+    differs in at least one layer, and ``routing/set_differs_mean`` the mean over layers.
+    """
+    a = np.asarray(ids)
+    b = np.asarray(ref_ids)
+    if a.ndim != 3 or a.shape != b.shape or not np.issubdtype(a.dtype, np.integer) or not np.issubdtype(b.dtype, np.integer):
+        raise MetricsInputError(
+            f"routing_mismatch needs two integer arrays of the same shape [layers, tokens, k], got "
+            f"{a.shape} {a.dtype} and {b.shape} {b.dtype}")
+    m = np.ones(a.shape[1], dtype=bool) if mask is None else _as_mask(mask)
+    if m.shape != (a.shape[1],):
+        raise MetricsInputError(f"mask must have one entry per token ({a.shape[1]}), got shape {m.shape}")
+    if not m.any():
+        raise MetricsInputError("routing_mismatch: the mask selects no token")
+    a, b = a[:, m], b[:, m]
+    sa, sb = np.sort(a, axis=-1), np.sort(b, axis=-1)
+    set_diff = (sa != sb).any(-1)  # [layers, tokens]
+    order_diff = (a != b).any(-1)
+    out: dict[str, Any] = {
+        "routing/set_differs": set_diff.mean(1).tolist(),
+        "routing/order_differs": order_diff.mean(1).tolist(),
+        "routing/any_layer_set_differs": float(set_diff.any(0).mean()),
+        "routing/set_differs_mean": float(set_diff.mean()),
+    }
+    if (weights is None) != (ref_weights is None):
+        raise MetricsInputError("routing_mismatch: give both weights and ref_weights, or neither")
+    if weights is not None:
+        wa = _as_float64(weights, "weights")[:, m]
+        wb = _as_float64(ref_weights, "ref_weights")[:, m]
+        if wa.shape != a.shape or wb.shape != a.shape:
+            raise MetricsInputError(f"weights must have the ids' shape {tuple(a.shape)} before the mask")
+        wa = np.take_along_axis(wa, np.argsort(a, axis=-1), -1)  # matched by expert id
+        wb = np.take_along_axis(wb, np.argsort(b, axis=-1), -1)
+        err = np.abs(wa - wb).max(-1)  # [layers, tokens]
+        same = ~set_diff
+        out["routing/weight_abs_max"] = [float(err[i][same[i]].max()) if same[i].any() else None
+                                         for i in range(err.shape[0])]
+        out["routing/weight_abs_mean"] = [float(np.abs(wa - wb)[i][same[i]].mean()) if same[i].any() else None
+                                          for i in range(err.shape[0])]
+    return out

@@ -30,7 +30,7 @@ def model():
 @pytest.mark.parametrize(
     "regions,error,match",
     [
-        (("rope", "mlp"), ValueError, r"unknown region\(s\) \['mlp'\]; regions are \('rope', 'swiglu', 'rmsnorm'\)"),
+        (("rope", "mlp"), ValueError, r"unknown region\(s\) \['mlp'\]; regions are \('rope', 'swiglu', 'rmsnorm', 'router'\)"),
         ((), ValueError, "regions is empty"),
         (3, TypeError, "regions must be a tuple"),
     ],

@@ -17,14 +17,18 @@ What changes, per region (everything else in the model runs HF's own code):
 - ``rmsnorm``: every RMSNorm (input, post-attention, final, Qwen3's q/k norms) runs
   ``rla.ops.rms_norm``; under ``norm_residual='fp32_sum'`` decoder layers hand the fp32 residual
   sum to the next norm, as fused add+norm kernels do (see ``rla.alignment.rmsnorm``).
+- ``router`` (opt-in, MoE models: ``regions=("rope", "swiglu", "rmsnorm", "router")``): each MoE
+  block's routing and weighted sum of experts through ``rla.ops.routing`` with the profile's
+  router points (``rla.alignment.router``); ``rla.replay_routes`` routes the training forward to
+  recorded experts (``rla.alignment.replay``).
 - ``qk_norm_out='fp32'`` (rope and rmsnorm regions): Qwen3's q/k norms and RoPE run as one op,
   ``rla.ops.qk_norm_rope``, in an attention forward rebuilt from HF's own source
   (``rla.alignment.qk_chain``; the two-op chain, with a note in the report, where the source
   has another shape).
 
 Supported families: Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Mixtral, GLM-4 MoE (partial rotary), GPT-OSS
-(its experts' clamped SwiGLU through ``rla.ops.swiglu_oai``) Gemma 3 (``rla.alignment.gemma``) and Qwen3.5 dense (``rla.alignment.qwen3_5``; its linear-attention mixers left as they are)
-(``rla.alignment.families``); transformers 5.17 and 5.24 (``rla.alignment.compat``). Where a
+(its experts' clamped SwiGLU through ``rla.ops.swiglu_oai``), Gemma 3 (``rla.alignment.gemma``) and Qwen3.5 dense (``rla.alignment.qwen3_5``; its linear-attention mixers left as they are) and
+DeepSeek-V3's ``swiglu`` and ``router`` regions (``rla.alignment.families``); transformers 5.17 and 5.24 (``rla.alignment.compat``). Where a
 family's modules run other engine code, the row's variant for them holds (docs/families.md).
 
 Alignment is per instance: only instance attributes change, classes and transformers' module
@@ -50,7 +54,9 @@ Things that behave differently from HF on purpose:
 
 from __future__ import annotations
 
-from rla.alignment.core import align, aligned, alignment_of, unalign
+from rla.alignment.core import ALIGN_REGIONS, align, aligned, alignment_of, unalign
 from rla.alignment.alignment_report import AlignmentReport, FixedHazard
+from rla.alignment.replay import capture_routes, moe_layers, replay_routes, routes_from_records
 
-__all__ = ["align", "unalign", "aligned", "alignment_of", "AlignmentReport", "FixedHazard"]
+__all__ = ["ALIGN_REGIONS", "align", "unalign", "aligned", "alignment_of", "AlignmentReport", "FixedHazard", "replay_routes",
+           "capture_routes", "routes_from_records", "moe_layers"]

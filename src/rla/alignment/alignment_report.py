@@ -23,6 +23,9 @@ def _rounding(profile: RoundingProfile, region: str) -> str:
                 f"{profile.rope_inv_freq}, q/k-norm out {profile.qk_norm_out}")
     if region == "swiglu":
         return profile.swiglu
+    if region == "router":
+        r = profile.router
+        return "HF's own values" if r is None else ", ".join(f"{k} {v}" for k, v in r.points().items())
     return (f"weight {profile.norm_weight}, residual {profile.norm_residual}, "
             f"stream {profile.residual_stream}")
 
@@ -67,7 +70,7 @@ class AlignmentReport:
 
     def _rows(self) -> list[tuple[str, str, str]]:
         rows = []
-        for region in REGIONS:
+        for region in (*REGIONS, *(("router",) if "router" in self.regions else ())):
             if region in self.regions:
                 what = ", ".join(f"{n} {kind}" for kind, n in self.counts.get(region, {}).items())
                 ran = self.profile.variant(self.variant) if self.variant else self.profile

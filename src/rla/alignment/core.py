@@ -30,6 +30,7 @@ from rla.alignment.families import FAMILIES, Family, class_named, get_family
 from rla.alignment.patch import foreign_wrapper, install, patch_of, uninstall
 from rla.alignment.rmsnorm import align_layers, align_norms
 from rla.alignment.rope import align_attention, align_rotary
+from rla.alignment.router import align_routers, moe_blocks
 from rla.alignment.swiglu import (
     align_clamped_experts,
     align_experts,
@@ -41,7 +42,11 @@ from rla.alignment.swiglu import (
 )
 from rla.profiles import REGIONS, RoundingProfile, aliases, for_engine, resolve
 
-__all__ = ["align", "unalign", "aligned", "alignment_of"]
+__all__ = ["align", "unalign", "aligned", "alignment_of", "ALIGN_REGIONS"]
+
+#: Every region ``rla.align`` knows: the profile's three, and the MoE ``router`` (opt-in: the
+#: default ``regions`` stays the three, so an MoE model's routing is HF's unless asked for).
+ALIGN_REGIONS: tuple[str, ...] = (*REGIONS, "router")
 
 _STATE_ATTR = "_rla_alignment"
 
@@ -67,13 +72,13 @@ def _check_regions(regions) -> tuple[str, ...]:
     try:
         regions = tuple(regions)
     except TypeError:
-        raise TypeError(f"regions must be a tuple of region names from {REGIONS}, got {regions!r}") from None
-    unknown = [r for r in regions if r not in REGIONS]
+        raise TypeError(f"regions must be a tuple of region names from {ALIGN_REGIONS}, got {regions!r}") from None
+    unknown = [r for r in regions if r not in ALIGN_REGIONS]
     if unknown:
-        raise ValueError(f"unknown region(s) {unknown}; regions are {REGIONS} (any non-empty subset)")
+        raise ValueError(f"unknown region(s) {unknown}; regions are {ALIGN_REGIONS} (any non-empty subset)")
     if not regions:
-        raise ValueError(f"regions is empty; pick a non-empty subset of {REGIONS} (or call rla.unalign)")
-    return tuple(r for r in REGIONS if r in regions)
+        raise ValueError(f"regions is empty; pick a non-empty subset of {ALIGN_REGIONS} (or call rla.unalign)")
+    return tuple(r for r in ALIGN_REGIONS if r in regions)
 
 
 def _check_ops(impl):
@@ -224,6 +229,20 @@ def align(
     if impl is not None:
         _check_ops_profile(impl, p)
     family, body = _find(model)
+    if family.regions is not None and not set(regions) <= set(family.regions):
+        raise NotImplementedError(
+            f"rla.align: {family.model_type} supports the regions {family.regions}, not "
+            f"{tuple(r for r in regions if r not in family.regions)} (docs/families.md and docs/rounding.md "
+            f"say what is aligned for it and why); pass regions={family.regions!r}"
+        )
+    routers = moe_blocks(body, family) if "router" in regions else []
+    if "router" in regions and not routers:
+        raise ValueError(
+            f"rla.align 'router' region: {type(model).__name__} has no MoE block "
+            f"({family.cls('moe') if family.moe else 'a dense family'}); align without 'router'"
+        )
+    if "router" in regions and impl is not None:
+        raise NotImplementedError(f"rla.align 'router' region with ops={impl!r}: the router runs rla.ops.routing only")
     meta = next((n for n, t in (*body.named_parameters(), *body.named_buffers()) if t.is_meta), None)
     if meta is not None:
         raise ValueError(
@@ -313,6 +332,14 @@ def align(
             if found.qk_norms:
                 counts["q_norm/k_norm"] = len(found.qk_norms)
             report.counts["rmsnorm"] = counts
+        if "router" in regions:
+            own = align_routers(routers, family, p)
+            report.counts["router"] = {"MoE blocks": len(routers)}
+            if own:
+                report.notes.append(
+                    f"profile {p.name!r} has no router points: the router region keeps HF's own values "
+                    "(rla.alignment.router.hf_router_points), bit for bit HF's MoE blocks"
+                )
         liger.check_after(body, found, regions)
     except BaseException:
         for m in body.modules():

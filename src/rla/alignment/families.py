@@ -1,12 +1,14 @@
 """The model families ``rla.align`` supports, and the little that differs between them.
 
-All seven share one skeleton (transformers 5.x): ``<Prefix>Model`` holds ``embed_tokens``,
+All eight share one skeleton (transformers 5.x): ``<Prefix>Model`` holds ``embed_tokens``,
 ``layers`` of ``<Prefix>DecoderLayer`` (``input_layernorm`` -> ``self_attn`` -> add ->
 ``post_attention_layernorm`` -> ``mlp`` -> add), a final ``norm`` and one ``rotary_emb``; the
 attention calls the module-global ``apply_rotary_pos_emb``; norms are ``<Prefix>RMSNorm`` with
 ``variance_epsilon``. What differs is the class-name prefix, whether attention has ``q_norm`` /
 ``k_norm`` (Qwen3), and whether ``mlp`` is a dense SwiGLU MLP or a sparse MoE block whose
-``experts`` hold a 3-D ``gate_up_proj`` (plus, for Qwen2-MoE, a dense ``shared_expert``).
+``experts`` hold a 3-D ``gate_up_proj`` (plus, for Qwen2-MoE, a dense ``shared_expert``; for
+DeepSeek-V3, ``shared_experts``, whose MLA attention is outside what ``rla.align`` aligns: only its
+MoE regions are).
 
 Gemma 3's text model (``gemma3_text``; the multimodal ``gemma3`` is not registered) has another layer shape
 (``layout='gemma3'``, aligned by ``rla.alignment.gemma``).
@@ -73,6 +75,15 @@ class Family:
     variant: str | None = None
     """The rows' variant (:data:`rla.profiles.VARIANTS`) that holds for this family's modules."""
 
+    router: str = "softmax"
+    """The router's kind: ``softmax`` top-k (``gate.weight``, ``top_k``, ``norm_topk_prob``) or
+    ``sigmoid_grouped`` (DeepSeek-V3: sigmoid scores, ``e_score_correction_bias``, grouped top-k,
+    ``routed_scaling_factor``)."""
+
+    regions: tuple[str, ...] | None = None
+    """The regions ``rla.align`` supports for this family (None: all). DeepSeek-V3's attention (MLA,
+    with its own RoPE and q/kv norms) is not aligned, so only its MoE regions are."""
+
     def cls(self, role: str) -> str:
         """Class name of a role: ``rotary`` -> ``Qwen2RotaryEmbedding`` and so on."""
         if role == "body":
@@ -108,12 +119,16 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3_moe", "Qwen3Moe", qk_norm=True, moe=True),
         Family("mixtral", "Mixtral", moe=True),
         Family("gpt_oss", "GptOss", moe=True, moe_block="MLP", experts_gate="clamped_swiglu", variant="gpt_oss",
+               regions=("rope", "swiglu", "rmsnorm"),
                min_transformers="5.24"),
         Family("glm4_moe", "Glm4Moe", qk_norm=True, qk_norm_optional=True, moe=True, moe_block="MoE",
-               shared_expert="shared_experts", partial_rotary=True, min_transformers="5.24"),
+               shared_expert="shared_experts", partial_rotary=True, min_transformers="5.24",
+               regions=("rope", "swiglu", "rmsnorm")),
         Family("gemma3_text", "Gemma3", qk_norm=True, body="Gemma3TextModel", layout="gemma3"),
         Family("qwen3_5_text", "Qwen3_5", qk_norm=True, body="Qwen3_5TextModel", layout="qwen3_5",
                min_transformers="5.24"),
+        Family("deepseek_v3", "DeepseekV3", moe=True, shared_expert="shared_experts", moe_block="MoE",
+               router="sigmoid_grouped", regions=("swiglu", "router")),
     )
 }
 
@@ -125,7 +140,7 @@ def get_family(model_type: str | None, what: str = "this model") -> Family:
         raise NotImplementedError(
             f"rla.align does not support {what} (config.model_type={model_type!r}). Supported "
             f"families: {', '.join(FAMILIES)} (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, "
-            "Mixtral, GPT-OSS, GLM-4 MoE, Gemma 3's and Qwen3.5's text models). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
+            "Mixtral, GPT-OSS, GLM-4 MoE, Gemma 3's and Qwen3.5's text models; DeepSeek-V3's MoE regions). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
             "models; docs/families.md says what each newer family needs."
         ) from None
 

@@ -34,6 +34,8 @@ def run(args) -> int:
     values = [p.points() for p in rows]
     for point in profiles.POINTS:
         table.add_row(point, *[v[point] for v in values])
+    for point in profiles.ROUTER_POINTS:  # MoE router points; "model" = HF's own module's values
+        table.add_row(f"router.{point}", *[getattr(p.router, point) if p.router else "model" for p in rows])
     console.print(table)
     console.print("aliases (the newest calibrated row of each engine and mode): "
                   + ", ".join(f"{a} -> {t}" for a, t in aliases.items()), highlight=False)
@@ -60,5 +62,8 @@ def run(args) -> int:
                 for point, e in points.items():
                     matched = "-" if e.matched is None else f"{e.matched:.6%}"
                     ev.add_row(f"{point} ({kind})", p.variants[kind][point], e.evidence, matched, e.note)
+            for point, e in (p.router.evidence if p.router else {}).items():
+                matched = "-" if e.matched is None else f"{e.matched:.6%}"
+                ev.add_row(f"router.{point}", getattr(p.router, point), e.evidence, matched, e.note)
             console.print(ev)
     return 0

@@ -48,11 +48,12 @@ MIN_DETECT_SEQUENCES = 8
 k3 difference from fewer is itself too uncertain to trust a two-standard-error rule."""
 
 
-def subset_label(s) -> str:
+def subset_label(s, regions=REGIONS) -> str:
+    """``none``, ``all`` (every diagnosed region), or the regions joined by ``+``."""
     s = tuple(s)
     if not s:
         return "none"
-    if len(s) == len(REGIONS) and set(s) == set(REGIONS):
+    if len(s) == len(regions) and set(s) == set(regions):
         return "all"
     return "+".join(s)
 
@@ -260,13 +261,22 @@ def diagnose(
     ``max_tokens`` (default 16384) and ``memory_budget`` (bytes) size every training forward as
     :func:`rla.logprobs` does: a record longer than ``max_tokens`` runs as a chunked prefill where
     that is bit-identical to one forward; ``Diagnosis.long_inputs`` says what was done.
+
+    ``regions`` may include ``"router"`` for an MoE model (``rla.align``'s router region, with the
+    profile's router points): routing is then attributed as its own region beside RoPE, SwiGLU
+    and the norms (2^4 training forwards instead of 2^3).
     """
     records = list(records)
     if not records:
         raise ValueError("diagnose needs at least one rollout record")
-    bad = [r for r in regions if r not in REGIONS]
+    from rla.alignment import ALIGN_REGIONS, moe_layers  # deferred, as every alignment import of this floor
+
+    bad = [r for r in regions if r not in ALIGN_REGIONS]
     if bad or not regions:
-        raise ValueError(f"regions must be a non-empty subset of {REGIONS}, got {regions}")
+        raise ValueError(f"regions must be a non-empty subset of {ALIGN_REGIONS}, got {regions}")
+    if "router" in regions and not moe_layers(model):
+        raise ValueError(f"regions include 'router', but {type(model).__name__} has no MoE block; diagnose "
+                         f"without it (regions={tuple(r for r in regions if r != 'router')})")
     for name, v in (("max_tokens", max_tokens), ("memory_budget", memory_budget)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -302,7 +312,7 @@ def diagnose(
         task = bar.add(f"diagnosing against {prof.name}: {len(combos)} training forwards", len(combos))
         metrics, deltas, curves, values, seq = {}, {}, {}, {}, {}
         for s in combos:
-            label = subset_label(s)
+            label = subset_label(s, tuple(regions))
             same = [g for g in by_group if set(s) == set(REGIONS) and get_profile(g[0]).same_rounding(prof)]
             pi = by_group[same[0]] if same else forward_pass(model, records, prof, s, sizes, bar, label)
             delta = np.where(mask, pi - mu, 0.0)

@@ -6,7 +6,9 @@ are differentiable; ``carry_add`` and ``qk_norm_rope`` are the two chains across
 compiled engine fuses (``residual_stream='fp32_carry'``, ``qk_norm_out='fp32'``), one kernel each. On CUDA they run the fused kernels of ``rla.ops.fused`` when Triton is
 available; everywhere else the PyTorch reference of ``rla.ops.reference``, which is the oracle
 the fused kernels are tested against. ``launch_config()`` / ``set_launch_config(dict)`` read and
-set the fused kernels' launch parameters (:mod:`rla.ops.launch`).
+set the fused kernels' launch parameters (:mod:`rla.ops.launch`). The MoE router and the
+weighted sum of experts (the router points of :mod:`rla.profiles.router`) are
+:mod:`rla.ops.routing`: PyTorch ops only, the same code on CPU and CUDA.
 """
 
 from __future__ import annotations

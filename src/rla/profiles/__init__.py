@@ -20,6 +20,7 @@ from rla.profiles.model import (
     RoundingProfile,
     VARIANTS,
 )
+from rla.profiles.router import ROUTER_POINTS, RouterPoints
 from rla.profiles.registry import (
     alias_target,
     aliases,
@@ -45,5 +46,5 @@ __all__ = [
     "RoundingProfile", "Calibration", "PointEvidence", "POINTS", "REGIONS", "REGION_POINTS", "EVIDENCE", "VARIANTS",
     "get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles",
     "for_engine", "EngineMatch", "ProfileVersionWarning", "engine_alias", "installed_version",
-    "rollout_version", "calibrated_rows",
+    "rollout_version", "calibrated_rows", "RouterPoints", "ROUTER_POINTS",
 ]

@@ -22,6 +22,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rla.profiles.router import RouterPoints
+
 __all__ = ["RoundingProfile", "Calibration", "PointEvidence", "POINTS", "REGIONS", "REGION_POINTS", "EVIDENCE",
            "VARIANTS"]
 
@@ -191,6 +193,11 @@ class RoundingProfile:
     variant_evidence: dict = field(default_factory=dict, compare=False, repr=False)
     """kind -> {point: :class:`PointEvidence`}: how each variant point was decided."""
 
+    router: RouterPoints | None = field(default=None, repr=False)
+    """Where the stack rounds inside an MoE block (:mod:`rla.profiles.router`), with the evidence
+    per point; None when the row claims no router values (``hf``: HF's own module is the
+    baseline; a file written by ``rla calibrate``, which does not measure routers yet)."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError("RoundingProfile.name must be a non-empty string")
@@ -214,6 +221,9 @@ class RoundingProfile:
             if missing:
                 raise ValueError(f"RoundingProfile {self.name!r}: evidence for variant {kind!r} names {missing}, "
                                  "which the variant does not set")
+        if self.router is not None and not isinstance(self.router, RouterPoints):
+            raise TypeError(f"RoundingProfile {self.name!r}: router must be a RouterPoints or None, "
+                            f"got {type(self.router).__name__}")
 
     def points(self) -> dict[str, str]:
         """The rounding points as a plain dict (for tables and JSON), in :data:`POINTS` order."""

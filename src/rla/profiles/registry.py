@@ -18,6 +18,7 @@ from packaging.version import InvalidVersion, Version
 from rla import strict_json
 from rla.strict_json import short
 from rla.profiles.model import POINTS, VARIANTS, Calibration, PointEvidence, RoundingProfile
+from rla.profiles.router import ROUTER_POINTS, RouterPoints
 
 __all__ = ["get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles",
            "LIVE_KEYS", "LIVE_SCORE_KEYS"]
@@ -35,10 +36,10 @@ def from_dict(data: dict, source: str = "<dict>") -> RoundingProfile:
     """A profile from its JSON form; every missing or unknown key is an error naming ``source``."""
     if not isinstance(data, dict):
         raise ValueError(f"{source}: a profile is a JSON object, got {type(data).__name__}")
-    unknown = set(data) - {"name", "description", "points", "calibration", "variants"}
+    unknown = set(data) - {"name", "description", "points", "calibration", "variants", "router"}
     if unknown:
         raise ValueError(f"{source}: unknown key(s) {sorted(unknown)}; a profile has name, description, points, "
-                         "calibration and optionally variants")
+                         "calibration and optionally variants and router")
     for key in ("name", "points"):
         if key not in data:
             raise ValueError(f"{source}: missing {key!r}")
@@ -81,10 +82,11 @@ def from_dict(data: dict, source: str = "<dict>") -> RoundingProfile:
         except TypeError as e:
             raise ValueError(f"{source}: calibration: {e}") from None
     variants, variant_evidence = _variants(data.get("variants", {}), source)
+    router = None if data.get("router") is None else _router(data["router"], f"{source}: router")
     try:
         return RoundingProfile(
             name=data["name"], description=data.get("description", ""), calibration=calibration,
-            variants=variants, variant_evidence=variant_evidence, **pts
+            variants=variants, variant_evidence=variant_evidence, router=router, **pts
         )
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
@@ -110,6 +112,23 @@ def _variants(data, source: str) -> tuple[dict, dict]:
         variants[kind] = dict(v["points"])
         evidence[kind] = {p: _evidence(e, f"{where} point {p!r}") for p, e in v["evidence"].items()}
     return variants, evidence
+
+
+def _router(data, where: str) -> RouterPoints:
+    """The router points of a profile file: ``{"points": {...}, "evidence": {point: {...}}}``."""
+    if not isinstance(data, dict) or set(data) - {"points", "evidence"} or "points" not in data:
+        raise ValueError(f"{where}: must be an object with 'points' (and optionally 'evidence'), got {short(data)}")
+    pts, evidence = data["points"], data.get("evidence") or {}
+    if not isinstance(pts, dict) or not isinstance(evidence, dict):
+        raise ValueError(f"{where}: 'points' and 'evidence' must be objects of point -> value")
+    missing = [p for p in ROUTER_POINTS if p not in pts]
+    extra = [p for p in (*pts, *evidence) if p not in ROUTER_POINTS]
+    if missing or extra:
+        raise ValueError(f"{where}: points must be exactly {list(ROUTER_POINTS)}; missing {missing}, unknown {extra}")
+    try:
+        return RouterPoints(**pts, evidence={p: _evidence(e, f"{where} evidence {p!r}") for p, e in evidence.items()})
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def _evidence(ev, where: str) -> PointEvidence:
@@ -193,6 +212,12 @@ def to_dict(profile: RoundingProfile) -> dict:
                 },
             }
             for kind, points in profile.variants.items()
+        }
+    if profile.router is not None:
+        out["router"] = {
+            "points": profile.router.points(),
+            "evidence": {p: {"evidence": e.evidence, "matched": e.matched, "note": e.note}
+                         for p, e in profile.router.evidence.items()},
         }
     return out
 

@@ -242,8 +242,9 @@ class TrainConfig:
             f"rollout_profile={self.rollout_profile!r} is not a built-in profile "
             f"({', '.join(profile_names() + list(profile_aliases()))})",
         )
-        bad = [r for r in self.align_regions if r not in REGIONS]
-        need(not bad, f"align_regions has unknown region(s) {bad}; the regions are {', '.join(REGIONS)}")
+        regions = (*REGIONS, "router")  # rla.alignment.ALIGN_REGIONS, without importing torch here
+        bad = [r for r in self.align_regions if r not in regions]
+        need(not bad, f"align_regions has unknown region(s) {bad}; the regions are {', '.join(regions)}")
         need(len(set(self.align_regions)) == len(self.align_regions), f"align_regions repeats a region: {self.align_regions}")
         need(
             self.train_precision != "aligned" or self.align_regions,

@@ -27,6 +27,13 @@ Format ``rla.rollout/1``: one JSON object per line, UTF-8, ``\\n``-terminated::
 * optional ``engine_version`` (non-empty str, the engine's release, e.g. ``"0.33.0"``: what
   ``profile="vllm"`` resolves by, :func:`rla.profiles.for_engine`), ``reward`` (finite float) and
   ``metadata`` (JSON object); left out when None.
+* optional ``routes`` (MoE models; for routing replay, ``rla.alignment.replay``): an object
+  ``{"version": 1, "experts": [...], "weights": [...]}``. ``experts`` has one entry per token of
+  ``prompt_ids + response_ids`` (or one fewer: the last sampled token never went through the
+  engine's forward), each a list per MoE layer (in layer order) of the k expert ids the engine
+  routed that token to, in its slot order; ``weights`` (optional, where the engine returns them)
+  has the same shape, the routing weights (finite). Ids are distinct within a slot list and
+  ``>= 0``; every position has the same number of layers and k.
 
 Unknown keys are an error (put extras in ``metadata``), as is an unknown ``format``: a later
 version will get a new tag rather than a silently different meaning. Non-standard JSON constants
@@ -79,7 +86,9 @@ FORMAT = "rla.rollout/1"
 #: Positive logprobs up to this are engine rounding, not errors.
 POSITIVE_LOGPROB_TOL = 1e-6
 _REQUIRED = ("prompt_ids", "response_ids", "logprobs", "temperature", "top_p", "top_k", "engine")
-_OPTIONAL = ("engine_version", "reward", "metadata")
+_OPTIONAL = ("engine_version", "reward", "metadata", "routes")
+#: The versions of the optional ``routes`` field this module reads.
+ROUTES_VERSIONS = (1,)
 
 
 class RolloutFormatError(ValueError, UserError):
@@ -191,6 +200,47 @@ def _validate(d: dict[str, Any], vocab_size: int | None = None) -> dict[str, Any
     if meta is not None and not isinstance(meta, dict):
         raise RolloutFormatError(f"expected an object, got {type(meta).__name__}", field="metadata")
     out["metadata"] = meta
+    routes = d.get("routes")
+    out["routes"] = None if routes is None else _routes(routes, len(out["prompt_ids"]) + len(out["response_ids"]))
+    return out
+
+
+def _routes(r: Any, n: int) -> dict[str, Any]:
+    """Check a ``routes`` object (module docstring) for a record of ``n`` tokens."""
+    def bad(problem):
+        return RolloutFormatError(problem, field="routes")
+
+    if not isinstance(r, dict) or set(r) - {"version", "experts", "weights"} or "experts" not in r:
+        raise bad("expected an object with 'version', 'experts' and optionally 'weights'")
+    if r.get("version") not in ROUTES_VERSIONS or isinstance(r.get("version"), bool):
+        raise bad(f"version {short(r.get('version'))} is not one this rla reads {ROUTES_VERSIONS}")
+    experts = r["experts"]
+    if not isinstance(experts, list) or len(experts) not in (n, n - 1):
+        raise bad(f"'experts' must have one entry per token ({n}, or {n - 1} without the last sampled "
+                  f"token), got {len(experts) if isinstance(experts, list) else type(experts).__name__}")
+    shape = None
+    for t, layers in enumerate(experts):
+        if not isinstance(layers, list) or not layers or not all(isinstance(s, list) and s for s in layers):
+            raise bad(f"'experts'[{t}] must be a non-empty list (per MoE layer) of non-empty id lists")
+        here = (len(layers), len(layers[0]))
+        shape = shape or here
+        if here != shape or any(len(s) != shape[1] for s in layers):
+            raise bad(f"'experts'[{t}] has {here[0]} layers of k={here[1]}, position 0 {shape[0]} of k={shape[1]}")
+        for slots in layers:
+            if not all(_is_int(e) and 0 <= e <= _MAX_INT for e in slots) or len(set(slots)) != len(slots):
+                raise bad(f"'experts'[{t}] has {short(slots)}: expert ids are distinct ints >= 0")
+    weights = r.get("weights")
+    if weights is not None:
+        ok = isinstance(weights, list) and len(weights) == len(experts) and all(
+            isinstance(layers, list) and len(layers) == shape[0]
+            and all(isinstance(s, list) and len(s) == shape[1] and all(_finite(v) for v in s) for s in layers)
+            for layers in weights)
+        if not ok:
+            raise bad("'weights' must have the shape of 'experts' with finite numbers")
+        weights = [[[float(v) for v in s] for s in layers] for layers in weights]
+    out = {"version": r["version"], "experts": [[list(s) for s in layers] for layers in experts]}
+    if weights is not None:
+        out["weights"] = weights
     return out
 
 
@@ -213,6 +263,7 @@ class RolloutRecord:
     reward: float | None = None
     metadata: dict[str, Any] | None = None
     engine_version: str | None = None
+    routes: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name, value in _validate(self.__dict__).items():

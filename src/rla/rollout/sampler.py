@@ -90,8 +90,14 @@ class Sampler:
         cuda_graph: bool | None = None,
         tokens_per_check: int = 8,
         decode_attention: str = "grouped",
+        regions: tuple[str, ...] | None = None,
     ):
-        """``cache="auto"`` is ``"static"`` on a CUDA device and ``"dynamic"`` elsewhere.
+        """``regions``: what ``rla.align`` aligns on the engine copy (None: RoPE, SwiGLU and the norms;
+        add ``"router"`` for an MoE model to route as the profile's router points say. The router's
+        forward loops over the experts a batch hits, which a CUDA graph cannot capture: with it,
+        pass ``cuda_graph=False``).
+
+        ``cache="auto"`` is ``"static"`` on a CUDA device and ``"dynamic"`` elsewhere.
         ``cache="static"`` preallocates the KV cache (prompt + max_new_tokens, rounded up to
         :data:`rla.rollout.static_decode.BUCKET`), so every decode step has the same shapes, and on GPU
         captures the decode step as a CUDA graph (``cuda_graph``: None = on GPU, True = required,
@@ -128,7 +134,8 @@ class Sampler:
         engine.to(device=self.device)
         self.model = engine
         self.load_weights(model)
-        self.alignment = align(engine, profile=self.profile)
+        self.alignment = align(engine, profile=self.profile) if regions is None else align(
+            engine, profile=self.profile, regions=tuple(regions))
         self.model.eval()
         self._cache_kw = _cache_kwarg(engine)
         self._decoders: dict[tuple[int, int], StaticDecoder] = {}

@@ -1,0 +1,190 @@
+"""Router region: an MoE block's routing and weighted sum of experts through ``rla.ops.routing``.
+
+The region patches each MoE block's ``forward`` (per instance, reversibly): the gate GEMM, the
+scores, the top-k, the routing weights, each chosen expert's output and their weighted sum, every
+step rounded where the profile's :class:`rla.profiles.RouterPoints` says. The experts' weights,
+the gate's weight and bias stay on HF's modules (their gradients land there), the expert MLP's
+activation goes through ``experts._apply_gate`` (so the ``swiglu`` region, which overrides it,
+still applies), and the shared experts (Qwen2-MoE's gated ``shared_expert``, DeepSeek-V3's
+``shared_experts``) are called as HF calls them. The block no longer calls ``experts.forward``
+(HF's eager loop or a ``grouped_mm`` kernel): the weighted sum is the profile's, not the kernel's.
+
+A profile without router points (``router=None``: the ``hf`` row, a file from ``rla calibrate``)
+keeps HF's own values, which depend on the family, on transformers' version and on
+``config._experts_implementation``; :func:`hf_router_points` reads them off the module (a probe of
+the gate on two zero tokens for the dtypes). The aligned forward with those points reproduces HF's
+module bit for bit (tested), which is what lets routing replay and route capture run through one
+forward on an unaligned model too (``rla.alignment.replay``).
+
+Hooks on the block see one forward: what HF's ``experts.forward`` and ``gate.forward`` saw (hooks
+on those two modules) no longer fires while the region is aligned.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rla.alignment.families import Family, class_named
+from rla.alignment.patch import install, patch_of
+from rla.ops import routing
+from rla.profiles import RoundingProfile, RouterPoints
+
+__all__ = ["hf_router_points", "moe_blocks", "align_routers", "patch_block", "state_of", "RouterState", "STATE_ATTR"]
+
+#: The instance attribute of a patched block holding its :class:`RouterState`.
+STATE_ATTR = "_rla_router"
+
+
+@dataclass
+class RouterState:
+    """What a patched block's forward reads: its points, and the replay/capture slots."""
+
+    points: RouterPoints
+    family: Family
+    layer: int
+    """The block's index among the model's MoE blocks (0-based), the replay record's layer axis."""
+    replay: object = None
+    """While replaying (``rla.alignment.replay``): a callable ``(n_tokens) -> (ids, weights | None)``."""
+    capture: list | None = None
+    """While capturing: the list each forward appends ``(ids, weights)`` to (detached, on CPU)."""
+
+
+def moe_blocks(body: torch.nn.Module, family: Family) -> list[torch.nn.Module]:
+    """The model's MoE blocks (``layer.mlp`` of the family's MoE class), in layer order."""
+    return [layer.mlp for layer in body.layers
+            if class_named(getattr(layer, "mlp", None), family.cls("moe")) is not None]
+
+
+def _experts_implementation(block) -> str:
+    impl = getattr(getattr(block.experts, "config", None), "_experts_implementation", None)
+    return "eager" if impl is None else impl
+
+
+def hf_router_points(block: torch.nn.Module, family: Family) -> RouterPoints:
+    """HF's own values for this block: what its unpatched ``gate`` and ``experts`` compute."""
+    impl = _experts_implementation(block)
+    if impl not in ("eager", "grouped_mm", "batched_mm"):
+        raise NotImplementedError(
+            f"rla.align 'router' region: experts_implementation={impl!r}; HF's values are known for "
+            "'eager', 'grouped_mm' and 'batched_mm'. Set model.set_experts_implementation('eager') first"
+        )
+    w = block.gate.weight
+    lp = w.dtype if w.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+    with torch.no_grad():
+        logits, weights, _ = block.gate(torch.zeros(2, w.shape[1], dtype=lp, device=w.device))
+    weights_fp32 = weights.dtype == torch.float32
+    eager = impl == "eager"
+    return RouterPoints(
+        logits="fp32" if logits.dtype == torch.float32 else "lp",
+        softmax="torch",
+        ties="torch",
+        weights="fp32" if weights_fp32 else "lp",
+        expert_out="lp",
+        # eager: each term .to(lp) before index_add_; grouped/batched: w * y in the weights' dtype
+        weighted_term="lp" if eager or not weights_fp32 else "fp32",
+        combine="lp_expert_order" if eager else "fp32_slot_order",
+        routed_scale="weights",
+    )
+
+
+def _route(self, x, state: RouterState):
+    """(weights, ids): the router's, or the recorded ids (and weights) while replaying. Capture
+    and replay see the fp32 weights before the routed scale and the cast (``finish_weights``)."""
+    points, gate = state.points, self.gate
+    recorded_ids, recorded_w = (None, None) if state.replay is None else state.replay(x.shape[0], x.device)
+    logits = routing.router_logits(x, gate.weight, points)
+    scale = None
+    if state.family.router == "sigmoid_grouped":
+        scale = gate.routed_scaling_factor
+        weights, ids = routing.sigmoid_grouped_route(
+            logits, gate.e_score_correction_bias, gate.top_k, gate.num_group, gate.topk_group,
+            gate.norm_topk_prob, scale, points, x.dtype, ids=recorded_ids, finish=False)
+    else:
+        renormalize = getattr(gate, "norm_topk_prob", True)  # Mixtral's router always renormalises
+        weights, ids = routing.softmax_route(logits, gate.top_k, renormalize, points, x.dtype, ids=recorded_ids,
+                                             finish=False)
+    if recorded_w is not None:  # the recorded values, the router's gradient (straight through)
+        weights = recorded_w.float() + (weights - weights.detach())
+    if state.capture is not None:
+        state.capture.append((ids.detach().cpu(), weights.detach().float().cpu()))
+    return routing.finish_weights(weights, points, x.dtype, scale), ids
+
+
+def _expert_outputs(experts, x, ids, points: RouterPoints) -> torch.Tensor:
+    """``[T, k, hidden]``: each chosen expert's output for its tokens, in slot order; lp outputs
+    (``expert_out='lp'``) or the down projection's fp32 GEMM of the same lp values (``'fp32'``)."""
+    t, k = ids.shape
+    fp32 = points.expert_out == "fp32"
+    out = x.new_zeros(t, k, x.shape[-1], dtype=torch.float32 if fp32 else x.dtype)
+    with torch.no_grad():
+        mask = F.one_hot(ids, num_classes=experts.num_experts + 1).permute(2, 1, 0)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit:
+        e = e[0]
+        if e == experts.num_experts:
+            continue
+        pos, tok = torch.where(mask[e])
+        h = experts._apply_gate(F.linear(x[tok], experts.gate_up_proj[e]))
+        down = experts.down_proj[e]
+        out[tok, pos] = F.linear(h.float(), down.float()) if fp32 else F.linear(h, down)
+    return out
+
+
+def _block_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The MoE block of the family, routed and summed per the block's :class:`RouterState`."""
+    state: RouterState = self.__dict__[STATE_ATTR]
+    shape = hidden_states.shape
+    x = hidden_states.reshape(-1, shape[-1])
+    jitter = getattr(self, "jitter_noise", 0)
+    if self.training and jitter and jitter > 0:  # Mixtral's training-time jitter, as HF applies it
+        x = x * torch.empty_like(x).uniform_(1.0 - jitter, 1.0 + jitter)
+    weights, ids = _route(self, x, state)
+    outputs = _expert_outputs(self.experts, x, ids, state.points)
+    scale = getattr(self.gate, "routed_scaling_factor", None) if state.family.router == "sigmoid_grouped" else None
+    out = routing.combine(outputs, weights, ids, state.points, x.dtype, scale=scale)
+    name = state.family.shared_expert
+    if name == "shared_expert":  # Qwen2-MoE: a sigmoid-gated dense expert
+        shared = self.shared_expert(x)
+        out = out + F.sigmoid(self.shared_expert_gate(x)) * shared
+    elif name is not None:  # DeepSeek-V3: dense shared experts added
+        out = out + getattr(self, name)(x)
+    return out.reshape(shape)
+
+
+def check_router(block: torch.nn.Module, family: Family) -> None:
+    """Refuse a block whose router the aligned forward would not compute as the model does."""
+    gate = getattr(block, "gate", None)
+    needed = ("weight", "top_k") + (("e_score_correction_bias", "num_group", "topk_group", "norm_topk_prob",
+                                      "routed_scaling_factor") if family.router == "sigmoid_grouped" else ())
+    missing = [n for n in needed if not hasattr(gate, n)]
+    if missing:
+        raise NotImplementedError(
+            f"rla.align 'router' region: {type(block).__name__}.gate lacks {missing}; this transformers "
+            "release lays out the router differently from what rla.alignment.router reads"
+        )
+    if getattr(gate, "bias", None) is not None and isinstance(gate.bias, torch.Tensor):
+        raise NotImplementedError(f"rla.align 'router' region: {type(block).__name__}.gate has a bias")
+
+
+def patch_block(block: torch.nn.Module, family: Family, points: RouterPoints | None, layer: int) -> RouterState:
+    """Install the routed forward on one block (``points`` None: HF's own values)."""
+    check_router(block, family)
+    state = RouterState(hf_router_points(block, family) if points is None else points, family, layer)
+    install(block, "moe", {"forward": types.MethodType(_block_forward, block), STATE_ATTR: state})
+    return state
+
+
+def align_routers(blocks: list[torch.nn.Module], family: Family, profile: RoundingProfile) -> int:
+    """Patch each MoE block's forward; returns how many blocks use HF's own values (no router points)."""
+    for i, block in enumerate(blocks):
+        patch_block(block, family, profile.router, i)
+    return len(blocks) if profile.router is None else 0
+
+
+def state_of(block: torch.nn.Module) -> RouterState | None:
+    """The block's :class:`RouterState` when the router region (or replay/capture) patched it."""
+    return block.__dict__.get(STATE_ATTR) if patch_of(block) is not None else None

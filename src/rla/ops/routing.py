@@ -1,0 +1,174 @@
+"""The MoE router and the weighted sum of experts, rounding where :class:`rla.profiles.RouterPoints` says.
+
+The reference of the router points (``rla.profiles.router``), forward and backward: every step is
+a differentiable PyTorch op (the top-k's indices are not differentiable, the routing weights are,
+through the softmax or sigmoid and the renormalisation), so the gradient of the loss reaches the
+gate weight the way the rounded forward computed it. The same code runs on CUDA; there is no fused
+kernel (the router is a few small ops per token, the expert GEMMs dominate).
+
+Three functions, in the order an MoE block calls them:
+
+- :func:`router_logits` -- the gate GEMM, its output lp or fp32 (``logits``).
+- :func:`softmax_route` / :func:`sigmoid_grouped_route` -- scores, top-k (``softmax``, ``ties``),
+  renormalisation in fp32 (a division by the sum of the k chosen scores, in slot order), the
+  weights' dtype (``weights``) and, for DeepSeek-V3, ``routed_scale='weights'``.
+- :func:`combine` -- the k weighted expert outputs summed per token (``expert_out``,
+  ``weighted_term``, ``combine``, ``routed_scale``), from a ``[tokens, k, hidden]`` tensor of
+  expert outputs (lp outputs or fp32 accumulators) that the caller computes.
+
+Exactness: every step written here is one IEEE operation in the order written, except the sums
+the spec leaves to the running kernel (the softmax's denominator, ``torch.sum``; GEMMs). The
+engines' own kernels sum the softmax denominator in a butterfly and compute ``expf`` their way, so
+on a GPU the probabilities can still differ from this reference in the last fp32 bit; a flipped
+top-k choice needs two probabilities within that bit of each other.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rla.profiles.router import RouterPoints
+
+__all__ = ["router_logits", "softmax_scores", "select_topk", "softmax_route", "sigmoid_grouped_route", "finish_weights",
+           "combine"]
+
+
+def router_logits(x: torch.Tensor, weight: torch.Tensor, points: RouterPoints) -> torch.Tensor:
+    """The gate GEMM. ``lp``: ``F.linear`` in ``x``'s dtype (the GEMM's lp output, the weight rounded to
+    lp first); ``fp32``: the fp32 GEMM of the same lp values (HF DeepSeek-V3's router upcasts both)."""
+    if points.logits == "lp":
+        return F.linear(x, weight.to(x.dtype))
+    return F.linear(x.float(), weight.float())
+
+
+def softmax_scores(logits: torch.Tensor, softmax: str) -> torch.Tensor:
+    """fp32 probabilities over the last dim: ``torch.softmax`` (HF), ``divide`` = e / sum(e), or
+    ``reciprocal`` = e * (1 / sum(e)), with e = exp(l - max(l)) in fp32."""
+    if softmax == "torch":
+        return torch.softmax(logits, dim=-1, dtype=torch.float32)
+    lf = logits.float()
+    e = torch.exp(lf - lf.max(dim=-1, keepdim=True).values.detach())
+    z = e.sum(dim=-1, keepdim=True)
+    if softmax == "divide":
+        return e / z
+    if softmax == "reciprocal":
+        return e * (1.0 / z)
+    raise ValueError(f"softmax={softmax!r} is not one of ('torch', 'divide', 'reciprocal')")
+
+
+def select_topk(scores: torch.Tensor, k: int, ties: str, sorted: bool = True) -> torch.Tensor:
+    """The ids of the ``k`` largest scores per row. ``torch``: ``torch.topk`` (called with ``sorted``
+    as the model calls it); ``lowest_index``: descending score, equal scores in ascending id (a
+    stable sort), as the engines' kernels break ties."""
+    if ties == "torch":
+        return torch.topk(scores, k, dim=-1, sorted=sorted).indices
+    if ties == "lowest_index":
+        return torch.sort(scores.detach(), dim=-1, descending=True, stable=True).indices[..., :k]
+    raise ValueError(f"ties={ties!r} is not one of ('torch', 'lowest_index')")
+
+
+def finish_weights(w: torch.Tensor, points: RouterPoints, lp: torch.dtype, scale: float | None = None) -> torch.Tensor:
+    """The last steps of the routing weights: times ``scale`` in fp32 when ``routed_scale='weights'``
+    (a router with a ``routed_scaling_factor``; None: none), then lp or fp32 (``weights``). Routing
+    replay and capture read the fp32 weights before these steps (the engines' own weights carry
+    no scale where ``routed_scale`` is ``output`` or ``combine``)."""
+    if scale is not None and points.routed_scale == "weights":
+        w = w * scale
+    return w.to(lp) if points.weights == "lp" else w
+
+
+def _given(ids: torch.Tensor, k: int, t: int) -> torch.Tensor:
+    if ids.shape != (t, k) or ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"recorded expert ids must be an integer tensor of shape ({t}, {k}), got "
+                         f"{tuple(ids.shape)} {ids.dtype}")
+    return ids.long()
+
+
+def softmax_route(logits: torch.Tensor, k: int, renormalize: bool, points: RouterPoints,
+                  lp: torch.dtype, ids: torch.Tensor | None = None,
+                  finish: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax top-k routing (Qwen2/Qwen3-MoE, Mixtral): ``(weights [T, k], ids [T, k])``.
+
+    The weights are the fp32 probabilities at the chosen ids, divided by their sum over the k
+    slots when ``renormalize`` (``norm_topk_prob``; Mixtral always), then ``lp`` or fp32. Given
+    ``ids`` (routing replay) replace the top-k: the weights are then the router's probabilities
+    gathered at those ids, so the gradient still flows through the router (R3). ``finish=False``
+    returns the fp32 weights before :func:`finish_weights`."""
+    probs = softmax_scores(logits, points.softmax)
+    ids = select_topk(probs, k, points.ties) if ids is None else _given(ids, k, probs.shape[0])
+    w = probs.gather(-1, ids)
+    if renormalize:
+        w = w / w.sum(dim=-1, keepdim=True)
+    return (finish_weights(w, points, lp) if finish else w), ids
+
+
+def sigmoid_grouped_route(logits: torch.Tensor, bias: torch.Tensor, k: int, n_group: int, topk_group: int,
+                          renormalize: bool, scale: float, points: RouterPoints,
+                          lp: torch.dtype, ids: torch.Tensor | None = None,
+                          finish: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's sigmoid router with a correction bias and grouped top-k: ``(weights, ids)``.
+
+    scores = sigmoid(fp32 logits); the choice reads scores + bias (fp32): the ``topk_group`` groups
+    with the largest sum of their two best biased scores, then the k best biased scores inside
+    them; the weights are the *unbiased* scores at those ids, renormalised by (sum + 1e-20) as HF
+    does, times ``scale`` when ``routed_scale='weights'`` (else :func:`combine` applies it). Given
+    ``ids`` (replay) replace the grouped choice; ``finish=False`` returns the fp32 weights before
+    :func:`finish_weights` (unscaled)."""
+    scores = logits.float().sigmoid()
+    if ids is not None:
+        ids = _given(ids, k, scores.shape[0])
+        w = _sigmoid_weights(scores, ids, renormalize)
+        return (finish_weights(w, points, lp, scale) if finish else w), ids
+    choice = scores + bias.float()
+    t, e = choice.shape
+    grouped = choice.detach().view(t, n_group, e // n_group)
+    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+    group_idx = select_topk(group_scores, topk_group, points.ties, sorted=False)
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1.0)
+    score_mask = group_mask.unsqueeze(-1).expand(t, n_group, e // n_group).reshape(t, e)
+    masked = choice.detach().masked_fill(~score_mask.bool(), float("-inf"))
+    ids = select_topk(masked, k, points.ties, sorted=False)
+    w = _sigmoid_weights(scores, ids, renormalize)
+    return (finish_weights(w, points, lp, scale) if finish else w), ids
+
+
+def _sigmoid_weights(scores, ids, renormalize):
+    w = scores.gather(1, ids)
+    if renormalize:
+        w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+    return w
+
+
+def combine(outputs: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, points: RouterPoints,
+            lp: torch.dtype, scale: float | None = None) -> torch.Tensor:
+    """The weighted sum of the k expert outputs per token: ``[T, hidden]`` in ``lp``.
+
+    ``outputs`` is ``[T, k, hidden]`` in slot order: each expert's lp output (``expert_out='lp'``)
+    or its fp32 accumulator (``'fp32'``). The term is w * y in fp32 (exact inputs), rounded to lp
+    when ``weighted_term='lp'``; the terms are summed by ``combine`` (lp adds in expert-id or slot
+    order, or one fp32 sum in slot order rounded once). ``scale`` is ``routed_scaling_factor``
+    where it was not folded into the weights (``routed_scale`` ``output`` or ``combine``)."""
+    term = outputs.float() * weights.float().unsqueeze(-1)
+    if points.weighted_term == "lp":
+        term = term.to(lp)
+    k = term.shape[1]
+    scaled = scale is not None and points.routed_scale != "weights"
+    if points.combine == "fp32_slot_order":
+        acc = term[:, 0].float()
+        for j in range(1, k):
+            acc = acc + term[:, j].float()
+        if scaled and points.routed_scale == "combine":
+            acc = acc * torch.tensor(scale, dtype=torch.float32)
+            scaled = False
+        out = acc.to(lp)
+    else:
+        if points.combine == "lp_expert_order":
+            order = ids.argsort(dim=-1)
+            term = term.gather(1, order.unsqueeze(-1).expand_as(term))
+        out = torch.zeros(term.shape[0], term.shape[2], dtype=lp, device=term.device)
+        for j in range(k):
+            out = (out.float() + term[:, j].float()).to(lp)
+    if scaled:  # routed_scale='output': the lp output times s, rounded (an lp tensor times a scalar)
+        out = (out.float() * torch.tensor(scale, dtype=torch.float32)).to(lp)
+    return out

@@ -1,0 +1,127 @@
+"""The router points written out from their definitions (``rla.profiles.router``), independently
+of ``rla.ops.routing`` and ``rla.alignment.router``: the oracle the router tests hold them to.
+
+Per token and per slot with plain loops over Python lists of experts (ties broken by sorting
+``(-score, id)`` keys), the expert MLPs evaluated per expert on that expert's tokens in ascending
+token order (the grouping any MoE implementation uses, so the GEMMs see the same rows), and every
+rounding written as ``.to(lp)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _rank(scores_row: list[float], k: int, ties: str, torch_ids: list[int]) -> list[int]:
+    if ties == "lowest_index":
+        return [e for _, e in sorted((-s, e) for e, s in enumerate(scores_row))[:k]]
+    return torch_ids  # 'torch': whatever torch.topk returned, as the model calls it
+
+
+def route(block, x: torch.Tensor, points, family_router: str, raw: bool = False):
+    """(ids [T, k] long, weights [T, k]) of ``block``'s router on lp input ``x`` [T, H]; ``raw``:
+    the fp32 weights before the routed scale and the cast (what capture and replay see)."""
+    gate, lp = block.gate, x.dtype
+    k = gate.top_k
+    logits = F.linear(x, gate.weight.to(lp)).float() if points.logits == "lp" else F.linear(x.float(), gate.weight.float())
+    if family_router == "softmax":
+        if points.softmax == "torch":
+            scores = torch.softmax(logits, dim=-1)
+        else:
+            e = torch.exp(logits - logits.max(dim=-1, keepdim=True).values)
+            z = e.sum(dim=-1, keepdim=True)
+            scores = e / z if points.softmax == "divide" else e * (1.0 / z)
+        torch_ids = torch.topk(scores, k, dim=-1).indices
+        choice = scores
+    else:
+        scores = logits.sigmoid()
+        choice = scores + gate.e_score_correction_bias.float()
+        g, tg = gate.num_group, gate.topk_group
+        per = choice.shape[1] // g
+        torch_ids = None
+    ids, weights = [], []
+    for t in range(x.shape[0]):
+        if family_router == "softmax":
+            row = _rank(choice[t].tolist(), k, points.ties, torch_ids[t].tolist())
+        else:
+            c = choice[t]
+            gsc = [sorted(c[i * per:(i + 1) * per].tolist(), reverse=True) for i in range(g)]
+            gsum = torch.tensor([a[0] + a[1] for a in gsc], dtype=torch.float32)  # fp32 pair sum
+            if points.ties == "lowest_index":
+                groups = [i for _, i in sorted((-v, i) for i, v in enumerate(gsum.tolist()))[:tg]]
+            else:
+                groups = torch.topk(gsum, tg, sorted=False).indices.tolist()
+            masked = torch.full_like(c, float("-inf"))
+            for i in groups:
+                masked[i * per:(i + 1) * per] = c[i * per:(i + 1) * per]
+            if points.ties == "lowest_index":
+                row = _rank(masked.tolist(), k, "lowest_index", [])
+            else:
+                row = torch.topk(masked, k, sorted=False).indices.tolist()
+        w = scores[t, row]
+        renorm = getattr(gate, "norm_topk_prob", True)
+        if renorm:
+            s = w[0]
+            for j in range(1, k):
+                s = s + w[j]
+            w = w / (s + 1e-20) if family_router != "softmax" else w / s
+        if raw:
+            weights.append(w)
+            ids.append(row)
+            continue
+        if family_router != "softmax" and points.routed_scale == "weights":
+            w = w * gate.routed_scaling_factor
+        ids.append(row)
+        weights.append(w.to(lp) if points.weights == "lp" else w)
+    return torch.tensor(ids), torch.stack(weights)
+
+
+def block_output(block, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, points, family_router: str,
+                 shared: str | None):
+    """The block's output [T, H] from the routes, written from the spec."""
+    experts, lp = block.experts, x.dtype
+    t, k = ids.shape
+    y = {}  # (token, expert) -> lp output or fp32 accumulator
+    for e in range(experts.num_experts):
+        toks = [i for i in range(t) if e in ids[i].tolist()]
+        if not toks:
+            continue
+        gate_up = F.linear(x[toks], experts.gate_up_proj[e])
+        g, u = gate_up.chunk(2, dim=-1)
+        h = experts.act_fn(g) * u
+        out = F.linear(h.float(), experts.down_proj[e].float()) if points.expert_out == "fp32" else F.linear(h, experts.down_proj[e])
+        for r, i in enumerate(toks):
+            y[(i, e)] = out[r]
+    rows = []
+    scale = getattr(block.gate, "routed_scaling_factor", None) if family_router != "softmax" else None
+    for i in range(t):
+        slots = ids[i].tolist()
+        terms = []
+        for j, e in enumerate(slots):
+            term = y[(i, e)].float() * weights[i, j].float()
+            terms.append(term.to(lp) if points.weighted_term == "lp" else term)
+        if points.combine == "lp_expert_order":
+            order = sorted(range(k), key=lambda j: slots[j])
+        else:
+            order = list(range(k))
+        if points.combine == "fp32_slot_order":
+            acc = terms[0].float()
+            for j in order[1:]:
+                acc = acc + terms[j].float()
+            if scale is not None and points.routed_scale == "combine":
+                acc = acc * torch.tensor(scale, dtype=torch.float32)
+            out = acc.to(lp)
+        else:
+            out = torch.zeros(x.shape[1], dtype=lp, device=x.device)
+            for j in order:
+                out = (out.float() + terms[j].float()).to(lp)
+        if scale is not None and points.routed_scale == "output":
+            out = (out.float() * torch.tensor(scale, dtype=torch.float32)).to(lp)
+        rows.append(out)
+    out = torch.stack(rows)
+    if shared == "shared_expert":
+        out = out + F.sigmoid(block.shared_expert_gate(x)) * block.shared_expert(x)
+    elif shared is not None:
+        out = out + getattr(block, shared)(x)
+    return out
