@@ -10,8 +10,10 @@ which none is found and the mismatch is within rounding's size is called roundin
 
 The yardstick. Every comparison is a token-mean k3 (docs/metrics.md) between two sets of
 logprobs of the recorded tokens. The reference is the model's fp32 forward; rounding's size for
-this model and these sequences is the k3 between its bf16 forward and that fp32 forward
-(``scale``). An engine of the same weights differs from fp32 by about that much; two rounding
+this model and these sequences is the k3 between its bf16 forward and that fp32 forward at
+temperature 1 without top-k / top-p (``scale``: settings the records cannot move; at the
+recorded ones a wrong temperature would scale its own yardstick, and a top-p that keeps one token
+makes it 0). An engine of the same weights differs from fp32 by about that much; two rounding
 stacks of the same weights by about as much again (docs/diagnosis.md). Two thresholds, both
 stated in the evidence:
 
@@ -19,8 +21,11 @@ stated in the evidence:
 - *explains the records*: an alternative (a shift, another temperature, unrenormalised filters)
   whose k3 against the records is at most ``1 / BETTER`` (a quarter) of the as-recorded one.
 
-A plumbing verdict needs both: the records are beyond rounding as recorded, and an alternative
-reading explains them. Settings errors small enough to hide inside rounding's size are the
+A plumbing verdict from an alternative reading needs three things: the records are more than
+``SEEN`` (2) x the scale from the reference as recorded, the alternative is ``BETTER`` times
+closer, and it brings them within rounding's size. (As recorded, the truth is the closest
+reading: fitted to a bf16 forward of the same weights, the temperature lands within 0.05% of the
+true one, docs/diagnosis.md.) Settings errors small enough to hide inside rounding's size are the
 temperature fit's (``rla diagnose``), which reads rounding's *shape*, not its size.
 
 Self-consistency. The same records are scored by the model's bf16 forward once per record
@@ -45,15 +50,18 @@ import numpy as np
 
 import rla.metrics as M
 
-__all__ = ["Finding", "Triage", "triage", "ORDER", "EXIT_CODES", "FACTOR", "BETTER", "FACTORS_GRID"]
+__all__ = ["Finding", "Triage", "triage", "ORDER", "EXIT_CODES", "FACTOR", "BETTER", "FACTORS_GRID", "SEEN"]
 
 ORDER = ("shift", "settings", "self_consistency", "positions", "weights", "rounding")
 """The checks, in the order they run: each rules out a cause the later ones would misread."""
 
 FACTOR = 10.0
 BETTER = 4.0
+SEEN = 2.0
 #: Temperature factors tried against the records (one forward; 1.0 is the records' own).
-FACTORS_GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.43, 1.67, 2.0)
+FACTORS_GRID = (0.25, 0.33, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.43, 1.67, 2.0, 3.0, 4.0)
+#: Records scored one at a time (micro-batch 1) against the whole batch: a forward each.
+SELF_CONSISTENCY_RECORDS = 16
 ZERO_SHARE = 0.05  # the settings check's rule: 5% exact zeros where fp32 says surprisal >= 1e-5
 
 #: verdict -> exit status of ``rla triage`` (0: rounding-sized, nothing else found; 2: bad input).
@@ -126,26 +134,38 @@ def _rows(tensors) -> list[np.ndarray]:
 
 
 def _shift(rec, ref, scale) -> Finding:
+    """Each shift is compared with the records as recorded on the same tokens: a shift by -1 drops
+    every response's first token, which is often the least certain one, so its k3 is lower on
+    that account alone."""
     as_recorded = _k3(ref, rec)
     ev = {"k3_as_recorded": as_recorded}
+    keep = [i for i, r in enumerate(rec) if len(r) >= 2]
     pairs = {}
     for s in (1, -1):
-        keep = [i for i, r in enumerate(rec) if len(r) >= 2]
-        if not keep:
-            break
-        a = [ref[i][s:] if s > 0 else ref[i][:s] for i in keep]
-        b = [rec[i][:-s] if s > 0 else rec[i][-s:] for i in keep]
-        pairs[s] = _k3(a, b)
-        ev[f"k3_shifted_{s:+d}"] = pairs[s]
+        # only tokens the records call uncertain (surprisal >= 1e-5): near-certain tokens have
+        # logprobs near 0 at every position, so any shift of them matches
+        a, b, same = [], [], []
+        for i in keep:
+            bi = rec[i][:-1] if s > 0 else rec[i][1:]
+            sel = bi < -1e-5
+            if sel.any():
+                b.append(bi[sel])
+                a.append((ref[i][1:] if s > 0 else ref[i][:-1])[sel])
+                same.append((ref[i][:-1] if s > 0 else ref[i][1:])[sel])
+        if not b:
+            continue
+        pairs[s] = (_k3(a, b), _k3(same, b))
+        ev[f"k3_shifted_{s:+d}"], ev[f"k3_unshifted_same_tokens_{s:+d}"] = pairs[s]
     if not pairs:
-        return Finding("shift", "not_checked", None, "every response is one token: a shift cannot be seen", ev)
-    s, best = min(pairs.items(), key=lambda kv: kv[1])
-    if as_recorded > FACTOR * scale and best * BETTER <= as_recorded:
+        return Finding("shift", "not_checked", None, "no record has two tokens of which one is uncertain (recorded "
+                       "surprisal >= 1e-5): a shift cannot be seen", ev)
+    s, (best, base) = min(pairs.items(), key=lambda kv: kv[1][0] / max(kv[1][1], 1e-300))
+    if base > SEEN * scale and best * BETTER <= base and best <= FACTOR * scale:
         side = "one token late (logprob j is token j+1's)" if s > 0 else "one token early (logprob j is token j-1's)"
         return Finding("shift", "found", "shifted_positions",
-                       f"the logprobs sit {side}: k3 {best:.3g} shifted by {s:+d}, {as_recorded:.3g} as recorded", ev)
-    return Finding("shift", "clean", None, f"no shift explains the records better (k3 {as_recorded:.3g} as recorded, "
-                   f"{best:.3g} at the best shift {s:+d})", ev)
+                       f"the logprobs sit {side}: k3 {best:.3g} shifted by {s:+d}, {base:.3g} unshifted on the same tokens", ev)
+    return Finding("shift", "clean", None, f"no shift explains the records (k3 {as_recorded:.3g} as recorded; shifted "
+                   f"by {s:+d} {best:.3g} against {base:.3g} unshifted on the same tokens)", ev)
 
 
 def _settings(records, rec, ref, scale, fp32, logprobs) -> Finding:
@@ -157,6 +177,15 @@ def _settings(records, rec, ref, scale, fp32, logprobs) -> Finding:
         return Finding("settings", "found", "raw_logprobs",
                        "the engine returned raw logprobs (vLLM logprobs_mode='raw_logprobs', its default), before "
                        f"temperature {sorted(T)} / top-k / top-p: start vLLM with logprobs_mode='processed_logprobs'", ev)
+    if not filtered:
+        zeros = [(np.asarray(r) == 0.0) & (x < -1e-5) for r, x in zip(rec, ref)]
+        share = float(np.concatenate(zeros).mean())
+        ev["zero_share"] = share
+        if share >= ZERO_SHARE:
+            return Finding("settings", "found", "top_p_top_k",
+                           f"{share:.0%} of the logprobs are exactly 0.0 where the fp32 forward gives a surprisal of at "
+                           "least 1e-5: sampled with a top-p / top-k (or a far lower temperature) the records do not say",
+                           ev)
     as_recorded = _k3(ref, rec)
     ev["k3_as_recorded"] = as_recorded
     best = (1.0, filtered, as_recorded)
@@ -169,7 +198,7 @@ def _settings(records, rec, ref, scale, fp32, logprobs) -> Finding:
             if k < best[2]:
                 best = (f, apply and filtered, k)
     f, kept_filters, k = best
-    if as_recorded > FACTOR * scale and k * BETTER <= as_recorded:
+    if as_recorded > SEEN * scale and k * BETTER <= as_recorded and k <= FACTOR * scale:
         if len(T) == 1 and abs(next(iter(T)) * f - 1.0) < 1e-9 and not kept_filters:
             return Finding("settings", "found", "raw_logprobs",
                            f"the logprobs fit temperature 1 without top-k / top-p (k3 {k:.3g}), not the recorded "
@@ -181,24 +210,17 @@ def _settings(records, rec, ref, scale, fp32, logprobs) -> Finding:
                            "kept tokens; compare with apply_filters=False or record top_p=1, top_k=-1", ev)
         return Finding("settings", "found", "temperature",
                        f"the logprobs fit temperature x{f} (k3 {k:.3g}) better than the recorded one ({as_recorded:.3g})", ev)
-    if not filtered:
-        zeros = [(np.asarray(r) == 0.0) & (x < -1e-5) for r, x in zip(rec, ref)]
-        share = float(np.concatenate(zeros).mean())
-        ev["zero_share"] = share
-        if share >= ZERO_SHARE:
-            return Finding("settings", "found", "top_p_top_k",
-                           f"{share:.0%} of the logprobs are exactly 0.0 where the fp32 forward gives a surprisal of at "
-                           "least 1e-5: sampled with a top-p / top-k the records do not say", ev)
     return Finding("settings", "clean", None, "the recorded temperature and filters fit best (temperatures x"
                    f"{FACTORS_GRID[0]}..x{FACTORS_GRID[-1]}" + (", with and without renormalised filters" if filtered else "")
                    + ")", ev)
 
 
-def _self_consistency(records, rec, bf16, logprobs) -> tuple[Finding, list[np.ndarray]]:
+def _self_consistency(records, rec, bf16, logprobs, alone_n) -> tuple[Finding, list[np.ndarray]]:
     together = _rows(logprobs(bf16, records, max_tokens=10**9))
-    alone = [_rows(logprobs(bf16, [r]))[0] for r in records]
-    var = _k3(alone, together)
-    m = _k3(together, rec)
+    some = records[:alone_n]
+    alone = [_rows(logprobs(bf16, [r]))[0] for r in some]
+    var = _k3(alone, together[:len(some)])
+    m = _k3(together[:len(some)], rec[:len(some)])
     ev = {"k3_microbatch_1_vs_all": var, "k3_records_vs_bf16": m,
           "tokens_equal": float(np.mean(np.concatenate([a == b for a, b in zip(alone, together)])))}
     if var > 0 and var >= 0.5 * m:
@@ -231,12 +253,13 @@ def _positions(rec, together, scale, bad_positions, trainer_logprobs, trainer_fi
 
 
 def triage(records, *, bf16, fp32, trainer_logprobs=None, trainer_field=None, bad_positions=(),
-           weights_check=None) -> Triage:
+           weights_check=None, alone: int = SELF_CONSISTENCY_RECORDS) -> Triage:
     """Run :data:`ORDER` on ``records`` with the model in bf16 (the trainer's stack) and fp32 (the
     reference). ``trainer_logprobs``: the framework trainer's own logprobs of the same tokens
     (from :class:`rla.rollout.framework_dumps.Dump`); ``bad_positions``: rows whose position ids
     do not follow their mask. ``weights_check``: a callable(records) -> Finding for the
-    ``"weights"`` slot; without one it is reported as not checked."""
+    ``"weights"`` slot; without one it is reported as not checked. ``alone``: how many records
+    the self-consistency check scores one at a time (a forward each)."""
     from rla.rollout.train_logprobs import logprobs
 
     records = list(records)
@@ -244,8 +267,13 @@ def triage(records, *, bf16, fp32, trainer_logprobs=None, trainer_field=None, ba
         raise ValueError("no records to triage")
     rec = [np.asarray(r.logprobs, dtype=np.float64) for r in records]
     ref = _rows(logprobs(fp32, records))
-    consistency, together = _self_consistency(records, rec, bf16, logprobs)
-    scale = max(_k3(together, ref), 1e-300)
+    consistency, together = _self_consistency(records, rec, bf16, logprobs, alone)
+    fixed = [dataclasses.replace(r, temperature=1.0, top_p=1.0, top_k=-1) for r in records]
+    if all((r.temperature, r.top_p, r.top_k) == (1.0, 1.0, -1) for r in records):
+        scale = _k3(together, ref)
+    else:  # the yardstick at settings the records cannot move (a top-p that keeps one token makes it 0)
+        scale = _k3(_rows(logprobs(bf16, fixed, max_tokens=10**9)), _rows(logprobs(fp32, fixed)))
+    scale = max(scale, 1e-300)
     findings = [_shift(rec, ref, scale)]
     findings.append(_settings(records, rec, ref, scale, fp32, logprobs))
     findings.append(consistency)
