@@ -105,3 +105,20 @@ def test_rollout_data_dir_text_is_refused_naming_what_it_lacks(tmp_path):
     with pytest.raises(DumpFormatError, match=r"3.jsonl: field 'rollout_log_probs': a verl rollout_data_dir line "
                                               r"\(fields acc, gts, input, output, score, step\) holds decoded text"):
         read_verl(tmp_path / "3.jsonl", Sampling(top_p=1.0, top_k=-1))
+
+
+def test_health_reads_verls_rollout_corr_as_verl_computes_them():
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_corr_metrics_from_logprobs
+
+    from rla.diagnosis.health import health
+
+    data, roll, old = _batch()
+    mask = data.batch["response_mask"].bool()
+    ours = {r.key: r.value for r in health([old[i][mask[i]] for i in range(3)], [roll[i][mask[i]] for i in range(3)])
+            if r.framework == "verl"}
+    theirs = compute_rollout_corr_metrics_from_logprobs(old.double(), roll.double(), mask)  # verl's code, in fp64
+    for key in ("rollout_corr/k3_kl", "rollout_corr/kl"):
+        assert ours[key] == pytest.approx(theirs[key], rel=1e-9), key
+    # on its fp32 batch, verl's exp(x) - x - 1 cancels: k3 of 1e-3 deltas (5.0e-7) comes out 4.77e-7 = 2^-21
+    fp32 = compute_rollout_corr_metrics_from_logprobs(old, roll, mask)["rollout_corr/k3_kl"]
+    assert abs(fp32 - ours["rollout_corr/k3_kl"]) > 0.01 * ours["rollout_corr/k3_kl"]
