@@ -51,4 +51,4 @@ def test_every_model_flag_takes_bundled():
                 found.append(name)
                 assert action.type is not None and action.type("bundled") == str(bundled_path()), name
                 assert "bundled" in action.help, name
-    assert sorted(found) == ["diagnose", "doctor", "verify"]
+    assert sorted(found) == ["diagnose", "doctor", "triage", "verify"]
