@@ -62,4 +62,4 @@ if __name__ == "__main__":
     text = DOC.read_text()
     if BEGIN not in text or END not in text:
         sys.exit(f"{DOC}: no {BEGIN} ... {END} markers")
-    DOC.write_text(text.replace(section(text), render()))
+    DOC.write_text(text.replace(BEGIN + "\n" + section(text) + "\n" + END, BEGIN + "\n" + render() + "\n" + END))
