@@ -33,7 +33,7 @@ def test_shifted_records_exit_10_with_the_evidence(tmp_path):
     shifted = [dataclasses.replace(r, response_ids=r.response_ids[:-1], logprobs=r.logprobs[1:]) for r in recs]
     rollouts.save(tmp_path / "r.jsonl", shifted)
     out = tmp_path / "t.json"
-    code = main(["triage", "--from", "rla", str(tmp_path / "r.jsonl"), "--model", "bundled", "--alone", "1",
+    code = main(["triage", "--from", "rla", str(tmp_path / "r.jsonl"), "--model", "bundled", "--alone", "0",
                  "--json", str(out)])
     report = json.loads(out.read_text())
     assert (code, report["verdict"]) == (10, "shifted_positions"), report

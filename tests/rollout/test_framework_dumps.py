@@ -126,12 +126,19 @@ def test_openrlhf_multi_turn_holes_are_refused_naming_the_row():
         from_openrlhf(process(None, r, max_len=64), S)
 
 
-def test_trl_rollout_func_output_and_its_nan_tokens():
+def test_trl_rollout_func_output_and_its_nan_tokens(tmp_path):
     out = {"prompt_ids": [[1, 2], [3]], "completion_ids": [[4, 5], [6]], "logprobs": [[-0.1, -0.2], [-0.3]],
            "env_mask": [[1, 1], [1]]}
     dump = from_trl_rollout(out, S)
     assert [r.logprobs for r in dump.records] == [[-0.1, -0.2], [-0.3]]
     assert dump.unused == {"env_mask": "rollout_func extra field, not part of a rollout record"}
+    import json
+
+    from rla.rollout.framework_dumps import read
+
+    path = tmp_path / "rollout.json"
+    path.write_text(json.dumps(out))
+    assert [r.response_ids for r in read("trl", path, S).records] == [[4, 5], [6]]
     out["logprobs"][1] = [None]  # how vLLM hands TRL a token it could not score
     with pytest.raises(DumpFormatError, match="row 1: field 'logprobs': NaN logprob"):
         from_trl_rollout(out, S)

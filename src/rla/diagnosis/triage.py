@@ -217,6 +217,9 @@ def _settings(records, rec, ref, scale, fp32, logprobs) -> Finding:
 
 def _self_consistency(records, rec, bf16, logprobs, alone_n) -> tuple[Finding, list[np.ndarray]]:
     together = _rows(logprobs(bf16, records, max_tokens=10**9))
+    if alone_n == 0:
+        return Finding("self_consistency", "not_checked", None, "not checked (alone=0: no record scored on its own)",
+                       {}), together
     some = records[:alone_n]
     alone = [_rows(logprobs(bf16, [r]))[0] for r in some]
     var = _k3(alone, together[:len(some)])

@@ -387,7 +387,8 @@ SOURCES = ("verl", "trl", "openrlhf", "vllm")
 
 def read(source: str, path, sampling: Sampling, *, logprobs_mode: str = "raw_logprobs") -> Dump:
     """Read ``path`` as ``source`` writes it (``rla triage --from SOURCE PATH``). vLLM's outputs
-    are read from a ``torch.save``'d or pickled list of ``RequestOutput`` objects."""
+    are read from a ``torch.save``'d or pickled list of ``RequestOutput`` objects; for TRL, a
+    ``.json`` file is a ``rollout_func``'s output dict, anything else the completions parquet."""
     if source not in SOURCES:
         raise DumpFormatError(f"unknown source {source!r}; known: {', '.join(SOURCES)}")
     if not os.path.isfile(path):
@@ -395,6 +396,15 @@ def read(source: str, path, sampling: Sampling, *, logprobs_mode: str = "raw_log
     if source == "verl":
         return read_verl(path, sampling)
     if source == "trl":
+        if os.fspath(path).endswith(".json"):  # a rollout_func's output dict, saved with json.dump
+            with open(path, encoding="utf-8") as f:
+                try:
+                    output = json.load(f)
+                except ValueError as err:
+                    raise DumpFormatError(f"not valid JSON ({err})", path=path) from None
+            if not isinstance(output, dict):
+                raise DumpFormatError("a rollout_func output is one JSON object of lists", path=path)
+            return from_trl_rollout(output, sampling, path=path)
         return read_trl(path, sampling)
     if source == "openrlhf":
         return read_openrlhf(path, sampling)
