@@ -265,9 +265,12 @@ def triage(records, *, bf16, fp32, trainer_logprobs=None, trainer_field=None, ba
     the self-consistency check scores one at a time (a forward each)."""
     from rla.rollout.train_logprobs import logprobs
 
+    from rla.diagnosis.inputs import check_records
+
     records = list(records)
     if len(records) < 1:
         raise ValueError("no records to triage")
+    check_records(fp32, records)  # greedy temperatures and positions past the context, before any forward
     rec = [np.asarray(r.logprobs, dtype=np.float64) for r in records]
     ref = _rows(logprobs(fp32, records))
     consistency, together = _self_consistency(records, rec, bf16, logprobs, alone)
