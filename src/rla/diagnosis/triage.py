@@ -199,7 +199,7 @@ def _settings(records, rec, ref, scale, fp32, logprobs) -> Finding:
                 best = (f, apply and filtered, k)
     f, kept_filters, k = best
     if as_recorded > SEEN * scale and k * BETTER <= as_recorded and k <= FACTOR * scale:
-        if len(T) == 1 and abs(next(iter(T)) * f - 1.0) < 1e-9 and not kept_filters:
+        if len(T) == 1 and abs(next(iter(T)) * f - 1.0) < 0.05 and not kept_filters:  # within the grid's spacing
             return Finding("settings", "found", "raw_logprobs",
                            f"the logprobs fit temperature 1 without top-k / top-p (k3 {k:.3g}), not the recorded "
                            f"temperature {next(iter(T))} (k3 {as_recorded:.3g}): raw logprobs were recorded", ev)
