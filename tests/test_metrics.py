@@ -371,7 +371,7 @@ def test_names_as():
     orl = names_as(m, "openrlhf")
     assert orl["vllm_kl"] == -m["mismatch/k1"] and "mismatch/k1" not in orl  # OpenRLHF's logger adds train/
     assert len(orl) == len(m) and orl["mismatch/k3"] == m["mismatch/k3"]
-    with pytest.raises(ValueError, match="known styles: openrlhf, trl, verl"):
+    with pytest.raises(ValueError, match="known styles: nemo-rl, openrlhf, trl, verl"):
         names_as(m, "slime")
 
 

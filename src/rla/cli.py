@@ -14,6 +14,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("rla.commands.demo", "sample from the bundled tiny model under vllm and diagnose the mismatch (the main job)"),
     "diagnose": ("rla.commands.diagnose", "attribute a model's train/rollout mismatch to regions, detect the engine profile"),
+    "triage": ("rla.commands.triage", "numerics or plumbing: read a framework's dump, check shift, settings, batch variance, positions before rounding"),
     "doctor": ("rla.commands.doctor", "static precision hazards of a model, each with its fix"),
     "bench": ("rla.commands.bench", "benchmark the fused ops and an aligned training step (CUDA)"),
     "profiles": ("rla.commands.profiles", "print the rounding-profile table"),

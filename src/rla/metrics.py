@@ -360,12 +360,19 @@ _RENAMES: dict[str, dict[str, tuple[str, float]]] = {
     "openrlhf": {
         "mismatch/k1": ("vllm_kl", -1.0),
     },
+    # NeMo-RL (nemo_rl/algorithms/loss_functions.py, ClippedPGLossFn): gen_kl_error = token mean of
+    # calculate_kl(generation, prev) with the default kl_type k3 = exp(delta) - 1 - delta; logged as
+    # train/gen_kl_error. token_mult_prob_error (mean exp|delta|) has no rla key:
+    # rla.diagnosis.health computes it.
+    "nemo-rl": {
+        "mismatch/k3": ("gen_kl_error", 1.0),
+    },
 }
 
 
 def names_as(metrics: dict[str, float], style: str) -> dict[str, float]:
-    """Rename ``mismatch/...`` keys to verl's (``style="verl"``), TRL's (``"trl"``) or OpenRLHF's
-    (``"openrlhf"``) keys.
+    """Rename ``mismatch/...`` keys to verl's (``style="verl"``), TRL's (``"trl"``), OpenRLHF's
+    (``"openrlhf"``) or NeMo-RL's (``"nemo-rl"``) keys.
 
     Values follow the target's sign convention (verl's ``rollout_corr/kl`` and OpenRLHF's
     ``vllm_kl`` are ``-k1``; OpenRLHF's loggers add ``train/`` to the keys they are given, so the

@@ -51,4 +51,4 @@ def test_every_model_flag_takes_bundled():
                 found.append(name)
                 assert action.type is not None and action.type("bundled") == str(bundled_path()), name
                 assert "bundled" in action.help, name
-    assert sorted(found) == ["calibrate", "diagnose", "doctor", "verify"]  # calibrate: --live
+    assert sorted(found) == ["calibrate", "diagnose", "doctor", "triage", "verify"]  # calibrate: --live

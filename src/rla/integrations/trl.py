@@ -58,6 +58,7 @@ class Attachment:
     reference_note: str
     metrics: str
     logged_keys: set[str] = field(default_factory=set)
+    log_metrics: bool = True
 
     def __str__(self) -> str:
         return "\n".join([
@@ -149,6 +150,7 @@ def attach(
     *,
     regions=REGIONS,
     log_metrics: bool = True,
+    log_tokens: bool = False,
     ops=None,
 ) -> Attachment:
     """Align ``trainer``'s policy and reference model to ``profile`` and log mismatch metrics.
@@ -158,6 +160,13 @@ def attach(
     :func:`rla.align` for both models, e.g. ``rla.engines.vllm_forward.engine_forward(vllm.load())``
     (the engine's own compiled pieces in the forward); a forward that keeps no KV cache needs the
     rollouts from vLLM (``use_vllm``) or a ``rollout_func``, and is refused otherwise.
+
+    ``log_tokens=True`` (with ``log_completions=True`` in TRL's config) adds four columns to TRL's
+    own completions table, which TRL's ``log`` writes to ``completions/completions_*.parquet``:
+    ``rla/prompt_ids`` and ``rla/completion_ids`` (unpadded), ``rla/sampling_logprobs`` (TRL's
+    ``sampling_per_token_logps``, the engine's) and ``rla/old_logprobs`` (the training side's,
+    see :func:`_training_logprobs`). ``rla triage --from trl FILE`` reads them
+    (:func:`rla.rollout.framework_dumps.read_trl`); TRL's table alone holds only text.
     """
     _check_trainer(trainer)
     samples_itself = not getattr(trainer.args, "use_vllm", False) and getattr(trainer, "rollout_func", None) is None
@@ -181,7 +190,11 @@ def attach(
         reference_note = "the policy with its adapters disabled (PEFT), aligned with it"
 
     previous = trainer.__dict__.get("_rla_attachment")
-    if not log_metrics:
+    if log_tokens and not getattr(trainer, "log_completions", False):
+        raise ValueError("rla.integrations.trl.attach: log_tokens=True writes into TRL's completions table, "
+                         "which TRL keeps only with log_completions=True in its GRPOConfig")
+    trainer.__dict__["_rla_log_tokens"] = log_tokens
+    if not log_metrics and not log_tokens:
         metrics = "off (log_metrics=False)"
         if previous is not None and "_generate_and_score_completions" in trainer.__dict__:
             del trainer.__dict__["_generate_and_score_completions"]
@@ -198,12 +211,17 @@ def attach(
                 _check_still_aligned(self)
                 output = original(inputs)
                 if output.get("sampling_per_token_logps") is not None:
-                    _log_mismatch(self, output)
+                    if self.__dict__["_rla_attachment"].log_metrics:
+                        _log_mismatch(self, output)
+                    if self.__dict__.get("_rla_log_tokens"):
+                        _log_tokens(self, output)
                 return output
 
             trainer._generate_and_score_completions = types.MethodType(_generate_and_score_completions, trainer)
+    if not log_metrics and log_tokens:
+        metrics = "off (log_metrics=False); token columns in TRL's completions table"
     attachment = Attachment(policy, reference, reference_note, metrics,
-                            previous.logged_keys if previous is not None else set())
+                            previous.logged_keys if previous is not None else set(), log_metrics)
     trainer.__dict__["_rla_attachment"] = attachment
     return attachment
 
@@ -222,6 +240,25 @@ def _training_logprobs(trainer, output) -> torch.Tensor:
             trainer.model, input_ids, attention_mask, output["completion_ids"].size(1), batch_size=batch_size
         )
     return logps
+
+
+def _log_tokens(trainer, output) -> None:
+    """Add the batch's token ids and both sides' logprobs to TRL's completions table, gathered over
+    processes in the order TRL gathers its own prompt and completion columns."""
+    from accelerate.utils import gather_object
+
+    mask = output["completion_mask"].bool()
+    pmask = output["prompt_mask"].bool()
+    train = _training_logprobs(trainer, output)
+    cols = {"rla/prompt_ids": [], "rla/completion_ids": [], "rla/sampling_logprobs": [], "rla/old_logprobs": []}
+    for i in range(mask.size(0)):
+        m = mask[i]
+        cols["rla/prompt_ids"].append(output["prompt_ids"][i][pmask[i]].tolist())
+        cols["rla/completion_ids"].append(output["completion_ids"][i][m].tolist())
+        cols["rla/sampling_logprobs"].append(output["sampling_per_token_logps"][i][m].double().tolist())
+        cols["rla/old_logprobs"].append(train[i][m].double().tolist())
+    for key, values in cols.items():
+        trainer._logs["extra"][key].extend(gather_object(values))
 
 
 def _log_mismatch(trainer, output) -> None:
