@@ -18,7 +18,7 @@ stamp() { echo "=== $1 at +$(( $(date +%s) - t0 ))s"; }
 for mode in eager default; do
   has cli-$mode || continue
   stamp cli-$mode
-  python3 lab/bench/vllm_live_h200.py checkpoint --models $M --families qwen3-h2048 --layers 4 > "$OUT/checkpoint.log" 2>&1 || tail -5 "$OUT/checkpoint.log"
+  python3 lab/bench/vllm_live_h200.py checkpoint --out "$OUT/ckpt" --models $M --families qwen3-h2048 --layers 4 > "$OUT/checkpoint.log" 2>&1 || tail -5 "$OUT/checkpoint.log"
   timeout $(cap 300) python3 -m rla.cli verify --engine vllm --live --model $M/qwen3-h2048-L4 --mode $mode \
     --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 --out "$OUT/verify-$mode" > "$OUT/verify-$mode.log" 2>&1
   echo "verify rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/verify-$mode.log" | tail -25 | cut -c1-220
