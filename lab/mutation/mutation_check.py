@@ -48,6 +48,7 @@ class Mutation:
 
 OPS_TESTS = ("tests/ops/test_backward_oracle.py", "tests/ops/test_ops.py")
 MODEL_ULP_TESTS = ("tests/alignment/test_align_one_ulp.py", "tests/engines/test_vllm_twin_one_ulp.py")
+TWIN_ULP_TESTS = ("tests/engines/test_vllm_twin_one_ulp.py",)
 MUTATIONS = [
     # --- reference ops (issue #21: the first two)
     Mutation("swiglu-gate-grad-bias-2^-11", "src/rla/ops/reference.py",
@@ -178,6 +179,18 @@ MUTATIONS = [
              "return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op, out_dtype)",
              "return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op, out_dtype).to(lp).to(out_dtype or lp)",
              MODEL_ULP_TESTS, "qk_norm_out='fp32' rounds the q/k-norm output before RoPE"),
+    # the same changes against the CPU twin's one-ulp test alone: the engine's own code sees them
+    Mutation("ulp-twin-norm-rstd-one-over-sqrt", "src/rla/ops/reference.py",
+             "return torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)",
+             "return 1 / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + eps)",
+             TWIN_ULP_TESTS, "the reference norm's rstd as 1/sqrt: the aligned model leaves vLLM's compiled norm"),
+    Mutation("ulp-twin-carry-add-reordered", "src/rla/ops/reference.py",
+             "return ((x.float() + residual.float()) + m.float()).to(out_dtype)",
+             "return (x.float() + (residual.float() + m.float())).to(out_dtype)",
+             TWIN_ULP_TESTS, "fp32_carry's add as a + (r + m): not the order Inductor adds in"),
+    Mutation("ulp-twin-qk-norm-product-reassociated", "src/rla/ops/reference.py",
+             "out = w * _rn(n, lp) if per_op else n * w", "out = w * _rn(n, lp) if per_op else v * (rstd * w)",
+             TWIN_ULP_TESTS, "a fused norm's product as v * (rstd * w): the twin's q/k norm output differs"),
     # --- thresholds at their edges (issue #37)
     Mutation("edge-detection-se-11x-small", "src/rla/diagnosis/core.py",
              'se = diff.std(ddof=1) / math.sqrt(n) if n > 1 else float("inf")',
