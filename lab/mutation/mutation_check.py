@@ -94,7 +94,7 @@ MUTATIONS = [
              ("tests/test_metrics.py",), "clip leak counting only ratios above the range"),
     # --- rollout records (issue #21: the fourth, two mutations)
     Mutation("rollout-number-not-finite-checked", "src/rla/rollout/rollouts.py",
-             "    if not _is_number(v) or not math.isfinite(v):", "    if not _is_number(v):",
+             "        return _is_number(v) and math.isfinite(v)", "        return _is_number(v)",
              ("tests/rollout/test_rollout_fields.py", "tests/rollout/test_rollouts.py"), "1e999 (inf) accepted in numeric fields (issue #21)"),
     Mutation("rollout-prompt-ids-not-vocab-checked", "src/rla/rollout/rollouts.py",
              'out["prompt_ids"] = _ids("prompt_ids", d["prompt_ids"], vocab_size)',
