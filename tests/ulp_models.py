@@ -36,7 +36,11 @@ import torch
 from align_spec import tiny_config, tiny_model
 
 BF16 = torch.bfloat16
-ONE_OVER_SQRT = staticmethod(lambda m: 1 / torch.sqrt(m))
+
+
+def one_over_sqrt(m: torch.Tensor) -> torch.Tensor:
+    """The planted rstd: ``1 / sqrt(m)``, one fp32 ulp from ``rsqrt(m)`` for some ``m``."""
+    return 1 / torch.sqrt(m)
 
 
 def _bf16_round(v: torch.Tensor) -> torch.Tensor:
@@ -69,7 +73,7 @@ def _sum_of_squares(total: int, slots: int, top: int = 255) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
-def norm_rows(weight: torch.Tensor, eps: float, n_rows: int, rstd=ONE_OVER_SQRT.__func__, seed: int = 0):
+def norm_rows(weight: torch.Tensor, eps: float, n_rows: int, rstd=one_over_sqrt, seed: int = 0):
     """``n_rows`` bf16 rows [n_rows, H] such that the fused norm ``RN((v * rsqrt(ms + eps)) * w)``
     and the same with ``rstd`` for ``rsqrt`` differ in at least one element of each row.
 
@@ -287,7 +291,7 @@ def _cos_sin_fp64(freqs):
 
 #: name -> (what the planted change is, the oracle's planted arithmetic)
 PLANTED = {
-    "norm_rstd": ("the norm's rstd as 1/sqrt(ms + eps) instead of rsqrt", dict(rstd=lambda m: 1 / torch.sqrt(m))),
+    "norm_rstd": ("the norm's rstd as 1/sqrt(ms + eps) instead of rsqrt", dict(rstd=one_over_sqrt)),
     "carry_order": ("fp32_carry's add as a + (r + m) instead of (a + r) + m",
                     dict(carry=lambda a, r, m: a + (r + m))),
     "silu": ("SwiGLU's silu as x * sigmoid(x)", dict(silu=lambda x: x * torch.sigmoid(x))),
