@@ -13,6 +13,9 @@ models, ``spec_forward``, the ``single_thread`` fixture) by name, ``from align_s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -144,6 +147,23 @@ def tokens(batch=2, seq=12, seed=0, vocab=128):
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Arith:
+    """The fp32 expressions the oracle writes where a one-ulp change is possible. The spec's
+    own are the defaults; a one-ulp test replaces one (``Arith(rstd=lambda m: 1 / torch.sqrt(m))``)
+    to show, on its inputs, that the planted change flips the logits the aligned model must match
+    (``tests/alignment/test_align_one_ulp.py``)."""
+
+    rstd: Callable = torch.rsqrt  # of mean square + eps
+    silu: Callable = F.silu  # of the fp32 gate
+    carry: Callable = lambda a, r, m: (a + r) + m  # fp32_carry: attention out, residual, MLP out
+    cos_sin: Callable = lambda freqs: (freqs.cos(), freqs.sin())  # of the fp32 angles
+    scale_normed: Callable = lambda v, rstd, w: (v * rstd) * w  # a fused norm's fp32 product
+
+
+ARITH = Arith()
+
+
 def rn(v, lp):
     return v.to(lp).float()
 
@@ -174,10 +194,10 @@ def spec_rope_params(cfg, seq_len=None):
     return inv_freq.float(), float(scale)
 
 
-def spec_cos_sin(inv_freq, positions):
+def spec_cos_sin(inv_freq, positions, arith=ARITH):
     freqs = positions[..., None].float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    return arith.cos_sin(emb)
 
 
 def _rot(x):
@@ -196,15 +216,15 @@ def spec_rope(x, cos, sin, pts, lp=None):
     return (xf * c + _rot(xf) * s).to(lp)
 
 
-def spec_swiglu(g, u, pts):
+def spec_swiglu(g, u, pts, arith=ARITH):
     lp = g.dtype
-    a = F.silu(g.float())
+    a = arith.silu(g.float())
     if pts["swiglu"] == "per_op":
         a = rn(a, lp)
     return (a * u.float()).to(lp)
 
 
-def spec_norm(v, weight, eps, pts, lp, out=None, after_add=False):
+def spec_norm(v, weight, eps, pts, lp, out=None, after_add=False, arith=ARITH):
     """v: the fp32 value the norm reads; weight: the engine's copy is RN(weight); ``out``: the
     output dtype (fp32 = unrounded, the q/k norm of the qk_norm_out='fp32' chain); ``after_add``:
     the norm reads a residual sum (the engine's add + norm kernel, for ``norm_reduction``)."""
@@ -212,11 +232,11 @@ def spec_norm(v, weight, eps, pts, lp, out=None, after_add=False):
         mean_square = vllm_mean_square(v, v.numel() // v.shape[-1], after_add)
     else:
         mean_square = (v * v).mean(-1, keepdim=True)
-    rstd = torch.rsqrt(mean_square + eps)
+    rstd = arith.rstd(mean_square + eps)
     w = rn(weight.float(), lp)
     if pts["norm_weight"] == "per_op":
         return (w * rn(v * rstd, lp)).to(out or lp)
-    return ((v * rstd) * w).to(out or lp)
+    return arith.scale_normed(v, rstd, w).to(out or lp)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,7 +265,7 @@ def _repeat_kv(x, n_rep):
     return x[:, :, None, :, :].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
 
 
-def _attention(attn, h, cos, sin, mask, pts, lp, eps, cache, idx):
+def _attention(attn, h, cos, sin, mask, pts, lp, eps, cache, idx, arith=ARITH):
     b, s, _ = h.shape
     d = attn.head_dim
     q = _linear(attn.q_proj, h).view(b, s, -1, d)
@@ -253,8 +273,8 @@ def _attention(attn, h, cos, sin, mask, pts, lp, eps, cache, idx):
     v = _linear(attn.v_proj, h).view(b, s, -1, d).transpose(1, 2)
     if hasattr(attn, "q_norm"):  # Qwen3: per-head norms, no residual, follow norm.weight
         out = torch.float32 if pts["qk_norm_out"] == "fp32" else lp  # fp32: RoPE reads it unrounded
-        q = spec_norm(q.float(), attn.q_norm.weight, eps, pts, lp, out)
-        k = spec_norm(k.float(), attn.k_norm.weight, eps, pts, lp, out)
+        q = spec_norm(q.float(), attn.q_norm.weight, eps, pts, lp, out, arith=arith)
+        k = spec_norm(k.float(), attn.k_norm.weight, eps, pts, lp, out, arith=arith)
     q, k = spec_rope(q.transpose(1, 2), cos, sin, pts, lp), spec_rope(k.transpose(1, 2), cos, sin, pts, lp)
     if cache is not None:
         if idx in cache.k:
@@ -271,11 +291,11 @@ def _attention(attn, h, cos, sin, mask, pts, lp, eps, cache, idx):
     return _linear(attn.o_proj, o)
 
 
-def _dense_mlp(mlp, h, pts):
-    return _linear(mlp.down_proj, spec_swiglu(_linear(mlp.gate_proj, h), _linear(mlp.up_proj, h), pts))
+def _dense_mlp(mlp, h, pts, arith=ARITH):
+    return _linear(mlp.down_proj, spec_swiglu(_linear(mlp.gate_proj, h), _linear(mlp.up_proj, h), pts, arith))
 
 
-def _experts(ex, h2, idx, weights, pts):
+def _experts(ex, h2, idx, weights, pts, arith=ARITH):
     out = torch.zeros_like(h2)
     mask = F.one_hot(idx, num_classes=ex.num_experts).permute(2, 1, 0)
     for e in range(ex.num_experts):
@@ -283,35 +303,42 @@ def _experts(ex, h2, idx, weights, pts):
         if tok.numel() == 0:
             continue
         g, u = F.linear(h2[tok], ex.gate_up_proj[e]).chunk(2, dim=-1)
-        cur = F.linear(spec_swiglu(g, u, pts), ex.down_proj[e])
+        cur = F.linear(spec_swiglu(g, u, pts, arith), ex.down_proj[e])
         cur = cur * weights[tok, pos, None]
         out.index_add_(0, tok, cur.to(out.dtype))
     return out
 
 
-def _mlp(mlp, h, pts):
+def _mlp(mlp, h, pts, arith=ARITH):
     if hasattr(mlp, "gate_proj"):
-        return _dense_mlp(mlp, h, pts)
+        return _dense_mlp(mlp, h, pts, arith)
     b, s, hid = h.shape
     h2 = h.view(-1, hid)
     _, weights, idx = mlp.gate(h2)  # the model's own router (not a rounding region)
-    out = _experts(mlp.experts, h2, idx, weights, pts)
+    out = _experts(mlp.experts, h2, idx, weights, pts, arith)
     if hasattr(mlp, "shared_expert"):
-        shared = _dense_mlp(mlp.shared_expert, h2, pts)
+        shared = _dense_mlp(mlp.shared_expert, h2, pts, arith)
         out = out + torch.sigmoid(_linear(mlp.shared_expert_gate, h2)) * shared
     return out.reshape(b, s, hid)
 
 
-def spec_forward(model, input_ids, pts, cache: SpecCache | None = None, last_only=False):
-    """Logits of ``model`` under the rounding points ``pts``, from docs/rounding.md."""
+def spec_forward(model, input_ids, pts, cache: SpecCache | None = None, last_only=False, positions=None,
+                 arith=ARITH, streams=None):
+    """Logits of ``model`` under the rounding points ``pts``, from docs/rounding.md.
+
+    ``positions`` [B, S]: the tokens' positions (default: consecutive after the cache);
+    ``arith``: the oracle's fp32 expressions (:class:`Arith`); ``streams``: a list that receives
+    each layer's output as the next layer reads it (fp32 under ``fp32_sum``, else lp).
+    """
     body, cfg = model.model, model.config
     lp = body.embed_tokens.weight.dtype
     eps = cfg.rms_norm_eps
     b, s = input_ids.shape
     past = cache.length() if cache is not None else 0
-    positions = torch.arange(past, past + s)[None].expand(b, s)
+    if positions is None:
+        positions = torch.arange(past, past + s)[None].expand(b, s)
     inv_freq, scale = spec_rope_params(cfg, seq_len=past + s)
-    cos, sin = spec_cos_sin(inv_freq, positions)
+    cos, sin = spec_cos_sin(inv_freq, positions, arith)
     if scale != 1.0:  # YaRN / longrope: HF and engines scale the fp32 tables, then round them
         cos, sin = cos * scale, sin * scale
     mask = None
@@ -324,18 +351,23 @@ def spec_forward(model, input_ids, pts, cache: SpecCache | None = None, last_onl
     residual = F.embedding(input_ids, body.embed_tokens.weight)
     read = residual.float()  # what the next norm reads
     for i, layer in enumerate(body.layers):
-        h = spec_norm(read, layer.input_layernorm.weight, eps, pts, lp, after_add=i > 0)
-        x = _attention(layer.self_attn, h, cos, sin, mask, pts, lp, eps, cache, i)
-        total = x.float() + residual.float()
+        h = spec_norm(read, layer.input_layernorm.weight, eps, pts, lp, after_add=i > 0, arith=arith)
+        a = _attention(layer.self_attn, h, cos, sin, mask, pts, lp, eps, cache, i, arith)
+        r = residual
+        total = a.float() + r.float()
         residual = total.to(lp)
         read = total if fp32_sum else residual.float()
-        h = spec_norm(read, layer.post_attention_layernorm.weight, eps, pts, lp, after_add=True)
-        x = _mlp(layer.mlp, h, pts)
-        # fp32_carry: the MLP's add reads the unrounded a + r
-        total = x.float() + (total if carry else residual.float())
+        h = spec_norm(read, layer.post_attention_layernorm.weight, eps, pts, lp, after_add=True, arith=arith)
+        x = _mlp(layer.mlp, h, pts, arith)
+        if carry:  # fp32_carry: the MLP's add reads the unrounded a + r
+            total = arith.carry(a.float(), r.float(), x.float())
+        else:
+            total = x.float() + residual.float()
         residual = total.to(lp)
         read = total if fp32_sum else residual.float()
-    h = spec_norm(read, body.norm.weight, eps, pts, lp, after_add=True)
+        if streams is not None:
+            streams.append(read if fp32_sum else residual)
+    h = spec_norm(read, body.norm.weight, eps, pts, lp, after_add=True, arith=arith)
     if last_only:
         h = h[:, -1:]
     return F.linear(h, model.lm_head.weight)

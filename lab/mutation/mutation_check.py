@@ -47,6 +47,8 @@ class Mutation:
 
 
 OPS_TESTS = ("tests/ops/test_backward_oracle.py", "tests/ops/test_ops.py")
+MODEL_ULP_TESTS = ("tests/alignment/test_align_one_ulp.py", "tests/engines/test_vllm_twin_one_ulp.py")
+TWIN_ULP_TESTS = ("tests/engines/test_vllm_twin_one_ulp.py",)
 MUTATIONS = [
     # --- reference ops (issue #21: the first two)
     Mutation("swiglu-gate-grad-bias-2^-11", "src/rla/ops/reference.py",
@@ -92,7 +94,7 @@ MUTATIONS = [
              ("tests/test_metrics.py",), "clip leak counting only ratios above the range"),
     # --- rollout records (issue #21: the fourth, two mutations)
     Mutation("rollout-number-not-finite-checked", "src/rla/rollout/rollouts.py",
-             "    if not _is_number(v) or not math.isfinite(v):", "    if not _is_number(v):",
+             "        return _is_number(v) and math.isfinite(v)", "        return _is_number(v)",
              ("tests/rollout/test_rollout_fields.py", "tests/rollout/test_rollouts.py"), "1e999 (inf) accepted in numeric fields (issue #21)"),
     Mutation("rollout-prompt-ids-not-vocab-checked", "src/rla/rollout/rollouts.py",
              'out["prompt_ids"] = _ids("prompt_ids", d["prompt_ids"], vocab_size)',
@@ -143,6 +145,52 @@ MUTATIONS = [
     Mutation("ulp-rope-recomputed-attention-scaling-dropped", "src/rla/alignment/rope.py",
              'attrs["attention_scaling"] = scaling', 'attrs["attention_scaling"] = 1.0',
              ("tests/alignment/test_align_rope.py",), "recomputing a cast model's fp32 frequencies resets the attention factor"),
+    # --- one ulp at the aligned-model and CPU-twin level (issue #37): the same kind of change, run
+    # against the planted models only (tests/ulp_models.py), never the op tests
+    Mutation("ulp-model-norm-rstd-one-over-sqrt", "src/rla/ops/reference.py",
+             "return torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)",
+             "return 1 / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + eps)",
+             MODEL_ULP_TESTS, "the reference norm's rstd as 1/sqrt, seen in an aligned model's logits"),
+    Mutation("ulp-model-carry-add-reordered", "src/rla/ops/reference.py",
+             "return ((x.float() + residual.float()) + m.float()).to(out_dtype)",
+             "return (x.float() + (residual.float() + m.float())).to(out_dtype)",
+             MODEL_ULP_TESTS, "fp32_carry's add as a + (r + m), seen through layer 1's norm"),
+    Mutation("ulp-model-fp32-carry-reads-the-rounded-sum", "src/rla/alignment/rmsnorm.py",
+             "out = carry_add(attn_out, residual, mlp_out, torch.float32 if fp32_sum else lp)",
+             "out = carry_add(rounded, torch.zeros_like(rounded), mlp_out, torch.float32 if fp32_sum else lp)",
+             MODEL_ULP_TESTS, "residual_stream='fp32_carry' carries RN(a + r)"),
+    Mutation("ulp-model-silu-as-x-sigmoid", "src/rla/ops/reference.py",
+             "a = F.silu(gate.float())", "a = gate.float() * torch.sigmoid(gate.float())",
+             MODEL_ULP_TESTS, "SwiGLU's silu as x * sigmoid(x): one fp32 ulp in ~24% of gates"),
+    Mutation("ulp-model-swiglu-fused-rounds-the-activation", "src/rla/ops/reference.py",
+             "        if per_op:\n            a = _rn(a, lp)", "        if True:\n            a = _rn(a, lp)",
+             MODEL_ULP_TESTS, "fused SwiGLU rounds silu to bf16 before the product (a rounding moved in)"),
+    Mutation("ulp-model-rope-tables-through-fp64", "src/rla/alignment/rope.py",
+             "cos, sin = freqs.cos(), freqs.sin()",
+             "cos, sin = freqs.double().cos().float(), freqs.double().sin().float()",
+             MODEL_ULP_TESTS, "the aligned rotary's cos/sin correctly rounded: one fp32 ulp in ~5% of entries"),
+    Mutation("ulp-model-rope-rounds-one-product", "src/rla/ops/reference.py",
+             "        out = xf * c + _rot(xf) * s", "        out = _rn(xf * c, lp) + _rot(xf) * s",
+             MODEL_ULP_TESTS, "fused RoPE rounds x*cos to bf16 before the sum (a rounding moved in)"),
+    Mutation("ulp-model-qk-norm-product-reassociated", "src/rla/ops/reference.py",
+             "out = w * _rn(n, lp) if per_op else n * w", "out = w * _rn(n, lp) if per_op else v * (rstd * w)",
+             MODEL_ULP_TESTS, "a fused norm's product as v * (rstd * w): its fp32 q/k output feeds RoPE"),
+    Mutation("ulp-model-qk-chain-rounds-the-norm-output", "src/rla/ops/reference.py",
+             "return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op, out_dtype)",
+             "return _norm_fwd(v, rstd, _engine_weight(weight, lp), lp, per_op, out_dtype).to(lp).to(out_dtype or lp)",
+             MODEL_ULP_TESTS, "qk_norm_out='fp32' rounds the q/k-norm output before RoPE"),
+    # the same changes against the CPU twin's one-ulp test alone: the engine's own code sees them
+    Mutation("ulp-twin-norm-rstd-one-over-sqrt", "src/rla/ops/reference.py",
+             "return torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)",
+             "return 1 / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + eps)",
+             TWIN_ULP_TESTS, "the reference norm's rstd as 1/sqrt: the aligned model leaves vLLM's compiled norm"),
+    Mutation("ulp-twin-carry-add-reordered", "src/rla/ops/reference.py",
+             "return ((x.float() + residual.float()) + m.float()).to(out_dtype)",
+             "return (x.float() + (residual.float() + m.float())).to(out_dtype)",
+             TWIN_ULP_TESTS, "fp32_carry's add as a + (r + m): not the order Inductor adds in"),
+    Mutation("ulp-twin-qk-norm-product-reassociated", "src/rla/ops/reference.py",
+             "out = w * _rn(n, lp) if per_op else n * w", "out = w * _rn(n, lp) if per_op else v * (rstd * w)",
+             TWIN_ULP_TESTS, "a fused norm's product as v * (rstd * w): the twin's q/k norm output differs"),
     # --- thresholds at their edges (issue #37)
     Mutation("edge-detection-se-11x-small", "src/rla/diagnosis/core.py",
              'se = diff.std(ddof=1) / math.sqrt(n) if n > 1 else float("inf")',
