@@ -55,38 +55,12 @@ from vllm_live_h200 import BF16, DEV, build_checkpoint, stamp  # noqa: E402
 
 from rla import profiles  # noqa: E402
 from rla.engines.live_calibration import stats, train_logprobs  # noqa: E402
-
-BLOCK = 16
-"""The engine's KV-cache block size (vLLM's default for ``TRITON_ATTN``)."""
-
+from rla.engines.vllm_attention import attention_forward  # noqa: E402
 
 # -- attention sides ------------------------------------------------------------------------------
 
-def vllm_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """HF attention interface -> vLLM's ``unified_attention`` over a paged cache (one sequence)."""
-    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
-
-    b, h, s, d = query.shape
-    kvh = key.shape[1]
-    if b != 1:
-        raise ValueError("vllm_attention scores one sequence at a time")
-    nb = (s + BLOCK - 1) // BLOCK
-    q = query[0].transpose(0, 1).contiguous()  # [S, H, D], as vLLM's attention layer gets it
-    kc = query.new_zeros(nb * BLOCK, kvh, d)
-    vc = query.new_zeros(nb * BLOCK, kvh, d)
-    kc[:s] = key[0].transpose(0, 1)
-    vc[:s] = value[0].transpose(0, 1)
-    out = torch.empty_like(q)
-    dev = q.device
-    ones = torch.ones(1, kvh, dtype=torch.float32, device=dev)
-    unified_attention(
-        q=q, k=kc.view(nb, BLOCK, kvh, d), v=vc.view(nb, BLOCK, kvh, d), out=out,
-        cu_seqlens_q=torch.tensor([0, s], dtype=torch.int32, device=dev), max_seqlen_q=s,
-        seqused_k=torch.tensor([s], dtype=torch.int32, device=dev), max_seqlen_k=s,
-        softmax_scale=scaling, causal=True, window_size=(-1, -1),
-        block_table=torch.arange(nb, dtype=torch.int32, device=dev)[None], softcap=0,
-        q_descale=None, k_descale=ones, v_descale=ones)
-    return out[None], None
+vllm_attention = attention_forward
+"""vLLM's ``unified_attention`` as an HF attention function (``rla.engines.vllm_attention``)."""
 
 
 def fp32_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

@@ -179,6 +179,11 @@ def test_every_refusal_comes_before_the_engine(tmp_path, monkeypatch, capsys):
         (["calibrate", "--live", "--model", bundled, "--mode", "eager", "--out", str(tmp_path / "row.json")],
          "row.json exists; choose another --out or pass --overwrite"),
         (["calibrate", "--model", bundled], "--model: only used with --live"),
+        (["verify", "--model", bundled, "--train-attention", "engine"], "--train-attention: only used with --live"),
+        (["calibrate", "--live", "--model", bundled, "--mode", "eager", "--attention-backend", "auto"],
+         "--train-attention engine runs the kernel of the engine's TRITON_ATTN backend"),  # calibrate's default
+        (["verify", "--live", "--model", bundled, "--attention-backend", "FLASH_ATTN", "--train-attention", "engine"],
+         "use --attention-backend TRITON_ATTN or --train-attention model"),
         # everything above fine: vLLM is what is missing here, named before it is imported
         (["verify", "--live", "--model", bundled, "--out", str(tmp_path / "new")], "vLLM is not installed"),
         (["calibrate", "--live", "--model", bundled, "--mode", "default"], "pip install vllm==0.26.0"),
@@ -236,3 +241,16 @@ def vllm_installed():
     from rla.engines.vllm_live import installed_version
 
     return installed_version()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a GPU")
+def test_the_engine_attention_needs_a_gpu_and_names_it(model):
+    from rla.engines.vllm_attention import engine_attention
+
+    with pytest.raises(ValueError, match="wired for .*TRITON_ATTN.*not 'FLASH_ATTN'"):
+        with engine_attention(model, "FLASH_ATTN"):
+            pass
+    with pytest.raises(RuntimeError, match="on CUDA; this torch sees no GPU"):
+        with engine_attention(model):
+            pass
+    assert model.config._attn_implementation == "sdpa"  # nothing changed

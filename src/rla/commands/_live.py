@@ -15,14 +15,15 @@ import argparse
 from rla.commands._args import positive_float, positive_int
 
 __all__ = ["add_live_arguments", "LIVE_FLAGS", "token_list", "check_live", "check_model", "run_engine",
-           "DECODE_PROMPT_TOKENS"]
+           "DECODE_PROMPT_TOKENS", "train_attention"]
 
 DECODE_PROMPT_TOKENS = 256
 """Tokens of each decode prompt (random tokens; one sampled response per prompt)."""
 
 #: The flags only the live path reads (dest -> flag), None unless given.
 LIVE_FLAGS = {"prompt_tokens": "--prompt-tokens", "responses": "--responses", "max_new_tokens": "--max-new-tokens",
-              "attention_backend": "--attention-backend", "gpu_memory_utilization": "--gpu-memory-utilization"}
+              "attention_backend": "--attention-backend", "gpu_memory_utilization": "--gpu-memory-utilization",
+              "train_attention": "--train-attention"}
 
 
 def token_list(text: str) -> list[int]:
@@ -49,6 +50,11 @@ def add_live_arguments(parser, default_prompts: str) -> None:
                         help="--live: tokens per sampled response (default 128)")
     parser.add_argument("--attention-backend", default=None,
                         help="--live: vLLM's attention backend (default TRITON_ATTN; 'auto': vLLM's own choice)")
+    parser.add_argument("--train-attention", choices=("model", "engine"), default=None,
+                        help="--live: the attention the training side scores with: 'model' (the model's own, "
+                        "e.g. SDPA: what a trainer runs) or 'engine' (vLLM's own Triton kernel, so only the "
+                        "rounding points differ; needs --attention-backend TRITON_ATTN). Default: model for "
+                        "verify, engine for calibrate (docs/engines.md)")
     parser.add_argument("--gpu-memory-utilization", type=positive_float, default=None,
                         help="--live: the share of GPU memory vLLM may take (default 0.5; the training side "
                         "loads after the engine is closed)")
@@ -125,3 +131,22 @@ def run_engine(args, settings, vocab: int, say):
     finally:
         engine.close()
     return data
+
+
+def train_attention(args, settings, default: str):
+    """``(name, context factory)`` of the attention the training side scores with: ``model`` (a
+    no-op) or ``engine`` (:func:`rla.engines.vllm_attention.engine_attention` for the engine's
+    backend), checked before the engine starts."""
+    import contextlib
+
+    from rla.engines.vllm_attention import BACKENDS, engine_attention
+
+    choice = args.train_attention or default
+    if choice == "model":
+        return "model", lambda model: contextlib.nullcontext()
+    backend = settings.attention_backend
+    if backend not in BACKENDS:
+        raise ValueError(f"--train-attention engine runs the kernel of the engine's {' / '.join(BACKENDS)} backend; "
+                         f"this engine starts with --attention-backend {backend or 'auto'}: use "
+                         f"--attention-backend TRITON_ATTN or --train-attention model")
+    return f"engine ({backend}: vLLM's unified_attention)", lambda model: engine_attention(model, backend)

@@ -13,6 +13,8 @@ point's flip. An existing file, or a name a built-in row has, is refused unless 
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import shlex
 import sys
@@ -70,7 +72,7 @@ def run(args) -> int:
     import torch
 
     from rla import profiles
-    from rla.commands._live import DECODE_PROMPT_TOKENS, check_model, run_engine, settings_of
+    from rla.commands._live import DECODE_PROMPT_TOKENS, check_model, run_engine, settings_of, train_attention
     from rla.engines.live_calibration import search
     from rla.engines.live_profile import live_name, live_row, settle
     from rla.engines.vllm_live import installed_version, preflight
@@ -87,6 +89,8 @@ def run(args) -> int:
         check_out(args.out, args.overwrite)
     longest = max(max(args.prompt_tokens), DECODE_PROMPT_TOKENS + args.max_new_tokens)
     info = check_model(args.model, longest)
+    settings = settings_of(args, longest)
+    attention, attending = train_attention(args, settings, "engine")
     version = preflight(args.model)
     name = args.name or live_name(args.engine, version, args.mode)
     if name in profiles.names():
@@ -94,18 +98,22 @@ def run(args) -> int:
     out = args.out or f"rla-calibrate/{name}.json"
     check_out(out, args.overwrite)
     start_row = _start(args, version)
-    settings = settings_of(args, longest)
     t0 = time.monotonic()
 
     def say(message: str) -> None:
         print(f"[rla calibrate --live {time.monotonic() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
 
     data = run_engine(args, settings, info["vocab_size"], say)
-    say(f"engine closed; searching the points from {start_row.name}")
+    say(f"engine closed; searching the points from {start_row.name}, the training side attending with the "
+        f"{attention} attention")
     model = load_model(args.model, dtype=torch.bfloat16, device="cuda")
-    best, best_score, tried, flips = search(model, start_row, data.prompts, data.prompt_logprobs, data.records, say)
-    best, best_score = settle(model, start_row, best, best_score, flips, data.prompts, data.prompt_logprobs,
-                              data.records)
+    with attending(model):
+        best, best_score, tried, flips = search(model, start_row, data.prompts, data.prompt_logprobs, data.records,
+                                                say)
+        best, best_score = settle(model, start_row, best, best_score, flips, data.prompts, data.prompt_logprobs,
+                                  data.records)
+    data = dataclasses.replace(data, engine={**data.engine, "settings": {**data.engine.get("settings", {}),
+                                                                         "train_attention": attention}})
     command = "rla " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["calibrate"] \
         else "rla calibrate --live"
     from rla.environment import environment

@@ -10,6 +10,8 @@ table printed), ``engine.json`` (the prompts and the engine's prompt logprobs) a
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import sys
 import time
@@ -46,7 +48,7 @@ def _extra(args) -> dict:
 def run(args) -> int:
     import torch
 
-    from rla.commands._live import DECODE_PROMPT_TOKENS, check_model, run_engine, settings_of
+    from rla.commands._live import DECODE_PROMPT_TOKENS, check_model, run_engine, settings_of, train_attention
     from rla.diagnosis.output import check_out_dir
     from rla.engines.live_verify import candidates, compare, report
     from rla.engines.vllm_live import MODES, preflight
@@ -61,18 +63,22 @@ def run(args) -> int:
     longest = max(max(args.prompt_tokens), DECODE_PROMPT_TOKENS + args.max_new_tokens)
     info = check_model(args.model, longest)
     extra = _extra(args)
-    version = preflight(args.model)  # vLLM installed, a version the adapter ran, a GPU: still not imported
     settings = settings_of(args, longest)
+    attention, attending = train_attention(args, settings, "model")
+    version = preflight(args.model)  # vLLM installed, a version the adapter ran, a GPU: still not imported
     start = time.monotonic()
 
     def say(message: str) -> None:
         print(f"[rla verify --live {time.monotonic() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
 
     data = run_engine(args, settings, info["vocab_size"], say)
-    say("engine closed; scoring its tokens with HF eager and rla's rows")
+    say(f"engine closed; scoring its tokens with HF eager and rla's rows ({attention} attention)")
     model = load_model(args.model, dtype=torch.bfloat16, device="cuda")
     sides = candidates(data.engine["name"], version, args.mode, MODES, extra)
-    rows = compare(model, sides, data, log=say)
+    with attending(model):
+        rows = compare(model, sides, data, log=say)
+    data = dataclasses.replace(data, engine={**data.engine, "settings": {**data.engine.get("settings", {}),
+                                                                         "train_attention": attention}})
     rep = report(data, rows, info, environment(torch.device("cuda")))
     publish(rep, data, out, overwrite=args.overwrite, inputs=[args.model])
     from rla.engines.live_verify import render

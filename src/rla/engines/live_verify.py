@@ -157,7 +157,8 @@ def render(rep: dict) -> str:
         "",
         f"Prefill: {len(rep['prompt_tokens'])} prompts of {', '.join(map(str, rep['prompt_tokens']))} tokens "
         f"({rows[0]['prefill']['tokens']} logprobs); decode: {rep['responses']} sampled responses "
-        f"({rows[0]['decode']['tokens']} logprobs). \"k3 removed\" is against HF eager (side `hf`).",
+        f"({rows[0]['decode']['tokens']} logprobs). \"k3 removed\" is against HF eager (side `hf`). The training "
+        f"side attends with the {e.get('settings', {}).get('train_attention', 'model')} attention.",
         "",
         "| side | prefill bit-equal | prefill k3 | k3 removed | prefill max abs dlogp | decode bit-equal "
         "| decode k3 | decode k3 removed | decode max abs dlogp |",
