@@ -22,7 +22,7 @@ from rla.diagnosis.report import to_markdown
 from rla.rollout import rollouts
 from rla.rollout.fingerprint import SAMPLE, weights_fingerprint
 from rla.rollout.rollouts import RolloutFormatError, RolloutRecord
-from bundled_rollouts import one_adam_step, sample
+from bundled_rollouts import one_adam_step
 
 
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -75,8 +75,12 @@ def test_the_policy_field_is_validated_naming_it(tmp_path, bad, said):
 
 @pytest.fixture(scope="module")
 def clean(bundled):
+    """Four short rollouts of rla's sampler on the bundled model's own weights (the verdicts here
+    read only the records' policy field; no forward measures them)."""
+    from rla.rollout.sampler import Sampler, SamplingParams
+
     model, prompts = bundled
-    return sample(model, prompts)
+    return Sampler(model, "vllm").generate(prompts[:4], SamplingParams(max_new_tokens=8, seed=0))
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +107,9 @@ def test_rollouts_of_the_policy_one_step_earlier_are_named_before_any_forward(cl
     _no_forward(monkeypatch)
     d = diagnose(stepped, clean, "vllm", regions=("rope",), detect=False)
     assert not d.verdict.ok and (d.verdict.kind, d.verdict.cause) == ("beyond_rounding", "stale_weights")
-    assert "within what rounding produces" not in d.verdict.message and "10 name weights" in d.verdict.message
-    assert d.verdict.flagged == list(range(10)) and d.verdict.ratio is None
-    assert d.policy.checkpoint == weights_fingerprint(stepped) and d.policy.carried == 10
+    assert "within what rounding produces" not in d.verdict.message and "4 name weights" in d.verdict.message
+    assert d.verdict.flagged == list(range(4)) and d.verdict.ratio is None
+    assert d.policy.checkpoint == weights_fingerprint(stepped) and d.policy.carried == 4
     md = to_markdown(d)
     assert "NOT ROUNDING" in md and "Shapley" not in md
     json.dumps(d.to_dict(), allow_nan=False)
@@ -114,9 +118,9 @@ def test_rollouts_of_the_policy_one_step_earlier_are_named_before_any_forward(cl
 def test_mixed_checkpoints_are_named_with_the_steps_they_record(bundled, clean, stepped, monkeypatch):
     _no_forward(monkeypatch)
     model, _ = bundled
-    later = [dataclasses.replace(r, policy={"weights": weights_fingerprint(stepped), "step": 1}) for r in clean[5:]]
-    d = diagnose(model, clean[:5] + later, "vllm", regions=("rope",), detect=False)
-    assert d.verdict.cause == "stale_weights" and d.verdict.flagged == [5, 6, 7, 8, 9]
+    later = [dataclasses.replace(r, policy={"weights": weights_fingerprint(stepped), "step": 1}) for r in clean[2:]]
+    d = diagnose(model, clean[:2] + later, "vllm", regions=("rope",), detect=False)
+    assert d.verdict.cause == "stale_weights" and d.verdict.flagged == [2, 3]
     assert "2 different weights" in d.verdict.message and "(step 1)" in d.verdict.message
 
 
