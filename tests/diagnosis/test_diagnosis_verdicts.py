@@ -24,7 +24,7 @@ from rla.diagnosis.report import explain, to_markdown
 from rla.diagnosis.scale import FAR
 from rla.models import bundled_path
 from rla.rollout.train_logprobs import logprobs
-from bundled_rollouts import N, sample
+from bundled_rollouts import N, sample, unrecorded
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_rollouts_from_another_checkpoint_are_named(bundled):
         for p in other.parameters():
             if p.dim() > 1:
                 p.add_((torch.randn(p.shape, generator=g) * p.float().std() * 0.05).to(p.dtype))
-    d = diagnose(model, sample(other, prompts), "vllm", regions=("rope",), detect=False)
+    d = diagnose(model, unrecorded(sample(other, prompts)), "vllm", regions=("rope",), detect=False)
     assert (d.verdict.kind, d.verdict.cause) == ("beyond_rounding", "different_model"), d.verdict.message
     assert "checkpoint" in d.verdict.message
     _no_attribution(d)

@@ -21,7 +21,7 @@ from rla.diagnosis.core import diagnose
 from rla.diagnosis.report import explain, to_markdown
 from rla.diagnosis.scale import FAR
 from rla.rollout.train_logprobs import logprobs
-from bundled_rollouts import sample
+from bundled_rollouts import sample, unrecorded
 
 
 def _no_attribution(d):
@@ -76,14 +76,14 @@ def test_the_fit_does_not_call_rounding_or_another_checkpoint_a_temperature(bund
     clean = diagnose(model, sample(model, prompts), "vllm", regions=("rope",), detect=False)
     assert clean.verdict.ok and abs(math.log(clean.verdict.temperature["factor"])) < clean.verdict.temperature["threshold"]
     assert "fit the recorded temperature" in clean.verdict.message
-    near = diagnose(model, sample(_checkpoint(model, 0.005), prompts), "vllm", regions=("rope",), detect=False)
+    near = diagnose(model, unrecorded(sample(_checkpoint(model, 0.005), prompts)), "vllm", regions=("rope",), detect=False)
     assert near.verdict.cause != "temperature" and not near.verdict.temperature["far"]
     # beyond rounding's size: the set-level fit shows the records' temperature is right (factor
     # 1.0003 on an Intel AVX-512 Xeon, threshold 0.01), so another checkpoint is not called a temperature.
     # Whether the per-sequence grid alone (the fit switched off) would have misnamed these records
     # is not asserted: it turns on how many of 10 sequences exceed their own rounding scale, which
     # moves with the CPU's kernels (1 of 10 on that Xeon, where the grid says different_model).
-    far = diagnose(model, sample(_checkpoint(model, 0.02), prompts), "vllm", regions=("rope",), detect=False)
+    far = diagnose(model, unrecorded(sample(_checkpoint(model, 0.02), prompts)), "vllm", regions=("rope",), detect=False)
     assert (far.verdict.kind, far.verdict.cause) == ("beyond_rounding", "different_model"), far.verdict.message
     fit = far.verdict.temperature
     assert not fit["far"] and abs(math.log(fit["factor"])) < fit["threshold"]

@@ -5,8 +5,10 @@ and no other rounding: the records' temperature or top-p replaced by one they we
 with, a degenerate temperature, an ``engine`` field contradicting the profile. None is reported as
 rounding; each names its cause. The clean rollouts still give the rounding verdict, and the
 settings check's scale is measured at fixed settings, whatever the records say. Weights that do
-not match the rollout's (1% weight noise, half the records from a 2%-noised checkpoint) are named
-``different_model`` while their k3 is inside the size-based bound (2.75x and 8.4x the scale here).
+not match the rollout's (1% weight noise, half the records from a 2%-noised checkpoint), in records
+without a ``policy`` field, are named ``different_model`` while their k3 is inside the size-based
+bound (2.75x and 8.4x the scale here); with the field they are ``stale_weights`` before any
+forward (test_stale_weights.py).
 """
 
 import dataclasses
@@ -16,7 +18,7 @@ import pytest
 from rla.diagnosis.core import diagnose
 from rla.diagnosis.report import to_markdown
 from rla.rollout.sampler import Sampler, SamplingParams
-from bundled_rollouts import TOKENS, sample
+from bundled_rollouts import TOKENS, sample, unrecorded
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,8 @@ def test_clean_rollouts_are_rounding_on_the_fixed_settings_yardstick(bundled, cl
     assert d.verdict.ok, d.verdict.message
     assert d.settings.cause is None and d.settings.truncated == 0.0 and d.settings.k3_fixed <= 10 * d.settings.scale.k3
     assert "settings_check" in d.to_dict()
+    # the records say which weights sampled them (rla's sampler): the checkpoint's, so not stale
+    assert d.policy.carried == 10 and not d.policy.stale and d.to_dict()["policy_check"]["stale"] is False
 
 
 @pytest.mark.parametrize("recorded", [0.01, 0.1])
@@ -113,6 +117,7 @@ def test_weights_that_do_not_match_within_roundings_size_are_named(bundled, clea
         recs = sample(_noised(model, 0.01), prompts)
     else:
         recs = clean[:5] + sample(_noised(model, 0.02), prompts)[5:]
+    recs = unrecorded(recs)  # the size tests alone: with the records' policy field it is stale_weights at once
     d = diagnose(model, recs, "vllm", regions=("rope",), detect=False)
     assert d.verdict.ratio < 10  # the premise: within the size-based bound, where it read as rounding
     assert not d.verdict.ok and d.verdict.cause == "different_model", d.verdict.message

@@ -4,7 +4,9 @@ Order of work, cheapest refusal first:
 
 1. The records are checked against the model (:mod:`.inputs`): positions past
    ``max_position_embeddings``, a temperature below 1e-5 and an ``engine`` field naming another
-   engine than the profile's row are refused, exact duplicates counted once.
+   engine than the profile's row are refused, exact duplicates counted once. Records that say
+   which weights sampled them (``policy``) are compared with the checkpoint (:mod:`.policy`):
+   other weights are the verdict ``stale_weights``, before any forward.
 2. The fully aligned forward under every known profile and an fp32 forward of the same weights
    give the rounding scale (:mod:`.scale`) and, for free, the profile detection.
    The records' sampling settings are checked on a scale measured at fixed settings
@@ -32,6 +34,7 @@ import rla.metrics as M
 from rla.diagnosis.attribution import shapley, subsets
 from rla.diagnosis.inputs import check_engine, check_records
 from rla.diagnosis.passes import Sizes, forward_pass, per_sequence_k3
+from rla.diagnosis.policy import PolicyCheck, check_policy
 from rla.progress import Progress
 from rla.diagnosis.scale import RoundingScale, fp32_reference, rounding_scale
 from rla.diagnosis.settings import SettingsCheck, check_settings
@@ -120,6 +123,8 @@ class Diagnosis:
     scale: RoundingScale | None = None
     settings: SettingsCheck | None = None
     """The records' sampling settings checked at fixed settings (:mod:`.settings`), before the verdict."""
+    policy: PolicyCheck | None = None
+    """The records' ``policy`` fingerprints against the checkpoint's (:mod:`.policy`)."""
     n_input: int = 0
     """Records given, duplicates included."""
     duplicates: int = 0
@@ -143,6 +148,7 @@ class Diagnosis:
             "verdict": self.verdict.to_dict() if self.verdict is not None else None,
             "rounding_scale": self.scale.to_dict() if self.scale is not None else None,
             "settings_check": self.settings.to_dict() if self.settings is not None else None,
+            "policy_check": self.policy.to_dict() if self.policy is not None else None,
             "input_notes": self.input_notes,
             "long_inputs": self.long_inputs,
             "metrics": self.metrics,
@@ -290,7 +296,15 @@ def diagnose(
     records = check.records
     if prof is not None:
         check_engine(records, prof)
+    policy = check_policy(model, records, check.indices)
     mu, mask = M.pad_rows([np.asarray(r.logprobs, dtype=np.float64) for r in records])
+    notes = [n for n in (check.note(), match and match.version and match.message()) if n]
+    if policy.stale:  # before any forward: nothing measured on these rollouts could be read as rounding
+        return Diagnosis(profile=prof.name if prof is not None else "auto",
+                         regions=tuple(regions), n_sequences=len(records), n_tokens=int(mask.sum()), metrics={},
+                         attribution={}, unexplained={}, per_position={},
+                         verdict=Verdict("beyond_rounding", "stale_weights", policy.message, None, policy.mismatched()),
+                         policy=policy, n_input=check.n_input, duplicates=check.duplicates, input_notes=notes)
     bar = Progress(progress, transient=True)
     try:
         rows = fit_rows([len(r.response_ids) for r in records])
@@ -347,9 +361,10 @@ def diagnose(
         verdict=verdict,
         scale=scale,
         settings=settings,
+        policy=policy,
         n_input=check.n_input,
         duplicates=check.duplicates,
-        input_notes=[n for n in (check.note(), match and match.version and match.message()) if n],
+        input_notes=notes,
         long_inputs=sizes.summary(),
     )
 

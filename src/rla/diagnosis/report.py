@@ -65,6 +65,8 @@ def rich_tables(d: Diagnosis):
     from rich.table import Table
     from rich.text import Text
 
+    if not d.metrics:  # a verdict before any forward (stale_weights): no table to show
+        return (Text(f"No attribution. {d.verdict.message}", style="bold red"),)
     t = Table(title=f"Training forward vs rollouts ({d.profile}): {d.n_sequences} sequences, {d.n_tokens} tokens")
     t.add_column("aligned regions")
     for name, _, _ in COLUMNS:
@@ -181,7 +183,19 @@ def long_inputs_text(d: Diagnosis) -> str | None:
     return " ".join(parts)
 
 
+def _unmeasured(d: Diagnosis) -> str:
+    """report.md of a verdict given before any forward (``stale_weights``): nothing was measured."""
+    used = f"{d.n_sequences} sequences" + (f" ({d.duplicates} exact duplicates of {d.n_input} records dropped)"
+                                            if d.duplicates else "")
+    return "\n\n".join([f"# rla diagnosis against `{d.profile}`", f"{used}, {d.n_tokens} response tokens.", "## Verdict",
+                         "NOT ROUNDING: " + d.verdict.message,
+                         "No forward was run: the verdict comes from the records' `policy` field, before any "
+                         "measurement (report.json `policy_check`)."]) + "\n"
+
+
 def to_markdown(d: Diagnosis) -> str:
+    if not d.metrics:
+        return _unmeasured(d)
     head = "| aligned regions | " + " | ".join(n for n, _, _ in COLUMNS) + " |"
     rows = [head, "|" + "---|" * (len(COLUMNS) + 1)]
     for label, m in d.metrics.items():
@@ -237,6 +251,8 @@ def _plots(d: Diagnosis, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
+    if not d.per_position:  # a verdict before any forward (stale_weights): nothing to plot
+        return paths
     fig, ax = plt.subplots(figsize=(7, 4))
     first, last = next(iter(d.per_position)), list(d.per_position)[-1]
     for label, curve in d.per_position.items():

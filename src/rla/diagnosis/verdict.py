@@ -52,10 +52,12 @@ class Verdict:
     kind: str
     """"rounding" (attribution stands), "profile_increases", or "beyond_rounding"."""
     cause: str | None
-    """None, "wrong_profile", "raw_logprobs", "temperature", "corrupt_logprobs" or "different_model"."""
+    """None, "wrong_profile", "raw_logprobs", "temperature", "corrupt_logprobs", "different_model",
+    "stale_weights" (:mod:`.policy`) or a cause of the settings check (:mod:`.settings`)."""
     message: str
-    ratio: float
-    """k3 of the best-fitting profile against the rollouts, over the rounding scale."""
+    ratio: float | None
+    """k3 of the best-fitting profile against the rollouts, over the rounding scale; None when the
+    verdict came before any forward (``stale_weights``)."""
     flagged: list[int] = field(default_factory=list)
     """0-based input indices of the sequences beyond rounding."""
     temperature: dict | None = None

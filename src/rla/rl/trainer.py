@@ -147,7 +147,7 @@ class Trainer:
 
         master = initial_model(cfg, self.dist, self.device, self.say).float().to(self.device)
         self.sampler = Sampler(master, profile=cfg.rollout_profile, dtype=cfg.rollout_torch_dtype(), device=self.device,
-                               cache=cfg.rollout_cache, decode_attention=cfg.rollout_decode_attention)
+                               cache=cfg.rollout_cache, decode_attention=cfg.rollout_decode_attention, step=0)
         self.policy = Policy(
             master, precision=cfg.train_precision, rollout_profile=cfg.rollout_profile,
             align_regions=cfg.align_regions, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
@@ -246,7 +246,7 @@ class Trainer:
         self.step, self.elapsed = int(st["step"]), float(st["elapsed_s"])
         if data["rng"] is not None:
             ckpt.set_rng_state(*data["rng"])
-        self.sampler.load_weights(self.policy.full_state_dict())
+        self.sampler.load_weights(self.policy.full_state_dict(), step=self.step)
         self.say(f"resumed from {path} at step {self.step}")
 
     # -------------------------------------------------------------------------------- one step
@@ -458,7 +458,7 @@ class Trainer:
         upd = self._update(k, ro)
         self.scheduler.step()
         t2 = time.perf_counter()
-        self.sampler.load_weights(self.policy.full_state_dict())  # weight sync trainer -> sampler
+        self.sampler.load_weights(self.policy.full_state_dict(), step=k + 1)  # weight sync trainer -> sampler
         t3 = time.perf_counter()
         self.elapsed += t3 - t0
         times = {"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/sync_s": t3 - t2,

@@ -25,8 +25,11 @@ Format ``rla.rollout/1``: one JSON object per line, UTF-8, ``\\n``-terminated::
   and stored as ``-1``).
 * ``engine`` (non-empty str: ``"vllm"``, ``"sglang"`` or an ``rla`` profile name).
 * optional ``engine_version`` (non-empty str, the engine's release, e.g. ``"0.33.0"``: what
-  ``profile="vllm"`` resolves by, :func:`rla.profiles.for_engine`), ``reward`` (finite float) and
-  ``metadata`` (JSON object); left out when None.
+  ``profile="vllm"`` resolves by, :func:`rla.profiles.for_engine`), ``policy`` (which weights
+  sampled the rollout: ``{"weights": "rla-weights/1:<32 hex>", "step": 3}``, the fingerprint of
+  :func:`rla.rollout.fingerprint.weights_fingerprint`, whose rule tag versions it, and optionally
+  the trainer's optimizer step; ``rla diagnose`` compares it with the checkpoint), ``reward``
+  (finite float) and ``metadata`` (JSON object); left out when None.
 * optional ``routes`` (MoE models; for routing replay, ``rla.alignment.replay``): an object
   ``{"version": 1, "experts": [...], "weights": [...]}``. ``experts`` has one entry per token of
   ``prompt_ids + response_ids`` (or one fewer: the last sampled token never went through the
@@ -86,7 +89,8 @@ FORMAT = "rla.rollout/1"
 #: Positive logprobs up to this are engine rounding, not errors.
 POSITIVE_LOGPROB_TOL = 1e-6
 _REQUIRED = ("prompt_ids", "response_ids", "logprobs", "temperature", "top_p", "top_k", "engine")
-_OPTIONAL = ("engine_version", "reward", "metadata", "routes")
+_OPTIONAL = ("engine_version", "policy", "reward", "metadata", "routes")
+_POLICY_KEYS = ("weights", "step")
 #: The versions of the optional ``routes`` field this module reads.
 ROUTES_VERSIONS = (1,)
 
@@ -151,6 +155,35 @@ def _number(name: str, v: Any) -> float:
     return float(v)
 
 
+def _policy(v: Any) -> dict[str, Any] | None:
+    """The optional ``policy`` field: ``{"weights": fingerprint, "step": int >= 0 (optional)}``."""
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise RolloutFormatError(f"expected an object such as {{\"weights\": \"rla-weights/1:...\", \"step\": 3}}, "
+                                 f"got {type(v).__name__}", field="policy")
+    unknown = sorted(set(v) - set(_POLICY_KEYS))
+    if unknown:
+        raise RolloutFormatError(f"unknown key(s) {unknown}; it holds 'weights' and optionally 'step'", field="policy")
+    if "weights" not in v:
+        raise RolloutFormatError("missing 'weights' (the fingerprint of the weights that sampled the rollout, "
+                                 "rla.rollout.fingerprint.weights_fingerprint)", field="policy")
+    from rla.rollout.fingerprint import parse
+
+    try:
+        parse(v["weights"])
+    except ValueError as err:
+        raise RolloutFormatError(f"'weights': {err}", field="policy") from None
+    out = {"weights": v["weights"]}
+    if "step" in v:
+        step = v["step"]
+        if not _is_int(step) or not 0 <= step <= 2**63 - 1:
+            raise RolloutFormatError(f"'step': expected an int >= 0 (the trainer's optimizer step), got {short(step)}",
+                                     field="policy")
+        out["step"] = step
+    return out
+
+
 def _validate(d: dict[str, Any], vocab_size: int | None = None) -> dict[str, Any]:
     """Check one record's fields; return them normalised (floats as float, top_k 0 -> -1)."""
     out: dict[str, Any] = {}
@@ -194,6 +227,7 @@ def _validate(d: dict[str, Any], vocab_size: int | None = None) -> dict[str, Any
         raise RolloutFormatError(f"expected a non-empty version string such as '0.33.0', got {version!r}",
                                  field="engine_version")
     out["engine_version"] = version
+    out["policy"] = _policy(d.get("policy"))
     reward = d.get("reward")
     out["reward"] = None if reward is None else _number("reward", reward)
     meta = d.get("metadata")
@@ -263,6 +297,7 @@ class RolloutRecord:
     reward: float | None = None
     metadata: dict[str, Any] | None = None
     engine_version: str | None = None
+    policy: dict[str, Any] | None = None
     routes: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:

@@ -28,6 +28,7 @@ from rla.profiles import RoundingProfile, resolve
 from rla.rollout.sampling import check_sampling_params
 from rla.rollout.static_decode import StaticDecoder, bucket, next_token_logits
 from rla.rollout.token_loop import LoopParams, TokenLoop
+from rla.rollout.fingerprint import weights_fingerprint
 
 __all__ = ["SamplingParams", "Sampler"]
 
@@ -91,6 +92,7 @@ class Sampler:
         tokens_per_check: int = 8,
         decode_attention: str = "grouped",
         regions: tuple[str, ...] | None = None,
+        step: int | None = None,
     ):
         """``regions``: what ``rla.align`` aligns on the engine copy (None: RoPE, SwiGLU and the norms;
         add ``"router"`` for an MoE model to route as the profile's router points say. The router's
@@ -110,7 +112,10 @@ class Sampler:
 
         ``decode_attention`` (static cache): ``"grouped"`` attends over the grouped K/V heads as
         they are and the filled cache columns only (:mod:`rla.rollout.decode_attention`); ``"model"``
-        runs the model's own attention over the whole cache (HF's SDPA repeats grouped K/V heads)."""
+        runs the model's own attention over the whole cache (HF's SDPA repeats grouped K/V heads).
+
+        ``step``: the trainer's optimizer step of ``model``'s weights, recorded in every record's
+        ``policy`` field beside the weights' fingerprint (:meth:`load_weights` sets both)."""
         from rla.alignment import align
 
         if cache not in ("auto", "dynamic", "static"):
@@ -133,7 +138,7 @@ class Sampler:
         engine = _fresh_copy(model, dtype)
         engine.to(device=self.device)
         self.model = engine
-        self.load_weights(model)
+        self.load_weights(model, step=step)
         self.alignment = align(engine, profile=self.profile) if regions is None else align(
             engine, profile=self.profile, regions=tuple(regions))
         self.model.eval()
@@ -144,12 +149,18 @@ class Sampler:
         self.pad_id = engine.config.pad_token_id if engine.config.pad_token_id is not None else 0
 
     @torch.no_grad()
-    def load_weights(self, model: torch.nn.Module) -> None:
+    def load_weights(self, model: torch.nn.Module, *, step: int | None = None) -> None:
         """Copy ``model``'s weights into the engine copy, rounded to the engine dtype.
 
         Takes a plain HF model (merge LoRA adapters first) or its ``state_dict()``; names and
-        shapes must match the engine copy exactly, else the error lists what differs.
+        shapes must match the engine copy exactly, else the error lists what differs. Records
+        sampled afterwards carry ``policy = {"weights": fingerprint, "step": step}``: the
+        :func:`rla.rollout.fingerprint.weights_fingerprint` of the engine copy's weights as
+        loaded, and ``step`` (the trainer's optimizer step; left out when None), so ``rla
+        diagnose`` can tell rollouts of other weights from rounding.
         """
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise ValueError(f"step must be an int >= 0 or None, got {step!r}")
         src = model.state_dict() if isinstance(model, torch.nn.Module) else dict(model)
         dst = self.model.state_dict()
         missing, extra = set(dst) - set(src), set(src) - set(dst)
@@ -163,6 +174,7 @@ class Sampler:
             if s.shape != t.shape:
                 raise ValueError(f"load_weights: {name} has shape {tuple(s.shape)}, engine has {tuple(t.shape)}")
             t.copy_(s.detach().to(device=t.device, dtype=t.dtype))
+        self.policy = {"weights": weights_fingerprint(dst)} | ({} if step is None else {"step": step})
 
     def _decoder(self, n: int, max_len: int) -> StaticDecoder:
         """The static decoder (cache + captured graph) for this shape, kept for the next call."""
@@ -236,6 +248,7 @@ class Sampler:
                     top_k=int(params.top_k),
                     engine=self.profile.name,
                     metadata=dict(metadata or {}),
+                    policy=dict(self.policy),
                 )
             )
         return records
