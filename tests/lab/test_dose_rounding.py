@@ -194,8 +194,14 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @CUDA
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6])
 def test_cuda_rounding_is_the_cpu_rounding(bits):
+    """Every bf16 value rounds to the same bits on CUDA as on the CPU; NaN inputs stay NaN on both
+    (their payload is not compared: CUDA's kernels return the canonical 0x7FFF NaN where the CPU
+    keeps the input's, seen on the H200, torch 2.11)."""
     got = round_mantissa_values(ALL_BF16.cuda(), bits).cpu()
-    assert torch.equal(got.view(torch.int16), round_mantissa_values(ALL_BF16, bits).view(torch.int16))
+    want = round_mantissa_values(ALL_BF16, bits)
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
     x = torch.randn(1 << 16, generator=torch.Generator().manual_seed(bits)) * 10
     assert torch.equal(dose_values(x.cuda().bfloat16(), bits, 0.7).cpu(), dose_values(x.bfloat16(), bits, 0.7))
 
