@@ -574,18 +574,17 @@ ALIGN_CUDA = f"{D29}/call1_align_cuda.json"       # the latest family x profile 
 def norm_ulps(root):
     """From the norm lines of tests/test_fused_gpu.py's output ('NAME: F equal, max U ulp'): min-max
     of U over the cases with a difference, 100 (1 - min F). From the CUDA align run: the families
-    whose every row is bit-equal (equal_fraction 1, max_abs_diff 0), named as the count of
-    rla.alignment.families.FAMILIES when they are all of them."""
+    whose every row is bit-equal (equal_fraction 1, max_abs_diff 0), named as their count when they
+    are all the run's families (the families rla.align registered when it ran; more came later)."""
     lines = re.findall(r"rms_norm [^:\n]*: ([\d.]+) equal, max (\d+) ulp", (root / NORM_LOG).read_text())
     if not lines:
         raise ValueError(f"no norm comparison lines in {NORM_LOG}")
     ulps = [int(u) for _, u in lines if int(u) > 0]
-    sys.path.insert(0, str(root / "src"))
-    from rla.alignment.families import FAMILIES
     rows = _json(root, ALIGN_CUDA)["rows"]
-    exact = {r["family"] for r in rows} - {r["family"] for r in rows if r["equal_fraction"] != 1.0 or r["max_abs_diff"] != 0.0}
+    ran = {r["family"] for r in rows}
+    exact = ran - {r["family"] for r in rows if r["equal_fraction"] != 1.0 or r["max_abs_diff"] != 0.0}
     words = {7: "seven"}
-    families = words.get(len(exact), str(len(exact))) if exact == set(FAMILIES) else f"{sorted(exact)} of {sorted(FAMILIES)}"
+    families = words.get(len(exact), str(len(exact))) if exact == ran else f"{sorted(exact)} of {sorted(ran)}"
     return [min(ulps), max(ulps), 100 * (1 - min(float(f) for f, _ in lines)), families, len(rows), len(rows)]
 
 
@@ -601,10 +600,64 @@ def mutations(root):
     killed = sum("| killed |" in l for l in rows)
     return [killed, len(rows)]
 
+# -- 2026-12-02: the live attribution, the trainer's batch variance, rla with Liger's FLCE
+
+ATTR = "results/benchmarks/vllm026_attribution_h200_2026-12-02"
+MICRO = "results/benchmarks/microbatch_and_gpu_tests_h200_2026-12-02"
+HOUSE = "results/benchmarks/house_and_liger_h200_2026-12-02"
+
+
+def live_attribution(root):
+    """Prefill bit-equal % of the eager row + vLLM's attention, of the default-mode twin + it, and
+    of the default row + it, against the committed (batched) engine outputs."""
+    rows = _json(root, f"{ATTR}/attribution.json")["rows"]
+    twin = _json(root, f"{ATTR}/twin.json")["rows"]
+
+    def eq(rs, mode, side):
+        (r,) = [r for r in rs if r["mode"] == mode and r["side"] == side and r["engine"].startswith("engine-")]
+        return 100 * r["prefill"]["equal"]
+    return [eq(rows, "eager", "row+vllm_attn"), eq(twin, "default", "twin-default-stock"),
+            eq(rows, "default", "row+vllm_attn")]
+
+
+def microbatch_variance(root):
+    """HF eager: min and max k3 of micro-batch 4/8 (either padding, with position ids) vs alone;
+    k3 of bf16 alone vs the fp32 model."""
+    rows = [r for r in _json(root, f"{MICRO}/microbatch.json")["rows"] if r["model"] == "hf"]
+    mb = [r["k3"] for r in rows if r["layout"].startswith("mb") and "fp32" not in r["layout"]
+          and "no_position_ids" not in r["layout"]]
+    (fp32,) = [r["k3"] for r in rows if "fp32" in r["layout"]]
+    return [min(mb), max(mb), fp32]
+
+
+def _e2e_rows(root, rel):
+    return {(r["model"], r["variant"]): r for r in _json(root, rel)["results"]}
+
+
+def liger_flce(root):
+    """rla-vllm+liger-flce / liger-flce tok_s (1.5B, 7B) and peak_gib (1.5B, 7B); the aligned step's
+    tokens/s after the house move against before, min and max over the two new runs and two shapes,
+    as a % change."""
+    new = _e2e_rows(root, f"{HOUSE}/e2e/e2e_NVIDIA_H200_2026-12-02.json")
+    new2 = _e2e_rows(root, f"{HOUSE}/e2e-new2/e2e_NVIDIA_H200_2026-12-02.json")
+    old = _e2e_rows(root, f"{HOUSE}/e2e-old1/e2e_NVIDIA_H200_2026-12-02.json")
+    models = ("qwen2.5-1.5b", "qwen2.5-7b")
+    tok = [new[(m, "rla-vllm+liger-flce")]["tok_s"] / new[(m, "liger-flce")]["tok_s"] for m in models]
+    mem = [new[(m, "rla-vllm+liger-flce")]["peak_gib"] / new[(m, "liger-flce")]["peak_gib"] for m in models]
+    moved = [100 * (n[(m, "rla-vllm")]["tok_s"] / old[(m, "rla-vllm")]["tok_s"] - 1) for n in (new, new2) for m in models]
+    return [*tok, *mem, min(moved), max(moved)]
+
+
 
 CAL = f"{TWIN}/calibration_{{default,eager}}.report.json"
 
 CHECKS: list[Check] = [
+    Check("live attribution", "README", f"{ATTR}/attribution.json, twin.json",
+          "prefill bit-equal %: eager row + vLLM's attention, default twin + it, default row + it", live_attribution),
+    Check("trainer micro-batch variance", "README", f"{MICRO}/microbatch.json",
+          "HF k3 micro-batch 4/8 vs alone, min and max; HF bf16 vs fp32", microbatch_variance),
+    Check("liger flce", "README", f"{HOUSE}/e2e*/e2e_NVIDIA_H200_2026-12-02.json",
+          "rla+FLCE / FLCE tok_s and peak (1.5B, 7B); aligned step tok_s new vs old, min-max %", liger_flce),
     # ---- README: engine calibration and twin
     Check("calibration: chosen choice reproduces the engine", "README", CAL, "min-max over the 16 points (8 x 2 modes) of the chosen choice's fraction equal", calib_chosen),
     Check("calibration: the other choice", "README", CAL, "min-max over the 16 points of the non-chosen choice's fraction equal", calib_other),
