@@ -266,9 +266,42 @@ def decode_attention_table(root):
             for name, r in (("4M", rows["tiny"]), ("52M", rows["50m"]))}
 
 
+HOUSE = _cr.HOUSE
+_HOUSE_E2E = {"old": "e2e-old1", "new": "e2e-new2", "new2": "e2e"}
+_HOUSE_SHAPES = {"qwen2.5-1.5b": "Qwen2.5-1.5B, 4 x 4096", "qwen2.5-7b": "Qwen2.5-7B, 1 x 4096"}
+
+
+def house_e2e(root):
+    """e2e-old1 / e2e-new2 / e2e (this tree, the Liger run): step_ms of hf-bf16 and rla-vllm; tok_s of
+    the two new runs / the old run's."""
+    runs = {k: _e2e_rows(root, f"{HOUSE}/{d}/e2e_NVIDIA_H200_2026-12-02.json") for k, d in _HOUSE_E2E.items()}
+    out = {}
+    for m, shape in _HOUSE_SHAPES.items():
+        for v in ("hf-bf16", "rla-vllm"):
+            r = {k: runs[k][(m, v)] for k in runs}
+            out[(shape, v)] = [r["old"]["step_ms"], r["new"]["step_ms"], r["new2"]["step_ms"],
+                               r["new"]["tok_s"] / r["old"]["tok_s"], r["new2"]["tok_s"] / r["old"]["tok_s"]]
+    return out
+
+
+def house_liger(root):
+    """e2e (one run): tok_s and peak_gib of liger-flce and rla-vllm+liger-flce, and their ratios."""
+    rows = _e2e_rows(root, f"{HOUSE}/e2e/e2e_NVIDIA_H200_2026-12-02.json")
+    out = {}
+    for m, shape in _HOUSE_SHAPES.items():
+        a, b = rows[(m, "liger-flce")], rows[(m, "rla-vllm+liger-flce")]
+        out[(shape,)] = [a["tok_s"], b["tok_s"], b["tok_s"] / a["tok_s"], a["peak_gib"], b["peak_gib"],
+                         b["peak_gib"] / a["peak_gib"]]
+    return out
+
+
 R = lambda folder: f"{folder}/README.md"  # noqa: E731
 
 TABLES: list[TableCheck] = [
+    TableCheck("house e2e", R(HOUSE), f"{HOUSE}/e2e*/e2e_NVIDIA_H200_2026-12-02.json",
+               "step_ms old, new, new (Liger run); tok_s new / old for both new runs", house_e2e),
+    TableCheck("house liger flce", R(HOUSE), f"{HOUSE}/e2e/e2e_NVIDIA_H200_2026-12-02.json",
+               "tok_s and peak_gib of liger-flce and rla-vllm+liger-flce, ratios", house_liger),
     TableCheck("decode attention", f"{DECODE_ATTN}.md", f"{DECODE_ATTN}.json",
                "rows: seconds_per_generate of each arm, speedup, captured graphs, peak_gib", decode_attention_table),
     TableCheck("SGLang 0.5.23 calibration", R(SGLANG), f"{SGLANG}/calibration.report.json", "choice, evidence, 100 x fraction per choice, max ulp", sglang_points),
