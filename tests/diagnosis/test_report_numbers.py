@@ -73,3 +73,16 @@ def test_rich_table_shares_match_markdown(diagnosis):
     assert cols["region"][:3] == ["rope", "swiglu", "rmsnorm"]
     assert cols["share of k3"] == ["50.0%", "20.0%", "10.0%", "20.0%"]
     assert cols["k3 removed"] == ["5.000e-04", "2.000e-04", "1.000e-04", "2.000e-04"]
+
+
+def test_the_report_says_when_the_weights_could_not_be_checked(diagnosis):
+    """Records without a ``policy`` fingerprint: the report says the sampling weights went unchecked
+    for them (a stale policy reads as rounding); all records carrying one: nothing said."""
+    import dataclasses
+
+    from rla.diagnosis.policy import PolicyCheck
+
+    half = dataclasses.replace(diagnosis, policy=PolicyCheck("rla-weights/1:" + "0" * 32, 2, 3, {}, {}))
+    assert "1 of 3 records carry no `policy` fingerprint" in to_markdown(half)
+    full = dataclasses.replace(diagnosis, policy=PolicyCheck("rla-weights/1:" + "0" * 32, 3, 3, {}, {}))
+    assert "carry no `policy` fingerprint" not in to_markdown(full)

@@ -212,6 +212,11 @@ def to_markdown(d: Diagnosis) -> str:
     verdict = [] if d.verdict is None else ["## Verdict", ("OK: " if d.verdict.ok else "NOT ROUNDING: "
                                                           if d.verdict.kind == "beyond_rounding" else "WRONG PROFILE: ")
                                             + d.verdict.message]
+    if d.policy is not None and d.policy.carried < d.policy.n_records:
+        verdict.append(
+            f"Weights: {d.policy.n_records - d.policy.carried} of {d.policy.n_records} records carry no `policy` fingerprint, "
+            "so that this checkpoint sampled them is not checked for those; rollouts of a policy one optimizer step "
+            "older read as rounding to every size test here (docs/diagnosis.md, known limits).")
     parts = [f"# rla diagnosis against `{d.profile}`", f"{used}, {d.n_tokens} response tokens.", *verdict,
              "## Mismatch per aligned subset", "\n".join(rows)]
     if _attributed(d):
