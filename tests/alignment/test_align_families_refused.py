@@ -24,7 +24,8 @@ def _qwen3_5_moe():
 
 
 @pytest.mark.parametrize("make, refusal", [
-    (_deepseek_v3, r"deepseek_v3 supports the regions \('swiglu', 'router'\).*\('rope', 'rmsnorm'\).*docs/families.md"),
+    (_deepseek_v3, r"deepseek_v3 supports the regions \('swiglu', 'router'\).*\('rope', 'rmsnorm'\).*docs/families.md"
+     r"|deepseek_v3 is aligned on transformers >= 5.24"),  # the latter below 5.24, where its experts differ
     (_qwen3_5_moe, r"model_type='qwen3_5_moe_text'.*docs/families.md"),
 ], ids=["deepseek_v3", "qwen3_5_moe_text"])
 def test_not_yet_aligned_families_are_refused_by_name(make, refusal):
@@ -51,3 +52,21 @@ def test_families_read_from_a_newer_layout_are_refused_on_older_transformers(mon
         rla.align(model, "vllm")
     assert model.model.__dict__.get("_rla_alignment") is None and not any(
         "_rla_patch" in m.__dict__ for m in model.modules())
+
+
+def test_the_router_region_is_refused_on_older_transformers(monkeypatch):
+    """Below the version the router region was checked on, ``regions=(..., "router")`` is refused
+    naming both versions, before anything changes (the three regions stay available)."""
+    from packaging.version import Version
+
+    import moe_models
+    from rla.alignment import compat
+    from rla.alignment.core import ROUTER_MIN_TRANSFORMERS
+
+    monkeypatch.setattr(compat, "TRANSFORMERS_VERSION", Version("5.5.3"))
+    model = moe_models.model("qwen2_moe")
+    before = {id(m): dict(m.__dict__) for m in model.modules()}
+    with pytest.raises(NotImplementedError, match=rf"router region is checked on transformers >= "
+                       rf"{ROUTER_MIN_TRANSFORMERS}; transformers 5.5.3"):
+        rla.align(model, "vllm", regions=("rope", "swiglu", "rmsnorm", "router"))
+    assert all(m.__dict__.keys() == before[id(m)].keys() for m in model.modules())

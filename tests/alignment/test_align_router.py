@@ -21,6 +21,14 @@ import moe_models as M
 import router_spec
 
 from align_spec import single_thread  # noqa: F401
+from packaging.version import Version
+
+from rla.alignment import compat
+from rla.alignment.core import ROUTER_MIN_TRANSFORMERS
+
+CHECKED = compat.TRANSFORMERS_VERSION >= Version(ROUTER_MIN_TRANSFORMERS)
+pytestmark = pytest.mark.skipif(not CHECKED, reason=f"the router region is refused below transformers "
+                                f"{ROUTER_MIN_TRANSFORMERS} (test_the_router_region_is_refused_on_older_transformers)")
 
 
 def _inputs(block, seed=0, n=24):

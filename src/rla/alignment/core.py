@@ -31,6 +31,11 @@ from rla.alignment.patch import foreign_wrapper, install, patch_of, uninstall
 from rla.alignment.rmsnorm import align_layers, align_norms
 from rla.alignment.rope import align_attention, align_rotary
 from rla.alignment.router import align_routers, moe_blocks
+
+ROUTER_MIN_TRANSFORMERS = "5.24"
+"""The oldest transformers the router region was checked on (tests/alignment/test_align_router.py
+fails on 5.5.3: its Qwen2-MoE keeps the routing weights in fp32, its DeepSeek-V3 experts are a
+``DeepseekV3NaiveMoe``); refused below it."""
 from rla.alignment.swiglu import (
     align_clamped_experts,
     align_experts,
@@ -234,6 +239,13 @@ def align(
             f"rla.align: {family.model_type} supports the regions {family.regions}, not "
             f"{tuple(r for r in regions if r not in family.regions)} (docs/families.md and docs/rounding.md "
             f"say what is aligned for it and why); pass regions={family.regions!r}"
+        )
+    if "router" in regions and compat.TRANSFORMERS_VERSION < Version(ROUTER_MIN_TRANSFORMERS):
+        raise NotImplementedError(
+            f"rla.align: the router region is checked on transformers >= {ROUTER_MIN_TRANSFORMERS}; transformers "
+            f"{compat.TRANSFORMERS_VERSION} computes its MoE blocks otherwise (routing weights kept in fp32, other "
+            "expert layouts), so HF's own values are not reproduced there. Upgrade transformers or leave 'router' out "
+            "of regions"
         )
     routers = moe_blocks(body, family) if "router" in regions else []
     if "router" in regions and not routers:

@@ -128,7 +128,7 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3_5_text", "Qwen3_5", qk_norm=True, body="Qwen3_5TextModel", layout="qwen3_5",
                min_transformers="5.24"),
         Family("deepseek_v3", "DeepseekV3", moe=True, shared_expert="shared_experts", moe_block="MoE",
-               router="sigmoid_grouped", regions=("swiglu", "router")),
+               router="sigmoid_grouped", regions=("swiglu", "router"), min_transformers="5.24"),
     )
 }
 
