@@ -44,7 +44,7 @@ from rla.alignment import compat
 from rla.alignment.alignment_report import FixedHazard
 from rla.alignment.families import Family, class_named
 from rla.alignment.patch import install, uninstall, with_globals
-from rla.alignment.rmsnorm import _cast_error, _layer_parameters, stack_dtype
+from rla.alignment.rmsnorm import _layer_parameters, layer_start, stack_dtype
 from rla.alignment.rope import make_apply_rotary
 from rla.profiles import RoundingProfile
 
@@ -120,19 +120,8 @@ def _layer_forward(profile: RoundingProfile, index: int, names, defaults):
     reads_sum = fp32_sum and index > 0
 
     def forward(self, hidden_states, *args, **kwargs):
-        for name, value in zip(names, args):
-            kwargs[name] = value
-        for name, value in defaults:
-            kwargs.setdefault(name, value)
-        lp = stack_dtype(hidden_states, self.input_layernorm.weight)
-        if hidden_states.dtype == lp:
-            if reads_sum and lp != torch.float32:
-                raise _cast_error(index, hidden_states.dtype, profile)
-            residual = hidden_states
-            h = self.input_layernorm(hidden_states)
-        else:  # fp32 in an lp stack: the previous layer's fp32 sum, or autocast embeddings
-            residual = hidden_states.to(lp)
-            h = self.input_layernorm(hidden_states if reads_sum else residual)
+        kwargs, lp, residual, h = layer_start(self, hidden_states, args, kwargs, names, defaults, reads_sum, index,
+                                              profile)
         attn_out = self.self_attn(hidden_states=h, **kwargs)[0].to(lp)
         attn_out = self.post_attention_layernorm(attn_out)
         norm = self.pre_feedforward_layernorm  # the add fused into the norm after it, as the engines do

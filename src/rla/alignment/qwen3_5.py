@@ -29,7 +29,7 @@ from rla.alignment import compat
 from rla.alignment.families import Family, class_named
 from rla.alignment.gemma import ZERO_CENTRED, _norm_forward
 from rla.alignment.patch import install, uninstall, with_globals
-from rla.alignment.rmsnorm import _cast_error, _layer_parameters, stack_dtype
+from rla.alignment.rmsnorm import _layer_parameters, layer_start
 from rla.alignment.rope import make_apply_partial_rotary
 from rla.alignment.swiglu import align_mlps, check_activation
 from rla.profiles import RoundingProfile
@@ -109,19 +109,8 @@ def _layer_forward(profile: RoundingProfile, index: int, names, defaults):
     reads_sum = fp32_sum and index > 0
 
     def forward(self, hidden_states, *args, **kwargs):
-        for name, value in zip(names, args):
-            kwargs[name] = value
-        for name, value in defaults:
-            kwargs.setdefault(name, value)
-        lp = stack_dtype(hidden_states, self.input_layernorm.weight)
-        if hidden_states.dtype == lp:
-            if reads_sum and lp != torch.float32:
-                raise _cast_error(index, hidden_states.dtype, profile)
-            residual = hidden_states
-            h = self.input_layernorm(hidden_states)
-        else:
-            residual = hidden_states.to(lp)
-            h = self.input_layernorm(hidden_states if reads_sum else residual)
+        kwargs, lp, residual, h = layer_start(self, hidden_states, args, kwargs, names, defaults, reads_sum, index,
+                                              profile)
         if self.block_type == "linear_attention":  # HF's call: no positions for the recurrent mixer
             kwargs.pop("position_embeddings", None)
             kwargs.pop("position_ids", None)

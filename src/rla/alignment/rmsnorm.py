@@ -39,7 +39,7 @@ from rla.alignment import compat
 from rla.alignment.patch import install
 from rla.profiles import RoundingProfile
 
-__all__ = ["stack_dtype", "align_norms", "align_layers"]
+__all__ = ["stack_dtype", "align_norms", "align_layers", "layer_start"]
 
 
 def stack_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -114,6 +114,25 @@ def _layer_parameters(forward) -> tuple[tuple[str, ...], tuple[tuple[str, object
     return names, defaults
 
 
+def layer_start(layer, hidden_states, args, kwargs, names, defaults, reads_sum: bool, index: int,
+                profile: RoundingProfile):
+    """What every aligned decoder layer does first -> ``(kwargs, lp, residual, h)``: positional
+    arguments folded into ``kwargs`` (with the layer's ``defaults``), the stack's lp dtype, the
+    residual in lp, and the input norm's output, reading the stream the profile says (the previous
+    layer's fp32 sum when ``reads_sum``; an lp stream there is a cast the profile forbids)."""
+    for name, value in zip(names, args):
+        kwargs[name] = value
+    for name, value in defaults:
+        kwargs.setdefault(name, value)
+    lp = stack_dtype(hidden_states, layer.input_layernorm.weight)
+    if hidden_states.dtype == lp:
+        if reads_sum and lp != torch.float32:
+            raise _cast_error(index, hidden_states.dtype, profile)
+        return kwargs, lp, hidden_states, layer.input_layernorm(hidden_states)
+    residual = hidden_states.to(lp)  # fp32 in an lp stack: the previous layer's fp32 sum, or autocast embeddings
+    return kwargs, lp, residual, layer.input_layernorm(hidden_states if reads_sum else residual)
+
+
 def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, impl=None, keep_router: bool = True):
     add_rms_norm = impl.add_rms_norm if impl is not None else (lambda *a: ops.add_rms_norm(*a))
     carry_add = getattr(impl, "carry_add", None) or (lambda *a: ops.carry_add(*a))
@@ -126,19 +145,8 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, i
     reads_sum = fp32_sum and index > 0
 
     def forward(self, hidden_states, *args, **kwargs):
-        for name, value in zip(names, args):
-            kwargs[name] = value
-        for name, value in defaults:
-            kwargs.setdefault(name, value)
-        lp = stack_dtype(hidden_states, self.input_layernorm.weight)
-        if hidden_states.dtype == lp:
-            if reads_sum and lp != torch.float32:
-                raise _cast_error(index, hidden_states.dtype, profile)
-            residual = hidden_states
-            h = self.input_layernorm(hidden_states)
-        else:  # fp32 in an lp stack: the previous layer's fp32 sum, or autocast embeddings
-            residual = hidden_states.to(lp)
-            h = self.input_layernorm(hidden_states if reads_sum else residual)
+        kwargs, lp, residual, h = layer_start(self, hidden_states, args, kwargs, names, defaults, reads_sum, index,
+                                              profile)
 
         attn_out = self.self_attn(hidden_states=h, **kwargs)[0].to(lp)
         # add + post-attention norm in one op: RN(x + r) handed on, the norm reading the sum the

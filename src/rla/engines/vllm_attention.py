@@ -1,12 +1,10 @@
 """vLLM's own attention kernel in an HF model's forward, for scoring against a live engine.
 
-Measured against live vLLM 0.26 (``results/benchmarks/vllm026_attribution_h200_2026-12-02``):
-with HF's SDPA on the training side, nearly all of what the mode's row leaves of the engine's
-prefill mismatch is the attention kernel; with the engine's kernel in its place the eager row
-reproduces the engine's prompt logprobs to the bit in 92.65% of tokens and to one fp32 ulp in the
-rest. So a model-level calibration that scores rows with HF's attention searches the points under
-noise far larger than what the points decide (it picked wrong rows there), and one that scores them
-with the engine's attention compares the rounding points alone.
+Why it exists: against a live engine, most of what the mode's row leaves of the prefill mismatch is
+the attention kernel, not a rounding point (the attribution is in
+``results/benchmarks/vllm026_attribution_h200_2026-12-02``). A model-level calibration that scores
+rows with HF's attention searches the points under noise far larger than what the points decide;
+with the engine's kernel in its place, the rows are compared on the rounding points alone.
 
 :func:`engine_attention` swaps the model's attention function, for the duration of a ``with``, for
 vLLM's ``unified_attention`` (the Triton kernel of its ``TRITON_ATTN`` backend, the backend the live
