@@ -48,7 +48,7 @@ from rla.alignment.rmsnorm import _layer_parameters, layer_start, stack_dtype
 from rla.alignment.rope import make_apply_rotary
 from rla.profiles import RoundingProfile
 
-__all__ = ["align_gemma3", "ZERO_CENTRED", "GEGLU_ACTIVATIONS"]
+__all__ = ["align_gemma3", "align_zero_centred_layers", "ZERO_CENTRED", "GEGLU_ACTIVATIONS"]
 
 #: The row variant whose points hold for these models' norms and layers.
 ZERO_CENTRED = "zero_centred_norm"
@@ -216,6 +216,28 @@ def _align_attention(attentions, family: Family, profile: RoundingProfile) -> No
 # ---------------------------------------------------------------------------------------------
 
 
+def align_zero_centred_layers(found: dict, family: Family, profile: RoundingProfile, chain: bool, layer_forward,
+                              report) -> None:
+    """The rmsnorm region of a decoder with zero-centred norms (Gemma 3, Qwen3.5): every layer's
+    forward from ``layer_forward(profile, index, names, defaults)`` (the layout's own adds), every
+    norm's (reading the sum the previous add hands on where one precedes it: each later layer's
+    input norm and the final norm), the q/k norms' (an fp32 output under the q/k chain, ``chain``).
+    ``found``: the scan's ``layers``, ``norms``, ``final`` and ``qk_norms``."""
+    names, defaults = _layer_parameters(class_named(found["layers"][0], family.cls("layer")).forward)
+    for index, layer in enumerate(found["layers"]):
+        install(layer, "layer", {"forward": types.MethodType(layer_forward(profile, index, names, defaults), layer)})
+    after_add = {id(found["final"])} | {id(layer.input_layernorm) for layer in found["layers"][1:]}
+    for norm in found["norms"] + [found["final"]]:
+        forward = _norm_forward(profile, after_add=id(norm) in after_add)
+        install(norm, "norm", {"forward": types.MethodType(forward, norm)})
+    qk_forward = _norm_forward(profile, fp32_out=chain)
+    for norm in found["qk_norms"]:
+        install(norm, "norm", {"forward": types.MethodType(qk_forward, norm)})
+    report.counts["rmsnorm"] = {"decoder layers": len(found["layers"]),
+                                "zero-centred RMSNorm": len(found["norms"]) + 1,
+                                "q_norm/k_norm": len(found["qk_norms"])}
+
+
 def align_gemma3(body, family: Family, profile: RoundingProfile, regions: tuple[str, ...], report) -> None:
     """Align a Gemma 3 text body in ``regions`` under ``profile`` (its ``zero_centred_norm`` variant
     for the norms and the layer); fills ``report``. Refuses before patching anything it cannot do."""
@@ -247,19 +269,7 @@ def align_gemma3(body, family: Family, profile: RoundingProfile, regions: tuple[
                 install(mlp, "mlp", {"forward": types.MethodType(forward, mlp)})
             report.counts["swiglu"] = {"GeGLU mlp (gelu tanh)": len(found["mlps"])}
         if "rmsnorm" in regions:
-            names, defaults = _layer_parameters(class_named(found["layers"][0], family.cls("layer")).forward)
-            for index, layer in enumerate(found["layers"]):
-                install(layer, "layer", {"forward": types.MethodType(_layer_forward(p, index, names, defaults), layer)})
-            after_add = {id(found["final"])} | {id(layer.input_layernorm) for layer in found["layers"][1:]}
-            for norm in found["norms"] + [found["final"]]:
-                forward = _norm_forward(p, after_add=id(norm) in after_add)
-                install(norm, "norm", {"forward": types.MethodType(forward, norm)})
-            qk_forward = _norm_forward(p, fp32_out=chain)
-            for norm in found["qk_norms"]:
-                install(norm, "norm", {"forward": types.MethodType(qk_forward, norm)})
-            report.counts["rmsnorm"] = {"decoder layers": len(found["layers"]),
-                                        "zero-centred RMSNorm": len(found["norms"]) + 1,
-                                        "q_norm/k_norm": len(found["qk_norms"])}
+            align_zero_centred_layers(found, family, p, chain, _layer_forward, report)
     except BaseException:
         for m in body.modules():
             uninstall(m)

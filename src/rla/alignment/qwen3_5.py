@@ -27,9 +27,9 @@ import torch
 from rla import ops
 from rla.alignment import compat
 from rla.alignment.families import Family, class_named
-from rla.alignment.gemma import ZERO_CENTRED, _norm_forward
+from rla.alignment.gemma import ZERO_CENTRED, align_zero_centred_layers
 from rla.alignment.patch import install, uninstall, with_globals
-from rla.alignment.rmsnorm import _layer_parameters, layer_start
+from rla.alignment.rmsnorm import layer_start
 from rla.alignment.rope import make_apply_partial_rotary
 from rla.alignment.swiglu import align_mlps, check_activation
 from rla.profiles import RoundingProfile
@@ -163,18 +163,7 @@ def align_qwen3_5(body, family: Family, profile: RoundingProfile, regions: tuple
             align_mlps(found["mlps"], p)
             report.counts["swiglu"] = {"mlp": len(found["mlps"])}
         if "rmsnorm" in regions:
-            names, defaults = _layer_parameters(class_named(found["layers"][0], family.cls("layer")).forward)
-            for index, layer in enumerate(found["layers"]):
-                install(layer, "layer", {"forward": types.MethodType(_layer_forward(p, index, names, defaults), layer)})
-            after_add = {id(found["final"])} | {id(layer.input_layernorm) for layer in found["layers"][1:]}
-            for norm in found["norms"] + [found["final"]]:
-                install(norm, "norm", {"forward": types.MethodType(_norm_forward(p, after_add=id(norm) in after_add), norm)})
-            qk = _norm_forward(p, fp32_out=chain)
-            for norm in found["qk_norms"]:
-                install(norm, "norm", {"forward": types.MethodType(qk, norm)})
-            report.counts["rmsnorm"] = {"decoder layers": len(found["layers"]),
-                                        "zero-centred RMSNorm": len(found["norms"]) + 1,
-                                        "q_norm/k_norm": len(found["qk_norms"])}
+            align_zero_centred_layers(found, family, p, chain, _layer_forward, report)
     except BaseException:
         for m in body.modules():
             uninstall(m)
