@@ -21,8 +21,8 @@ from rla import profiles
 from rla.alignment import aligned
 from rla.cli import main
 from rla.engines import live_verify as V
-from rla.engines.live_calibration import search, train_logprobs
-from rla.engines.live_profile import live_name, live_row, settle
+from rla.engines.live_calibration import train_logprobs
+from rla.engines.live_profile import live_name
 from rla.models import build_model, bundled_path, tiny_config
 from rla.rollout.rollouts import RolloutRecord
 from rla.rollout.sampler import Sampler, SamplingParams
@@ -108,18 +108,60 @@ def test_the_report_shows_the_row_that_made_the_engine_bit_equal(model, data, tm
     publish(rep, data, out, overwrite=True)  # a folder rla wrote may be replaced
 
 
+@pytest.fixture(scope="module")
+def saved(model, data, tmp_path_factory):
+    """The stand-in engine's run as ``rla verify --live`` leaves it (its engine.json and
+    rollouts.jsonl), and the checkpoint it ran, both as files."""
+    from rla.commands.verify_live import publish
+    from rla.rollout.fingerprint import weights_fingerprint
+
+    root = tmp_path_factory.mktemp("saved")
+    model.save_pretrained(root / "ckpt")
+    stamped = V.with_weights(data, weights_fingerprint(model))
+    rows = V.compare(model, {"hf": None}, stamped)
+    publish(V.report(stamped, rows, V.model_info(model.config)), stamped, root / "run", overwrite=False)
+    return root
+
+
+def test_saved_engine_outputs_are_scored_without_the_engine(saved, tmp_path, capsys):
+    """``--engine-outputs``: the report of a saved run, on a CPU, without vLLM; what it refuses."""
+    run, ckpt = str(saved / "run"), str(saved / "ckpt")
+    assert main(["verify", "--live", "--engine-outputs", run, "--model", ckpt, "--profile", "rla",
+                 "--out", str(tmp_path / "v")]) == 0
+    rep = json.loads((tmp_path / "v" / "report.json").read_text())
+    by = {r["side"]: r for r in rep["rows"]}
+    assert list(by) == ["hf", TRUTH, "vllm-0.33", "rla"] and rep["engine"]["mode"] == "eager"
+    assert by[TRUTH]["prefill"]["equal"] == 1.0 and by[TRUTH]["decode"]["equal"] == 1.0
+    assert by["hf"]["prefill"]["equal"] < 1.0 and rep["environment"]["gpu"].startswith("none")
+    assert "vllm" not in sys.modules
+    other = tmp_path / "other"
+    build_model(tiny_config("qwen2", num_hidden_layers=2), torch.bfloat16, seed=5).save_pretrained(other)
+    capsys.readouterr()
+    for argv, message in [
+        (["--model", str(other)], "made from other weights (rla-weights/1:"),
+        (["--model", ckpt, "--mode", "default"], "are from vllm 0.26.0 in eager mode; drop --mode"),
+        (["--model", ckpt, "--responses", "2"], "--responses: sets up an engine run; --engine-outputs scores"),
+        (["--model", ckpt, "--train-attention", "engine"], "vLLM is not installed"),
+    ]:
+        assert main(["verify", "--live", "--engine-outputs", run, "--out", str(tmp_path / "x"), *argv]) == 2, argv
+        assert message in " ".join(capsys.readouterr().err.split()), argv
+    assert main(["verify", "--live", "--engine-outputs", str(tmp_path), "--model", ckpt]) == 2
+    assert "no engine.json" in capsys.readouterr().err
+    assert main(["verify", "--engine-outputs", run, "--model", ckpt]) == 2
+    assert "--engine-outputs: only used with --live" in capsys.readouterr().err
+
+
 @pytest.mark.slow  # ~140 scorings, each a few small bf16 GEMMs: ~3 s on a quiet 2-core machine; 136-210 s when
 # other processes load it (2-thread GEMMs wait for a descheduled thread: profiled, 13 ms per 64x256x640 linear)
-def test_the_live_search_writes_the_row_that_made_the_engine(model, data, tmp_path):
-    start = profiles.get("vllm-0.33")
-    best, s, tried, flips = search(model, start, data.prompts, data.prompt_logprobs, data.records, lambda m: None)
-    assert s["prefill"]["equal"] == 1.0
-    best, s = settle(model, start, best, s, flips, data.prompts, data.prompt_logprobs, data.records)
-    assert s["prefill"]["equal"] == 1.0
-    name = live_name("vllm", "0.26.0", "eager")
-    assert name == "vllm-0.26-eager" and live_name("vllm", "0.26.1", "default") == "vllm-0.26"
-    row = live_row(data.engine, start, tried[0], best, s, flips, V.model_info(model.config), date="d", gpu="g",
-                   torch=torch.__version__, command="pytest", results="x.report.json", name=name)
+def test_the_live_search_writes_the_row_that_made_the_engine(saved, tmp_path, capsys):
+    """``rla calibrate --live`` on the saved run, from ``vllm-0.33``: back to the engine's row."""
+    assert live_name("vllm", "0.26.0", "eager") == "vllm-0.26-eager" and live_name("vllm", "0.26.1", "default") == "vllm-0.26"
+    out = tmp_path / "vllm-0.26-eager.json"
+    argv = ["calibrate", "--live", "--engine-outputs", str(saved / "run"), "--model", str(saved / "ckpt"),
+            "--start", "vllm-0.33", "--train-attention", "model", "--out", str(out)]
+    assert main(argv) == 0
+    row = profiles.load(out)
+    assert row.name == "vllm-0.26-eager" and row.calibration.live["found"]["prefill_equal"] == 1.0
     truth = profiles.get(TRUTH)
     ev = row.calibration.points
     live = {p for p, e in ev.items() if e.evidence == "live"}
@@ -128,14 +170,10 @@ def test_the_live_search_writes_the_row_that_made_the_engine(model, data, tmp_pa
     assert ev["qk_norm_out"].evidence != "live" and "kept from vllm-0.33" in ev["qk_norm_out"].note  # Qwen2: ties
     assert row.calibration.live["start"]["name"] == "vllm-0.33" and row.calibration.live["found"]["prefill_k3"] == 0.0
     assert row.calibration.live["start"]["prefill_equal"] < 1.0
-    from rla.commands.calibrate_live import write_row
-
-    out = tmp_path / "vllm-0.26-eager.json"
-    write_row(row, {"tried": len(tried)}, out, overwrite=False)
-    back = profiles.load(out)
-    assert back.points() == row.points() and back.calibration.live == row.calibration.live
-    with pytest.raises(FileExistsError, match="exists.*--overwrite"):
-        write_row(row, {}, out, overwrite=False)
+    rep = json.loads(out.with_suffix(".report.json").read_text())
+    assert rep["start"] == "vllm-0.33" and rep["engine"]["settings"]["train_attention"] == "model" and rep["tried"]
+    capsys.readouterr()
+    assert main(argv) == 2 and "exists; choose another --out or pass --overwrite" in capsys.readouterr().err
     # the live block is validated like the rest of a row
     bad = json.loads(out.read_text())
     bad["calibration"]["live"]["found"]["prefill_equal"] = 1.5

@@ -15,7 +15,8 @@ import argparse
 from rla.commands._args import positive_float, positive_int
 
 __all__ = ["add_live_arguments", "LIVE_FLAGS", "token_list", "check_live", "check_model", "run_engine",
-           "DECODE_PROMPT_TOKENS", "train_attention"]
+           "DECODE_PROMPT_TOKENS", "train_attention", "saved_engine", "engine_data", "ENGINE_RUN_FLAGS",
+           "train_device", "check_saved_kernel", "weigh"]
 
 DECODE_PROMPT_TOKENS = 256
 """Tokens of each decode prompt (random tokens; one sampled response per prompt)."""
@@ -23,7 +24,12 @@ DECODE_PROMPT_TOKENS = 256
 #: The flags only the live path reads (dest -> flag), None unless given.
 LIVE_FLAGS = {"prompt_tokens": "--prompt-tokens", "responses": "--responses", "max_new_tokens": "--max-new-tokens",
               "attention_backend": "--attention-backend", "gpu_memory_utilization": "--gpu-memory-utilization",
-              "train_attention": "--train-attention"}
+              "train_attention": "--train-attention", "engine_outputs": "--engine-outputs"}
+
+#: The flags that configure an engine run (dest -> flag): refused with --engine-outputs, whose run is over.
+ENGINE_RUN_FLAGS = {dest: flag for dest, flag in LIVE_FLAGS.items()
+                    if dest in ("prompt_tokens", "responses", "max_new_tokens", "attention_backend",
+                                "gpu_memory_utilization")}
 
 
 def token_list(text: str) -> list[int]:
@@ -55,6 +61,11 @@ def add_live_arguments(parser, default_prompts: str) -> None:
                         "e.g. SDPA: what a trainer runs) or 'engine' (vLLM's own Triton kernel, so only the "
                         "rounding points differ; needs --attention-backend TRITON_ATTN). Default: model for "
                         "verify, engine for calibrate (docs/engines.md)")
+    parser.add_argument("--engine-outputs", default=None, metavar="DIR",
+                        help="--live: score the engine's outputs an earlier `rla verify --live` wrote to DIR "
+                        "(engine.json, rollouts.jsonl) instead of starting vLLM: the engine runs once, the training "
+                        "side as often as needed, on any device (vLLM is then needed only for --train-attention "
+                        "engine); --model must be the checkpoint the engine ran (checked by its weights)")
     parser.add_argument("--gpu-memory-utilization", type=positive_float, default=None,
                         help="--live: the share of GPU memory vLLM may take (default 0.5; the training side "
                         "loads after the engine is closed)")
@@ -133,10 +144,65 @@ def run_engine(args, settings, vocab: int, say):
     return data
 
 
+def saved_engine(args):
+    """The engine data of ``--engine-outputs`` (:func:`rla.engines.live_verify.load`), or None
+    without it; the flags of an engine run and a ``--mode`` other than the data's are refused, and
+    ``args.mode`` is set to the data's mode when not given."""
+    if args.engine_outputs is None:
+        return None
+    given = [flag for dest, flag in ENGINE_RUN_FLAGS.items() if getattr(args, dest) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: set{'s' if len(given) == 1 else ''} up an engine run; --engine-outputs "
+                         f"scores one that is over: drop {'it' if len(given) == 1 else 'them'}")
+    from rla.engines.live_verify import load
+
+    data = load(args.engine_outputs)
+    if args.mode is not None and args.mode != data.engine["mode"]:
+        raise ValueError(f"--mode {args.mode}: the engine outputs in {args.engine_outputs} are from {data.engine['name']} "
+                         f"{data.engine['version']} in {data.engine['mode']} mode; drop --mode or give that one")
+    args.mode = data.engine["mode"]
+    return data
+
+
+def engine_data(args, saved, settings, vocab: int, say):
+    """The saved data, or a fresh engine run (:func:`run_engine`)."""
+    if saved is not None:
+        say(f"the engine outputs of {args.engine_outputs}: {saved.engine['name']} {saved.engine['version']}, "
+            f"{saved.engine['mode']} mode, {len(saved.prompts)} prompts, {len(saved.records)} responses (no engine started)")
+        return saved
+    return run_engine(args, settings, vocab, say)
+
+
+def train_device(saved, attention: str) -> str:
+    """Where the training side scores: CUDA for a live run or the engine's attention; a saved run
+    with the model's own attention also on a machine without a GPU."""
+    import torch
+
+    if saved is None or attention != "model" or torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+def check_saved_kernel(saved, attention: str, model_path: str) -> None:
+    """Saved outputs scored with the engine's attention need that kernel from the same vLLM
+    version, on a GPU: the installed vLLM's version must be the data's."""
+    if saved is None or attention == "model":
+        return
+    from rla.engines.source import EngineUnavailable
+    from rla.engines.vllm_live import preflight
+
+    installed = preflight(model_path)
+    if installed != saved.engine["version"]:
+        raise EngineUnavailable(f"--train-attention engine runs the installed vLLM's kernel ({installed}); the engine "
+                                f"outputs are from vLLM {saved.engine['version']}: install that or use "
+                                "--train-attention model")
+
+
 def train_attention(args, settings, default: str):
     """``(name, context factory)`` of the attention the training side scores with: ``model`` (a
     no-op) or ``engine`` (:func:`rla.engines.vllm_attention.engine_attention` for the engine's
-    backend), checked before the engine starts."""
+    backend), checked before the engine starts. ``settings`` is the run's
+    :class:`rla.engines.vllm_live.LiveSettings`, or the saved run's settings dict."""
     import contextlib
 
     from rla.engines.vllm_attention import BACKENDS, engine_attention
@@ -144,9 +210,24 @@ def train_attention(args, settings, default: str):
     choice = args.train_attention or default
     if choice == "model":
         return "model", lambda model: contextlib.nullcontext()
-    backend = settings.attention_backend
+    backend = settings.get("attention_backend") if isinstance(settings, dict) else settings.attention_backend
     if backend not in BACKENDS:
         raise ValueError(f"--train-attention engine runs the kernel of the engine's {' / '.join(BACKENDS)} backend; "
-                         f"this engine starts with --attention-backend {backend or 'auto'}: use "
+                         f"this engine {'ran' if isinstance(settings, dict) else 'starts'} with --attention-backend "
+                         f"{backend or 'auto'}: use "
                          f"--attention-backend TRITON_ATTN or --train-attention model")
     return f"engine ({backend}: vLLM's unified_attention)", lambda model: engine_attention(model, backend)
+
+
+def weigh(data, saved, model, where: str):
+    """The engine data with the weights that made it (:func:`rla.engines.live_verify.with_weights`):
+    a fresh run is stamped with the model's fingerprint (the checkpoint the engine ran); saved
+    outputs must name the same weights, or none."""
+    from rla.engines.live_verify import check_weights, with_weights
+    from rla.rollout.fingerprint import weights_fingerprint
+
+    fingerprint = weights_fingerprint(model)
+    if saved is not None:
+        check_weights(data, fingerprint, where)
+        return data
+    return with_weights(data, fingerprint)

@@ -14,7 +14,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--mode", default=None, choices=("default", "eager"),
                         help="vllm: default = native ops under Inductor (-O2), eager = its CUDA kernels "
                         "(enforce_eager); sglang has one mode, default (its CUDA path). Default: default; "
-                        "with --live it must be given")
+                        "with --live it must be given (with --engine-outputs: the saved run's)")
     parser.add_argument("--wheel", default=None,
                         help="engine wheel file to load the code from (default: the installed package, else "
                         "the engine's wheel in rla's engine cache, $RLA_ENGINE_CACHE or ~/.cache/rla/engines)")

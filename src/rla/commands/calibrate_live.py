@@ -72,26 +72,36 @@ def run(args) -> int:
     import torch
 
     from rla import profiles
-    from rla.commands._live import DECODE_PROMPT_TOKENS, check_model, run_engine, settings_of, train_attention
+    from rla.commands._live import (DECODE_PROMPT_TOKENS, check_model, check_saved_kernel, engine_data, saved_engine,
+                                    settings_of, train_attention, train_device, weigh)
     from rla.engines.live_calibration import search
     from rla.engines.live_profile import live_name, live_row, settle
+    from rla.engines.live_verify import longest as longest_of
     from rla.engines.vllm_live import installed_version, preflight
     from rla.hf import load_model
 
-    if args.mode is None:
-        raise ValueError("--live: name the engine's mode, --mode default (-O2 compile, CUDA graphs) or --mode eager")
     if args.engine != "vllm":
         raise ValueError(f"--live --engine {args.engine}: the live adapter runs vLLM only")
-    args.prompt_tokens = args.prompt_tokens or [512, 2048, 4096]
-    args.responses = args.responses or 4
-    args.max_new_tokens = args.max_new_tokens or 128
+    saved = saved_engine(args)
+    if args.mode is None:
+        raise ValueError("--live: name the engine's mode, --mode default (-O2 compile, CUDA graphs) or --mode eager")
+    if saved is None:
+        args.prompt_tokens = args.prompt_tokens or [512, 2048, 4096]
+        args.responses = args.responses or 4
+        args.max_new_tokens = args.max_new_tokens or 128
     if args.out is not None:  # before the engine's version is known: the out path alone
         check_out(args.out, args.overwrite)
-    longest = max(max(args.prompt_tokens), DECODE_PROMPT_TOKENS + args.max_new_tokens)
+    longest = longest_of(saved) if saved is not None else \
+        max(max(args.prompt_tokens), DECODE_PROMPT_TOKENS + args.max_new_tokens)
     info = check_model(args.model, longest)
-    settings = settings_of(args, longest)
+    settings = saved.engine.get("settings", {}) if saved is not None else settings_of(args, longest)
     attention, attending = train_attention(args, settings, "engine")
-    version = preflight(args.model)
+    if saved is None:
+        version = preflight(args.model)
+    else:
+        version = saved.engine["version"]
+        check_saved_kernel(saved, attention, args.model)
+    device = train_device(saved, attention)
     name = args.name or live_name(args.engine, version, args.mode)
     if name in profiles.names():
         raise ValueError(f"a built-in row is named {name!r}: give this live row another name (--name)")
@@ -103,10 +113,11 @@ def run(args) -> int:
     def say(message: str) -> None:
         print(f"[rla calibrate --live {time.monotonic() - t0:6.1f}s] {message}", file=sys.stderr, flush=True)
 
-    data = run_engine(args, settings, info["vocab_size"], say)
-    say(f"engine closed; searching the points from {start_row.name}, the training side attending with the "
-        f"{attention} attention")
-    model = load_model(args.model, dtype=torch.bfloat16, device="cuda")
+    data = engine_data(args, saved, settings, info["vocab_size"], say)
+    say(f"searching the points from {start_row.name}, the training side attending with the {attention} attention "
+        f"({device})")
+    model = load_model(args.model, dtype=torch.bfloat16, device=device)
+    data = weigh(data, saved, model, f"--engine-outputs {args.engine_outputs}")
     with attending(model):
         best, best_score, tried, flips = search(model, start_row, data.prompts, data.prompt_logprobs, data.records,
                                                 say)
@@ -118,9 +129,10 @@ def run(args) -> int:
         else "rla calibrate --live"
     from rla.environment import environment
 
-    env = environment(torch.device("cuda"))
+    env = environment(torch.device(device))
+    gpu = torch.cuda.get_device_name() if device == "cuda" else env["gpu"]
     row = live_row(data.engine, start_row, tried[0], best, best_score, flips, info, date=env["date"],
-                   gpu=torch.cuda.get_device_name(), torch=torch.__version__, command=command,
+                   gpu=gpu, torch=torch.__version__, command=command,
                    results=report_path(out).name, name=name)
     paths = write_row(row, {"format": "rla.live_calibration/1", "engine": data.engine, "model": info,
                             "installed": installed_version(), "start": start_row.name, "best": best.points(),

@@ -17,9 +17,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", required=True, type=model_path,
                         help=f"HF checkpoint folder (Qwen2, Qwen3 or Llama; local files only), or {MODEL_HELP}")
     parser.add_argument("--engine", choices=["vllm"], default="vllm", help="the engine whose code the twin runs")
-    parser.add_argument("--mode", choices=["default", "eager", "native"], default="default",
-                        help="default: native ops under Inductor in pieces split at attention (vLLM V1); "
-                        "eager: vLLM's CUDA kernels (enforce_eager); native: native ops uncompiled")
+    parser.add_argument("--mode", choices=["default", "eager", "native"], default=None,
+                        help="default (the default): native ops under Inductor in pieces split at attention (vLLM "
+                        "V1); eager: vLLM's CUDA kernels (enforce_eager); native: native ops uncompiled. With "
+                        "--live, the engine's mode (default or eager); with --engine-outputs, the saved run's")
     parser.add_argument("--profile", default=None,
                         help="profile to align to (a name, an alias, or a profile JSON file); default: the "
                         "engine's newest calibrated row for the mode; with --live, a side added to the rows "
@@ -98,6 +99,8 @@ def run(args) -> int:
     from rla.commands._live import check_live
 
     check_live(args, TWIN_FLAGS, "the twin")
+    if not (args.live and args.engine_outputs):
+        args.mode = args.mode or "default"
     if args.live:
         from rla.commands.verify_live import run as run_live
 

@@ -35,52 +35,67 @@ def publish(rep: dict, data, out, *, overwrite: bool, inputs=()) -> None:
 
 
 def _extra(args) -> dict:
+    """The sides ``--profile`` adds: comma-separated names or profile JSON files."""
     from pathlib import Path
 
     from rla import profiles
 
-    if not args.profile:
-        return {}
-    row = profiles.load(args.profile) if Path(args.profile).suffix == ".json" else profiles.get(args.profile)
-    return {row.name: row}
+    rows = {}
+    for item in filter(None, (x.strip() for x in (args.profile or "").split(","))):
+        row = profiles.load(item) if Path(item).suffix == ".json" else profiles.get(item)
+        if row.name in rows:
+            raise ValueError(f"--profile names the row {row.name!r} twice")
+        rows[row.name] = row
+    return rows
 
 
 def run(args) -> int:
     import torch
 
-    from rla.commands._live import DECODE_PROMPT_TOKENS, check_model, run_engine, settings_of, train_attention
+    from rla.commands._live import (DECODE_PROMPT_TOKENS, check_model, check_saved_kernel, engine_data, saved_engine,
+                                    settings_of, train_attention, train_device, weigh)
     from rla.diagnosis.output import check_out_dir
-    from rla.engines.live_verify import candidates, compare, report
+    from rla.engines.live_verify import candidates, compare, longest as longest_of, report
     from rla.engines.vllm_live import MODES, preflight
     from rla.environment import environment
     from rla.hf import load_model
 
-    args.prompt_tokens = args.prompt_tokens or [512, 2048]
-    args.responses = args.responses or 8
-    args.max_new_tokens = args.max_new_tokens or 128
+    saved = saved_engine(args)
+    if saved is None:
+        args.prompt_tokens = args.prompt_tokens or [512, 2048]
+        args.responses = args.responses or 8
+        args.max_new_tokens = args.max_new_tokens or 128
     out = args.out or f"rla-verify-live/vllm-{args.mode}"
-    check_out_dir(out, overwrite=args.overwrite, inputs=[args.model])
-    longest = max(max(args.prompt_tokens), DECODE_PROMPT_TOKENS + args.max_new_tokens)
+    inputs = [args.model] + ([args.engine_outputs] if saved is not None else [])
+    check_out_dir(out, overwrite=args.overwrite, inputs=inputs)
+    longest = longest_of(saved) if saved is not None else \
+        max(max(args.prompt_tokens), DECODE_PROMPT_TOKENS + args.max_new_tokens)
     info = check_model(args.model, longest)
     extra = _extra(args)
-    settings = settings_of(args, longest)
+    settings = saved.engine.get("settings", {}) if saved is not None else settings_of(args, longest)
     attention, attending = train_attention(args, settings, "model")
-    version = preflight(args.model)  # vLLM installed, a version the adapter ran, a GPU: still not imported
+    if saved is None:
+        version = preflight(args.model)  # vLLM installed, a version the adapter ran, a GPU: still not imported
+    else:
+        version = saved.engine["version"]
+        check_saved_kernel(saved, attention, args.model)
+    device = train_device(saved, attention)
     start = time.monotonic()
 
     def say(message: str) -> None:
         print(f"[rla verify --live {time.monotonic() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
 
-    data = run_engine(args, settings, info["vocab_size"], say)
-    say(f"engine closed; scoring its tokens with HF eager and rla's rows ({attention} attention)")
-    model = load_model(args.model, dtype=torch.bfloat16, device="cuda")
+    data = engine_data(args, saved, settings, info["vocab_size"], say)
+    say(f"scoring the engine's tokens with HF eager and rla's rows ({attention} attention, {device})")
+    model = load_model(args.model, dtype=torch.bfloat16, device=device)
+    data = weigh(data, saved, model, f"--engine-outputs {args.engine_outputs}")
     sides = candidates(data.engine["name"], version, args.mode, MODES, extra)
     with attending(model):
         rows = compare(model, sides, data, log=say)
     data = dataclasses.replace(data, engine={**data.engine, "settings": {**data.engine.get("settings", {}),
                                                                          "train_attention": attention}})
-    rep = report(data, rows, info, environment(torch.device("cuda")))
-    publish(rep, data, out, overwrite=args.overwrite, inputs=[args.model])
+    rep = report(data, rows, info, environment(torch.device(device)))
+    publish(rep, data, out, overwrite=args.overwrite, inputs=inputs)
     from rla.engines.live_verify import render
 
     print(render(rep))

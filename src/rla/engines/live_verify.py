@@ -29,7 +29,7 @@ from rla.engines.live_calibration import BUCKETS, score
 from rla.profiles import RoundingProfile, for_engine
 
 __all__ = ["EngineData", "FORMAT", "candidates", "random_prompts", "collect", "compare", "model_info",
-           "report", "render"]
+           "report", "render", "load", "with_weights", "check_weights", "longest"]
 
 FORMAT = "rla.live_verify/1"
 """The ``format`` key of a report (``report.json``)."""
@@ -61,6 +61,60 @@ class EngineData:
         for key in ("name", "version", "mode"):
             if not isinstance(self.engine.get(key), str):
                 raise ValueError(f"engine metadata lacks {key!r} (it has {sorted(self.engine)})")
+
+
+def load(folder) -> EngineData:
+    """The engine data a report folder holds (``engine.json`` and ``rollouts.jsonl``, as
+    ``rla verify --live`` writes them), validated; each problem a one-line error naming the file."""
+    from pathlib import Path
+
+    from rla import strict_json
+    from rla.rollout import rollouts
+
+    p = Path(folder)
+    if not p.is_dir():
+        raise FileNotFoundError(f"--engine-outputs {folder}: no such folder (a folder `rla verify --live` wrote)")
+    for name in ("engine.json", "rollouts.jsonl"):
+        if not (p / name).is_file():
+            raise FileNotFoundError(f"--engine-outputs {folder}: no {name}; a folder `rla verify --live` wrote holds "
+                                    "engine.json (prompts, prompt logprobs) and rollouts.jsonl (sampled responses)")
+    try:
+        d = strict_json.loads((p / "engine.json").read_text())
+    except ValueError as e:
+        raise ValueError(f"{p / 'engine.json'}: not valid JSON: {e}") from None
+    if not isinstance(d, dict) or not {"engine", "prompts", "prompt_logprobs"} <= set(d):
+        raise ValueError(f"{p / 'engine.json'}: expected an object with 'engine', 'prompts' and 'prompt_logprobs'")
+    if not isinstance(d["engine"], dict):
+        raise ValueError(f"{p / 'engine.json'}: 'engine' must be an object (the engine's metadata)")
+    try:
+        return EngineData([list(map(int, x)) for x in d["prompts"]], [list(map(float, x)) for x in d["prompt_logprobs"]],
+                          rollouts.load(p / "rollouts.jsonl"), d["engine"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--engine-outputs {folder}: {e}") from None
+
+
+def longest(data: EngineData) -> int:
+    """The longest sequence the training side scores: a prompt, or a record's prompt + response."""
+    return max([len(p) for p in data.prompts] + [len(r.prompt_ids) + len(r.response_ids) for r in data.records])
+
+
+def with_weights(data: EngineData, fingerprint: str) -> EngineData:
+    """``data`` saying which weights made it: ``engine["weights"]`` and each record's ``policy``
+    (:mod:`rla.rollout.fingerprint`), so a later re-scoring can check it has the same checkpoint."""
+    import dataclasses
+
+    records = [dataclasses.replace(r, policy={"weights": fingerprint}) for r in data.records]
+    return dataclasses.replace(data, records=records, engine={**data.engine, "weights": fingerprint})
+
+
+def check_weights(data: EngineData, fingerprint: str, where: str) -> None:
+    """Engine data recorded from other weights than ``fingerprint`` is refused: scored against
+    another checkpoint, every difference would read as rounding. Data that names no weights passes."""
+    said = {data.engine.get("weights")} | {(r.policy or {}).get("weights") for r in data.records}
+    said.discard(None)
+    if said and said != {fingerprint}:
+        raise ValueError(f"{where}: the engine outputs were made from other weights ({', '.join(sorted(said))}) than "
+                         f"--model ({fingerprint}); score them with the checkpoint the engine ran")
 
 
 def _alias(engine: str, mode: str) -> str:
