@@ -2,8 +2,9 @@
 
 vLLM's ``_moe_C`` library (``vllm/_moe_C_stable_libtorch.abi3.so`` in the 0.26.0 wheel, loaded with
 ``torch.ops.load_library`` at run time, never copied into the repository) registers
-``torch.ops._moe_C.topk_softmax`` (Qwen2/Qwen3-MoE, Mixtral) and ``grouped_topk`` (DeepSeek-V3's
-sigmoid router with correction bias). Both are called on random bf16 gate logits and compared with
+``torch.ops._moe_C.topk_softmax`` (Qwen2/Qwen3-MoE, Mixtral), ``grouped_topk`` (DeepSeek-V3's
+sigmoid router with correction bias) and ``moe_sum`` (the sum of the k weighted expert outputs,
+the ``combine`` point). The routers are called on random bf16 gate logits and compared with
 ``rla.ops.routing`` on the same logits under each row's (softmax, renorm, ties) values: the vLLM
 row's (reciprocal, reciprocal, lowest_index), SGLang's (divide, divide, lowest_index) and HF's
 (torch, torch, torch). Per case: the fraction of tokens whose expert ids equal in slot order, whose
@@ -13,7 +14,10 @@ difference in fp32 ulps.
 Cases: ``topk_softmax`` at 8, 64 and 128 experts (fused in the kernel) and 60 (vLLM's unfused
 fallback, whose block reduction rla does not model), top-k 2, 3 and 8, with and without
 renormalisation, on Gaussian logits and on coarse logits (exact ties common); ``grouped_topk`` at
-8 experts in 2 groups (the tests' tiny DeepSeek-V3) and 256 in 8 (DeepSeek-V3's shape).
+8 experts in 2 groups (the tests' tiny DeepSeek-V3) and 256 in 8 (DeepSeek-V3's shape);
+``moe_sum`` on random bf16 terms [tokens, k, hidden] (k 2, 3, 4, 5, 8; hidden 2048 and 100, the
+vector and the scalar kernels) against ``rla.ops.routing.combine``'s ``fp32_slot_order`` (the
+vLLM row's) and ``lp_slot_order``: the fraction of bit-equal outputs.
 
 Usage (CUDA, vLLM's library unpacked to ``LIB``)::
 
@@ -48,9 +52,13 @@ def load(library: str) -> None:
     path = Path(library)
     if not path.is_file():
         raise FileNotFoundError(f"vLLM's _moe_C library {path} does not exist")
-    if not hasattr(torch.ops._moe_C, "topk_softmax"):
+    try:
+        registered = hasattr(torch.ops._moe_C, "topk_softmax")
+    except (AttributeError, RuntimeError):
+        registered = False
+    if not registered:
         torch.ops.load_library(str(path))
-    for op in ("topk_softmax", "grouped_topk"):
+    for op in ("topk_softmax", "grouped_topk", "moe_sum"):
         if not hasattr(torch.ops._moe_C, op):
             raise RuntimeError(f"{path} does not register torch.ops._moe_C.{op}")
 
@@ -129,6 +137,23 @@ def grouped_case(experts, n_group, topk_group, k, tokens, seed) -> dict:
     return out
 
 
+def moe_sum_case(k: int, hidden: int, tokens: int, seed: int) -> dict:
+    """vLLM's ``moe_sum`` of lp terms against ``combine`` (weights 1.0, so each term is the lp
+    value itself) under ``fp32_slot_order`` and ``lp_slot_order``."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    terms = (torch.randn(tokens, k, hidden, device="cuda", generator=g) * 4).bfloat16()
+    out = torch.empty(tokens, hidden, dtype=torch.bfloat16, device="cuda")
+    torch.ops._moe_C.moe_sum(terms, out, None, None)
+    ones = torch.ones(tokens, k, dtype=torch.float32, device="cuda")
+    ids = torch.arange(k, device="cuda").expand(tokens, k)
+    base = get("vllm-0.33").router
+    res = {"op": "moe_sum", "k": k, "hidden": hidden, "tokens": tokens, "rows": {}}
+    for combine in ("fp32_slot_order", "lp_slot_order"):
+        got = routing.combine(terms, ones, ids, base.replace(combine=combine), torch.bfloat16)
+        res["rows"][combine] = {"outputs_bit_equal": float((got.view(torch.int16) == out.view(torch.int16)).float().mean())}
+    return res
+
+
 def run(library: str, tokens: int = 4096, seed: int = 0) -> dict:
     load(library)
     cases = []
@@ -142,6 +167,9 @@ def run(library: str, tokens: int = 4096, seed: int = 0) -> dict:
             cases.append(grouped_case(*shape, tokens, seed))
         except RuntimeError as e:  # a shape the kernel refuses is a result too, said in the JSON
             cases.append({"op": "grouped_topk", "shape": shape, "refused": str(e).splitlines()[0], "rows": {}})
+    for k in (2, 3, 4, 5, 8):
+        for hidden in (2048, 100):
+            cases.append(moe_sum_case(k, hidden, min(tokens, 1024), seed))
     sha = hashlib.sha256(Path(library).read_bytes()).hexdigest()
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "library": str(library),
             "library_sha256": sha, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -163,9 +191,10 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "router_probe.json").write_text(json.dumps(result, indent=1) + "\n")
     for c in result["cases"]:
-        head = " ".join(f"{k}={c[k]}" for k in ("op", "experts", "k", "renormalize") if k in c)
-        rows = "; ".join(f"{r}: ids {v['ids_equal_in_order']:.4f} w-bits {v['weights_bit_equal']:.4f} "
-                         f"max_ulp {v['max_ulp']}" for r, v in c["rows"].items())
+        head = " ".join(f"{k}={c[k]}" for k in ("op", "experts", "k", "hidden", "renormalize") if k in c)
+        rows = "; ".join(f"{r}: " + (f"bits {v['outputs_bit_equal']:.4f}" if "outputs_bit_equal" in v else
+                                     f"ids {v['ids_equal_in_order']:.4f} w-bits {v['weights_bit_equal']:.4f} "
+                                     f"max_ulp {v['max_ulp']}") for r, v in c["rows"].items())
         print(f"{head} {c.get('logits', '')} | {rows}")
 
 

@@ -90,7 +90,7 @@ def test_each_point_changes_the_output():
     forward ignored would pass the test above only where both values agree)."""
     base = get("vllm-0.33").router
     flips = {"logits": "fp32", "softmax": "divide", "renorm": "divide", "ties": "torch", "weights": "lp", "expert_out": "lp",
-             "weighted_term": "fp32", "combine": "fp32_slot_order", "routed_scale": "weights"}
+             "weighted_term": "fp32", "combine": "lp_slot_order", "routed_scale": "weights"}
     model = M.model("deepseek_v3")
     block = M.blocks(model)[0]
     x = _inputs(block, n=256)

@@ -43,8 +43,8 @@ The points (:data:`ROUTER_POINTS`; the reference is ``rla.ops.routing``):
   kernels' store); ``fp32`` = kept fp32 into the sum (HF's ``grouped_mm`` experts with fp32 weights).
 - ``combine``: ``lp_expert_order`` = the k terms added into an lp zero tensor in ascending expert
   id, every add rounded (HF's eager ``index_add_``); ``lp_slot_order`` = the same in slot order
-  (vLLM's ``moe_sum`` kernel: an lp accumulator); ``fp32_slot_order`` = an fp32 sum in slot order,
-  rounded once (HF's ``grouped_mm`` reshape + sum, SGLang's ``moe_sum_reduce``). With k = 2 all
+  (an lp accumulator); ``fp32_slot_order`` = an fp32 sum in slot order, rounded once (HF's
+  ``grouped_mm`` reshape + sum, vLLM's ``moe_sum`` kernels, SGLang's ``moe_sum_reduce``). With k = 2 all
   three are equal (0 + a is exact and a + b commutes); they differ from k = 3 on.
 - ``routed_scale`` (routers with a ``routed_scaling_factor``, DeepSeek-V3): ``weights`` = the
   weights are multiplied in fp32 before the experts (HF); ``output`` = RN(RN(sum) * s), the
