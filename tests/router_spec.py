@@ -9,8 +9,52 @@ rounding written as ``.to(lp)``.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+# vLLM's fused top-k softmax (``topkGating`` in ``_moe_C``): the expert counts it is built for and
+# the widest load per thread, in bytes (powers of two to 512: 16 bytes; five multiples of 64: 4)
+_FUSED = {**{2 ** i: 16 for i in range(10)}, 192: 4, 320: 4, 384: 4, 448: 4, 576: 4}
+
+
+def kernel_sum(row: list[float], itemsize: int) -> np.float32 | None:
+    """One row's softmax denominator as vLLM's fused kernel adds it, written out per thread with
+    numpy float32 scalars: thread t loads vectors of ``n`` columns starting at n * (t + j * T), sums
+    its values in load order from 0, then each thread adds its xor-partner's sum for partner
+    distance T/2, ..., 1; thread 0's value. None where the kernel is not built for this count."""
+    e = len(row)
+    if e not in _FUSED:
+        return None
+    n = min(_FUSED[e], itemsize * e) // itemsize  # columns per load
+    per_thread = max(1, e // (n * 32)) * n
+    threads = e // per_thread
+    sums = []
+    for t in range(threads):
+        acc = np.float32(0)
+        for j in range(per_thread // n):
+            for i in range(n):
+                acc = np.float32(acc + np.float32(row[n * (t + j * threads) + i]))
+        sums.append(acc)
+    d = threads // 2
+    while d:
+        sums = [np.float32(sums[t] + sums[t ^ d]) for t in range(threads)]
+        d //= 2
+    return sums[0]
+
+
+def renorm(w: torch.Tensor, how: str, eps: float | None) -> torch.Tensor:
+    """One token's k weights over their sum: torch.sum's order, or slot order then a division or
+    a multiply by the rounded reciprocal."""
+    if how == "torch":
+        s = w.sum()
+    else:
+        s = w[0]
+        for j in range(1, w.shape[0]):
+            s = s + w[j]
+    if eps is not None:
+        s = s + eps
+    return w * (1.0 / s) if how == "reciprocal" else w / s
 
 
 def _rank(scores_row: list[float], k: int, ties: str, torch_ids: list[int]) -> list[int]:
@@ -31,7 +75,14 @@ def route(block, x: torch.Tensor, points, family_router: str, raw: bool = False)
         else:
             e = torch.exp(logits - logits.max(dim=-1, keepdim=True).values)
             z = e.sum(dim=-1, keepdim=True)
-            scores = e / z if points.softmax == "divide" else e * (1.0 / z)
+            if points.softmax == "divide":
+                scores = e / z
+            else:  # the kernel's order where it is fused (torch.sum elsewhere), then e * (1 / z)
+                size = lp.itemsize if points.logits == "lp" else 4
+                per_row = [kernel_sum(r, size) for r in e.tolist()]
+                if per_row[0] is not None:
+                    z = torch.tensor([[float(v)] for v in per_row], dtype=torch.float32, device=e.device)
+                scores = e * (1.0 / z)
         torch_ids = torch.topk(scores, k, dim=-1).indices
         choice = scores
     else:
@@ -60,12 +111,9 @@ def route(block, x: torch.Tensor, points, family_router: str, raw: bool = False)
             else:
                 row = torch.topk(masked, k, sorted=False).indices.tolist()
         w = scores[t, row]
-        renorm = getattr(gate, "norm_topk_prob", True)
-        if renorm:
-            s = w[0]
-            for j in range(1, k):
-                s = s + w[j]
-            w = w / (s + 1e-20) if family_router != "softmax" else w / s
+        renormalize = getattr(gate, "norm_topk_prob", True)
+        if renormalize:
+            w = renorm(w, points.renorm, None if family_router == "softmax" else 1e-20)
         if raw:
             weights.append(w)
             ids.append(row)

@@ -34,7 +34,7 @@ def test_router_values_are_checked():
     del data["router"]
     assert from_dict(data).router is None  # a file from rla calibrate: no router values claimed
     with pytest.raises(ValueError, match="needs combine='fp32_slot_order'"):
-        get("vllm-0.33").router.replace(routed_scale="combine")
+        get("vllm-0.33").router.replace(combine="lp_slot_order", routed_scale="combine")
     with pytest.raises(ValueError, match="unknown router point"):
         get("vllm-0.33").router.replace(order="x")
     assert isinstance(get("sglang").router, RouterPoints)

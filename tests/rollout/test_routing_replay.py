@@ -37,21 +37,24 @@ def _token_logprobs(model, ids):
     return model(ids).logits.float().log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
 
 
-def _layout(cap):  # [layers, B*S, k] -> [B, S, layers, k]
+def _layout(cap, batch=B):  # [layers, batch*S, k] -> [batch, S, layers, k]
     e = cap.ids()
-    return e.permute(1, 0, 2).reshape(B, S, e.shape[0], e.shape[2])
+    return e.permute(1, 0, 2).reshape(batch, S, e.shape[0], e.shape[2])
 
 
 @pytest.mark.parametrize("family,seed", [("qwen3_moe", 0), ("mixtral", 1)])
 def test_replay_follows_the_record_and_moves_logprobs_toward_it(family, seed):
+    # 16 x 32 tokens: the sides' routes differ on a few of them (at 4 x 32, on one: the logprob
+    # comparison then read one token's rounding noise, and went either way)
     train, engine = _sides(family, seed)
-    ids = M.tokens(batch=B, seq=S, seed=seed)
+    batch = 16
+    ids = M.tokens(batch=batch, seq=S, seed=seed)
     with torch.no_grad():
         with capture_routes(engine) as rec:
             lp_engine = _token_logprobs(engine, ids)
         with capture_routes(train) as own:
             lp_train = _token_logprobs(train, ids)
-        with replay_routes(train, _layout(rec)), capture_routes(train) as replayed:
+        with replay_routes(train, _layout(rec, batch)), capture_routes(train) as replayed:
             lp_replay = _token_logprobs(train, ids)
     mism = routing_mismatch(own.ids(), rec.ids())
     assert mism["routing/any_layer_set_differs"] > 0  # the sides disagree without replay
@@ -60,7 +63,7 @@ def test_replay_follows_the_record_and_moves_logprobs_toward_it(family, seed):
     before = (lp_train - lp_engine).abs().mean()
     after = (lp_replay - lp_engine).abs().mean()
     assert after < before, (float(before), float(after))
-    with replay_routes(train, _layout(rec)), capture_routes(train) as again:
+    with replay_routes(train, _layout(rec, batch)), capture_routes(train) as again:
         train(ids)
     assert torch.equal(again.ids(), rec.ids())  # and it leaves nothing behind
     with capture_routes(train) as plain, torch.no_grad():

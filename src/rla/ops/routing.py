@@ -10,17 +10,31 @@ Three functions, in the order an MoE block calls them:
 
 - :func:`router_logits` -- the gate GEMM, its output lp or fp32 (``logits``).
 - :func:`softmax_route` / :func:`sigmoid_grouped_route` -- scores, top-k (``softmax``, ``ties``),
-  renormalisation in fp32 (a division by the sum of the k chosen scores, in slot order), the
-  weights' dtype (``weights``) and, for DeepSeek-V3, ``routed_scale='weights'``.
+  renormalisation in fp32 (``renorm``), the weights' dtype (``weights``) and, for DeepSeek-V3,
+  ``routed_scale='weights'``.
 - :func:`combine` -- the k weighted expert outputs summed per token (``expert_out``,
   ``weighted_term``, ``combine``, ``routed_scale``), from a ``[tokens, k, hidden]`` tensor of
   expert outputs (lp outputs or fp32 accumulators) that the caller computes.
 
-Exactness: every step written here is one IEEE operation in the order written, except the sums
-the spec leaves to the running kernel (the softmax's denominator, ``torch.sum``; GEMMs). The
-engines' own kernels sum the softmax denominator in a butterfly and compute ``expf`` their way, so
-on a GPU the probabilities can still differ from this reference in the last fp32 bit; a flipped
-top-k choice needs two probabilities within that bit of each other.
+Exactness: every step written here is one IEEE operation in the order written, on every device,
+except what a point's value leaves to the running kernel: ``softmax='divide'``'s denominator and
+``renorm='torch'``'s sum (``torch.sum``), and the GEMMs. Where a sum's order is pinned it is written
+as a loop of adds, never as ``torch.sum``: ``torch.sum`` over a short last dim sums in order on
+CPU but not on CUDA, whose reduction kernel gives a row of 3 values to 2 threads (the block width
+is the largest power of two <= 3), so the k = 3 weights sum as (w0 + w2) + w1 there. That was why
+the routing weights on CUDA differed from the rows' definition (slot order, (w0 + w1) + w2) in the
+last fp32 bit while the expert ids, read before the renormalisation, were equal.
+
+``softmax='reciprocal'`` is vLLM's ``topk_softmax`` kernel (``topkGating`` in ``_moe_C``), read
+from its SASS: one thread group per row, each thread holding ``vpt`` logits (vectors of
+``elts_per_ldg`` columns, ``threads_per_row`` vectors apart), e = expf(l - max), each thread's
+values summed in order from 0, the threads' sums combined by an xor butterfly, then
+e * RN(1 / sum) (:func:`topk_softmax_layout` says the split for an expert count and logits dtype;
+:func:`kernel_row_sum` sums that way). ``torch.exp`` and the kernel's ``expf`` are the same
+libdevice function (no fast-math): the CUDA probe, ``lab/bench/router_probe_h200.py``, holds this
+reference to the kernel. For expert counts the fused kernel is not instantiated for, vLLM falls
+back to a block-wide softmax (cub's block reduction) whose order is not modelled: the denominator
+there is ``torch.sum``'s, unpinned.
 """
 
 from __future__ import annotations
@@ -31,7 +45,60 @@ import torch.nn.functional as F
 from rla.profiles.router import RouterPoints
 
 __all__ = ["router_logits", "softmax_scores", "select_topk", "softmax_route", "sigmoid_grouped_route", "finish_weights",
-           "combine"]
+           "combine", "renorm_weights", "topk_softmax_layout", "kernel_row_sum"]
+
+#: The expert counts vLLM's fused ``topkGating`` kernel is instantiated for, and the most bytes
+#: each thread loads at once (read from the kernel names in vLLM 0.26's ``_moe_C``): powers of two
+#: up to 512 with 16-byte loads, five multiples of 64 with 4-byte loads.
+TOPK_SOFTMAX_FUSED: dict[int, int] = {**{2 ** i: 16 for i in range(10)}, **{e: 4 for e in (192, 320, 384, 448, 576)}}
+
+
+def topk_softmax_layout(num_experts: int, itemsize: int) -> tuple[int, int, int] | None:
+    """``(vpt, elts_per_ldg, threads_per_row)`` of vLLM's fused top-k softmax for ``num_experts``
+    logits of ``itemsize`` bytes, or None where vLLM runs its unfused fallback. Thread t of a row
+    holds columns ``elts_per_ldg * (t + j * threads_per_row) + i`` for load j and lane i, in that
+    order (its ``vpt`` values)."""
+    max_bytes = TOPK_SOFTMAX_FUSED.get(num_experts)
+    if max_bytes is None:
+        return None
+    elts = min(max_bytes, itemsize * num_experts) // itemsize
+    vpt = max(1, num_experts // (elts * 32)) * elts
+    return vpt, elts, num_experts // vpt
+
+
+def kernel_row_sum(e: torch.Tensor, layout: tuple[int, int, int]) -> torch.Tensor:
+    """``[T, 1]``: the sum of ``e [T, E]`` over its last dim as the fused kernel of ``layout`` adds
+    it (each thread's values in order from 0, then the butterfly ``s[t] += s[t ^ m]`` for
+    m = threads_per_row / 2 ... 1). Every add is one fp32 add of the same operands on any device."""
+    vpt, elts, tpr = layout
+    v = e.reshape(e.shape[0], vpt // elts, tpr, elts)
+    acc = torch.zeros(e.shape[0], tpr, dtype=e.dtype, device=e.device)
+    for j in range(vpt // elts):
+        for i in range(elts):
+            acc = acc + v[:, j, :, i]
+    lanes = torch.arange(tpr, device=e.device)
+    m = tpr // 2
+    while m:
+        acc = acc + acc[:, lanes ^ m]
+        m //= 2
+    return acc[:, :1]
+
+
+def renorm_weights(w: torch.Tensor, renorm: str, eps: float | None = None) -> torch.Tensor:
+    """The k chosen weights ``w [T, k]`` divided by their sum s (``renorm``): ``torch`` = w / w.sum(-1)
+    (``torch.sum``'s order, the running kernel's); ``divide`` = w / s and ``reciprocal`` = w * RN(1 / s)
+    with s added in slot order. ``eps`` (DeepSeek-V3's 1e-20) is added to s first."""
+    if renorm == "torch":
+        s = w.sum(dim=-1, keepdim=True)
+    elif renorm in ("divide", "reciprocal"):
+        s = w[:, :1]
+        for j in range(1, w.shape[1]):
+            s = s + w[:, j:j + 1]
+    else:
+        raise ValueError(f"renorm={renorm!r} is not one of ('torch', 'divide', 'reciprocal')")
+    if eps is not None:
+        s = s + eps
+    return w * (1.0 / s) if renorm == "reciprocal" else w / s
 
 
 def router_logits(x: torch.Tensor, weight: torch.Tensor, points: RouterPoints) -> torch.Tensor:
@@ -43,16 +110,19 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor, points: RouterPoints) -
 
 
 def softmax_scores(logits: torch.Tensor, softmax: str) -> torch.Tensor:
-    """fp32 probabilities over the last dim: ``torch.softmax`` (HF), ``divide`` = e / sum(e), or
-    ``reciprocal`` = e * (1 / sum(e)), with e = exp(l - max(l)) in fp32."""
+    """fp32 probabilities over the last dim: ``torch.softmax`` (HF), ``divide`` = e / sum(e)
+    (``torch.sum``), or ``reciprocal`` = e * RN(1 / z), z = e summed as vLLM's fused kernel for this
+    expert count and ``logits``' dtype adds it (:func:`kernel_row_sum`; ``torch.sum`` where vLLM
+    runs its unfused fallback), with e = exp(l - max(l)) in fp32."""
     if softmax == "torch":
         return torch.softmax(logits, dim=-1, dtype=torch.float32)
     lf = logits.float()
     e = torch.exp(lf - lf.max(dim=-1, keepdim=True).values.detach())
-    z = e.sum(dim=-1, keepdim=True)
     if softmax == "divide":
-        return e / z
+        return e / e.sum(dim=-1, keepdim=True)
     if softmax == "reciprocal":
+        layout = topk_softmax_layout(logits.shape[-1], logits.element_size())
+        z = e.sum(dim=-1, keepdim=True) if layout is None else kernel_row_sum(e, layout)
         return e * (1.0 / z)
     raise ValueError(f"softmax={softmax!r} is not one of ('torch', 'divide', 'reciprocal')")
 
@@ -90,8 +160,8 @@ def softmax_route(logits: torch.Tensor, k: int, renormalize: bool, points: Route
                   finish: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax top-k routing (Qwen2/Qwen3-MoE, Mixtral): ``(weights [T, k], ids [T, k])``.
 
-    The weights are the fp32 probabilities at the chosen ids, divided by their sum over the k
-    slots when ``renormalize`` (``norm_topk_prob``; Mixtral always), then ``lp`` or fp32. Given
+    The weights are the fp32 probabilities at the chosen ids, renormalised when ``renormalize``
+    (``norm_topk_prob``; Mixtral always) as ``points.renorm`` says, then ``lp`` or fp32. Given
     ``ids`` (routing replay) replace the top-k: the weights are then the router's probabilities
     gathered at those ids, so the gradient still flows through the router (R3). ``finish=False``
     returns the fp32 weights before :func:`finish_weights`."""
@@ -99,7 +169,7 @@ def softmax_route(logits: torch.Tensor, k: int, renormalize: bool, points: Route
     ids = select_topk(probs, k, points.ties) if ids is None else _given(ids, k, probs.shape[0])
     w = probs.gather(-1, ids)
     if renormalize:
-        w = w / w.sum(dim=-1, keepdim=True)
+        w = renorm_weights(w, points.renorm)
     return (finish_weights(w, points, lp) if finish else w), ids
 
 
@@ -111,14 +181,14 @@ def sigmoid_grouped_route(logits: torch.Tensor, bias: torch.Tensor, k: int, n_gr
 
     scores = sigmoid(fp32 logits); the choice reads scores + bias (fp32): the ``topk_group`` groups
     with the largest sum of their two best biased scores, then the k best biased scores inside
-    them; the weights are the *unbiased* scores at those ids, renormalised by (sum + 1e-20) as HF
-    does, times ``scale`` when ``routed_scale='weights'`` (else :func:`combine` applies it). Given
+    them; the weights are the *unbiased* scores at those ids, renormalised (``renorm``) by
+    (sum + 1e-20) as HF does, times ``scale`` when ``routed_scale='weights'`` (else :func:`combine` applies it). Given
     ``ids`` (replay) replace the grouped choice; ``finish=False`` returns the fp32 weights before
     :func:`finish_weights` (unscaled)."""
     scores = logits.float().sigmoid()
     if ids is not None:
         ids = _given(ids, k, scores.shape[0])
-        w = _sigmoid_weights(scores, ids, renormalize)
+        w = _sigmoid_weights(scores, ids, renormalize, points.renorm)
         return (finish_weights(w, points, lp, scale) if finish else w), ids
     choice = scores + bias.float()
     t, e = choice.shape
@@ -129,15 +199,13 @@ def sigmoid_grouped_route(logits: torch.Tensor, bias: torch.Tensor, k: int, n_gr
     score_mask = group_mask.unsqueeze(-1).expand(t, n_group, e // n_group).reshape(t, e)
     masked = choice.detach().masked_fill(~score_mask.bool(), float("-inf"))
     ids = select_topk(masked, k, points.ties, sorted=False)
-    w = _sigmoid_weights(scores, ids, renormalize)
+    w = _sigmoid_weights(scores, ids, renormalize, points.renorm)
     return (finish_weights(w, points, lp, scale) if finish else w), ids
 
 
-def _sigmoid_weights(scores, ids, renormalize):
+def _sigmoid_weights(scores, ids, renorm_topk, renorm):
     w = scores.gather(1, ids)
-    if renormalize:
-        w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
-    return w
+    return renorm_weights(w, renorm, eps=1e-20) if renorm_topk else w
 
 
 def combine(outputs: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, points: RouterPoints,

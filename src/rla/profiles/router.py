@@ -19,9 +19,18 @@ The points (:data:`ROUTER_POINTS`; the reference is ``rla.ops.routing``):
 - ``logits``: ``lp`` = RN(x @ W_g^T), the gate GEMM's lp output (HF Qwen-MoE / Mixtral, vLLM,
   SGLang); ``fp32`` = the fp32 GEMM of lp inputs, unrounded (HF DeepSeek-V3's router).
 - ``softmax`` (softmax routers): ``torch`` = ``torch.softmax(logits, dtype=float32)`` as HF calls
-  it; ``divide`` = exp(l - max) / sum; ``reciprocal`` = exp(l - max) * (1 / sum) (vLLM's
-  ``topk_softmax`` kernel). The sum's order is the running kernel's (``torch.sum`` in the
-  reference), as for ``norm_reduction='unpinned'``.
+  it; ``divide`` = exp(l - max) / sum, the sum's order the running kernel's (``torch.sum`` in the
+  reference, as for ``norm_reduction='unpinned'``); ``reciprocal`` = vLLM's ``topk_softmax``
+  kernel: e = exp(l - max), the sum of e in the kernel's own order (the row cut into
+  ``threads_per_row`` chunks of ``vpt`` logits, each summed in order from 0, then a butterfly over
+  the chunks' sums; ``rla.ops.routing.topk_softmax_layout``), times RN(1 / sum).
+- ``renorm`` (``norm_topk_prob``; Mixtral always): how the k chosen weights are divided by their
+  sum s. ``torch`` = w / ``w.sum(-1)`` as HF writes it: the order of ``torch.sum`` over the k
+  slots is the running kernel's (slot order on CPU; on CUDA a tree from k = 3 on:
+  (w0 + w2) + w1 at k = 3); ``divide`` = w / s with s summed in slot order ((w0 + w1) + w2 ...);
+  ``reciprocal`` = w * RN(1 / s), the same s (vLLM's fused renormalisation: one division of the
+  routed scale, 1.0, by s, then a multiply per weight). DeepSeek-V3 adds 1e-20 to s as HF does
+  (for any s above ~1e-12 an exact no-op in fp32).
 - ``ties``: ``torch`` = ``torch.topk``'s order, as the model calls it; ``lowest_index`` = slots in
   descending score, equal scores broken toward the lower expert id (vLLM's and SGLang's kernels).
   With bf16 logits exact ties are common: a bf16 logit has 8 significant bits.
@@ -34,8 +43,8 @@ The points (:data:`ROUTER_POINTS`; the reference is ``rla.ops.routing``):
   kernels' store); ``fp32`` = kept fp32 into the sum (HF's ``grouped_mm`` experts with fp32 weights).
 - ``combine``: ``lp_expert_order`` = the k terms added into an lp zero tensor in ascending expert
   id, every add rounded (HF's eager ``index_add_``); ``lp_slot_order`` = the same in slot order
-  (vLLM's ``moe_sum`` kernel: an lp accumulator); ``fp32_slot_order`` = an fp32 sum in slot order,
-  rounded once (HF's ``grouped_mm`` reshape + sum, SGLang's ``moe_sum_reduce``). With k = 2 all
+  (an lp accumulator); ``fp32_slot_order`` = an fp32 sum in slot order, rounded once (HF's
+  ``grouped_mm`` reshape + sum, vLLM's ``moe_sum`` kernels, SGLang's ``moe_sum_reduce``). With k = 2 all
   three are equal (0 + a is exact and a + b commutes); they differ from k = 3 on.
 - ``routed_scale`` (routers with a ``routed_scaling_factor``, DeepSeek-V3): ``weights`` = the
   weights are multiplied in fp32 before the experts (HF); ``output`` = RN(RN(sum) * s), the
@@ -57,6 +66,7 @@ __all__ = ["RouterPoints", "ROUTER_POINTS"]
 ROUTER_POINTS: dict[str, tuple[str, ...]] = {
     "logits": ("lp", "fp32"),
     "softmax": ("torch", "divide", "reciprocal"),
+    "renorm": ("torch", "divide", "reciprocal"),
     "ties": ("torch", "lowest_index"),
     "weights": ("lp", "fp32"),
     "expert_out": ("lp", "fp32"),
@@ -72,6 +82,7 @@ class RouterPoints:
 
     logits: str
     softmax: str
+    renorm: str
     ties: str
     weights: str
     expert_out: str
