@@ -20,7 +20,7 @@ t0=$(date +%s); DEADLINE=${DEADLINE:-585}
 cap() { local left=$(( DEADLINE - ($(date +%s) - t0) - 5 )); (( left < $1 )) && echo $(( left > 1 ? left : 1 )) || echo $1; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 stamp() { echo "=== $1 at +$(( $(date +%s) - t0 ))s"; }
-rla() { python3 -m rla.cli "$@"; }
+RLA="python3 -m rla.cli"
 show() { grep -vE "^(INFO|WARNING|DEBUG|\[rank)|it/s\]|FutureWarning|inv_freq, scaling" "$1" | grep -E "^\||^\[rla|rc=|Error|error" | tail -${2:-14} | cut -c1-200; }
 sfx() { [[ $1 == eager ]] && echo -eager; }
 # the rows that exist so far, as --profile's comma list
@@ -31,21 +31,21 @@ ckpt() { python3 lab/bench/vllm_live_h200.py checkpoint --out "$OUT/ckpt" --mode
 # one engine run and its re-scorings: verify_run MODEL MODE PROMPTS
 verify_run() {
   local model=$1 mode=$2 prompts=$3 R="$OUT/$1-$2" p; p=$(rows_of $mode)
-  timeout $(cap 240) rla verify --live --model $M/$model --mode $mode --train-attention engine --prompt-tokens $prompts \
+  timeout $(cap 240) $RLA verify --live --model $M/$model --mode $mode --train-attention engine --prompt-tokens $prompts \
     --responses 4 --max-new-tokens 128 ${p:+--profile $p} --out $R/engine-attention > $R.verify.log 2>&1
   echo "verify $model $mode rc=$?"; show $R.verify.log 10
 }
 rescore() {
   local model=$1 mode=$2 attn=$3 R="$OUT/$1-$2" p; p=$(rows_of $mode)
   [[ -f $R/engine-attention/engine.json ]] || { echo "no engine outputs for $model $mode"; return; }
-  timeout $(cap 120) rla verify --live --engine-outputs $R/engine-attention --model $M/$model --train-attention $attn \
+  timeout $(cap 120) $RLA verify --live --engine-outputs $R/engine-attention --model $M/$model --train-attention $attn \
     ${p:+--profile $p} --out $R/rescored-$attn-attention > $R.rescore-$attn.log 2>&1
   echo "rescore $model $mode $attn rc=$?"; show $R.rescore-$attn.log 8
 }
 if has op; then
   for mode in default eager; do
     stamp op-$mode
-    timeout $(cap 150) rla calibrate --engine vllm --mode $mode --device cuda --scale full \
+    timeout $(cap 150) $RLA calibrate --engine vllm --mode $mode --device cuda --scale full \
       $([[ $mode == eager ]] && echo --library /tmp/site/vllm/_C_stable_libtorch.abi3.so) \
       --name vllm-0.26$(sfx $mode)-op --out "$ROWS/op/vllm-0.26$(sfx $mode)-op.json" > "$ROWS/op/calibrate-$mode.log" 2>&1
     echo "op $mode rc=$?"; grep -E "^\| \`" "$ROWS/op/calibrate-$mode.log" | cut -c1-160
@@ -57,7 +57,7 @@ if has calib; then
     stamp calib-$mode; R="$OUT/qwen3-h2048-L4-$mode"; mkdir -p $R
     verify_run qwen3-h2048-L4 $mode 512,2048,4096,33000
     [[ -f $R/engine-attention/engine.json ]] || continue
-    timeout $(cap 200) rla calibrate --live --engine-outputs $R/engine-attention --model $M/qwen3-h2048-L4 \
+    timeout $(cap 200) $RLA calibrate --live --engine-outputs $R/engine-attention --model $M/qwen3-h2048-L4 \
       --out "$ROWS/live/vllm-0.26$(sfx $mode).json" > $R.calibrate.log 2>&1
     echo "calibrate $mode rc=$?"; show $R.calibrate.log 16
     rescore qwen3-h2048-L4 $mode engine; rescore qwen3-h2048-L4 $mode model

@@ -1,0 +1,23 @@
+"""The vLLM 0.26 rows results README's table equals a fresh render of its data (and the check can fail)."""
+
+import json
+import shutil
+
+from lab.bench import vllm026_rows_table as T
+from repo_root import ROOT
+
+FOLDER = ROOT / "results" / "benchmarks" / "vllm026_rows_h200_2026-12-02"
+
+
+def test_the_committed_table_is_the_render_of_the_data():
+    assert T.block((FOLDER / "README.md").read_text()) == T.render(FOLDER)
+
+
+def test_a_changed_number_is_seen(tmp_path):
+    shutil.copytree(FOLDER / "runs", tmp_path / "runs")
+    shutil.copytree(FOLDER / "logs", tmp_path / "logs")
+    f = tmp_path / "runs" / "qwen2-h1536-L28-eager" / "engine-attention" / "report.json"
+    data = json.loads(f.read_text())
+    data["rows"][-1]["prefill"]["equal"] *= 0.999  # the live row's bit-equal fraction, 0.1% off
+    f.write_text(json.dumps(data))
+    assert T.block((FOLDER / "README.md").read_text()) != T.render(tmp_path)
