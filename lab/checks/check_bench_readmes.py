@@ -295,9 +295,44 @@ def house_liger(root):
     return out
 
 
+ROUTER = "results/benchmarks/router_probe_h200_2026-12-02"
+
+
+def _router_range(cases, row, key):
+    values = [100 * c["rows"][row][key] for c in cases]
+    return [min(values), max(values)]
+
+
+def router_probe(root):
+    """per kernel group: cases; vLLM row's ids in slot order and weights bit-equal, SGLang row's
+    weights bit-equal, HF's id sets equal (100 x fraction, min-max over the cases)."""
+    cases = _json(root, f"{ROUTER}/router_probe.json")["cases"]
+    groups = {"topk_softmax, 8 / 64 / 128 experts (fused)": [c for c in cases if c["op"] == "topk_softmax" and c["fused"]],
+              "topk_softmax, 60 experts (fallback)": [c for c in cases if c["op"] == "topk_softmax" and not c["fused"]],
+              "grouped_topk, 8 and 256 experts": [c for c in cases if c["op"] == "grouped_topk"]}
+    return {(name,): [len(g), _router_range(g, "vllm-0.33", "ids_equal_in_order"),
+                      _router_range(g, "vllm-0.33", "weights_bit_equal"),
+                      _router_range(g, "sglang-0.5.23", "weights_bit_equal"), _router_range(g, "hf", "id_sets_equal")]
+            for name, g in groups.items()}
+
+
+def router_combine(root):
+    """per k: 100 x the fraction of moe_sum outputs bit-equal under fp32_slot_order and lp_slot_order
+    (the smaller of the two hidden sizes' fractions)."""
+    cases = [c for c in _json(root, f"{ROUTER}/router_probe.json")["cases"] if c["op"] == "moe_sum"]
+    return {(f"k = {k}",): [min(100 * c["rows"][v]["outputs_bit_equal"] for c in cases if c["k"] == k)
+                            for v in ("fp32_slot_order", "lp_slot_order")]
+            for k in sorted({c["k"] for c in cases})}
+
+
 R = lambda folder: f"{folder}/README.md"  # noqa: E731
 
 TABLES: list[TableCheck] = [
+    TableCheck("router probe", R(ROUTER), f"{ROUTER}/router_probe.json",
+               "cases; 100 x fraction min-max: vLLM row ids in order, its weights bit-equal, SGLang's weights, HF's id sets",
+               router_probe),
+    TableCheck("router probe combine", R(ROUTER), f"{ROUTER}/router_probe.json",
+               "100 x fraction of moe_sum outputs bit-equal, fp32_slot_order and lp_slot_order", router_combine),
     TableCheck("house e2e", R(HOUSE), f"{HOUSE}/e2e*/e2e_NVIDIA_H200_2026-12-02.json",
                "step_ms old, new, new (Liger run); tok_s new / old for both new runs", house_e2e),
     TableCheck("house liger flce", R(HOUSE), f"{HOUSE}/e2e/e2e_NVIDIA_H200_2026-12-02.json",
