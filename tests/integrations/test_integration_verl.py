@@ -24,7 +24,8 @@ import torch
 
 pytest.importorskip("verl", reason="the verl integration is tested where verl is installed (README)")
 
-from verl_cpu import compare_with_unsharded, fsdp1_on_cpu  # noqa: E402  (registers verl's CPU platform)
+from verl_cpu import fsdp1_on_cpu  # noqa: E402  (registers verl's CPU platform before verl's engine modules load)
+from fsdp_compare import compare_with_unsharded  # noqa: E402
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 from verl.trainer.config import CheckpointConfig  # noqa: E402
@@ -148,7 +149,7 @@ def test_fsdp1_strategy_is_aligned_and_exact_forward_and_backward():
     assert not any(n.startswith("nothing to round") for n in report.notes)
     result = compare_with_unsharded(module, MODEL, report.profile, IDS[:1, :12])
     assert result == {"logits_equal_plain": True, "logits_equal_autocast": True, "grads_compared": 74,
-                      "grads_unequal": [], "grads_missing": []}
+                      "grads_unequal": [], "grads_max_abs_diff": 0.0, "grads_missing": []}
     assert {str(b.dtype) for b in module.buffers()} == {"torch.float32"}
     hf = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16, attn_implementation="eager")
     with torch.no_grad():  # the check can fail: HF's own rounding differs from the aligned model's

@@ -7,7 +7,7 @@ rank 0's (``rla.align(..., allow_meta=True)``), and FSDP1's ``sync_module_states
 from rank 0 when verl wraps it (``FULL_SHARD``: each rank holds half of every flat parameter;
 FSDP2: verl's ``fsdp2_load_full_state_dict`` broadcasts rank 0's weights and buffers).
 On both ranks the logits (plain and under verl's bf16 autocast) and every gradient must equal
-the unsharded aligned model's, bit for bit (``verl_cpu.compare_with_unsharded``).
+the unsharded aligned model's, bit for bit (``fsdp_compare.compare_with_unsharded``).
 
 The ranks are forked from the test process (they inherit its imports: no second start of torch,
 transformers and verl), one intra-op thread each. The one-process case (``NO_SHARD``) is in
@@ -28,7 +28,8 @@ import torch
 
 pytest.importorskip("verl", reason="the verl integration is tested where verl is installed (README)")
 
-from verl_cpu import compare_with_unsharded, fsdp1_on_cpu, untied_checkpoint  # noqa: E402  (verl's CPU platform)
+from verl_cpu import fsdp1_on_cpu  # noqa: E402  (registers verl's CPU platform first)
+from fsdp_compare import compare_with_unsharded, untied_checkpoint  # noqa: E402
 
 # imported here, in the test process, so the forked ranks inherit them (torch._dynamo: FSDPEngine
 # wraps its entropy function in torch.compile, verl's default)
@@ -106,7 +107,7 @@ def test_two_ranks_with_a_meta_built_rank_are_aligned_and_exact(strategy, tmp_pa
     got.sort(key=lambda r: r["rank"])
     assert [r["meta_note"] for r in got] == [False, True]  # rank 1 was built on the meta device
     expected = {"logits_equal_plain": True, "logits_equal_autocast": True, "grads_compared": 75,
-                "grads_unequal": [], "grads_missing": [],
+                "grads_unequal": [], "grads_max_abs_diff": 0.0, "grads_missing": [],
                 "sharding": "ShardingStrategy.FULL_SHARD" if strategy == "fsdp" else "fsdp2",
                 "units": 7 if strategy == "fsdp" else 0}
     assert [{k: v for k, v in r.items() if k not in ("rank", "meta_note")} for r in got] == [expected, expected]

@@ -190,7 +190,8 @@ def _check_fsdp1_default() -> None:
     if MixedPrecision(param_dtype=None).cast_forward_inputs:
         raise RuntimeError(
             "rla.integrations.verl: this torch's FSDP1 MixedPrecision casts forward inputs by default, which rounds "
-            "the fp32 tensors aligned layers pass between FSDP units; use strategy=fsdp2 (rla patches its policy)"
+            "the fp32 tensors aligned layers pass between FSDP units; set actor_rollout_ref.actor.strategy=fsdp2 (and "
+            "critic.strategy=fsdp2 with a critic): rla patches FSDP2's policy"
         )
 
 
