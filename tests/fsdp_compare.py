@@ -59,7 +59,7 @@ def _full_grads(module) -> dict[str, torch.Tensor]:
     return grads
 
 
-def compare_with_unsharded(module, model_path: str, profile, ids) -> dict:
+def compare_with_unsharded(module, model_path: str, profile, ids, backward: bool = True) -> dict:
     """The FSDP-wrapped aligned ``module`` against the bf16-loaded, hand-aligned checkpoint.
 
     FSDP1's ``MixedPrecision(param_dtype=bf16, reduce_dtype=fp32)`` (FSDP2's
@@ -67,7 +67,8 @@ def compare_with_unsharded(module, model_path: str, profile, ids) -> dict:
     checkpoint's own values: the fp32 load is exact) and casts each bf16 gradient to fp32 before
     reducing; every rank runs the same batch, so the mean over ranks
     (a division by the world size of equal fp32 values) is exact: each gradient must equal the
-    unsharded model's bf16 gradient cast to fp32, bit for bit."""
+    unsharded model's bf16 gradient cast to fp32, bit for bit. ``backward=False``: the logits only
+    (a forward-only reference engine)."""
     import rla
     from transformers import AutoModelForCausalLM
 
@@ -80,6 +81,8 @@ def compare_with_unsharded(module, model_path: str, profile, ids) -> dict:
                       ("autocast", lambda: torch.autocast(device.type, torch.bfloat16))):
         with torch.no_grad(), ctx():
             out[f"logits_equal_{name}"] = bool(torch.equal(module(ids).logits, reference(ids).logits))
+    if not backward:  # a forward-only (reference) engine
+        return out
     for m in (module, reference):
         m.zero_grad(set_to_none=True)
         m(ids).logits.float().logsumexp(-1).mean().backward()
