@@ -1,7 +1,8 @@
 """An aligned model survives ``torch.save`` / ``torch.load``, ``copy.deepcopy`` and ``pickle``: the
 copy is aligned, computes the same logits bit for bit, and ``rla.unalign`` works on it; the
 original is unchanged. ``model.float()`` after ``align`` warns at the next forward; aligning a
-model on the meta device is refused (issue 38, items 4 and 6)."""
+model on the meta device is refused (issue 38, items 4 and 6), unless ``allow_meta=True`` (verl's
+non-rank-0 workers, filled in later by rank 0's broadcast; issue 35)."""
 
 import copy
 import io
@@ -96,7 +97,43 @@ def test_align_on_the_meta_device_is_refused_before_anything_changes():
 
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(tiny_config("qwen2")).to(torch.bfloat16)
-    with pytest.raises(ValueError, match="meta device .* Align after loading"):
+    with pytest.raises(ValueError, match="meta device .* Align after loading .* allow_meta=True"):
         rla.align(model, "vllm")
     assert rla.alignment_of(model) is None
     rla.unalign(model)  # nothing to undo: no error
+
+
+def test_a_meta_copy_aligned_with_allow_meta_then_filled_in_is_the_aligned_model_bit_for_bit():
+    """verl's non-rank-0 worker in miniature: the model is built on the meta device and cast
+    (``module.to(bf16)`` rounds ``inv_freq`` there, a forward-only reference's case), aligned,
+    then materialized and given rank 0's weights and buffers (what FSDP1's sync_module_states and
+    verl's fsdp2_load_full_state_dict broadcast). The two aligned copies must hold the same
+    buffers in the same dtypes (a broadcast pairs them by name and size), compute the same logits
+    bit for bit, and unalign to the same buffers."""
+    import transformers
+
+    from align_spec import tiny_config, tokens
+
+    real = transformers.AutoModelForCausalLM.from_config(tiny_config("qwen2"), attn_implementation="eager")
+    real.to(torch.bfloat16)  # verl's cast: inv_freq bf16 on rank 0 too
+    with torch.device("meta"):
+        meta = transformers.AutoModelForCausalLM.from_config(tiny_config("qwen2"), attn_implementation="eager")
+    meta.to(torch.bfloat16)
+    rla.align(real, "vllm")
+    report = rla.align(meta, "vllm", allow_meta=True)
+    assert [h.name for h in report.hazards] == ["bf16 inv_freq"] and "not measured" in report.hazards[0].detail
+    bufs = {n: (b.dtype, b.shape) for n, b in meta.named_buffers()}
+    assert bufs == {n: (b.dtype, b.shape) for n, b in real.named_buffers()}
+    assert bufs["model.rotary_emb.inv_freq"][0] == torch.float32  # replaced on the meta copy as on rank 0's
+    meta.to_empty(device="cpu")
+    with torch.no_grad():  # rank 0's broadcast
+        for (n, t), (m, u) in zip(real.state_dict(keep_vars=True).items(), meta.state_dict(keep_vars=True).items()):
+            u.copy_(t)
+        for (n, t), (m, u) in zip(real.named_buffers(), meta.named_buffers()):
+            u.copy_(t)
+    ids = tokens(vocab=tiny_config("qwen2").vocab_size)
+    assert torch.equal(_logits(meta, ids), _logits(real, ids))
+    rla.unalign(real)
+    rla.unalign(meta)
+    for (n, t), (m, u) in zip(real.named_buffers(), meta.named_buffers()):
+        assert n == m and not u.is_meta and u.dtype == t.dtype == torch.bfloat16 and torch.equal(u, t), n

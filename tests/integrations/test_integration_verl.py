@@ -1,11 +1,13 @@
 """rla.integrations.verl against the real verl package (0.9.1): its FSDP engine builds the model on
 CPU, in one process, without Ray.
 
-verl picks its device through a platform plugin and ships none for CPU; the test registers one
-(``verl.plugin.platform.set_platform``, verl's documented extension point) whose device is the
+verl picks its device through a platform plugin and ships none for CPU; ``verl_cpu`` registers
+one (``verl.plugin.platform.set_platform``, verl's documented extension point) whose device is the
 CPU and whose collective backend is gloo. Everything else is verl's own code: ``HFModelConfig``
 (which imports ``external_lib``), ``FSDPEngine._build_module`` (load, monkey patches, dtype cast)
-and ``_build_fsdp_module`` (FSDP2 with verl's ``MixedPrecisionPolicy``).
+and ``_build_fsdp_module`` (FSDP2 with verl's ``MixedPrecisionPolicy``, FSDP1 with its
+``MixedPrecision``; FSDP1 with ``verl_cpu``'s two device shims). Two processes:
+``test_integration_verl_fsdp1.py``.
 
 Not run here: the critic (verl's ``load_valuehead_model`` hard-codes flash_attention_2, which
 needs a GPU; it is built by the same ``_build_module`` hook) and the older ``fsdp_workers``
@@ -14,7 +16,6 @@ layout (not in verl 0.9.1).
 
 from __future__ import annotations
 
-import contextlib
 import os
 from importlib.resources import files
 
@@ -23,39 +24,8 @@ import torch
 
 pytest.importorskip("verl", reason="the verl integration is tested where verl is installed (README)")
 
-from verl.plugin.platform.platform_base import PlatformBase  # noqa: E402
-from verl.plugin.platform.platform_manager import set_platform  # noqa: E402
-
-
-class CPUPlatform(PlatformBase):
-    """The CPU as a verl platform: device "cpu", gloo collectives, no-op device management."""
-
-    device_name = "cpu"
-    vendor_name = "cpu"
-    device_module = torch.cpu
-
-    def is_available(self): return True
-    def current_device(self): return torch.device("cpu")
-    def device_count(self): return 1
-    def set_device(self, device_index): pass
-    def synchronize(self, device_index=None): pass
-    def manual_seed(self, seed): torch.manual_seed(seed)
-    def manual_seed_all(self, seed): torch.manual_seed(seed)
-    def set_allocator_settings(self, settings): pass
-    def empty_cache(self): pass
-    def get_device_capability(self, device_index=0): return (None, None)
-    def communication_backend_name(self): return "gloo"
-    def visible_devices_envvar(self): return "CPU_VISIBLE_DEVICES"
-    def nvtx_range(self, msg): return contextlib.nullcontext()
-    def profiler_start(self): pass
-    def profiler_stop(self): pass
-    def ray_resource_name(self): return "CPU"
-    def ray_noset_envvars(self): return []
-    def is_ipc_supported(self): return False
-    def cudart(self): return None
-
-
-set_platform(CPUPlatform())  # before verl's engine modules read the device name at import
+from verl_cpu import fsdp1_on_cpu  # noqa: E402  (registers verl's CPU platform before verl's engine modules load)
+from fsdp_compare import compare_with_unsharded  # noqa: E402
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 from verl.trainer.config import CheckpointConfig  # noqa: E402
@@ -157,20 +127,33 @@ def test_uninstall_restores_verls_code():
     assert rla_verl.installed() and rla.alignment_of(_engine(model_dtype="bf16")._build_module()) is not None
 
 
-def test_fsdp1_strategy_aligns_and_reports_mixed_precision():
-    """verl's default strategy (fsdp = FSDP1): the build aligns as under FSDP2, and the trainable
-    actor's report says its fp32 weights compute in bf16 under FSDP's mixed precision (not rla's
-    generic "nothing to round"). FSDP1 wrapping itself needs a GPU (sync_module_states):
-    tests/integrations/test_integration_verl_fsdp_gpu.py."""
-    from torch.distributed.fsdp import MixedPrecision
+def test_fsdp1_strategy_is_aligned_and_exact_forward_and_backward():
+    """verl's default strategy (fsdp = FSDP1), verl's whole build (``initialize()``: load fp32,
+    cast, align, wrap with ``MixedPrecision(param_dtype=bf16, reduce_dtype=fp32,
+    buffer_dtype=fp32)``, ``sync_module_states=True``): FSDP1 leaves forward inputs uncast (it
+    casts the root's, token ids), keeps the fp32 RoPE buffers fp32, and the wrapped model's logits
+    (plain and under verl's bf16 autocast) and every gradient equal the unsharded aligned model's,
+    bit for bit. The actor's report says its fp32 weights compute in bf16 under FSDP."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    module = _engine(strategy="fsdp")._build_module()
+    engine = _engine(strategy="fsdp")
+    with fsdp1_on_cpu():
+        engine.initialize()
+    module = engine.module
+    units = [m for m in module.modules() if isinstance(m, FSDP)]
+    assert len(units) == 7 and all(not u.mixed_precision.cast_forward_inputs for u in units)
+    assert {(u.mixed_precision.param_dtype, u.mixed_precision.buffer_dtype) for u in units} == {
+        (torch.bfloat16, torch.float32)}  # verl's own choice, unchanged
     report = rla.alignment_of(module)
-    assert {p.dtype for p in module.parameters()} == {torch.float32}
-    assert not any(n.startswith("nothing to round") for n in report.notes)
     assert any("FSDP mixed precision" in n for n in report.notes)
-    # what the integration relies on: verl's MixedPrecision(param, reduce, buffer) leaves inputs uncast
-    assert MixedPrecision(param_dtype=torch.bfloat16).cast_forward_inputs is False
+    assert not any(n.startswith("nothing to round") for n in report.notes)
+    result = compare_with_unsharded(module, MODEL, report.profile, IDS[:1, :12])
+    assert result == {"logits_equal_plain": True, "logits_equal_autocast": True, "grads_compared": 74,
+                      "grads_unequal": [], "grads_max_abs_diff": 0.0, "grads_missing": []}
+    assert {str(b.dtype) for b in module.buffers()} == {"torch.float32"}
+    hf = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16, attn_implementation="eager")
+    with torch.no_grad():  # the check can fail: HF's own rounding differs from the aligned model's
+        assert not torch.equal(module(IDS).logits, hf(IDS).logits)
 
 
 def test_liger_in_verls_own_path_is_aligned_over():

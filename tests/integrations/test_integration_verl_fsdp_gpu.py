@@ -1,9 +1,12 @@
 """verl's FSDP1 (``strategy: fsdp``, verl's default) and FSDP2 paths with rla, on CUDA (issue #35).
 
-FSDP1 cannot run on a CPU (``sync_module_states=True`` needs GPU tensors), so this file is the
-FSDP1 check: verl 0.9.1's own ``FSDPEngine.initialize()`` under torchrun on 1 and 2 GPUs
-(``verl_fsdp_gpu_worker.py``, each run in its own process group). Needs verl 0.9.1 with a CUDA
-torch and transformers 5.5.3 (verl pins <5.11), e.g. the README's second environment on a GPU.
+The CPU tests run verl's FSDP engine through gloo, with torch's ``sync_module_states`` device
+check lifted (``tests/verl_cpu.py``); this file runs the same check unshimmed, with NCCL: verl
+0.9.1's own ``FSDPEngine.initialize()`` under torchrun on 1 and 2 GPUs
+(``verl_fsdp_gpu_worker.py``, each run in its own process group), the tiny checkpoint with a tied
+and an untied LM head (the untied one is built on the meta device on rank 1). Needs verl 0.9.1
+with a CUDA torch and transformers 5.5.3 (verl pins <5.11, !=5.6.0), e.g. the README's second
+environment on a GPU.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -25,20 +29,30 @@ pytest.importorskip("verl", reason="verl is installed in the README's second env
 
 WORKER = Path(__file__).with_name("verl_fsdp_gpu_worker.py")
 SRC = Path(__file__).resolve().parents[2] / "src"
+TESTS = Path(__file__).resolve().parents[1]
+MODEL = str(files("rla") / "assets" / "tiny-qwen2")
 
 
-@pytest.mark.parametrize("gpus", [1, 2])
-@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2"])
-def test_verl_engine_on_gpus_is_aligned_and_exact(strategy, gpus, tmp_path):
+CASES = [(s, g, h, "actor") for s in ("fsdp", "fsdp2") for g in (1, 2) for h in ("tied", "untied")]
+CASES += [(s, 2, "untied", "ref") for s in ("fsdp", "fsdp2")]  # verl's reference: bf16, FSDP1 with CPUOffload
+
+
+@pytest.mark.parametrize("strategy,gpus,head,role", CASES)
+def test_verl_engine_on_gpus_is_aligned_and_exact(strategy, gpus, head, role, tmp_path):
     if torch.cuda.device_count() < gpus:
         pytest.skip(f"needs {gpus} GPUs")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    model_path = MODEL if head == "tied" else untied_checkpoint(tmp_path / "untied", MODEL)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), str(TESTS), os.environ.get("PYTHONPATH", "")]))
     run = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
-         str(WORKER), strategy],
+         str(WORKER), strategy, model_path, role, str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=600,
     )
-    lines = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
     assert run.returncode == 0 and "OK" in run.stdout.split(), run.stdout[-3000:] + run.stderr[-3000:]
+    lines = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(gpus)]
     assert len(lines) == gpus and all(r["aligned"] and not r["any_input_cast"] for r in lines)
-    assert all(r["logits_equal_bf16_aligned"] for r in lines), lines
+    assert all(r["logits_equal_plain"] and r["logits_equal_autocast"] for r in lines), lines
+    if role == "actor":
+        assert all(not r["grads_unequal"] and not r["grads_missing"] for r in lines), lines
+    # verl builds an untied model on the meta device on rank 1, and the integration aligns it there
+    assert [r["meta_rank"] for r in sorted(lines, key=lambda r: r["rank"])] == [False, head == "untied"][:gpus]

@@ -205,6 +205,7 @@ def align(
     ops=None,
     *,
     engine_version: str | None = None,
+    allow_meta: bool = False,
 ) -> AlignmentReport:
     """Make ``model``'s training forward round where ``profile``'s engine rounds.
 
@@ -221,6 +222,16 @@ def align(
     else the installed engine's (package metadata; the engine is not imported). The report's
     ``profile_choice`` says which row and why; a version with no calibrated row gets the nearest row and
     a :class:`rla.profiles.ProfileVersionWarning` naming both versions and ``rla calibrate``.
+
+    A model on the meta device is refused unless ``allow_meta=True``: the alignment itself reads
+    no tensor data (it patches code and reads dtypes; the aligned rotary computes its fp32
+    frequencies from the config at the first forward), but a meta model computes nothing until
+    its weights and buffers are filled in. ``allow_meta=True`` is for a copy that is filled in
+    later from a copy aligned the same way, as verl's non-rank-0 workers are (built on the meta
+    device, then FSDP1's ``sync_module_states`` or verl's ``fsdp2_load_full_state_dict``
+    broadcasts rank 0's weights and buffers): both copies must then hold the same buffers in the
+    same dtypes, so the meta copy is aligned exactly as the real one. A rounded ``inv_freq``
+    found on the meta device is replaced as usual; its angle error cannot be measured there.
     """
     match = for_engine(profile, engine_version) if isinstance(profile, str) else None
     if engine_version is not None and match is None:
@@ -256,10 +267,11 @@ def align(
     if "router" in regions and impl is not None:
         raise NotImplementedError(f"rla.align 'router' region with ops={impl!r}: the router runs rla.ops.routing only")
     meta = next((n for n, t in (*body.named_parameters(), *body.named_buffers()) if t.is_meta), None)
-    if meta is not None:
+    if meta is not None and not allow_meta:
         raise ValueError(
-            f"rla.align: {meta} is on the meta device (no data): alignment reads and replaces RoPE's tables, so "
-            "it needs the real weights. Align after loading them (from_pretrained, or to_empty + load_state_dict)"
+            f"rla.align: {meta} is on the meta device (no data): an aligned model computes nothing until its "
+            "weights are loaded. Align after loading them (from_pretrained, or to_empty + load_state_dict), or pass "
+            "allow_meta=True when the weights and buffers are filled in later from a copy aligned the same way"
         )
     if family.layout in ("gemma3", "qwen3_5"):
         return _align_own_layout(model, body, family, p, regions, impl, match)

@@ -119,6 +119,11 @@ def uninstall(module: torch.nn.Module) -> Patch | None:
         else:
             setattr(module, name, value)
     for name, value in patch.saved_buffers.items():
+        live = module._buffers.get(name)
+        if value is not None and value.is_meta and live is not None and not live.is_meta:
+            # saved on the meta device (rla.align(allow_meta=True)) and filled in since: the saved
+            # tensor has no data, so the live buffer is kept, in the saved dtype
+            value = live.to(value.dtype)
         module._buffers[name] = value
     return patch
 

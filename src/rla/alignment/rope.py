@@ -216,13 +216,16 @@ def align_rotary(rotary: torch.nn.Module, profile: RoundingProfile, report, roun
         if hasattr(rotary, "original_max_seq_len"):
             attrs["max_seq_len_cached"] = rotary.original_max_seq_len
         position = int(getattr(rotary, "original_max_seq_len", None) or rotary.config.max_position_embeddings)
-        error = angle_error(old, inv_freq, position)
         dtype = str(old.dtype).replace("torch.", "")
+        if old.is_meta:  # rla.align(allow_meta=True): no values to compare
+            error = "not measured (the buffer is on the meta device)"
+        else:
+            error = f"{angle_error(old, inv_freq, position):.3g} rad at position {position}"
         hazards.append(
             FixedHazard(
                 "bf16 inv_freq",
-                f"RoPE inv_freq was {dtype} (model.to({dtype})): max angle error {error:.3g} "
-                f"rad at position {position}; recomputed in fp32 from the config",
+                f"RoPE inv_freq was {dtype} (model.to({dtype})): max angle error {error}; "
+                "recomputed in fp32 from the config",
             )
         )
     if compat.HF_ROTARY_USES_MATMUL and torch.get_float32_matmul_precision() != "highest":

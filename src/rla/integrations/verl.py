@@ -33,11 +33,20 @@ them), tested with verl 0.9.1:
   (``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=rla.integrations.verl``),
   which every process imports with ``import verl``.
 - **FSDP1** (``strategy: fsdp``, verl's default): verl builds ``MixedPrecision(param_dtype,
-  reduce_dtype, buffer_dtype)``, whose ``cast_forward_inputs`` is False by default: FSDP1 casts
-  the floating inputs of the root module only (``cast_root_forward_inputs``; the root receives
-  token ids), never the fp32 cos/sin and sums that aligned layers pass between wrapped units, so
-  nothing needs patching; the build checks that default. (FSDP1 cannot run on a CPU; its GPU
-  check is ``tests/integrations/test_integration_verl_fsdp_gpu.py``.)
+  reduce_dtype, buffer_dtype)`` (bf16, fp32, fp32), whose ``cast_forward_inputs`` is False by
+  default: FSDP1 casts the floating inputs of the root module only (``cast_root_forward_inputs``;
+  the root receives token ids), never the fp32 cos/sin and sums that aligned layers pass between
+  wrapped units, so nothing needs patching; the build checks that default. ``buffer_dtype=fp32``
+  keeps RoPE's fp32 ``inv_freq`` as it is (the aligned rotary computes its frequencies from the
+  config anyway), and the flat parameters leave the patched forwards in place (they are instance
+  attributes of the wrapped modules; FSDP1 calls them with bf16 views of its flat parameters).
+  Tested with verl's own ``FSDPEngine.initialize()`` on CPU with gloo, 1 and 2 processes, tied
+  and untied LM head: logits and every gradient equal the unsharded aligned model's bit for bit
+  (``tests/integrations/test_integration_verl.py``, ``test_integration_verl_fsdp1.py``).
+- **Meta-device ranks** (both strategies): verl builds a model with an untied LM head on the meta
+  device on every rank but 0 and fills it in from rank 0 when it wraps it; those copies are
+  aligned with ``rla.align(..., allow_meta=True)``, exactly as rank 0's (a broadcast pairs the
+  buffers by name and size, so the copies must agree).
 
 The alignment report of a trainable actor (fp32 weights at build time, bf16 compute under FSDP's
 mixed precision) says so instead of rla's generic "nothing to round" note.
@@ -106,10 +115,27 @@ def profile_for(module) -> str:
     return name
 
 
+def _built_on_meta(module) -> bool:
+    """verl builds an untied model on the meta device on every rank but 0
+    (``get_init_weight_context_manager(use_meta_tensor=not tie_word_embeddings)``, then
+    ``init_empty_weights``); FSDP1's ``sync_module_states`` / FSDP2's ``fsdp2_load_full_state_dict``
+    fill it in from rank 0. Only there is a meta model expected: on rank 0 it is an error."""
+    import torch.distributed as dist
+
+    on_meta = any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+    return on_meta and dist.is_available() and dist.is_initialized() and dist.get_rank() != 0
+
+
 def _align(module, where: str, mixed_precision: bool = False) -> None:
     name = profile_for(module)
     version = os.environ.get(VERSION_ENV_VAR) or None
-    report = align(module, name, engine_version=version if engine_alias(name) else None)
+    meta = _built_on_meta(module)
+    report = align(module, name, engine_version=version if engine_alias(name) else None, allow_meta=meta)
+    if meta:
+        report.notes.append(
+            "built on the meta device by verl (this rank is not 0): aligned as rank 0's copy is, so the two hold the "
+            "same buffers; FSDP fills in rank 0's weights and buffers when it wraps the model"
+        )
     if mixed_precision:
         stale = [n for n in report.notes if n.startswith("nothing to round")]
         for note in stale:
@@ -164,7 +190,8 @@ def _check_fsdp1_default() -> None:
     if MixedPrecision(param_dtype=None).cast_forward_inputs:
         raise RuntimeError(
             "rla.integrations.verl: this torch's FSDP1 MixedPrecision casts forward inputs by default, which rounds "
-            "the fp32 tensors aligned layers pass between FSDP units; use strategy=fsdp2 (rla patches its policy)"
+            "the fp32 tensors aligned layers pass between FSDP units; set actor_rollout_ref.actor.strategy=fsdp2 (and "
+            "critic.strategy=fsdp2 with a critic): rla patches FSDP2's policy"
         )
 
 
