@@ -50,8 +50,40 @@ SPEC = {
     "vllm-0.33-eager": ("round", "fused", "device", "per_op", "fused", "rounded_sum", "rounded", "round", "vllm_block"),
     "rla": ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round", "unpinned"),
 }
-SPEC = {name: dict(zip(POINTS, row)) for name, row in SPEC.items()}
+
+
+class Row(dict):
+    """A row's points; ``fused_head_sizes``: the head sizes at which its RoPE points hold, where the
+    row has such a rule (None: at every head size). At any other head size RoPE reads bf16 cos/sin
+    with bf16 products (``HEAD_SIZE_POINTS``); :func:`at_head_size` applies it. Equal to a plain
+    dict of the same points (the rule is not a point)."""
+
+    def __init__(self, pts, fused_head_sizes=None):
+        super().__init__(pts)
+        self.fused_head_sizes = fused_head_sizes
+
+
+#: docs/rounding.md, "SGLang's head sizes", copied as data: SGLang 0.5.23 on CUDA keeps the fp32
+#: cos/sin cache and its fused RoPE kernel for these head sizes only (srt/layers/rotary_embedding/
+#: base.py); at the others its fallback kernel reads a bf16 cache and rounds each product.
+SGLANG_FUSED_HEAD_SIZES = (64, 128, 256, 512)
+HEAD_SIZE_POINTS = {"rope_cos_sin": "round", "rope_apply": "per_op"}
+SPEC = {name: Row(dict(zip(POINTS, row)), SGLANG_FUSED_HEAD_SIZES if name == "sglang-0.5.23" else None)
+        for name, row in SPEC.items()}
 SPEC["vllm"], SPEC["vllm-eager"], SPEC["sglang"] = SPEC["vllm-0.33"], SPEC["vllm-0.33-eager"], SPEC["sglang-0.5.23"]
+
+
+def at_head_size(pts: dict, head_size: int) -> dict:
+    """The points ``pts`` hold for a model with attention head size ``head_size``."""
+    sizes = getattr(pts, "fused_head_sizes", None)
+    if sizes is None or head_size in sizes:
+        return dict(pts)
+    return {**pts, **HEAD_SIZE_POINTS}
+
+
+def head_size_of(cfg) -> int:
+    """The attention head size of a config: head_dim where set, else hidden / heads."""
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 PROFILES = ("hf", "sglang-0.5.23", "vllm-0.33", "vllm-0.33-eager", "rla")
 REGION_POINTS = {
     "rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq", "qk_norm_out"),
@@ -62,7 +94,7 @@ REGION_POINTS = {
 
 def points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
     """The profile's points in ``regions``; HF's own (``hf``) points elsewhere."""
-    out = dict(SPEC["hf"])
+    out = Row(SPEC["hf"], SPEC[profile].fused_head_sizes if "rope" in regions else None)
     for region in regions:
         for point in REGION_POINTS[region]:
             out[point] = SPEC[profile][point]
@@ -331,6 +363,7 @@ def spec_forward(model, input_ids, pts, cache: SpecCache | None = None, last_onl
     each layer's output as the next layer reads it (fp32 under ``fp32_sum``, else lp).
     """
     body, cfg = model.model, model.config
+    pts = at_head_size(pts, head_size_of(cfg))
     lp = body.embed_tokens.weight.dtype
     eps = cfg.rms_norm_eps
     b, s = input_ids.shape

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from align_spec import BF16, SPEC, rn, spec_rope
+from align_spec import BF16, SPEC, Row, at_head_size, head_size_of, rn, spec_rope
 from spec import vllm_mean_square
 
 # docs/families.md, "the zero_centred_norm variant", copied as data (checked against rla.profiles
@@ -36,7 +36,7 @@ def gemma_points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
     row = {**SPEC[profile], **VARIANT.get(profile, {})}
     groups = {"rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq", "qk_norm_out"), "swiglu": ("swiglu",),
               "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction")}
-    out = dict(hf)
+    out = Row(hf, SPEC[profile].fused_head_sizes if "rope" in regions else None)
     for region in regions:
         for point in groups[region]:
             out[point] = row[point]
@@ -129,6 +129,7 @@ def _attention(attn, h, cos, sin, pts, lp):
 def spec_forward(model, input_ids, pts) -> torch.Tensor:
     """Logits of ``model`` (a Gemma3ForCausalLM) computed under the points ``pts``."""
     body, cfg = model.model, model.config
+    pts = at_head_size(pts, head_size_of(cfg))  # the row's head-size rule (align_spec.Row)
     lp = body.embed_tokens.weight.dtype
     device = input_ids.device
     where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from align_spec import BF16, _dense_mlp, _experts, _linear, _repeat_kv, rn, spec_norm, spec_rope
+from align_spec import (BF16, _dense_mlp, _experts, _linear, _repeat_kv, at_head_size, head_size_of, rn, spec_norm,
+                        spec_rope)
 
 __all__ = ["tiny_glm4_moe", "spec_forward"]
 
@@ -77,6 +78,7 @@ def _mlp(mlp, h, pts):
 
 def spec_forward(model, input_ids, pts) -> torch.Tensor:
     body, cfg = model.model, model.config
+    pts = at_head_size(pts, head_size_of(cfg))  # the row's head-size rule (align_spec.Row)
     lp = body.embed_tokens.weight.dtype
     eps = cfg.rms_norm_eps
     b, s = input_ids.shape

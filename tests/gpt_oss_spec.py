@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from align_spec import BF16, SPEC, rn, spec_norm, spec_rope
+from align_spec import BF16, SPEC, Row, at_head_size, head_size_of, rn, spec_norm, spec_rope
 
 # docs/families.md, "the gpt_oss variant", copied as data (checked against rla.profiles).
 VARIANT = {"hf": {"norm_weight": "fused"}, "vllm-0.33-eager": {"swiglu": "fused"}}
@@ -29,7 +29,7 @@ def gpt_oss_points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
     row = {**SPEC[profile], **VARIANT.get(profile, {})}
     groups = {"rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq"), "swiglu": ("swiglu",),
               "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction")}
-    out = dict(hf)
+    out = Row(hf, SPEC[profile].fused_head_sizes if "rope" in regions else None)
     for region in regions:
         for point in groups[region]:
             out[point] = row[point]
@@ -113,6 +113,7 @@ def _experts(mlp, h, pts):
 
 def spec_forward(model, input_ids, pts) -> torch.Tensor:
     body, cfg = model.model, model.config
+    pts = at_head_size(pts, head_size_of(cfg))  # the row's head-size rule (align_spec.Row)
     lp = body.embed_tokens.weight.dtype
     device = input_ids.device
     where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")

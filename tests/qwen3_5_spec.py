@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from align_spec import BF16, rn, spec_rope, spec_swiglu
+from align_spec import BF16, at_head_size, head_size_of, rn, spec_rope, spec_swiglu
 from gemma_spec import gemma_points as qwen3_5_points  # the zero_centred_norm variant, the same table
 from gemma_spec import spec_norm
 
@@ -84,6 +84,7 @@ def _attention(attn, h, cos, sin, pts, lp):
 
 def spec_forward(model, input_ids, pts) -> torch.Tensor:
     body, cfg = model.model, model.config
+    pts = at_head_size(pts, head_size_of(cfg))  # the row's head-size rule (align_spec.Row)
     lp = body.embed_tokens.weight.dtype
     device = input_ids.device
     where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")

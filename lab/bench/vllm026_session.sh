@@ -3,6 +3,8 @@
 # deps). STAGES, in order:
 #   cli-eager / cli-default  `rla verify --live` then `rla calibrate --live` on the Qwen3 h2048 4-layer
 #                            random-init checkpoint (q/k norms: every point has a say), that mode
+#   gemma3-eager / gemma3-default  `rla verify --live --train-attention engine` on the Gemma 3 h2560
+#                            4-layer random-init checkpoint (3 sliding-window layers, 1 full), that mode
 #   solo                     vllm_live_attribution.py engine-solo (each prompt alone, no chunked prefill)
 #   attr                     vllm_live_attribution.py compare (the interventions, batched and solo)
 #   twin                     vllm_live_attribution.py twin (the twin with the engine's attention vs live)
@@ -25,6 +27,15 @@ for mode in eager default; do
   timeout $(cap 300) python3 -m rla.cli calibrate --engine vllm --live --model $M/qwen3-h2048-L4 --mode $mode \
     --out "$OUT/vllm-0.26$([[ $mode == eager ]] && echo -eager).json" > "$OUT/calibrate-$mode.log" 2>&1
   echo "calibrate rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/calibrate-$mode.log" | tail -25 | cut -c1-220
+done
+for mode in eager default; do
+  has gemma3-$mode || continue
+  stamp gemma3-$mode
+  python3 lab/bench/vllm_live_h200.py checkpoint --out "$OUT/ckpt" --models $M --families gemma3-h2560 --layers 4 > "$OUT/checkpoint-gemma3.log" 2>&1 || tail -5 "$OUT/checkpoint-gemma3.log"
+  timeout $(cap 400) python3 -m rla.cli verify --engine vllm --live --model $M/gemma3-h2560-L4 --mode $mode \
+    --train-attention engine --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 \
+    --out "$OUT/verify-gemma3-$mode" > "$OUT/verify-gemma3-$mode.log" 2>&1
+  echo "verify gemma3 rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/verify-gemma3-$mode.log" | tail -25 | cut -c1-220
 done
 A="python3 lab/bench/vllm_live_attribution.py --out /tmp/attr --models $M --names ${NAMES:-qwen2-h1536-L4} --modes ${MODES:-eager,default}"
 if has solo; then stamp solo; timeout $(cap 300) $A engine-solo > "$OUT/solo.log" 2>&1; echo "rc=$?"; grep -E "solo:|Error|error" "$OUT/solo.log" | tail -8; fi

@@ -15,7 +15,11 @@ Stages (each writes JSON into ``--out``):
   the fraction of bit-equal logprobs, k3, mean / max |dlogp|, for prefill and decode, per
   position bucket.
 - ``checkpoint``: only builds the random-init checkpoints (for ``rla verify --live`` /
-  ``rla calibrate --live`` on the device).
+  ``rla calibrate --live`` on the device). Besides the twin's three families it builds
+  ``gemma3-h2560`` (:func:`gemma3_config`: Gemma 3 4B's width, sliding and full layers); Qwen3.5
+  dense is not offered: vLLM 0.26 registers only its multimodal ``Qwen3_5ForConditionalGeneration``
+  (``vllm/model_executor/models/registry.py``), not the text-only ``Qwen3_5ForCausalLM`` an HF text
+  checkpoint names.
 
 Needs CUDA and the real vLLM (0.26 on torch 2.11). Random-init weights: norm weights are drawn
 around 1 (as the twin runs do) so per_op and fused norms differ.
@@ -63,11 +67,37 @@ def stamp() -> dict:
             "command": " ".join(sys.argv), "env": {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}}
 
 
+def gemma3_config(layers: int):
+    """Gemma 3 at Gemma 3 4B's width: hidden 2560, 8 query heads of 256 and 4 KV heads, GeGLU
+    (gelu tanh) 10240 wide, query_pre_attn_scalar 256, a 1024-token sliding window on every layer
+    but the last, which attends fully (Gemma 3 interleaves five sliding layers to one full);
+    RoPE theta 10k on the sliding layers, 1M with linear x8 on the full ones; vocab 32000 like the
+    twin's models, untied head."""
+    import transformers
+
+    if layers < 2:
+        raise ValueError(f"gemma3-h2560 needs >= 2 layers (sliding and full), got {layers}")
+    return transformers.Gemma3TextConfig(
+        vocab_size=32000, hidden_size=2560, intermediate_size=10240, num_hidden_layers=layers,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256,
+        sliding_window=1024, layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"],
+        hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131072, rms_norm_eps=1e-6,
+        final_logit_softcapping=None, tie_word_embeddings=False,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}})
+
+
+#: Families whose norms are zero-centred, ``x * (1 + w)``: their random norm weights are drawn
+#: around 0 (HF initialises them to 0, where ``1 + w`` is exact), the others' around 1.
+ZERO_CENTRED = ("gemma3-",)
+
+
 def model_configs(layers: int) -> dict:
     import engine_twin_h200 as twin
 
     twin.LAYERS = layers
     cfgs = twin.configs()
+    cfgs["gemma3-h2560"] = gemma3_config(layers)
     for cfg in cfgs.values():  # room for the long prompt on every family
         cfg.max_position_embeddings = max(cfg.max_position_embeddings, 40960)
     return cfgs
@@ -79,9 +109,17 @@ def build_checkpoint(name: str, layers: int, root: Path) -> Path:
     path = root / f"{name}-L{layers}"
     if (path / "config.json").is_file():
         return path
-    cfg = model_configs(layers)[name]
+    cfgs = model_configs(layers)
+    if name not in cfgs:
+        raise ValueError(f"no checkpoint {name!r}; the families are {', '.join(cfgs)}")
     twin.DEV = "cuda"
-    model = twin.random_model(cfg)
+    model = twin.random_model(cfgs[name])
+    if name.startswith(ZERO_CENTRED):
+        g = torch.Generator(device=twin.DEV).manual_seed(2)
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if pname.endswith("norm.weight"):
+                    p.copy_(0.2 * torch.randn(p.shape, generator=g, device=twin.DEV))
     model.save_pretrained(str(path), safe_serialization=True)
     del model
     torch.cuda.empty_cache()

@@ -10,6 +10,8 @@ def test_profiles_table_and_json(capsys):
     out = capsys.readouterr().out
     assert "vllm-0.33-eager" in out and "fp32_sum" in out and "vllm-eager -> vllm-0.33-eager" in out
     assert "vllm-0.33-eager: evidence per point" in out and "kernel" in out  # versions and evidence
+    assert ("conditions (docs/rounding.md): sglang-0.5.23 at head size not in [64, 128, 256, 512]: "
+            "rope_cos_sin=round, rope_apply=per_op") in " ".join(out.split())
     # the table (a row per point, a column per profile) shows every value whole in 80 columns
     from rla import profiles
 

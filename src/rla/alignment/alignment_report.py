@@ -52,9 +52,17 @@ class AlignmentReport:
     variant: str = ""
     """The rows' variant (``rla.profiles.VARIANTS``) whose points hold for this family's modules
     (empty: the row's own points); the table prints the points that ran."""
+    head_size: int | None = None
+    """The model's attention head size where the row's points depend on it
+    (``RoundingProfile.conditions``) and differ there; the table prints the points that ran."""
     profile_choice: str = ""
     """How an engine alias (``"vllm"``) became this row: the engine version it was matched to and
     where that version came from (:meth:`rla.profiles.EngineMatch.message`); empty for a row name."""
+
+    def ran(self) -> RoundingProfile:
+        """The points that ran: the row at the model's head size, then the family's variant."""
+        p = self.profile if self.head_size is None else self.profile.at_head_size(self.head_size)
+        return p.variant(self.variant) if self.variant else p
 
     def modules(self, region: str) -> int:
         """Total modules aligned in ``region`` (0 when the region was not aligned)."""
@@ -66,6 +74,8 @@ class AlignmentReport:
         d["points"] = self.profile.points()
         if self.variant:
             d["variant_points"] = self.profile.variant(self.variant).points()
+        if self.head_size is not None:
+            d["head_size_points"] = self.profile.at_head_size(self.head_size).points()
         return d
 
     def _rows(self) -> list[tuple[str, str, str]]:
@@ -73,8 +83,7 @@ class AlignmentReport:
         for region in (*REGIONS, *(("router",) if "router" in self.regions else ())):
             if region in self.regions:
                 what = ", ".join(f"{n} {kind}" for kind, n in self.counts.get(region, {}).items())
-                ran = self.profile.variant(self.variant) if self.variant else self.profile
-                rows.append((region, what, _rounding(ran, region)))
+                rows.append((region, what, _rounding(self.ran(), region)))
             else:
                 rows.append((region, "not aligned (model's own code)", ""))
         return rows

@@ -245,6 +245,8 @@ def align(
     if impl is not None:
         _check_ops_profile(impl, p)
     family, body = _find(model)
+    row = p
+    p, head = _at_head_size(p, body.config)
     if family.regions is not None and not set(regions) <= set(family.regions):
         raise NotImplementedError(
             f"rla.align: {family.model_type} supports the regions {family.regions}, not "
@@ -274,7 +276,7 @@ def align(
             "allow_meta=True when the weights and buffers are filled in later from a copy aligned the same way"
         )
     if family.layout in ("gemma3", "qwen3_5"):
-        return _align_own_layout(model, body, family, p, regions, impl, match)
+        return _align_own_layout(model, body, family, row, p, head, regions, impl, match)
     found = _scan(body, family)
     if "swiglu" in regions:
         if family.experts_gate == "clamped_swiglu":
@@ -289,7 +291,7 @@ def align(
     liger_notes, _ = liger.notes_before(body, family, found, regions)
 
     report = AlignmentReport(
-        profile=p,
+        profile=row,
         regions=regions,
         family=family.model_type,
         model_class=type(model).__name__,
@@ -298,6 +300,7 @@ def align(
     )
     if match is not None:
         report.profile_choice = match.message()
+    _note_head_size(report, row, p, head)
     if ops is not None:  # what aligned() re-applies (not part of the report's data)
         report.__dict__["_ops_object"] = ops
     # q/k norm -> RoPE as one fp32 chain (qk_norm_out='fp32'): needs both regions aligned
@@ -375,7 +378,33 @@ def align(
     return report
 
 
-def _align_own_layout(model, body, family, p, regions, impl, match) -> AlignmentReport:
+def head_size(config) -> int:
+    """The attention head size of a decoder config, as HF's attention modules take it:
+    ``config.head_dim`` where set, else ``hidden_size // num_attention_heads``."""
+    size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(size)
+
+
+def _at_head_size(p: RoundingProfile, config) -> tuple[RoundingProfile, int | None]:
+    """The row's points at this model's head size (``RoundingProfile.conditions``), and that head
+    size when a condition changed any (None otherwise)."""
+    if not p.conditions:
+        return p, None
+    h = head_size(config)
+    at = p.at_head_size(h)
+    return (p, None) if at is p else (at, h)
+
+
+def _note_head_size(report: AlignmentReport, row: RoundingProfile, at: RoundingProfile, head: int | None) -> None:
+    if head is None:
+        return
+    report.head_size = head
+    changed = {k: v for k, v in at.points().items() if getattr(row, k) != v}
+    report.notes.append(f"head size {head}: {row.name!r} rounds {changed} at this head size (the row's conditions: "
+                        "the engine runs another kernel for it; docs/rounding.md)")
+
+
+def _align_own_layout(model, body, family, row, p, head, regions, impl, match) -> AlignmentReport:
     """Gemma 3's and Qwen3.5's layer shapes (``rla.alignment.gemma``, ``rla.alignment.qwen3_5``):
     rla.ops only, no Liger, no ``ops=`` plug."""
     if impl is not None:
@@ -388,11 +417,12 @@ def _align_own_layout(model, body, family, p, regions, impl, match) -> Alignment
     if body.__dict__.get(_STATE_ATTR) is not None:
         unalign(body)
     report = AlignmentReport(
-        profile=p, regions=regions, family=family.model_type, model_class=type(model).__name__,
+        profile=row, regions=regions, family=family.model_type, model_class=type(model).__name__,
         transformers_version=str(compat.TRANSFORMERS_VERSION), ops="rla.ops",
     )
     if match is not None:
         report.profile_choice = match.message()
+    _note_head_size(report, row, p, head)
     (gemma.align_gemma3 if family.layout == "gemma3" else qwen3_5.align_qwen3_5)(body, family, p, regions, report)
     report.notes.extend(_nothing_to_round(model))
     _guard(body, report)

@@ -107,6 +107,11 @@ def check_model(path: str, longest: int) -> dict:
         config = AutoConfig.from_pretrained(str(p), local_files_only=True)
     except Exception as e:  # transformers raises several types for a bad config; name the file
         raise ValueError(f"{p / 'config.json'} could not be read as an HF config: {e}") from e
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        raise ValueError(f"--model {path}: final_logit_softcapping={cap}: the training side's logprobs are "
+                         "log_softmax of the LM head's logits (rla.engines.live_calibration.train_logprobs), without "
+                         "the cap the engine applies; not scored live")
     if not any(p.glob("*.safetensors")):
         raise FileNotFoundError(f"--model {path}: no *.safetensors weights (vLLM and rla both read safetensors)")
     check_safetensors(p, config)

@@ -48,6 +48,11 @@ def run(args) -> int:
     if variants:  # other kinds of modules whose engine code rounds otherwise (docs/families.md)
         console.print("variants (docs/families.md): "
                       + "; ".join(f"{n} {kind}: {point}={value}" for n, kind, point, value in variants), highlight=False)
+    conditions = [(p.name, c) for p in rows for c in p.conditions]
+    if conditions:  # points that hold at some head sizes only (docs/rounding.md)
+        console.print("conditions (docs/rounding.md): " + "; ".join(
+            f"{n} at {key.replace('_', ' ')} {list(sizes)}: " + ", ".join(f"{k}={v}" for k, v in c.points.items())
+            for n, c in conditions for key, sizes in c.when.items()), highlight=False)
     if args.evidence:
         for p in rows:
             if p.calibration is None:
@@ -62,6 +67,11 @@ def run(args) -> int:
                 for point, e in points.items():
                     matched = "-" if e.matched is None else f"{e.matched:.6%}"
                     ev.add_row(f"{point} ({kind})", p.variants[kind][point], e.evidence, matched, e.note)
+            for c in p.conditions:
+                (key, sizes), = c.when.items()
+                for point, e in c.evidence.items():
+                    matched = "-" if e.matched is None else f"{e.matched:.6%}"
+                    ev.add_row(f"{point} ({key} {list(sizes)})", c.points[point], e.evidence, matched, e.note)
             for point, e in (p.router.evidence if p.router else {}).items():
                 matched = "-" if e.matched is None else f"{e.matched:.6%}"
                 ev.add_row(f"router.{point}", getattr(p.router, point), e.evidence, matched, e.note)

@@ -16,6 +16,16 @@ others: every key tile in order, a fully masked tile a no-op). The engine's deco
 (split-KV for small decode batches) are another reduction and are not reproduced: a training
 forward is a prefill.
 
+What an HF attention module hands the interface is passed on as vLLM's attention layer passes it
+(``vllm/v1/attention/backends/triton_attn.py``, ``TritonAttentionImpl``): the module's ``scaling``
+as ``softmax_scale`` (Gemma 3's ``query_pre_attn_scalar ** -0.5`` included); a sliding window
+of ``W`` keys (HF's ``module.sliding_window``, Gemma 3's sliding layers) as
+``window_size=(W - 1, 0)``, which the kernel reads as ``dist < W`` -- the same ``W`` keys, the
+query's own among them, as HF's sliding mask; a logit ``softcap`` as is (0: none). Attention
+sinks (GPT-OSS's ``s_aux``) are refused: vLLM's kernel takes them, but how its GPT-OSS layer
+hands them over was not checked against a live engine here, so a side scored with them would
+claim what nobody measured.
+
 Forward only (no backward; vLLM's kernel has none): it scores, it does not train.
 
 Importing vLLM disables cuDNN's SDPA for the whole process (``vllm/platforms/cuda.py``:
@@ -29,7 +39,7 @@ import contextlib
 
 import torch
 
-__all__ = ["engine_attention", "attention_forward", "BLOCK", "BACKENDS"]
+__all__ = ["engine_attention", "swapped", "attention_forward", "window_of", "BLOCK", "BACKENDS"]
 
 BLOCK = 16
 """The KV-cache block size of the paged cache (vLLM's default for ``TRITON_ATTN``)."""
@@ -51,14 +61,37 @@ def _kernel():
     return unified_attention
 
 
+def window_of(module, kwargs) -> tuple[int, int]:
+    """vLLM's ``window_size`` for ``module``: ``(W - 1, 0)`` for a sliding window of ``W`` keys
+    (``TritonAttentionImpl.__init__``), ``(-1, -1)`` for full causal attention. ``W`` is what the
+    HF call passes (``sliding_window=``; Mistral passes its config's and keeps no attribute), else
+    the module's ``sliding_window``; where both are given they must agree."""
+    window = getattr(module, "sliding_window", None)
+    passed = kwargs.get("sliding_window", window)
+    if hasattr(module, "sliding_window") and passed != window:
+        raise ValueError(f"the attention call passes sliding_window={passed!r} but its module has {window!r}")
+    window = passed
+    if window is None:
+        return (-1, -1)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"sliding_window={window!r}: expected a number of keys >= 1")
+    return (window - 1, 0)
+
+
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """HF attention interface -> ``unified_attention`` over a paged cache (one causal sequence)."""
     b, h, s, d = query.shape
     kvh = key.shape[1]
     if b != 1:
         raise ValueError(f"the engine's attention scores one sequence per forward, got a batch of {b}")
-    if getattr(module, "sliding_window", None):
-        raise NotImplementedError("the engine's attention is wired for full causal attention, not a sliding window")
+    if kwargs.get("s_aux") is not None or getattr(module, "sinks", None) is not None:
+        raise NotImplementedError(
+            f"{type(module).__name__} has attention sinks (GPT-OSS): the engine's attention is not wired for them "
+            "(module docstring); score with --train-attention model")
+    window = window_of(module, kwargs)
+    softcap = kwargs.get("softcap") or 0
+    if scaling is None:
+        scaling = d ** -0.5  # what HF's own attention functions take for None
     nb = (s + BLOCK - 1) // BLOCK
     q = query[0].transpose(0, 1).contiguous()
     kc = query.new_zeros(nb * BLOCK, kvh, d)
@@ -72,8 +105,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         q=q, k=kc.view(nb, BLOCK, kvh, d), v=vc.view(nb, BLOCK, kvh, d), out=out,
         cu_seqlens_q=torch.tensor([0, s], dtype=torch.int32, device=dev), max_seqlen_q=s,
         seqused_k=torch.tensor([s], dtype=torch.int32, device=dev), max_seqlen_k=s,
-        softmax_scale=scaling, causal=True, window_size=(-1, -1),
-        block_table=torch.arange(nb, dtype=torch.int32, device=dev)[None], softcap=0,
+        softmax_scale=scaling, causal=True, window_size=window,
+        block_table=torch.arange(nb, dtype=torch.int32, device=dev)[None], softcap=softcap,
         q_descale=None, k_descale=ones, v_descale=ones)
     return out[None], None
 
@@ -88,6 +121,18 @@ def engine_attention(model, backend: str = "TRITON_ATTN"):
         raise RuntimeError("the engine's attention runs vLLM's Triton kernel on CUDA; this torch sees no GPU")
     cudnn = torch.backends.cuda.cudnn_sdp_enabled()
     _kernel()
+    try:
+        with swapped(model):
+            yield model
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(cudnn)
+
+
+@contextlib.contextmanager
+def swapped(model):
+    """Within the block, ``model``'s attention modules call :func:`attention_forward` (registered
+    with transformers' attention and mask interfaces); :func:`engine_attention` checks the backend
+    and the device around it."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -99,4 +144,3 @@ def engine_attention(model, backend: str = "TRITON_ATTN"):
         yield model
     finally:
         model.config._attn_implementation = old
-        torch.backends.cuda.enable_cudnn_sdp(cudnn)

@@ -11,11 +11,13 @@ one, is a new data file (``rla calibrate`` writes it), not a new code path.
 """
 
 from rla.profiles.model import (
+    CONDITIONS,
     EVIDENCE,
     POINTS,
     REGION_POINTS,
     REGIONS,
     Calibration,
+    PointCondition,
     PointEvidence,
     RoundingProfile,
     VARIANTS,
@@ -44,7 +46,7 @@ from rla.profiles.versions import (
 
 __all__ = [
     "RoundingProfile", "Calibration", "PointEvidence", "POINTS", "REGIONS", "REGION_POINTS", "EVIDENCE", "VARIANTS",
-    "get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles",
+    "PointCondition", "CONDITIONS", "get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles",
     "for_engine", "EngineMatch", "ProfileVersionWarning", "engine_alias", "installed_version",
     "rollout_version", "calibrated_rows", "RouterPoints", "ROUTER_POINTS",
 ]

@@ -24,8 +24,8 @@ from typing import Literal
 
 from rla.profiles.router import RouterPoints
 
-__all__ = ["RoundingProfile", "Calibration", "PointEvidence", "POINTS", "REGIONS", "REGION_POINTS", "EVIDENCE",
-           "VARIANTS"]
+__all__ = ["RoundingProfile", "Calibration", "PointEvidence", "PointCondition", "POINTS", "REGIONS", "REGION_POINTS",
+           "EVIDENCE", "VARIANTS", "CONDITIONS"]
 
 #: The three regions a profile describes, in the order reports list them.
 REGIONS: tuple[str, ...] = ("rope", "swiglu", "rmsnorm")
@@ -60,6 +60,16 @@ REGION_POINTS: dict[str, tuple[str, ...]] = {
 VARIANTS: dict[str, str] = {
     "zero_centred_norm": "RMSNorm computing x * rstd * (1 + w) (Gemma 3, Qwen3.5/Qwen3-Next) and its layers' adds",
     "gpt_oss": "GPT-OSS's RMSNorm (HF: (w * x * rstd) rounded once) and its experts' clamped SwiGLU",
+}
+
+#: What a row's :class:`PointCondition` may test, and how: a model property and the test on it.
+#: ``head_size_in`` / ``head_size_not_in``: the attention head size (``config.head_dim``, else
+#: hidden / heads) is / is not one of the listed sizes. An engine that dispatches a region to
+#: another kernel by shape (SGLang 0.5.23 keeps its RoPE cache fp32 and runs its fused kernel
+#: only at head sizes 64/128/256/512) is described by such a condition, as data.
+CONDITIONS: dict[str, str] = {
+    "head_size_in": "the attention head size is one of the listed sizes",
+    "head_size_not_in": "the attention head size is none of the listed sizes",
 }
 
 #: Evidence strengths, strongest first: the engine itself run live (its own logprobs of a real
@@ -122,6 +132,44 @@ class Calibration:
     the search started from and the row it found: ``name``, and ``prefill_equal``,
     ``prefill_k3``, ``decode_equal``, ``decode_k3`` against the engine). Checked by
     ``rla.profiles.from_dict`` (``registry.LIVE_KEYS``)."""
+
+
+@dataclass(frozen=True)
+class PointCondition:
+    """Points that hold instead of the row's for models that meet a condition (:data:`CONDITIONS`).
+
+    ``when`` maps one condition key to the head sizes it lists (e.g. ``{"head_size_not_in": (64,
+    128, 256, 512)}``); ``points`` maps points to the choices that hold when it is met; ``evidence``
+    says, per point, how that was decided (every point needs its evidence)."""
+
+    when: dict
+    points: dict
+    evidence: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.when, dict) or len(self.when) != 1 or next(iter(self.when)) not in CONDITIONS:
+            raise ValueError(f"a condition's 'when' must name exactly one of {list(CONDITIONS)}, got {self.when!r}")
+        sizes = next(iter(self.when.values()))
+        if (not isinstance(sizes, (list, tuple)) or not sizes
+                or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in sizes)):
+            raise ValueError(f"condition {self.when!r}: the head sizes must be a non-empty list of integers >= 1")
+        object.__setattr__(self, "when", {next(iter(self.when)): tuple(sizes)})
+        if not isinstance(self.points, dict) or not self.points:
+            raise ValueError(f"condition {self.when!r}: 'points' must map one or more points to choices")
+        for point, value in self.points.items():
+            if point not in POINTS or value not in POINTS[point]:
+                raise ValueError(f"condition {self.when!r} sets {point}={value!r}; points and choices are {POINTS}")
+        if set(self.evidence) != set(self.points):
+            raise ValueError(f"condition {self.when!r}: every point needs its evidence; points "
+                             f"{sorted(self.points)}, evidence {sorted(self.evidence)}")
+        for point, ev in self.evidence.items():
+            if not isinstance(ev, PointEvidence):
+                raise TypeError(f"condition {self.when!r}: evidence for {point!r} must be a PointEvidence")
+
+    def holds(self, head_size: int) -> bool:
+        """Whether a model with attention head size ``head_size`` meets the condition."""
+        (key, sizes), = self.when.items()
+        return (head_size in sizes) == (key == "head_size_in")
 
 
 @dataclass(frozen=True)
@@ -193,6 +241,12 @@ class RoundingProfile:
     variant_evidence: dict = field(default_factory=dict, compare=False, repr=False)
     """kind -> {point: :class:`PointEvidence`}: how each variant point was decided."""
 
+    conditions: tuple = field(default=(), compare=False, repr=False)
+    """:class:`PointCondition` s: points that differ for models of some head sizes, because the
+    engine runs another kernel for them (SGLang 0.5.23's RoPE: fp32 cache and fused kernel at head
+    sizes 64/128/256/512, a bf16 cache and a per-op kernel otherwise). No two conditions set the
+    same point. :meth:`at_head_size` applies them; ``rla.align`` does so with the model's head size."""
+
     router: RouterPoints | None = field(default=None, repr=False)
     """Where the stack rounds inside an MoE block (:mod:`rla.profiles.router`), with the evidence
     per point; None when the row claims no router values (``hf``: HF's own module is the
@@ -221,6 +275,15 @@ class RoundingProfile:
             if missing:
                 raise ValueError(f"RoundingProfile {self.name!r}: evidence for variant {kind!r} names {missing}, "
                                  "which the variant does not set")
+        if not isinstance(self.conditions, tuple) or not all(isinstance(c, PointCondition) for c in self.conditions):
+            raise TypeError(f"RoundingProfile {self.name!r}: conditions must be a tuple of PointCondition")
+        seen: dict[str, dict] = {}
+        for c in self.conditions:
+            for point in c.points:
+                if point in seen:
+                    raise ValueError(f"RoundingProfile {self.name!r}: conditions {seen[point]!r} and {c.when!r} both "
+                                     f"set {point!r}; a point may depend on one condition only")
+                seen[point] = c.when
         if self.router is not None and not isinstance(self.router, RouterPoints):
             raise TypeError(f"RoundingProfile {self.name!r}: router must be a RouterPoints or None, "
                             f"got {type(self.router).__name__}")
@@ -244,6 +307,19 @@ class RoundingProfile:
             return self
         return dataclasses.replace(self, name=f"{self.name}/{kind}", calibration=None, variants={},
                                    variant_evidence={}, **changes)
+
+    def at_head_size(self, head_size: int) -> "RoundingProfile":
+        """The profile that holds for a model with attention head size ``head_size``: this row with
+        the points of every condition that holds applied, named ``<name>@head_size=<h>`` when any
+        differ (itself otherwise). Its variants stay; its conditions are resolved, so it has none."""
+        if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size < 1:
+            raise ValueError(f"head_size must be an integer >= 1, got {head_size!r}")
+        changes = {p: v for c in self.conditions if c.holds(head_size) for p, v in c.points.items()
+                   if getattr(self, p) != v}
+        if not changes:
+            return self
+        return dataclasses.replace(self, name=f"{self.name}@head_size={head_size}", calibration=None,
+                                   conditions=(), **changes)
 
     def differs_from(self, other: "RoundingProfile") -> tuple[str, ...]:
         """Regions whose rounding differs between the two profiles."""

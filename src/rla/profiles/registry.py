@@ -17,7 +17,7 @@ from packaging.version import InvalidVersion, Version
 
 from rla import strict_json
 from rla.strict_json import short
-from rla.profiles.model import POINTS, VARIANTS, Calibration, PointEvidence, RoundingProfile
+from rla.profiles.model import CONDITIONS, POINTS, VARIANTS, Calibration, PointCondition, PointEvidence, RoundingProfile
 from rla.profiles.router import ROUTER_POINTS, RouterPoints
 
 __all__ = ["get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles",
@@ -36,10 +36,10 @@ def from_dict(data: dict, source: str = "<dict>") -> RoundingProfile:
     """A profile from its JSON form; every missing or unknown key is an error naming ``source``."""
     if not isinstance(data, dict):
         raise ValueError(f"{source}: a profile is a JSON object, got {type(data).__name__}")
-    unknown = set(data) - {"name", "description", "points", "calibration", "variants", "router"}
+    unknown = set(data) - {"name", "description", "points", "calibration", "variants", "conditions", "router"}
     if unknown:
         raise ValueError(f"{source}: unknown key(s) {sorted(unknown)}; a profile has name, description, points, "
-                         "calibration and optionally variants and router")
+                         "calibration and optionally variants, conditions and router")
     for key in ("name", "points"):
         if key not in data:
             raise ValueError(f"{source}: missing {key!r}")
@@ -82,11 +82,12 @@ def from_dict(data: dict, source: str = "<dict>") -> RoundingProfile:
         except TypeError as e:
             raise ValueError(f"{source}: calibration: {e}") from None
     variants, variant_evidence = _variants(data.get("variants", {}), source)
+    conditions = _conditions(data.get("conditions", []), source)
     router = None if data.get("router") is None else _router(data["router"], f"{source}: router")
     try:
         return RoundingProfile(
             name=data["name"], description=data.get("description", ""), calibration=calibration,
-            variants=variants, variant_evidence=variant_evidence, router=router, **pts
+            variants=variants, variant_evidence=variant_evidence, conditions=conditions, router=router, **pts
         )
     except ValueError as e:
         raise ValueError(f"{source}: {e}") from None
@@ -112,6 +113,29 @@ def _variants(data, source: str) -> tuple[dict, dict]:
         variants[kind] = dict(v["points"])
         evidence[kind] = {p: _evidence(e, f"{where} point {p!r}") for p, e in v["evidence"].items()}
     return variants, evidence
+
+
+def _conditions(data, source: str) -> tuple[PointCondition, ...]:
+    """``conditions``: a list of {"when": {key: [head sizes]}, "points": {point: choice},
+    "evidence": {point: evidence}} (:class:`rla.profiles.PointCondition`); every malformed part
+    names ``source`` and the condition's index."""
+    if not isinstance(data, list):
+        raise ValueError(f"{source}: 'conditions' must be a list of {{when, points, evidence}} objects")
+    out = []
+    for i, c in enumerate(data):
+        where = f"{source}: condition {i}"
+        if not isinstance(c, dict) or set(c) != {"when", "points", "evidence"}:
+            raise ValueError(f"{where}: must be an object with exactly 'when', 'points' and 'evidence'")
+        if not isinstance(c["when"], dict) or not set(c["when"]) <= set(CONDITIONS):
+            raise ValueError(f"{where}: 'when' must be an object with one of {list(CONDITIONS)}, got {short(c['when'])}")
+        if not isinstance(c["evidence"], dict):
+            raise ValueError(f"{where}: 'evidence' must be an object of point -> evidence")
+        evidence = {p: _evidence(e, f"{where} point {p!r}") for p, e in c["evidence"].items()}
+        try:
+            out.append(PointCondition(when=c["when"], points=c["points"], evidence=evidence))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
+    return tuple(out)
 
 
 def _router(data, where: str) -> RouterPoints:
@@ -213,6 +237,13 @@ def to_dict(profile: RoundingProfile) -> dict:
             }
             for kind, points in profile.variants.items()
         }
+    if profile.conditions:
+        out["conditions"] = [
+            {"when": {k: list(v) for k, v in c.when.items()}, "points": dict(c.points),
+             "evidence": {p: {"evidence": e.evidence, "matched": e.matched, "note": e.note}
+                          for p, e in c.evidence.items()}}
+            for c in profile.conditions
+        ]
     if profile.router is not None:
         out["router"] = {
             "points": profile.router.points(),
