@@ -18,6 +18,11 @@ Two things happen on the training side, per micro-batch (:func:`micro_batch_rout
   matched to the record token by token over each record's routed tokens (prompt and response but
   the last), for :func:`rla.metrics.routing_mismatch` (``routing/*`` in the step's log line).
   With replay the set and order agree by construction; the capture checks that it did.
+  Capturing never changes the forward: a model whose MoE blocks rla patched (the ``router``
+  region, or a replay) records through :func:`rla.capture_routes`, one whose blocks are HF's own
+  (the ``bf16`` and three-region arms) through a forward hook on each block's ``gate``, which
+  returns HF's ids and weights (the weights there are HF's, cast to the model's dtype, so that
+  arm's ``routing/weight_abs_*`` include the cast; the rollouts' are fp32 before it).
 """
 
 from __future__ import annotations
@@ -85,11 +90,13 @@ def micro_batch_routing(model, mode: str, routes: list[dict], prompt_lens: list[
         if mode != "none":
             experts, weights = micro_batch_routes(routes, prompt_lens, response_lens, longest, mode == "weights")
             stack.enter_context(replay_routes(model, experts, weights))
-        cap = stack.enter_context(capture_routes(model)) if capture else None
+        cap = None
+        if capture:
+            cap = stack.enter_context(capture_routes(model) if _patched(model) else _gate_capture(model))
         yield out
     if cap is None:
         return
-    ids, w = cap.ids(), cap.weights()  # [layers, rows * longest, k]
+    ids, w = cap.ids(), cap.weights().float()  # [layers, rows * longest, k]
     layers, _, k = ids.shape
     ids = ids.reshape(layers, len(routes), longest, k).permute(1, 2, 0, 3).numpy()
     w = w.reshape(layers, len(routes), longest, k).permute(1, 2, 0, 3).numpy()
@@ -100,6 +107,43 @@ def micro_batch_routing(model, mode: str, routes: list[dict], prompt_lens: list[
         t = roll.shape[0]
         roll_w = None if r.get("weights") is None else np.asarray(r["weights"], dtype=np.float64)
         out.append(RouteStats(ids[row, :t], w[row, :t].astype(np.float64), roll, roll_w))
+
+
+def _blocks(model) -> list[torch.nn.Module]:
+    return [layer.mlp for layer in model.get_decoder().layers if hasattr(getattr(layer, "mlp", None), "gate")]
+
+
+def _patched(model) -> bool:
+    from rla.alignment.router import state_of
+
+    return any(state_of(b) is not None for b in _blocks(model))
+
+
+@contextlib.contextmanager
+def _gate_capture(model):
+    """HF's own MoE blocks: each gate's (ids, weights), from a forward hook; a ``RouteCapture``."""
+    from rla.alignment.replay import RouteCapture
+
+    cap = RouteCapture()
+    handles = []
+
+    def hook(forwards):
+        def record(module, args, output):
+            if not (isinstance(output, tuple) and len(output) == 3):
+                raise NotImplementedError(f"{type(module).__name__} does not return (logits, weights, ids) as HF's "
+                                          "Qwen-MoE routers do; capture its routes with the router region aligned")
+            _, weights, ids = output
+            forwards.append((ids.detach().cpu(), weights.detach().float().cpu()))
+        return record
+
+    try:
+        for block in _blocks(model):
+            cap.per_layer.append([])
+            handles.append(block.gate.register_forward_hook(hook(cap.per_layer[-1])))
+        yield cap
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def routing_record(stats: list[RouteStats]) -> dict:
