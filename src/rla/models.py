@@ -8,8 +8,9 @@ Only the width and depth are small, except ``1.5b``: Qwen2.5-1.5B's width and de
 ``qwen3_moe`` is Qwen3's attention with every MLP an MoE block (``Qwen3MoeConfig``): 8 experts,
 top-2, renormalised top-k (``norm_topk_prob``, as Qwen3-30B-A3B), each expert
 ``intermediate // 2`` wide, no auxiliary load-balancing loss (``output_router_logits`` off; the SFT
-warm start trains on the task's loss only). At ``10m`` widths that is 36M parameters of which
-~9M are active per token: the MoE experiment's model (``lab/grpo/configs/experiment_moe_h200.yaml``). The
+warm start trains on the task's loss only). Its size names count the parameters *active* per
+token (:func:`active_param_count`, as Qwen3-30B-A3B's "A3B" does): ``10m`` is 36M parameters of
+which 11M are active, the MoE experiment's model (``lab/grpo/configs/experiment_moe_h200.yaml``). The
 vocabulary is the character tokenizer's (``rla.rl.tokenizer``, 52 tokens) padded to 64.
 
 The bundled model (``rla/assets/tiny-qwen2``) is the ``tiny`` Qwen2 trained by
@@ -31,6 +32,7 @@ __all__ = [
     "VOCAB_SIZE",
     "tiny_config",
     "param_count",
+    "active_param_count",
     "build_model",
     "bundled_path",
     "check_bundled",
@@ -127,6 +129,19 @@ def param_count(config) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
+
+
+def active_param_count(config) -> int:
+    """Parameters one token passes through: :func:`param_count` less the experts it is not routed
+    to (``num_experts - num_experts_per_tok`` per MoE layer); a dense config's is its count."""
+    total = param_count(config)
+    experts = getattr(config, "num_experts", None)
+    if not experts:
+        return total
+    sparse = [i for i in range(config.num_hidden_layers) if i not in (config.mlp_only_layers or [])
+              and (i + 1) % config.decoder_sparse_step == 0]
+    per_expert = 3 * config.hidden_size * config.moe_intermediate_size  # gate, up, down
+    return total - len(sparse) * (experts - config.num_experts_per_tok) * per_expert
 
 
 # --------------------------------------------------------------------------------------------

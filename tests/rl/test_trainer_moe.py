@@ -106,3 +106,19 @@ def test_capturing_hf_blocks_leaves_their_forward_as_it_is():
     assert torch.equal(seen, plain)  # a hook on the gate, not rla's router forward
     ids = cap.ids().reshape(2, 2, 6, 3).permute(1, 2, 0, 3).numpy()
     assert (stats[1].train_ids == ids[1, :6]).all() and (stats[0].train_ids == ids[0, :5]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arm", [dict(routing_replay="experts"), dict(), dict(
+    train_precision="aligned", align_regions=["rope", "swiglu", "rmsnorm", "router"], routing_replay="experts")])
+def test_moe_steps_on_cuda_replay_every_route_and_log_routing(tmp_path, arm):
+    # the experiment's path on the GPU: dynamic-cache rollouts with the router aligned and routes
+    # recorded, grouped_mm experts in the bf16 arm's training forward, replay through micro-batches
+    cfg = toy_config(tmp_path / "run", arch="qwen3_moe", steps=2, max_tokens=30, device="cuda", **arm)
+    train(cfg, log=None)
+    lines = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    for rec in lines:
+        assert len(rec["routing/set_differs"]) == 2 and rec["mismatch/k3"] >= 0
+        if arm.get("routing_replay"):
+            assert rec["routing/set_differs"] == rec["routing/order_differs"] == [0.0, 0.0]
