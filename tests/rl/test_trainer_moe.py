@@ -110,11 +110,15 @@ def test_capturing_hf_blocks_leaves_their_forward_as_it_is():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("arm", [dict(routing_replay="experts"), dict(), dict(
-    train_precision="aligned", align_regions=["rope", "swiglu", "rmsnorm", "router"], routing_replay="experts")])
+@pytest.mark.parametrize("arm", [
+    dict(routing_replay="experts"),
+    dict(init="sft", sft_steps=2, sft_batch_size=8, task="addition", difficulty=2, max_new_tokens=0),
+    dict(train_precision="aligned", align_regions=["rope", "swiglu", "rmsnorm", "router"], routing_replay="experts"),
+])
 def test_moe_steps_on_cuda_replay_every_route_and_log_routing(tmp_path, arm):
-    # the experiment's path on the GPU: dynamic-cache rollouts with the router aligned and routes
-    # recorded, grouped_mm experts in the bf16 arm's training forward, replay through micro-batches
+    # the experiment's path on the GPU: an SFT warm start of the MoE (fp32 grouped_mm experts under
+    # autocast), dynamic-cache rollouts with the router aligned and routes recorded, grouped_mm
+    # experts in the bf16 arm's training forward, replay through micro-batches
     cfg = toy_config(tmp_path / "run", arch="qwen3_moe", steps=2, max_tokens=30, device="cuda", **arm)
     train(cfg, log=None)
     lines = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
