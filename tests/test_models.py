@@ -10,7 +10,7 @@ from rla import models
 from rla.rl import bundled
 from rla.rl.tokenizer import build_tokenizer
 
-# (size, low, high) in parameters: the names promise these ranges
+# (size, low, high) in parameters: the names promise these ranges (an MoE's: active per token)
 SIZE_RANGES = [("tiny", 2e6, 5e6), ("10m", 8e6, 15e6), ("50m", 40e6, 65e6), ("150m", 100e6, 200e6)]
 
 
@@ -18,10 +18,24 @@ SIZE_RANGES = [("tiny", 2e6, 5e6), ("10m", 8e6, 15e6), ("50m", 40e6, 65e6), ("15
 @pytest.mark.parametrize("size, low, high", SIZE_RANGES)
 def test_param_counts_in_range(arch, size, low, high):
     cfg = models.tiny_config(arch, size)
-    assert low <= models.param_count(cfg) <= high
+    assert low <= models.active_param_count(cfg) <= high
+    if arch != "qwen3_moe":
+        assert models.active_param_count(cfg) == models.param_count(cfg)
     assert cfg.model_type == arch and cfg._attn_implementation == "sdpa"
     assert cfg.hidden_size // cfg.num_attention_heads == 64  # head_dim of the released families
     assert cfg.vocab_size % 64 == 0 and cfg.vocab_size >= len(build_tokenizer())
+
+
+def test_the_moe_config_is_8_experts_top_2_and_counts_its_active_parameters():
+    cfg = models.tiny_config("qwen3_moe", "10m")
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob) == (8, 2, True)
+    assert cfg.moe_intermediate_size == cfg.intermediate_size // 2 and not cfg.output_router_logits
+    with torch.device("meta"):
+        model = models.build_model(cfg)
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n)
+    total = sum(p.numel() for p in model.parameters())
+    assert total == models.param_count(cfg) >= 30e6  # the experiment's >= 30M
+    assert models.active_param_count(cfg) == total - experts * 6 // 8
 
 
 def test_1p5b_is_qwen25_1p5b_shaped():
@@ -42,11 +56,12 @@ def test_tiny_fits_the_bundle_limit():
 def test_family_numerics(arch):
     cfg = models.tiny_config(arch, "micro", max_position_embeddings=4096)
     assert cfg.max_position_embeddings == 4096
-    assert cfg.rope_parameters["rope_theta"] == {"qwen2": 1e6, "qwen3": 1e6, "llama": 5e5}[arch]
+    assert cfg.rope_parameters["rope_theta"] == {"qwen2": 1e6, "qwen3": 1e6, "llama": 5e5, "qwen3_moe": 1e6}[arch]
     model = models.build_model(cfg, seed=0)
     names = dict(model.named_parameters())
     assert ("model.layers.0.self_attn.q_proj.bias" in names) == (arch == "qwen2")
-    assert ("model.layers.0.self_attn.q_norm.weight" in names) == (arch == "qwen3")
+    assert ("model.layers.0.self_attn.q_norm.weight" in names) == (arch in ("qwen3", "qwen3_moe"))
+    assert ("model.layers.0.mlp.gate.weight" in names) == (arch == "qwen3_moe")
     logits = model(torch.tensor([[1, 5, 6, 7]])).logits
     assert logits.shape == (1, 4, 64) and logits.std() > 0
 

@@ -1,10 +1,16 @@
-"""Small models: a config factory for Qwen2, Qwen3 and Llama, and the bundled tiny Qwen2 model.
+"""Small models: a config factory for Qwen2, Qwen3, Llama and Qwen3-MoE, and the bundled tiny Qwen2 model.
 
 The configs are real transformers config classes (``Qwen2Config``, ``Qwen3Config``,
 ``LlamaConfig``) with the numerics that matter for rounding kept as in the released families:
 head_dim 64, RoPE theta of the family (1e6 for Qwen, 5e5 for Llama 3), the family's RMSNorm eps,
 Qwen2's q/k/v bias, Qwen3's q/k norms, SwiGLU MLPs, grouped-query attention, tied embeddings.
-Only the width and depth are small, except ``1.5b``: Qwen2.5-1.5B's width and depth. The
+Only the width and depth are small, except ``1.5b``: Qwen2.5-1.5B's width and depth.
+``qwen3_moe`` is Qwen3's attention with every MLP an MoE block (``Qwen3MoeConfig``): 8 experts,
+top-2, renormalised top-k (``norm_topk_prob``, as Qwen3-30B-A3B), each expert
+``intermediate // 2`` wide, no auxiliary load-balancing loss (``output_router_logits`` off; the SFT
+warm start trains on the task's loss only). Its size names count the parameters *active* per
+token (:func:`active_param_count`, as Qwen3-30B-A3B's "A3B" does): ``10m`` is 36M parameters of
+which 11M are active, the MoE experiment's model (``lab/grpo/configs/experiment_moe_h200.yaml``). The
 vocabulary is the character tokenizer's (``rla.rl.tokenizer``, 52 tokens) padded to 64.
 
 The bundled model (``rla/assets/tiny-qwen2``) is the ``tiny`` Qwen2 trained by
@@ -26,6 +32,7 @@ __all__ = [
     "VOCAB_SIZE",
     "tiny_config",
     "param_count",
+    "active_param_count",
     "build_model",
     "bundled_path",
     "check_bundled",
@@ -34,7 +41,10 @@ __all__ = [
 ]
 
 VOCAB_SIZE = 64  # the character tokenizer's 52 tokens, padded to a multiple of 64
-ARCHS = ("qwen2", "qwen3", "llama")
+ARCHS = ("qwen2", "qwen3", "llama", "qwen3_moe")
+
+#: ``qwen3_moe``: experts, experts per token, expert width as a divisor of the dense intermediate size.
+MOE_EXPERTS, MOE_TOP_K, MOE_WIDTH_DIVISOR = 8, 2, 2
 
 # size -> (hidden, layers, heads, kv_heads, intermediate); head_dim (hidden / heads) is 64 except
 # for "micro" (32) and "1.5b" (128)
@@ -54,6 +64,10 @@ _FAMILY = {
     "qwen2": ("Qwen2Config", 1e6, 1e-6, {}),
     "qwen3": ("Qwen3Config", 1e6, 1e-6, {"attention_bias": False}),
     "llama": ("LlamaConfig", 5e5, 1e-5, {"attention_bias": False, "mlp_bias": False}),
+    "qwen3_moe": ("Qwen3MoeConfig", 1e6, 1e-6, {"attention_bias": False, "num_experts": MOE_EXPERTS,
+                                                "num_experts_per_tok": MOE_TOP_K, "norm_topk_prob": True,
+                                                "decoder_sparse_step": 1, "mlp_only_layers": [],
+                                                "output_router_logits": False}),
 }
 
 
@@ -92,6 +106,8 @@ def tiny_config(arch: str, size: str = "tiny", *, attn_implementation: str = "sd
     )
     if arch == "qwen2":
         kwargs.pop("head_dim")  # Qwen2 derives head_dim = hidden / heads
+    if arch == "qwen3_moe":
+        kwargs["moe_intermediate_size"] = inter // MOE_WIDTH_DIVISOR
     kwargs.update(overrides)
     return getattr(transformers, cls_name)(**kwargs)
 
@@ -113,6 +129,19 @@ def param_count(config) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
+
+
+def active_param_count(config) -> int:
+    """Parameters one token passes through: :func:`param_count` less the experts it is not routed
+    to (``num_experts - num_experts_per_tok`` per MoE layer); a dense config's is its count."""
+    total = param_count(config)
+    experts = getattr(config, "num_experts", None)
+    if not experts:
+        return total
+    sparse = [i for i in range(config.num_hidden_layers) if i not in (config.mlp_only_layers or [])
+              and (i + 1) % config.decoder_sparse_step == 0]
+    per_expert = 3 * config.hidden_size * config.moe_intermediate_size  # gate, up, down
+    return total - len(sparse) * (experts - config.num_experts_per_tok) * per_expert
 
 
 # --------------------------------------------------------------------------------------------

@@ -77,7 +77,7 @@ class TrainConfig:
     """One GRPO / REINFORCE run with decoupled rollout (``rla.rollout.sampler``) and training stacks."""
 
     # ---------------------------------------------------------------- model and task
-    arch: str = _f("qwen2", "model family for rla.models.tiny_config: qwen2, qwen3 or llama")
+    arch: str = _f("qwen2", "model family for rla.models.tiny_config: qwen2, qwen3, llama or qwen3_moe (8 experts, top-2)")
     size: str = _f("tiny", "model size for rla.models.tiny_config: micro, tiny, 10m, 50m, 150m, 1.5b")
     init: str = _f(
         "sft",
@@ -121,6 +121,14 @@ class TrainConfig:
     top_p: float = _f(1.0, "nucleus sampling; 1 disables")
     top_k: int = _f(-1, "top-k sampling; -1 disables")
     max_new_tokens: int = _f(0, "response length limit; 0 means the task's max_length() + 8")
+
+    routing_replay: str = _f(
+        "none",
+        "MoE models: 'experts' replays the sampler's recorded experts in the training forward (R3: the routing "
+        "weights are the router's own probabilities at those ids, so the gradient reaches the gate), 'weights' "
+        "also the recorded routing weights (straight through, the gradient still through the router's), or 'none'. "
+        "An MoE model's rollouts always record routes (routing/* metrics each step) and use the dynamic KV cache",
+    )
 
     # ---------------------------------------------------------------- batch and schedule
     steps: int = _f(100, "RL steps (one rollout batch, then the policy updates, then a weight sync, per step)")
@@ -231,6 +239,10 @@ class TrainConfig:
         choice("rollout_dtype", ("auto", "bf16", "fp16", "fp32"))
         choice("rollout_cache", ("auto", "static", "dynamic"))
         choice("rollout_decode_attention", ("grouped", "model"))
+        choice("routing_replay", ("none", "experts", "weights"))
+        need(self.routing_replay == "none" or not self.fsdp,
+             f"routing_replay={self.routing_replay!r} with fsdp=true: replay is not wired through FSDP2's sharded "
+             "forward; run it on one process")
         choice("train_inv_freq", ("fp32", "rounded"))
         need(
             self.train_inv_freq == "fp32" or self.train_precision in ("bf16", "fp16"),

@@ -34,7 +34,7 @@ def stats(values: list) -> dict[str, float | None]:
 
 def summarize_grid(out: str | Path, grid: Grid | None = None) -> dict:
     """``summary.json``, ``summary.md`` and ``plots/`` of an experiment folder, from its logs."""
-    from rla.rl.plots import plot_arms
+    from rla.rl.plots import ROUTING_PANELS, plot_arms
 
     out = Path(out)
     if grid is None:
@@ -70,18 +70,54 @@ def summarize_grid(out: str | Path, grid: Grid | None = None) -> dict:
                 "first_collapse_steps": [r["first_collapse_step"] for r in got if r["first_collapse_step"] is not None],
                 "wall_time_s": stats([r["wall_time_s"] for r in got]),
                 "peak_memory_mb": stats([r["peak_memory_mb"] for r in got]),
+                "seeds_with_reward_collapse": sum(_reward_collapsed(r) for r in got),
+                **_routing_columns(got),
             })
     plots = {}
     for model, arm_logs in by_model.items():
         if any(rec for logs in arm_logs.values() for rec in logs):
             plots[model] = str(plot_arms(arm_logs, out / "plots" / f"{model}.png",
                                          title=f"{model}: GRPO, rollouts {grid.base.get('rollout_profile', 'vllm')} bf16"))
+        if any("routing/set_differs_mean" in r for logs in arm_logs.values() for rec in logs for r in rec):
+            plots[f"{model} routing"] = str(plot_arms(
+                arm_logs, out / "plots" / f"{model}_routing.png", panels=ROUTING_PANELS,
+                title=f"{model}: routing, training forward vs rollouts {grid.base.get('rollout_profile', 'vllm')}"))
     summary = {"environment": _producing_environment(run_envs, environment()), "run_environments": run_envs,
                "grid": {"base": grid.base, "models": grid.models, "arms": grid.arms, "seeds": grid.seeds},
                "arms": arms, "relative": _relative(arms, grid), "runs": runs, "plots": plots}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str, allow_nan=True))
     (out / "summary.md").write_text(_markdown(summary, out))
     return summary
+
+
+#: The reward criterion of collapse (as the dose study's, lab/dose/report.py): the mean reward of the
+#: last collapse_window steps below this fraction of the mean of the first collapse_window.
+REWARD_COLLAPSE_FRACTION = 0.5
+
+
+def _reward_collapsed(run: dict) -> bool:
+    first, final = run.get("reward_first"), run.get("final_reward")
+    return first is not None and final is not None and final < REWARD_COLLAPSE_FRACTION * first
+
+
+def _routing_columns(runs: list[dict]) -> dict[str, Any]:
+    """An MoE arm's routing over seeds (``rla.rl.routes``' ``routing/*``): step 0 per layer (mean
+    over seeds of each layer's fraction), its layer mean and any-layer fraction, and both averaged
+    over training. {} for a dense arm (no run logged routing)."""
+    per_layer = [r["step0"].get("routing_set_differs") for r in runs]
+    per_layer = [p for p in per_layer if isinstance(p, list)]
+    if not per_layer:
+        return {}
+    layers = min(len(p) for p in per_layer)
+    return {
+        "step0_routing_set_differs_per_layer": [stats([p[i] for p in per_layer])["mean"] for i in range(layers)],
+        "step0_routing_set_differs_mean": stats([r["step0"].get("routing_set_differs_mean") for r in runs]),
+        "step0_routing_any_layer_set_differs": stats([r["step0"].get("routing_any_layer_set_differs") for r in runs]),
+        "routing_set_differs_mean_over_training": stats([r["mismatch_mean"].get("routing_set_differs_mean")
+                                                         for r in runs]),
+        "routing_any_layer_set_differs_over_training": stats([r["mismatch_mean"].get("routing_any_layer_set_differs")
+                                                              for r in runs]),
+    }
 
 
 def _producing_environment(run_envs: list[dict], here: dict) -> dict[str, Any]:
@@ -157,6 +193,37 @@ def _fmt(st: dict, digits: str = ".2e") -> str:
     return f"{st['mean']:{digits}}"
 
 
+def _routing_markdown(summary: dict, model: str, out: Path) -> list[str]:
+    """The MoE routing table of ``model`` (no lines for a dense model)."""
+    rows = [a for a in summary["arms"] if a["model"] == model and "step0_routing_set_differs_mean" in a]
+    if not rows:
+        return []
+    layers = max(len(a["step0_routing_set_differs_per_layer"]) for a in rows)
+    pct = lambda v: "-" if v is None else f"{100 * v:.2f}"  # noqa: E731
+    lines = ["", f"### {model}: routing (training forward vs rollout engine, rla.metrics.routing_mismatch)", "",
+             "Tokens (prompt and response, each record's routed tokens) whose set of experts differs from the "
+             "rollout's, in percent: per layer at step 0 (mean over seeds), their mean over layers and the share "
+             "differing in at least one layer (mean ± sample std over seeds), and both over training. Collapse "
+             f"(reward): the final reward (mean of the last collapse_window steps) below {REWARD_COLLAPSE_FRACTION} "
+             "times the first (mean of the first collapse_window); the signal column above is docs/metrics.md's.", "",
+             "| arm | " + " | ".join(f"L{i}" for i in range(layers)) + " | step-0 mean | step-0 any layer "
+             "| mean over training | any layer over training | seeds collapsed (reward) |",
+             "|---|" + "---|" * layers + "---|---|---|---|---|"]
+    for a in rows:
+        per = a["step0_routing_set_differs_per_layer"]
+        per = [pct(per[i]) if i < len(per) else "-" for i in range(layers)]
+        m = lambda key: _fmt({k: (100 * v if isinstance(v, float) and k in ("mean", "std") else v)  # noqa: E731
+                              for k, v in a[key].items()}, ".2f")
+        lines.append(f"| {a['arm']} | " + " | ".join(per) + f" | {m('step0_routing_set_differs_mean')} | "
+                     f"{m('step0_routing_any_layer_set_differs')} | {m('routing_set_differs_mean_over_training')} | "
+                     f"{m('routing_any_layer_set_differs_over_training')} | "
+                     f"{a['seeds_with_reward_collapse']}/{a['seeds_with_logs']} |")
+    key = f"{model} routing"
+    if key in summary["plots"]:
+        lines += ["", f"![{key}]({Path(summary['plots'][key]).relative_to(out)})"]
+    return lines
+
+
 def _markdown(summary: dict, out: Path) -> str:
     env = summary["environment"]
     runs_on = summary.get("run_environments") or []
@@ -188,6 +255,7 @@ def _markdown(summary: dict, out: Path) -> str:
                 f"{_fmt(a['peak_memory_mb'], '.0f')} |")
         if model in summary["plots"]:
             lines += ["", f"![{model}]({Path(summary['plots'][model]).relative_to(out)})"]
+        lines += _routing_markdown(summary, model, out)
         lines.append("")
     rel = summary.get("relative") or []
     if rel:

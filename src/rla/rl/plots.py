@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PANELS", "plot_arms"]
+__all__ = ["PANELS", "ROUTING_PANELS", "plot_arms"]
 
 #: (log key, panel title, log scale)
 PANELS = (
@@ -22,6 +22,15 @@ PANELS = (
     ("mismatch/k3", "k3 = E[rho - 1 - log rho], before each step's first update", True),
     ("mismatch/abs/mean", "mean |log pi_train - log mu|", True),
     ("train/grad_norm", "grad norm (before clipping)", True),
+)
+
+#: An MoE experiment's second figure: how often the training forward routes a token elsewhere than
+#: the rollout engine did (rla.metrics.routing_mismatch, before each step's first update), beside k3.
+ROUTING_PANELS = (
+    ("routing/set_differs_mean", "tokens whose expert set differs from the engine's (mean over layers)", True),
+    ("routing/any_layer_set_differs", "tokens whose expert set differs in >= 1 layer", True),
+    ("mismatch/k3", "k3 = E[rho - 1 - log rho], before each step's first update", True),
+    ("reward/mean", "reward (mean over the step's rollouts)", False),
 )
 
 
@@ -43,11 +52,14 @@ def _smooth(v: np.ndarray, window: int) -> np.ndarray:
 
 
 def plot_arms(arms: dict[str, list[list[dict[str, Any]]]], path: str | Path, title: str = "",
-              smooth: int = 5) -> Path:
+              smooth: int = 5, panels=PANELS) -> Path:
     """Draw ``arms`` (arm label -> one log per seed) into ``path`` (PNG) and return it.
 
-    ``smooth``: trailing-window mean applied to the reward panel only.
+    ``smooth``: trailing-window mean applied to the reward panel only. ``panels``: four (log key,
+    title, log scale) triples (``PANELS``, or ``ROUTING_PANELS`` for an MoE run's routing).
     """
+    if len(panels) != 4:
+        raise ValueError(f"plot_arms draws a 2 x 2 figure: give 4 panels, got {len(panels)}")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,7 +67,7 @@ def plot_arms(arms: dict[str, list[list[dict[str, Any]]]], path: str | Path, tit
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), constrained_layout=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for (key, panel_title, log_scale), ax in zip(PANELS, axes.flat):
+    for (key, panel_title, log_scale), ax in zip(panels, axes.flat):
         for n, (arm, logs) in enumerate(arms.items()):
             color = colors[n % len(colors)]
             curves = [_series(rec, key) for rec in logs if rec]

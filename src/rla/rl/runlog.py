@@ -145,11 +145,18 @@ def summarize(records: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:
             "abs_mean": first.get("mismatch/abs/mean"),
             "clip_leak_0.2": first.get("mismatch/clip_leak/0.2"),
             "bitwise_equal": first.get("mismatch/bitwise/equal"),
+            # MoE runs (rla.rl.routes): per layer, and the layer mean / any-layer fractions
+            "routing_set_differs": first.get("routing/set_differs"),
+            "routing_set_differs_mean": first.get("routing/set_differs_mean"),
+            "routing_any_layer_set_differs": first.get("routing/any_layer_set_differs"),
+            "routing_weight_abs_max": first.get("routing/weight_abs_max"),
         },
         "mismatch_mean": {
             "k3": _mean(series("mismatch/k3")),
             "abs_mean": _mean(series("mismatch/abs/mean")),
             "clip_leak_0.2": _mean(series("mismatch/clip_leak/0.2")),
+            "routing_set_differs_mean": _mean(series("routing/set_differs_mean")),
+            "routing_any_layer_set_differs": _mean(series("routing/any_layer_set_differs")),
         },
         "mismatch_last": {
             "k3": records[-1].get("mismatch/k3"),

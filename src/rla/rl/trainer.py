@@ -91,6 +91,7 @@ class Rollouts:
     rewards: torch.Tensor
     advantages: torch.Tensor
     truncated: list[bool]
+    routes: list[dict | None]  # the engine's routes per sequence (MoE models), else None each
 
 
 class Trainer:
@@ -146,8 +147,19 @@ class Trainer:
         np.random.seed(derive_seed(cfg.seed, self.dist.rank, _GLOBAL) % 2**32)
 
         master = initial_model(cfg, self.dist, self.device, self.say).float().to(self.device)
+        self.moe = _moe_layers(master) > 0
+        if cfg.routing_replay != "none" and not self.moe:
+            raise ValueError(f"routing_replay={cfg.routing_replay!r}: {type(master).__name__} has no MoE block")
+        sampler_kw = dict(cache=cfg.rollout_cache)
+        if self.moe:  # the engine's router too, and its routes recorded (rla.rl.routes)
+            if cfg.rollout_cache == "static":
+                raise ValueError("rollout_cache=static with an MoE model: its rollouts record routes, which needs "
+                                 "the dynamic cache; use rollout_cache=auto or dynamic")
+            from rla.profiles import REGIONS
+
+            sampler_kw = dict(cache="dynamic", regions=(*REGIONS, "router"), record_routes=True)
         self.sampler = Sampler(master, profile=cfg.rollout_profile, dtype=cfg.rollout_torch_dtype(), device=self.device,
-                               cache=cfg.rollout_cache, decode_attention=cfg.rollout_decode_attention, step=0)
+                               decode_attention=cfg.rollout_decode_attention, step=0, **sampler_kw)
         self.policy = Policy(
             master, precision=cfg.train_precision, rollout_profile=cfg.rollout_profile,
             align_regions=cfg.align_regions, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
@@ -272,6 +284,7 @@ class Trainer:
             rewards=rewards,
             advantages=group_advantages(rewards, G, cfg.scale_rewards),
             truncated=[r.response_ids[-1] not in eos for r in records],
+            routes=[r.routes for r in records],
         )
 
     def _micro_groups(self, idx: list[int], ro: Rollouts) -> list[list[int]]:
@@ -283,11 +296,13 @@ class Trainer:
         n = self.dist.all_reduce(torch.tensor(len(groups), device=self.device), "max").item()
         return groups + [[] for _ in range(int(n) - len(groups))]
 
-    def _forward(self, seqs: list[int], ro: Rollouts):
+    def _forward(self, seqs: list[int], ro: Rollouts, routes_out: list | None = None):
         """Training forward of sequences ``seqs`` -> (logprobs, entropy, seq position per token).
 
         An empty ``seqs`` (a rank with fewer micro-batches under FSDP) runs a one-token dummy so
-        that every rank joins the same collectives; its outputs are empty.
+        that every rank joins the same collectives; its outputs are empty. MoE models: the forward
+        replays the recorded routes under ``routing_replay``, and with ``routes_out`` (a list) the
+        routes it took are captured and compared with the records' (``rla.rl.routes``).
         """
         if not seqs:
             mb = make_micro_batch([[0]], [[0]], [0]).to(self.device)
@@ -295,7 +310,17 @@ class Trainer:
             return lp, ent, mb.seq, True
         mb = make_micro_batch([ro.prompts[i] for i in seqs], [ro.responses[i] for i in seqs],
                               list(range(len(seqs)))).to(self.device)
-        lp, ent = self.policy.forward(mb)
+        if not self.moe:
+            lp, ent = self.policy.forward(mb)
+            return lp, ent, mb.seq, False
+        from rla.rl.routes import micro_batch_routing
+
+        with micro_batch_routing(self.policy.compute, self.cfg.routing_replay, [ro.routes[i] for i in seqs],
+                                 [len(ro.prompts[i]) for i in seqs], [len(ro.responses[i]) for i in seqs],
+                                 mb.input_ids.shape[1], capture=routes_out is not None) as stats:
+            lp, ent = self.policy.forward(mb)
+        if routes_out is not None:
+            routes_out.extend(stats)
         return lp, ent, mb.seq, False
 
     def _update(self, k: int, ro: Rollouts) -> dict[str, Any]:
@@ -304,10 +329,11 @@ class Trainer:
         lengths = torch.tensor([len(r) for r in ro.responses])
         before: list[torch.Tensor | None] = [None] * n  # log pi before the step's first update
         entropy: list[torch.Tensor | None] = [None] * n
+        route_stats: list = []  # the step's first forward's routes vs the records' (MoE models)
         if cfg.updates_per_step > 1:
             with torch.no_grad():
                 for seqs in self._micro_groups(list(range(n)), ro):
-                    lp, ent, _, dummy = self._forward(seqs, ro)
+                    lp, ent, _, dummy = self._forward(seqs, ro, route_stats)
                     if not dummy:
                         for j, piece in zip(seqs, lp.split([len(ro.responses[i]) for i in seqs])):
                             before[j] = piece.detach().cpu()
@@ -331,7 +357,8 @@ class Trainer:
                 tokens_all, seqs_all = float(totals[0]), float(totals[1])
                 mb_loss = 0.0
                 for seqs in self._micro_groups(idx, ro):
-                    lp, ent, pos, dummy = self._forward(seqs, ro)
+                    first = cfg.updates_per_step == 1
+                    lp, ent, pos, dummy = self._forward(seqs, ro, route_stats if first else None)
                     if dummy:
                         loss = lp.sum() * 0.0
                     else:
@@ -384,7 +411,7 @@ class Trainer:
                 self.policy.scaler.update(found_inf)
                 self.policy.sync()
         return {"acc": acc, "grad_norms": grad_norms, "skipped": skipped, "applied": applied, "lr": lr,
-                "before": before, "entropy": entropy}
+                "before": before, "entropy": entropy, "routes": route_stats}
 
     def _record(self, k: int, ro: Rollouts, upd: dict, times: dict) -> dict[str, Any] | None:
         """Gather this step's numbers to rank 0 and build its log line (None on other ranks)."""
@@ -398,7 +425,7 @@ class Trainer:
         payload = {
             "rewards": ro.rewards.tolist(), "lengths": [len(r) for r in ro.responses], "truncated": ro.truncated,
             "mu": [t.numpy() for t in ro.rollout_lp], "before": [t.numpy() for t in upd["before"]],
-            "entropy": [t.numpy() for t in upd["entropy"]],
+            "entropy": [t.numpy() for t in upd["entropy"]], "routes": upd["routes"],
         }
         gathered = self.dist.gather_objects(payload)
         if not self.dist.main:
@@ -439,6 +466,10 @@ class Trainer:
         if keep:
             train_lp, roll_lp, mask, lens = padded([before[i] for i in keep], [mu[i] for i in keep])
             rec.update(mismatch(train_lp, roll_lp, mask, response_lengths=lens))
+        if self.moe:
+            from rla.rl.routes import routing_record
+
+            rec.update(routing_record(cat("routes")))
         rec.update(collapse_fields(self.runlog.history + [rec], self.cfg))
         rec.update(times)
         return rec
@@ -526,6 +557,12 @@ class Trainer:
             # collective can abort the peer ("terminate called without an active exception")
             torch.distributed.barrier()
             torch.distributed.destroy_process_group()
+
+
+def _moe_layers(model) -> int:
+    from rla.alignment import moe_layers
+
+    return moe_layers(model)  # a family rla.align does not know raises, as the sampler's align would
 
 
 def _json(obj) -> str:

@@ -93,6 +93,7 @@ class Sampler:
         decode_attention: str = "grouped",
         regions: tuple[str, ...] | None = None,
         step: int | None = None,
+        record_routes: bool = False,
     ):
         """``regions``: what ``rla.align`` aligns on the engine copy (None: RoPE, SwiGLU and the norms;
         add ``"router"`` for an MoE model to route as the profile's router points say. The router's
@@ -115,7 +116,15 @@ class Sampler:
         runs the model's own attention over the whole cache (HF's SDPA repeats grouped K/V heads).
 
         ``step``: the trainer's optimizer step of ``model``'s weights, recorded in every record's
-        ``policy`` field beside the weights' fingerprint (:meth:`load_weights` sets both)."""
+        ``policy`` field beside the weights' fingerprint (:meth:`load_weights` sets both).
+
+        ``record_routes`` (MoE models): every record carries ``routes`` (docs/rollouts.md, version
+        1), the experts each MoE layer of the engine copy routed each token to, in slot order, and
+        their fp32 routing weights (before the routed scale and the cast to the weights' dtype,
+        what :func:`rla.capture_routes` sees): one entry per prompt token (from the prefill) and per
+        response token but the last (each from the decode step that fed it; the last sampled token
+        never goes through the forward). It needs ``cache='dynamic'``: a static cache's CUDA graph
+        cannot append to the capture lists, and its chunked decode feeds tokens past a row's end."""
         from rla.alignment import align
 
         if cache not in ("auto", "dynamic", "static"):
@@ -135,12 +144,21 @@ class Sampler:
         if cuda_graph and (cache != "static" or self.device.type != "cuda"):
             raise ValueError("cuda_graph=True needs cache='static' and a CUDA device")
         self.cuda_graph = cache == "static" and self.device.type == "cuda" and cuda_graph is not False
+        if record_routes and cache != "dynamic":
+            raise ValueError("record_routes=True needs cache='dynamic' (the static cache's CUDA graph and chunked "
+                             f"decode cannot record per-token routes), got cache={cache!r}")
+        self.record_routes = bool(record_routes)
         engine = _fresh_copy(model, dtype)
         engine.to(device=self.device)
         self.model = engine
         self.load_weights(model, step=step)
         self.alignment = align(engine, profile=self.profile) if regions is None else align(
             engine, profile=self.profile, regions=tuple(regions))
+        if self.record_routes:
+            from rla.alignment import moe_layers
+
+            if not moe_layers(engine):
+                raise ValueError(f"record_routes=True: {type(engine).__name__} has no MoE block, so no routes")
         self.model.eval()
         self._cache_kw = _cache_kwarg(engine)
         self._decoders: dict[tuple[int, int], StaticDecoder] = {}
@@ -227,8 +245,14 @@ class Sampler:
         loop_params = LoopParams(float(params.temperature), int(params.top_k), float(params.top_p),
                                  tuple(sorted(set(eos) | set(params.stop_token_ids))))
         positions = (batch.mask.cumsum(-1) - 1).clamp(min=0)
+        capture = None
         if self.cache == "static":
             ids, lps = self._generate_static(batch, positions, loop_params, params.max_new_tokens, seed)
+        elif self.record_routes:
+            from rla.alignment import capture_routes
+
+            with capture_routes(self.model) as capture:
+                ids, lps = self._generate_dynamic(batch, positions, loop_params, params.max_new_tokens, seed)
         else:
             ids, lps = self._generate_dynamic(batch, positions, loop_params, params.max_new_tokens, seed)
         records = []
@@ -238,6 +262,8 @@ class Sampler:
         for i, (row, row_lp) in enumerate(zip(ids.tolist(), lps.tolist())):
             end = next((t + 1 for t, tok in enumerate(row) if tok in stop_set), len(row))
             resp, lp = row[:end], row_lp[:end]
+            routes = None if capture is None else _record_routes(capture, i, batch.ids.shape[1],
+                                                                 len(prompts[i]), len(resp))
             records.append(
                 RolloutRecord(
                     prompt_ids=prompts[i],
@@ -249,6 +275,7 @@ class Sampler:
                     engine=self.profile.name,
                     metadata=dict(metadata or {}),
                     policy=dict(self.policy),
+                    routes=routes,
                 )
             )
         return records
@@ -300,6 +327,22 @@ class Sampler:
             mask = torch.cat([mask, mask.new_ones((n, 1))], dim=1)
             loop.logits.copy_(next_token_logits(self.model, self._cache_kw, cache, token, mask, positions))
         return loop.result(step)
+
+
+def _record_routes(capture, row: int, padded_prompt: int, prompt_len: int, response_len: int) -> dict:
+    """Row ``row``'s ``routes`` from a dynamic-cache rollout's capture: its prompt tokens' routes
+    from the prefill forward (``[rows * padded_prompt]`` tokens, left-padded) and one per decode
+    forward after it (``[rows]`` tokens each) for response tokens ``0 .. response_len - 2``."""
+    experts, weights = [], []
+    for forwards in capture.per_layer:
+        pre_ids, pre_w = forwards[0]
+        start = row * padded_prompt + padded_prompt - prompt_len
+        ids = [pre_ids[start: start + prompt_len]] + [f[0][row: row + 1] for f in forwards[1: response_len]]
+        w = [pre_w[start: start + prompt_len]] + [f[1][row: row + 1] for f in forwards[1: response_len]]
+        experts.append(torch.cat(ids))
+        weights.append(torch.cat(w))
+    # [tokens, layers, k]: the record layout
+    return {"version": 1, "experts": torch.stack(experts, 1).tolist(), "weights": torch.stack(weights, 1).tolist()}
 
 
 def _fresh_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
