@@ -71,22 +71,28 @@ def _rope_bwd(g, c, s, dtype):
     return (gf * c + _rot_t(gf * s)).to(dtype)
 
 
+def _full(c: torch.Tensor, half: bool) -> torch.Tensor:
+    """A half table [..., D/2] as HF's full one, cat(c, c) (exact); a full table as it is."""
+    return torch.cat((c, c), dim=-1) if half else c
+
+
 class _Rope(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, round_cos_sin: bool, per_op: bool, lp: torch.dtype):
-        c, s = _rope_tables(cos, sin, lp, round_cos_sin)
+    def forward(ctx, q, k, cos, sin, round_cos_sin: bool, per_op: bool, lp: torch.dtype, half: bool = False):
+        c, s = _rope_tables(_full(cos, half), _full(sin, half), lp, round_cos_sin)
+        # the tables as handed in: one half table shared by every layer, not a full copy per layer
         ctx.save_for_backward(cos, sin)
-        ctx.round_cos_sin, ctx.lp = round_cos_sin, lp
+        ctx.round_cos_sin, ctx.lp, ctx.half = round_cos_sin, lp, half
         ctx.dtypes = (q.dtype, k.dtype)
         return _rope_fwd(q, c, s, per_op, lp), _rope_fwd(k, c, s, per_op, lp)
 
     @staticmethod
     def backward(ctx, gq, gk):
         cos, sin = ctx.saved_tensors
-        c, s = _rope_tables(cos, sin, ctx.lp, ctx.round_cos_sin)
+        c, s = _rope_tables(_full(cos, ctx.half), _full(sin, ctx.half), ctx.lp, ctx.round_cos_sin)
         dq = _rope_bwd(gq, c, s, ctx.dtypes[0]) if gq is not None and ctx.needs_input_grad[0] else None
         dk = _rope_bwd(gk, c, s, ctx.dtypes[1]) if gk is not None and ctx.needs_input_grad[1] else None
-        return dq, dk, None, None, None, None, None
+        return dq, dk, None, None, None, None, None, None
 
 
 def rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int = 1, dtype: torch.dtype | None = None):
@@ -94,18 +100,19 @@ def rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int = 1, dtype
 
     ``cos``/``sin`` are [..., S, D] as HF's rotary module returns them, or [..., S, D/2], the
     first half of that table (HF builds it as ``cat(freqs, freqs)``), and are unsqueezed at
-    ``unsqueeze_dim`` to broadcast against q [B, H, S, D] (or [B, S, H, D] with dim 2).
+    ``unsqueeze_dim`` to broadcast against q [B, H, S, D] (or [B, S, H, D] with dim 2). A half
+    table is kept for backward as it is (a view of the one table every layer shares) and made
+    whole again in the forward and in the backward.
 
     ``dtype`` is the stack's low-precision dtype (default q's). An fp32 ``q``/``k`` with
     ``dtype=torch.bfloat16`` is the unrounded output of a q/k norm (``qk_norm_out='fp32'``): the
     rotation reads it as is and rounds once, at its output, to ``dtype``.
     """
     lp = q.dtype if dtype is None else dtype
-    if cos.shape[-1] != q.shape[-1]:
-        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+    half = cos.shape[-1] != q.shape[-1]
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
     return _Rope.apply(
-        q, k, cos, sin, profile.rope_cos_sin == "round", profile.rope_apply == "per_op", lp
+        q, k, cos, sin, profile.rope_cos_sin == "round", profile.rope_apply == "per_op", lp, half
     )
 
 
