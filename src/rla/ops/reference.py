@@ -398,7 +398,11 @@ class _CarryAdd(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return tuple(g.to(d) for d in ctx.dtypes) + (None,)
+        cast = {}  # one cast per distinct dtype, the same tensor handed to each input of that dtype
+        for d in ctx.dtypes:
+            if d not in cast:
+                cast[d] = g.to(d)
+        return tuple(cast[d] for d in ctx.dtypes) + (None,)
 
 
 def carry_add(x, residual, m, out_dtype: torch.dtype):
