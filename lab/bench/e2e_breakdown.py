@@ -178,10 +178,10 @@ _BY_NAME = (
     (r"gemm|cutlass|xmma|nvjet|cublas|sm\d\d_|aten::(mm|addmm|bmm|matmul|linear)\b|^(Mm|Addmm|Bmm)Backward", "gemm"),
     (r"flash|fmha|attention|attn|aten::_?scaled_dot_product|ScaledDotProduct", "attention"),
     (r"cross_entropy|nll_loss|log_softmax|NllLoss|LogSoftmax|_fused_linear|flce|CrossEntropy", "loss/lm head"),
-    (r"rope|rotary|_QkNormRope", "rope"),
+    (r"rope|rotary|Rope|Rotary", "rope"),
     (r"carry_add|_CarryAdd", "residual add"),
     (r"rms|norm|RMSNorm", "norm"),
-    (r"swiglu|silu|SiLU|SwiGLU|geglu|gelu", "swiglu/act"),
+    (r"swiglu|silu|Silu|SiLU|SwiGLU|geglu|gelu|Gelu", "swiglu/act"),
     (r"copy|cast|Memcpy|Memset|ToCopy|aten::(to|_to_copy|copy_|contiguous|clone)\b|CloneBackward", "copies/casts"),
 )
 #: module class name -> kind for elementwise work with no kind of its own name.
@@ -389,7 +389,10 @@ def _kernel_records(prof, cuda: bool) -> list[tuple[str, float, list]]:
     """(kernel name, us, chain of enclosing CPU events' names innermost first). On CPU the leaf
     aten ops (self time) stand in for kernels."""
     events = prof.events()
-    by_id = {e.id: e for e in events if e.device_type == torch.autograd.DeviceType.CPU}
+    # a kernel's linked correlation id is the id of the frontend op (aten op or record_function
+    # range) that was innermost when it was launched
+    by_id = {e.id: e for e in events if e.device_type == torch.autograd.DeviceType.CPU
+             and getattr(e, "linked_correlation_id", 0) == 0}
 
     def chain(e):
         names = []
@@ -409,26 +412,40 @@ def _kernel_records(prof, cuda: bool) -> list[tuple[str, float, list]]:
     return out
 
 
+def _module_of(chain) -> tuple[str | None, str]:
+    """(class, path) of the innermost module range in a chain of enclosing events."""
+    for n, _ in chain:
+        if n.startswith(ModuleStack.RANGE):
+            _, cls, path = n.split("::", 2)
+            return cls, path
+    return None, ""
+
+
+def _in_layers(path: str) -> bool:
+    return layer_of(path) is not None
+
+
 def group_kernels(records) -> dict:
-    """Microseconds per op kind (module docstring, part c) and the heaviest kernels of each."""
-    fwd_module = {}  # forward op's sequence number -> module class it ran in
+    """Microseconds per op kind (module docstring, part c) and the heaviest kernels of each. A GEMM
+    outside the decoder layers (the LM head, a fused linear cross-entropy) counts as loss/lm head."""
+    fwd_module = {}  # forward op's sequence number -> (module class, path) it ran in
     for _, _, ch in records:
-        module = next((n.split("::")[1] for n, _ in ch if n.startswith(ModuleStack.RANGE)), None)
+        module = _module_of(ch)
         for n, seq in ch:
-            if n.startswith("aten::") and seq is not None and seq >= 0 and module and seq not in fwd_module:
+            if n.startswith("aten::") and seq is not None and seq >= 0 and module[0] and seq not in fwd_module:
                 fwd_module[seq] = module
     totals, names = defaultdict(float), defaultdict(lambda: defaultdict(float))
     for kname, us, ch in records:
         kind = kind_of_name(kname)
+        node = next(((n, s) for n, s in ch if n.startswith("autograd::engine::evaluate_function: ")), None)
+        cls, path = fwd_module.get(node[1], (None, "")) if node is not None else _module_of(ch)
         if kind is None:
-            node = next(((n, s) for n, s in ch if n.startswith("autograd::engine::evaluate_function: ")), None)
-            module = next((n.split("::")[1] for n, _ in ch if n.startswith(ModuleStack.RANGE)), None)
             aten = next((n for n, _ in ch if n.startswith("aten::")), "")
-            if node is not None:  # backward: the node's own name, else its forward op's module
-                nname = node[0].split(": ", 1)[1]
-                kind = kind_of_name(nname) or kind_of_name(aten) or kind_of_module(fwd_module.get(node[1]))
-            else:
-                kind = kind_of_name(aten) or kind_of_module(module)
+            nname = node[0].split(": ", 1)[1] if node is not None else ""
+            # backward: the node's own name, else its forward op's module; forward: the op, the module
+            kind = kind_of_name(nname) or kind_of_name(aten) or kind_of_module(cls)
+        if kind == "gemm" and not _in_layers(path):
+            kind = "loss/lm head"
         totals[kind] += us
         names[kind][kname[:90]] += us
     return {"us": {k: totals.get(k, 0.0) for k in KINDS},
@@ -599,7 +616,7 @@ def main(argv=None) -> int:
                     help="batch and sequence length (default: the bench's, or 2 x 256 for --shape tiny)")
     ap.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the model's)")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--reps", type=int, default=3, help="timed steps per variant and pass (part d)")
+    ap.add_argument("--reps", type=int, default=2, help="timed steps per variant and pass (part d)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
@@ -611,15 +628,16 @@ def main(argv=None) -> int:
         ap.error("--device cuda: no CUDA device here (use --device cpu --parts a for the saved bytes)")
     if any(v.startswith("liger") or "liger" in v for v in a.variants):
         importlib.import_module("liger_kernel")  # fails here, before any model is built
-    results = []
-    for name in a.models:
-        results += run_shape(name, a.variants, a.parts, device, a.layers, a.shape == "tiny", a.reps, a.warmup,
-                             a.tokens, a.vocab)
+    results, t0 = [], time.perf_counter()
     payload = {"env": environment(), "command": "python lab/bench/e2e_breakdown.py " + " ".join(sys.argv[1:]
                if argv is None else argv), "args": vars(a), "results": results}
-    md = markdown(payload)
-    write_results(Path(a.out), "e2e_breakdown", payload, md)
-    print(md)
+    for name in a.models:  # written after every shape, so a run cut short keeps the shapes it finished
+        results += run_shape(name, a.variants, a.parts, device, a.layers, a.shape == "tiny", a.reps, a.warmup,
+                             a.tokens, a.vocab)
+        payload["seconds"] = time.perf_counter() - t0
+        write_results(Path(a.out), "e2e_breakdown", payload, markdown(payload))
+        print(f"{name} done at {payload['seconds']:.0f} s", flush=True)
+    print(markdown(payload))
     return 0
 
 
