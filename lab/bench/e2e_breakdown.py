@@ -37,7 +37,9 @@ What each part measures (``--parts``):
      kernels, which only checks the grouping.
   d  host time: seconds the host spends issuing one step (no synchronisation inside it) against
      the GPU time of the step (CUDA events), median of ``--reps`` per pass, two passes in
-     alternating order.
+     alternating order. A host time well under the GPU time means a GPU-bound step; one close to
+     it means either a host-bound step or a full launch queue the host waited on (the profile of
+     part c tells which: idle gaps between kernels).
 
 ``--tokens B S`` and ``--vocab V`` replace the batch, sequence length and vocabulary (a CPU run at
 the models' real widths: per-element saved bytes do not depend on them, the loss's do).
