@@ -180,6 +180,7 @@ _BY_NAME = (
     (r"gemm|cutlass|xmma|nvjet|cublas|sm\d\d_|aten::(mm|addmm|bmm|matmul|linear)\b|^(Mm|Addmm|Bmm)Backward", "gemm"),
     (r"flash|fmha|attention|attn|aten::_?scaled_dot_product|ScaledDotProduct", "attention"),
     (r"cross_entropy|nll_loss|log_softmax|NllLoss|LogSoftmax|_fused_linear|flce|CrossEntropy", "loss/lm head"),
+    (r"softmax|Softmax", "attention"),  # an eager attention's (the loss's log_softmax is matched above)
     (r"rope|rotary|Rope|Rotary", "rope"),
     (r"carry_add|_CarryAdd", "residual add"),
     (r"rms|norm|RMSNorm", "norm"),
@@ -440,10 +441,14 @@ def group_kernels(records) -> dict:
     for kname, us, ch in records:
         kind = kind_of_name(kname)
         node = next(((n, s) for n, s in ch if n.startswith("autograd::engine::evaluate_function: ")), None)
-        cls, path = fwd_module.get(node[1], (None, "")) if node is not None else _module_of(ch)
+        nname = node[0].split(": ", 1)[1] if node is not None else ""
+        if node is not None:  # the node's own event (its name bare) carries its forward op's sequence number
+            seq = next((q for n, q in ch if n == nname and q is not None and q >= 0), node[1])
+            cls, path = fwd_module.get(seq, (None, ""))
+        else:
+            cls, path = _module_of(ch)
         if kind is None:
             aten = next((n for n, _ in ch if n.startswith("aten::")), "")
-            nname = node[0].split(": ", 1)[1] if node is not None else ""
             # backward: the node's own name, else its forward op's module; forward: the op, the module
             kind = kind_of_name(nname) or kind_of_name(aten) or kind_of_module(cls)
         if kind == "gemm" and not _in_layers(path):
