@@ -1,13 +1,13 @@
 """`rla verify --live` and `rla calibrate --live` without vLLM: everything after the engine, driven
 by engine data that rla's own code made under a known row, and every refusal before the engine.
 
-The stand-in engine is a tiny Qwen2 aligned under ``vllm-0.33-eager``: its prompt
+The stand-in engine is a tiny Qwen2 aligned under ``vllm-0.26-eager``: its prompt
 logprobs are one forward per prompt under that row, its responses are sampled by rla's rollout
 stack (``rla.rollout.sampler``) under that row, with the logprob of each sampled token from one
 forward over prompt + response (a batch-invariant engine). So the verify report must show that row
 bit-equal in prefill and decode and every other side not, and the live search, started from
 ``vllm-0.33``, must come back to that row's values at every point the model decides and write them
-as a ``vllm-0.26-eager`` row with ``live`` evidence that ``rla.profiles.load`` reads back. The only
+as a row with ``live`` evidence (named anew: rla ships ``vllm-0.26-eager``) that ``rla.profiles.load`` reads back. The only
 part not run here is vLLM itself (``test_the_real_commands_on_a_gpu``, marked ``gpu``).
 """
 
@@ -27,7 +27,7 @@ from rla.models import build_model, bundled_path, tiny_config
 from rla.rollout.rollouts import RolloutRecord
 from rla.rollout.sampler import Sampler, SamplingParams
 
-TRUTH = "vllm-0.33-eager"
+TRUTH = "vllm-0.26-eager"
 
 
 class RowEngine:
@@ -77,12 +77,13 @@ def data(model):
 
 def test_the_report_shows_the_row_that_made_the_engine_bit_equal(model, data, tmp_path):
     sides = V.candidates("vllm", "0.26.0", "eager", ("default", "eager"))
-    assert list(sides) == ["hf", "vllm-0.33-eager", "vllm-0.33"]  # 0.26 has no row: the nearest, mode first
+    assert list(sides) == ["hf", "vllm-0.26-eager", "vllm-0.26"]  # the rows calibrated on 0.26, mode first
+    assert list(V.candidates("vllm", "0.27.1", "default", ("default", "eager"))) == ["hf", "vllm-0.26", "vllm-0.26-eager"]
     rows = V.compare(model, sides, data)
     by = {r["side"]: r for r in rows}
     assert by[TRUTH]["prefill"]["equal"] == 1.0 and by[TRUTH]["decode"]["equal"] == 1.0
     assert by[TRUTH]["prefill"]["k3"] == 0.0 and by[TRUTH]["decode"]["max_abs"] == 0.0
-    for side in ("hf", "vllm-0.33"):
+    for side in ("hf", "vllm-0.26"):
         assert by[side]["prefill"]["equal"] < 1.0 and by[side]["prefill"]["k3"] > 0
     assert by[TRUTH]["prefill"]["tokens"] == 63 + 31 and by[TRUTH]["decode"]["tokens"] == 16
     # k3 against an independent fp64 expression of its definition
@@ -130,7 +131,7 @@ def test_saved_engine_outputs_are_scored_without_the_engine(saved, tmp_path, cap
                  "--out", str(tmp_path / "v")]) == 0
     rep = json.loads((tmp_path / "v" / "report.json").read_text())
     by = {r["side"]: r for r in rep["rows"]}
-    assert list(by) == ["hf", TRUTH, "vllm-0.33", "rla"] and rep["engine"]["mode"] == "eager"
+    assert list(by) == ["hf", TRUTH, "vllm-0.26", "rla"] and rep["engine"]["mode"] == "eager"
     assert by[TRUTH]["prefill"]["equal"] == 1.0 and by[TRUTH]["decode"]["equal"] == 1.0
     assert by["hf"]["prefill"]["equal"] < 1.0 and rep["environment"]["gpu"].startswith("none")
     assert "vllm" not in sys.modules
@@ -159,9 +160,12 @@ def test_the_live_search_writes_the_row_that_made_the_engine(saved, tmp_path, ca
     out = tmp_path / "vllm-0.26-eager.json"
     argv = ["calibrate", "--live", "--engine-outputs", str(saved / "run"), "--model", str(saved / "ckpt"),
             "--start", "vllm-0.33", "--train-attention", "model", "--out", str(out)]
+    assert main(argv) == 2  # rla ships a row of that name: a new one needs its own
+    assert "a built-in row is named 'vllm-0.26-eager'" in capsys.readouterr().err and not out.exists()
+    argv += ["--name", "vllm-0.26-eager-mine"]
     assert main(argv) == 0
     row = profiles.load(out)
-    assert row.name == "vllm-0.26-eager" and row.calibration.live["found"]["prefill_equal"] == 1.0
+    assert row.name == "vllm-0.26-eager-mine" and row.calibration.live["found"]["prefill_equal"] == 1.0
     truth = profiles.get(TRUTH)
     ev = row.calibration.points
     live = {p for p, e in ev.items() if e.evidence == "live"}
