@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import rla
+from rla.diagnosis import positions as P
 from rla.diagnosis.triage import EXIT_CODES, triage
 from rla.models import load_bundled_model
 from rla.rollout.sampler import Sampler, SamplingParams
@@ -69,6 +70,13 @@ def _shape_dependent(model):
     return planted
 
 
+def _ragged(records):
+    """The records with responses cut to 12, 10, 8, ... tokens (their first tokens and logprobs): rows
+    of several lengths, as left padding needs."""
+    return [dataclasses.replace(r, response_ids=r.response_ids[:max(2, TOKENS - 2 * i)], logprobs=r.logprobs[:max(2, TOKENS - 2 * i)])
+            for i, r in enumerate(records)]
+
+
 def _case(name, lab):
     plain, eng = lab["plain"], lab["engine"]
     kw = {}
@@ -92,6 +100,17 @@ def _case(name, lab):
         records, bf16 = plain, _shape_dependent(lab["bf16"])
     elif name == "position_ids":
         records, kw = plain, {"bad_positions": [3]}
+    elif name == "restart_positions":
+        lps = logprobs(eng, plain, position_ids=P.layout("restart_at_response", plain)[1])
+        records = [dataclasses.replace(r, logprobs=lp.double().tolist()) for r, lp in zip(plain, lps)]
+    elif name == "left_padded_unmasked":
+        ragged = _ragged(plain)
+        padded = P.layout("left_padded_unmasked", ragged, pad_id=bf16.config.pad_token_id)[0]
+        records = [dataclasses.replace(r, logprobs=lp.double().tolist()) for r, lp in zip(ragged, logprobs(eng, padded))]
+    elif name == "left_padded_no_position_ids":
+        records = _ragged(plain)
+        shifted = logprobs(bf16, records, position_ids=P.layout("left_padded_no_position_ids", records)[1])
+        kw = {"trainer_logprobs": [lp.double().tolist() for lp in shifted], "trainer_field": "old_log_probs"}
     elif name == "trainer_logprobs":
         other = [lp.double().tolist() for lp in logprobs(lab["noisy_engine"], plain)]
         records, kw = plain, {"trainer_logprobs": other, "trainer_field": "old_log_probs"}

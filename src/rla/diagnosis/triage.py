@@ -34,6 +34,15 @@ forward's own batch variance on this machine. When it is half or more of the rec
 the trainer disagrees with itself about as much as with the engine, and the engine is not the
 problem (verl #6280: 5-10% of tokens outside [0.9, 1.1] in bf16 from micro-batching alone).
 
+Positions. Rows whose position ids do not follow their attention mask (a framework dump that
+carries both) are named as they are. Then the records' logprobs, and the trainer's own where the
+input has them, are compared with the model's bf16 forward in four other layouts (the response's
+positions restarting at 0, left pads attended to, left padding without position ids, positions
+from 1; :mod:`rla.diagnosis.positions`): a layout ``BETTER`` times closer than the correct one and
+within rounding's size is the verdict (``position_ids``, or ``padding`` for attended pads). A
+uniform shift of positions moves a RoPE model by rounding alone, so the two shifting layouts are
+seen only in logprobs of this very stack (the module says why).
+
 Weights. The check that the records were sampled by these weights (a stale checkpoint after a
 weight sync) has its place in the order (``"weights"``) but is not made here: size alone cannot
 tell one optimizer step of staleness from rounding (docs/diagnosis.md, "Known limits"); it needs
@@ -77,6 +86,7 @@ EXIT_CODES = {
     "trainer_logprobs": 17,
     "stale_weights": 18,
     "beyond_rounding": 19,
+    "padding": 20,
 }
 
 
@@ -235,24 +245,55 @@ def _self_consistency(records, rec, bf16, logprobs, alone_n) -> tuple[Finding, l
                    f"the records' mismatch {m:.3g}", ev), together
 
 
-def _positions(rec, together, scale, bad_positions, trainer_logprobs, trainer_field) -> Finding:
+_READING_TEXT = {
+    "restart_at_response": "the response's position ids restart at 0",
+    "left_padded_unmasked": "left padding attended to (no attention mask over the pads)",
+    "left_padded_no_position_ids": "left padding without position ids (each row's positions shifted by its padding)",
+    "positions_from_1": "position ids from 1 (cumsum(attention_mask) without the - 1)",
+}
+
+
+def _positions(records, rec, together, scale, bad_positions, trainer_logprobs, trainer_field, bf16, fp32,
+               logprobs, alone_n) -> Finding:
+    from rla.diagnosis import positions as P
+
     ev = {"rows_with_bad_position_ids": list(bad_positions)}
     if bad_positions:
         return Finding("positions", "found", "position_ids",
                        f"{len(bad_positions)} row(s) carry position ids that are not cumsum(attention_mask) - 1 over "
                        f"their tokens (rows {list(bad_positions)[:5]}): RoPE sees other positions than the engine did", ev)
+    some = records[:alone_n]
+    ev["records_read"] = len(some)
+    if not some:
+        correct, alternatives = None, {}
+    else:
+        correct, alternatives = P.readings(bf16, some, logprobs)
+    subjects = ([(trainer_field or "trainer logprobs", [np.asarray(t, dtype=np.float64) for t in trainer_logprobs[:len(some)]])]
+                if trainer_logprobs is not None else []) + [("the records' logprobs", rec[:len(some)])]
+    for name, rows in subjects if some else ():
+        got = P.check(rows, correct, alternatives, _k3, scale, better=BETTER, factor=FACTOR,
+                      scale_in=lambda reading: P.scale_in(bf16, fp32, some, reading, logprobs, _k3))
+        ev[f"layouts ({name})"] = got
+        if got["found"]:
+            best = got["found"]
+            return Finding("positions", "found", P.VERDICTS[best],
+                           f"{name} fit {_READING_TEXT[best]}: k3 {got['k3_' + best]:.3g} in that layout, "
+                           f"{got['k3_correct_layout']:.3g} right-padded with positions 0..n-1", ev)
     if trainer_logprobs is None:
-        return Finding("positions", "clean", None, "no row's position ids are off its attention mask; no trainer "
-                       "logprobs in the input to compare", ev)
+        return Finding("positions", "clean", None, "no row's position ids are off its attention mask; " + (
+                       "no padding or position layout (restarted, shifted, from 1, unmasked left pads) fits the "
+                       "records better" if some else "padding and position layouts not read (alone=0)")
+                   + "; no trainer logprobs in the input to compare", ev)
     t = _k3(trainer_logprobs, rec)
     own = _k3(together, rec)
     ev.update({"k3_trainer_vs_records": t, "k3_model_vs_records": own, "trainer_field": trainer_field})
     if t > FACTOR * max(own, scale):
         return Finding("positions", "found", "trainer_logprobs",
                        f"the trainer's own logprobs ({trainer_field}) are k3 {t:.3g} from the records, this model's forward "
-                       f"{own:.3g}: the trainer scores differently (padding, position ids, template or its weights)", ev)
+                       f"{own:.3g}: the trainer scores differently (template or its weights; no padding or position "
+                       "layout tried here explains it)", ev)
     return Finding("positions", "clean", None, f"the trainer's {trainer_field} agree with the records as this model's "
-                   f"forward does (k3 {t:.3g} vs {own:.3g})", ev)
+                   f"forward does (k3 {t:.3g} vs {own:.3g}); no padding or position layout fits either better", ev)
 
 
 def triage(records, *, bf16, fp32, trainer_logprobs=None, trainer_field=None, bad_positions=(),
@@ -262,7 +303,8 @@ def triage(records, *, bf16, fp32, trainer_logprobs=None, trainer_field=None, ba
     (from :class:`rla.rollout.framework_dumps.Dump`); ``bad_positions``: rows whose position ids
     do not follow their mask. ``weights_check``: a callable(records) -> Finding for the
     ``"weights"`` slot; without one it is reported as not checked. ``alone``: how many records
-    the self-consistency check scores one at a time (a forward each)."""
+    the self-consistency check scores one at a time (a forward each), and the positions check
+    reads in its padding and position layouts (one forward of them per layout; 0: neither)."""
     from rla.rollout.train_logprobs import logprobs
 
     from rla.diagnosis.inputs import check_records
@@ -283,7 +325,8 @@ def triage(records, *, bf16, fp32, trainer_logprobs=None, trainer_field=None, ba
     findings = [_shift(rec, ref, scale)]
     findings.append(_settings(records, rec, ref, scale, fp32, logprobs))
     findings.append(consistency)
-    findings.append(_positions(rec, together, scale, bad_positions, trainer_logprobs, trainer_field))
+    findings.append(_positions(records, rec, together, scale, bad_positions, trainer_logprobs, trainer_field, bf16,
+                               fp32, logprobs, alone))
     if weights_check is not None:
         findings.append(weights_check(records))
     else:
