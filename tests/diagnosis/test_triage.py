@@ -128,6 +128,7 @@ def _case(name, lab):
 def test_broken_input_gets_its_verdict(lab, case):
     t = _case(case.name, lab)
     assert (t.verdict, t.exit_code) == (case.verdict, case.exit_code), t.summary()
+    assert t.vocab is None and t.to_dict()["vocab_kl"] is None  # no top_logprobs: reported as before
     assert EXIT_CODES[case.verdict] == case.exit_code
     if case.name != "rounding":
         assert t.verdict != "rounding"
@@ -138,3 +139,23 @@ def test_broken_input_gets_its_verdict(lab, case):
 
 def test_the_docs_table_is_the_render_of_the_cases():
     assert section(DOC.read_text()) == render(), "run: python tests/diagnosis/triage_cases.py"
+
+
+def test_the_full_vocabulary_kl_is_reported_when_the_records_carry_it(lab):
+    """Records with the engine stand-in's top-4 per token: triage reports the KL's lower bound,
+    computed by rla.diagnosis.vocab with the trainer's model; records without the field: nothing."""
+    from rla.diagnosis.vocab import vocab_kl_of_records
+
+    recs = []
+    for r in lab["plain"][:2]:
+        ids = torch.tensor([r.prompt_ids + r.response_ids])
+        with torch.no_grad():
+            q = lab["engine"](input_ids=ids, use_cache=False).logits[0, len(r.prompt_ids) - 1:-1].float().log_softmax(-1)
+        top = q.topk(4, -1)
+        lists = [[[int(i), float(v)] for i, v in zip(ix, vs)] for ix, vs in zip(top.indices, top.values)]
+        recs.append(dataclasses.replace(r, top_logprobs={"version": 1, "complete": False, "response": lists}))
+    t = triage(recs, bf16=lab["bf16"], fp32=lab["fp32"], alone=1)
+    want = vocab_kl_of_records(lab["bf16"], recs)
+    assert t.vocab == want and want["vocab_kl/kind"] == "lower_bound" and want["vocab_kl/tokens"] == 2 * TOKENS
+    assert 0 < want["vocab_kl/mean"] < 1e-2  # rounding-sized: the stand-in is the same weights
+    assert "a lower bound" in t.summary() and t.to_dict()["vocab_kl"]["vocab_kl/records"] == 2

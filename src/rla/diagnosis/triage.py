@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import rla.metrics as M
+from rla.diagnosis.vocab import vocab_kl_of_records, vocab_line, vocab_summary
 
 __all__ = ["Finding", "Triage", "triage", "ORDER", "EXIT_CODES", "FACTOR", "BETTER", "FACTORS_GRID", "SEEN"]
 
@@ -111,6 +112,8 @@ class Triage:
     scale: float
     n_records: int
     n_tokens: int
+    vocab: dict | None = None
+    """``rla.metrics.vocab_kl`` over the records carrying ``top_logprobs`` (the trainer: the bf16 model), else None."""
 
     @property
     def first(self) -> Finding:
@@ -119,13 +122,15 @@ class Triage:
     def to_dict(self) -> dict:
         return {"verdict": self.verdict, "exit_code": self.exit_code, "rounding_scale_k3": self.scale,
                 "n_records": self.n_records, "n_tokens": self.n_tokens,
-                "findings": [f.to_dict() for f in self.findings]}
+                "findings": [f.to_dict() for f in self.findings], "vocab_kl": vocab_summary(self.vocab)}
 
     def summary(self) -> str:
         lines = [f"verdict: {self.verdict} (exit {self.exit_code}); {self.n_records} records, {self.n_tokens} tokens, "
                  f"rounding scale k3 {self.scale:.3g}"]
         for f in self.findings:
             lines.append(f"  {f.check:17s} {f.status:11s} {f.message}")
+        if self.vocab is not None:
+            lines.append("  " + vocab_line(self.vocab))
         return "\n".join(lines)
 
 
@@ -345,4 +350,5 @@ def triage(records, *, bf16, fp32, trainer_logprobs=None, trainer_field=None, ba
                                 "checkable here: weights that are not the rollout's, another chat template or prompt ids "
                                 "than the engine saw, another model", ev))
     verdict = next(f.verdict for f in findings if f.status == "found")
-    return Triage(findings, verdict, EXIT_CODES[verdict], scale, len(records), int(sum(len(r) for r in rec)))
+    return Triage(findings, verdict, EXIT_CODES[verdict], scale, len(records), int(sum(len(r) for r in rec)),
+                  vocab=vocab_kl_of_records(bf16, records))
