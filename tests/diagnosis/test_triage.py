@@ -70,6 +70,19 @@ def _shape_dependent(model):
     return planted
 
 
+def _with_top_logprobs(records, engine, k=4):
+    """The records carrying ``engine``'s top-``k`` per response token (fp32 log-softmax of its logits)."""
+    out = []
+    for r in records:
+        ids = torch.tensor([r.prompt_ids + r.response_ids])
+        with torch.no_grad():
+            q = engine(input_ids=ids, use_cache=False).logits[0, len(r.prompt_ids) - 1:-1].float().log_softmax(-1)
+        top = q.topk(k, -1)
+        lists = [[[int(i), float(v)] for i, v in zip(ix, vs)] for ix, vs in zip(top.indices, top.values)]
+        out.append(dataclasses.replace(r, top_logprobs={"version": 1, "complete": False, "response": lists}))
+    return out
+
+
 def _ragged(records):
     """The records with responses cut to 12, 10, 8, ... tokens (their first tokens and logprobs): rows
     of several lengths, as left padding needs."""
@@ -82,7 +95,7 @@ def _case(name, lab):
     kw = {}
     bf16 = lab["bf16"]
     if name == "rounding":
-        records = plain
+        records = _with_top_logprobs(plain, eng)
     elif name == "shift":
         records = [dataclasses.replace(r, response_ids=r.response_ids[:-1], logprobs=r.logprobs[1:]) for r in plain]
     elif name == "temperature":
@@ -128,7 +141,13 @@ def _case(name, lab):
 def test_broken_input_gets_its_verdict(lab, case):
     t = _case(case.name, lab)
     assert (t.verdict, t.exit_code) == (case.verdict, case.exit_code), t.summary()
-    assert t.vocab is None and t.to_dict()["vocab_kl"] is None  # no top_logprobs: reported as before
+    if case.name == "rounding":  # the records carry the stand-in's top-4 per token: the KL's lower bound reported
+        v = t.vocab  # its numbers against an fp64 oracle: tests/diagnosis/test_vocab_kl.py
+        assert v["vocab_kl/kind"] == "lower_bound" and v["vocab_kl/tokens"] == t.n_tokens and v["vocab_kl/records"] == N
+        assert 0 < v["vocab_kl/mean"] < 1e-2  # rounding-sized: the stand-in is the same weights
+        assert "a lower bound" in t.summary() and t.to_dict()["vocab_kl"]["vocab_kl/mean"] == v["vocab_kl/mean"]
+    else:
+        assert t.vocab is None and t.to_dict()["vocab_kl"] is None  # no top_logprobs: reported as before
     assert EXIT_CODES[case.verdict] == case.exit_code
     if case.name != "rounding":
         assert t.verdict != "rounding"
@@ -140,22 +159,3 @@ def test_broken_input_gets_its_verdict(lab, case):
 def test_the_docs_table_is_the_render_of_the_cases():
     assert section(DOC.read_text()) == render(), "run: python tests/diagnosis/triage_cases.py"
 
-
-def test_the_full_vocabulary_kl_is_reported_when_the_records_carry_it(lab):
-    """Records with the engine stand-in's top-4 per token: triage reports the KL's lower bound,
-    computed by rla.diagnosis.vocab with the trainer's model; records without the field: nothing."""
-    from rla.diagnosis.vocab import vocab_kl_of_records
-
-    recs = []
-    for r in lab["plain"][:2]:
-        ids = torch.tensor([r.prompt_ids + r.response_ids])
-        with torch.no_grad():
-            q = lab["engine"](input_ids=ids, use_cache=False).logits[0, len(r.prompt_ids) - 1:-1].float().log_softmax(-1)
-        top = q.topk(4, -1)
-        lists = [[[int(i), float(v)] for i, v in zip(ix, vs)] for ix, vs in zip(top.indices, top.values)]
-        recs.append(dataclasses.replace(r, top_logprobs={"version": 1, "complete": False, "response": lists}))
-    t = triage(recs, bf16=lab["bf16"], fp32=lab["fp32"], alone=1)
-    want = vocab_kl_of_records(lab["bf16"], recs)
-    assert t.vocab == want and want["vocab_kl/kind"] == "lower_bound" and want["vocab_kl/tokens"] == 2 * TOKENS
-    assert 0 < want["vocab_kl/mean"] < 1e-2  # rounding-sized: the stand-in is the same weights
-    assert "a lower bound" in t.summary() and t.to_dict()["vocab_kl"]["vocab_kl/records"] == 2

@@ -35,7 +35,7 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["READINGS", "VERDICTS", "layout", "readings", "check", "scale_in"]
+__all__ = ["READINGS", "CONTEXT", "VERDICTS", "layout", "readings", "check", "scale_in"]
 
 READINGS = ("restart_at_response", "left_padded_unmasked", "left_padded_no_position_ids", "positions_from_1")
 #: reading -> the triage verdict it gives
@@ -68,15 +68,20 @@ def layout(reading: str, records, pad_id: int = 0) -> tuple[list, list[list[int]
     return [dataclasses.replace(r, prompt_ids=[pad_id] * k + list(r.prompt_ids)) for r, k in zip(records, pads)], None
 
 
-def readings(bf16, records, logprobs) -> tuple[list[np.ndarray], dict[str, list[np.ndarray] | None]]:
-    """``(the correct layout's logprobs, {reading: its logprobs, or None where it changes nothing})``,
-    all from one micro-batch each (``logprobs``: :func:`rla.rollout.train_logprobs.logprobs`)."""
+#: The readings that change what a token attends to (far beyond rounding when wrong).
+CONTEXT = ("restart_at_response", "left_padded_unmasked")
+
+
+def readings(bf16, records, logprobs, names=READINGS) -> tuple[list[np.ndarray], dict[str, list[np.ndarray] | None]]:
+    """``(the correct layout's logprobs, {reading: its logprobs, or None where it changes nothing})``
+    for the readings ``names``, all from one micro-batch each (``logprobs``:
+    :func:`rla.rollout.train_logprobs.logprobs`)."""
     rows = lambda ts: [t.double().numpy() for t in ts]  # noqa: E731
     correct = rows(logprobs(bf16, records, max_tokens=10**9))
     pad = _pad_id(bf16.config)
     lengths = [len(r.prompt_ids) + len(r.response_ids) for r in records]
     out = {}
-    for name in READINGS:
+    for name in names:
         padded = name.startswith("left_padded")
         if padded and len(set(lengths)) == 1:
             out[name] = None  # no row would be padded

@@ -41,7 +41,10 @@ positions restarting at 0, left pads attended to, left padding without position 
 from 1; :mod:`rla.diagnosis.positions`): a layout ``BETTER`` times closer than the correct one and
 within rounding's size is the verdict (``position_ids``, or ``padding`` for attended pads). A
 uniform shift of positions moves a RoPE model by rounding alone, so the two shifting layouts are
-seen only in logprobs of this very stack (the module says why).
+seen only in logprobs of this very stack (the module says why): they are read for the trainer's
+logprobs, the two layouts that change the context for the records' (and only where the records
+are beyond rounding's size: no wrong context fits better than that). None is read once an earlier
+check has found the cause.
 
 Weights. The check that the records were sampled by these weights (a stale checkpoint after a
 weight sync) has its place in the order (``"weights"``) but is not made here: size alone cannot
@@ -259,7 +262,7 @@ _READING_TEXT = {
 
 
 def _positions(records, rec, together, scale, bad_positions, trainer_logprobs, trainer_field, bf16, fp32,
-               logprobs, alone_n) -> Finding:
+               logprobs, alone_n, earlier_found) -> Finding:
     from rla.diagnosis import positions as P
 
     ev = {"rows_with_bad_position_ids": list(bad_positions)}
@@ -268,15 +271,23 @@ def _positions(records, rec, together, scale, bad_positions, trainer_logprobs, t
                        f"{len(bad_positions)} row(s) carry position ids that are not cumsum(attention_mask) - 1 over "
                        f"their tokens (rows {list(bad_positions)[:5]}): RoPE sees other positions than the engine did", ev)
     some = records[:alone_n]
-    ev["records_read"] = len(some)
-    if not some:
-        correct, alternatives = None, {}
-    else:
-        correct, alternatives = P.readings(bf16, some, logprobs)
-    subjects = ([(trainer_field or "trainer logprobs", [np.asarray(t, dtype=np.float64) for t in trainer_logprobs[:len(some)]])]
-                if trainer_logprobs is not None else []) + [("the records' logprobs", rec[:len(some)])]
-    for name, rows in subjects if some else ():
-        got = P.check(rows, correct, alternatives, _k3, scale, better=BETTER, factor=FACTOR,
+    # which logprobs to read, in which layouts: the trainer's in all four where they are not this
+    # model's forward bit for bit (a uniform shift is seen only there); the records' in the two
+    # that change the context, only where they are beyond rounding (else no wrong context fits
+    # better); none once an earlier check has found the cause
+    subjects = []
+    if some and not earlier_found:
+        if trainer_logprobs is not None and _k3(trainer_logprobs, together) > 0:
+            subjects.append((trainer_field or "trainer logprobs", [np.asarray(t, dtype=np.float64)
+                                                                    for t in trainer_logprobs[:len(some)]], P.READINGS))
+        if _k3(together, rec) > SEEN * scale:
+            subjects.append(("the records' logprobs", rec[:len(some)], P.CONTEXT))
+    ev["records_read"] = len(some) if subjects else 0
+    if subjects:
+        names = [n for n in P.READINGS if any(n in s[2] for s in subjects)]
+        correct, alternatives = P.readings(bf16, some, logprobs, names)
+    for name, rows, layouts in subjects:
+        got = P.check(rows, correct, {n: alternatives[n] for n in layouts}, _k3, scale, better=BETTER, factor=FACTOR,
                       scale_in=lambda reading: P.scale_in(bf16, fp32, some, reading, logprobs, _k3))
         ev[f"layouts ({name})"] = got
         if got["found"]:
@@ -285,10 +296,12 @@ def _positions(records, rec, together, scale, bad_positions, trainer_logprobs, t
                            f"{name} fit {_READING_TEXT[best]}: k3 {got['k3_' + best]:.3g} in that layout, "
                            f"{got['k3_correct_layout']:.3g} right-padded with positions 0..n-1", ev)
     if trainer_logprobs is None:
+        why = ("an earlier check explains the records" if earlier_found else "alone=0" if not some
+               else "the records are within rounding's size of this model's forward")
         return Finding("positions", "clean", None, "no row's position ids are off its attention mask; " + (
-                       "no padding or position layout (restarted, shifted, from 1, unmasked left pads) fits the "
-                       "records better" if some else "padding and position layouts not read (alone=0)")
-                   + "; no trainer logprobs in the input to compare", ev)
+                           "no padding or position layout (restarted, unmasked left pads) fits the records better"
+                           if ev["records_read"] else f"padding and position layouts not read ({why})")
+                       + "; no trainer logprobs in the input to compare", ev)
     t = _k3(trainer_logprobs, rec)
     own = _k3(together, rec)
     ev.update({"k3_trainer_vs_records": t, "k3_model_vs_records": own, "trainer_field": trainer_field})
@@ -331,7 +344,7 @@ def triage(records, *, bf16, fp32, trainer_logprobs=None, trainer_field=None, ba
     findings.append(_settings(records, rec, ref, scale, fp32, logprobs))
     findings.append(consistency)
     findings.append(_positions(records, rec, together, scale, bad_positions, trainer_logprobs, trainer_field, bf16,
-                               fp32, logprobs, alone))
+                               fp32, logprobs, alone, any(f.status == "found" for f in findings)))
     if weights_check is not None:
         findings.append(weights_check(records))
     else:
