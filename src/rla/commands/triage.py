@@ -48,7 +48,8 @@ def run(args) -> int:
     if args.source == "rla":
         dump = F.Dump("rla", rollouts.load(args.path))
     else:
-        dump = F.read(args.source, args.path, sampling, logprobs_mode=args.logprobs_mode)
+        dump = F.read(args.source, args.path, sampling, logprobs_mode=args.logprobs_mode,
+                      vocab_size=_vocab_size(args.model) if args.source == "vllm" else None)
     console = make_console()
     console.print(f"read {len(dump.records)} records from {args.path} ({dump.source})"
                   + (f"; trainer logprobs: {dump.trainer_field}" if dump.trainer_field else ""), highlight=False)
@@ -72,3 +73,17 @@ def run(args) -> int:
         out["health"] = [r.__dict__ for r in readings]
         write_text(args.json, json.dumps(out, indent=1, allow_nan=False, default=float) + "\n")
     return t.exit_code
+
+
+def _vocab_size(model: str):
+    """The checkpoint's ``vocab_size`` from its config.json, without loading it: vLLM's top-logprob
+    lists that long are the whole distribution (the vocabulary KL is then exact). None when the
+    file does not say; a missing or unreadable config is named when the model loads."""
+    import json
+    from pathlib import Path
+
+    try:
+        v = json.loads((Path(model) / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
