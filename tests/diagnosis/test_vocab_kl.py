@@ -55,6 +55,9 @@ def test_vocab_kl_of_the_records_is_the_kl_of_hfs_distributions():
     assert (per[n0:] <= oracle_full[1].numpy() + 1e-8).all() and per.max() > 1e-6  # not zero: bf16 vs fp32
     exact_only = vocab_kl_of_records(bf16, records[:1])
     assert exact_only["vocab_kl/kind"] == "exact"
+    bad = dataclasses.replace(records[1], top_logprobs={**records[1].top_logprobs, "response": [[[64, -0.1]]] * 5})
+    with pytest.raises(ValueError, match=r"record 1: top_logprobs lists token 64, outside the model's vocabulary \[0, 64\)"):
+        vocab_kl_of_records(bf16, [records[0], bad])
     plain = [dataclasses.replace(r, top_logprobs=None) for r in records]
     assert vocab_kl_of_records(bf16, plain) is None
 
