@@ -38,13 +38,15 @@ def vocab_kl_of_records(model, records, chunk: int = 256) -> dict | None:
     device = next(model.parameters()).device
     eng, tr, tails, full, used = [], [], [], [], 0
     vocab = model.config.vocab_size
-    for n, r in enumerate(records):
+    for n, r in enumerate(records):  # every record checked before the first forward
+        top = getattr(r, "top_logprobs", None)
+        worst = max((i for pairs in top["response"] for i, _ in pairs), default=-1) if top else -1
+        if worst >= vocab:
+            raise ValueError(f"record {n}: top_logprobs lists token {worst}, outside the model's vocabulary [0, {vocab})")
+    for r in records:
         top = getattr(r, "top_logprobs", None)
         if not top:
             continue
-        worst = max(i for pairs in top["response"] for i, _ in pairs)
-        if worst >= vocab:
-            raise ValueError(f"record {n}: top_logprobs lists token {worst}, outside the model's vocabulary [0, {vocab})")
         used += 1
         raw = (r.metadata or {}).get("logprobs_mode") == "raw_logprobs"
         t, k, p = (1.0, -1, 1.0) if raw else (r.temperature, r.top_k, r.top_p)
