@@ -325,6 +325,26 @@ def router_combine(root):
             for k in sorted({c["k"] for c in cases})}
 
 
+MICRO, MICRO_CPU = _cr.MICRO, _cr.MICRO_CPU
+_MICRO_MODELS = {"hf": "HF eager", "aligned": "aligned (vllm)"}
+_MICRO_LAYOUTS = {"mb1 vs fp32 (rounding's size)": "alone, vs the same model in fp32",
+                  "mb4_right vs mb1": "micro-batch 4, right-padded, vs alone",
+                  "mb8_right vs mb1": "micro-batch 8, right-padded, vs alone",
+                  "mb4_left vs mb1": "micro-batch 4, left-padded, vs alone",
+                  "mb8_left vs mb1": "micro-batch 8, left-padded, vs alone",
+                  "mb8_left_no_position_ids vs mb1": "micro-batch 8, left-padded, no position ids, vs alone"}
+
+
+def microbatch_table(folder):
+    """microbatch.json (lab/triage/microbatch_consistency.py): per (model, layout) k3, 100 x the share
+    of tokens with ratio outside [0.9, 1.1], 100 x the share bit-equal, max |dlogp|."""
+    def compute(root):
+        return {(_MICRO_MODELS[r["model"]], _MICRO_LAYOUTS[r["layout"]]):
+                [r["k3"], 100 * r["share_outside_0.9_1.1"], 100 * r["share_bitwise_equal"], r["max_abs_delta"]]
+                for r in _json(root, f"{folder}/microbatch.json")["rows"]}
+    return compute
+
+
 R = lambda folder: f"{folder}/README.md"  # noqa: E731
 
 TABLES: list[TableCheck] = [
@@ -333,6 +353,12 @@ TABLES: list[TableCheck] = [
                router_probe),
     TableCheck("router probe combine", R(ROUTER), f"{ROUTER}/router_probe.json",
                "100 x fraction of moe_sum outputs bit-equal, fp32_slot_order and lp_slot_order", router_combine),
+    TableCheck("microbatch H200", R(MICRO), f"{MICRO}/microbatch.json",
+               "per model and layout: k3, 100 x share outside [0.9, 1.1], 100 x share bit-equal, max abs delta",
+               microbatch_table(MICRO)),
+    TableCheck("microbatch bundled CPU", R(MICRO_CPU), f"{MICRO_CPU}/microbatch.json",
+               "per model and layout: k3, 100 x share outside [0.9, 1.1], 100 x share bit-equal, max abs delta",
+               microbatch_table(MICRO_CPU)),
     TableCheck("house e2e", R(HOUSE), f"{HOUSE}/e2e*/e2e_NVIDIA_H200_2026-12-02.json",
                "step_ms old, new, new (Liger run); tok_s new / old for both new runs", house_e2e),
     TableCheck("house liger flce", R(HOUSE), f"{HOUSE}/e2e/e2e_NVIDIA_H200_2026-12-02.json",

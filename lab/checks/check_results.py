@@ -604,6 +604,7 @@ def mutations(root):
 
 ATTR = "results/benchmarks/vllm026_attribution_h200_2026-12-02"
 MICRO = "results/benchmarks/microbatch_and_gpu_tests_h200_2026-12-02"
+MICRO_CPU = "results/benchmarks/microbatch_bundled_cpu_2026-12-02"
 HOUSE = "results/benchmarks/house_and_liger_h200_2026-12-02"
 
 

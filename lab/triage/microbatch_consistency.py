@@ -14,7 +14,18 @@ micro-batch 4 and 8, right padding and left padding (with explicit position ids,
 pass them), and left padding *without* position ids (the plumbing bug, for scale). The bf16 vs
 fp32 k3 of the same records (rounding's size) is written beside them.
 
+The fp32 reference (:func:`fp32_reference`) is the same bf16-valued weights upcast to fp32, with
+RoPE's ``inv_freq`` recomputed from the config in fp64 and rounded once to fp32: an upcast of a
+model built by ``.to(torch.bfloat16)`` would carry HF's bf16-rounded ``inv_freq`` into the
+"fp32" side (a phase drift growing with the position, docs/rounding.md's hazard), which the
+aligned model does not have, so its "vs fp32" row would measure the reference's frequencies
+rather than its own rounding. Only the ``default`` rope type is recomputed; others are refused.
+
+``--model bundled`` scores rla's bundled tiny checkpoint (``rla.models.load_bundled_model``,
+bf16, SDPA) instead of the random-init shape; a CPU run:
+
     PYTHONPATH=src:. python -m lab.triage.microbatch_consistency --out $OUT/microbatch.json
+    PYTHONPATH=src:. python -m lab.triage.microbatch_consistency --model bundled --device cpu --out m.json
 
 Writes one JSON file: the environment stamp (rla.environment), the command, the settings and a
 row per (model, layout).
@@ -48,6 +59,47 @@ def build(shape: dict, device, seed=0):
     cfg = Qwen2Config(**shape)
     cfg._attn_implementation = "sdpa"
     return Qwen2ForCausalLM(cfg).to(device=device, dtype=torch.bfloat16).eval()
+
+
+def exact_inv_freq(config) -> torch.Tensor:
+    """``1 / theta ** (2i / d)`` of the default rope type, in fp64 from the config, rounded once to fp32."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    kind = rope.get("rope_type", "default")
+    if kind != "default":
+        raise ValueError(f"fp32 reference: rope_type {kind!r} is not recomputed here (only 'default')")
+    theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    if theta is None:
+        raise ValueError("fp32 reference: the config names no rope_theta")
+    d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    i = torch.arange(0, d, 2, dtype=torch.float64)
+    return (1.0 / float(theta) ** (i / d)).to(torch.float32)
+
+
+def fp32_reference(model) -> torch.nn.Module:
+    """The same (bf16-valued) weights in fp32, every rotary module's ``inv_freq`` (and
+    ``original_inv_freq``) replaced by :func:`exact_inv_freq`: not an upcast of a rounded buffer."""
+    ref = copy.deepcopy(model).float()
+    fresh = exact_inv_freq(model.config)
+    found = 0
+    for mod in ref.modules():
+        for name in ("inv_freq", "original_inv_freq"):
+            if name in mod._buffers:
+                buf = mod._buffers[name]
+                if buf.shape != fresh.shape:
+                    raise ValueError(f"fp32 reference: {type(mod).__name__}.{name} has shape {tuple(buf.shape)}, "
+                                     f"the config gives {tuple(fresh.shape)}")
+                mod._buffers[name] = fresh.to(buf.device)
+                found += 1
+    if not found:
+        raise ValueError("fp32 reference: the model has no inv_freq buffer to recompute")
+    return ref
+
+
+def inv_freq_error(model) -> float:
+    """Max relative error of the model's own ``inv_freq`` buffer against :func:`exact_inv_freq` (0: fp32-exact)."""
+    fresh = exact_inv_freq(model.config).double()
+    bufs = [b for m in model.modules() for n, b in m._buffers.items() if n == "inv_freq"]
+    return max(float(((b.double().cpu() - fresh) / fresh).abs().max()) for b in bufs)
 
 
 @torch.no_grad()
@@ -86,14 +138,21 @@ LAYOUTS = [("mb4_right", 4, "right", True), ("mb8_right", 8, "right", True), ("m
            ("mb8_left", 8, "left", True), ("mb8_left_no_position_ids", 8, "left", False)]
 
 
-def run(shape: dict, records: int, min_len: int, max_len: int, response: int, device: str, seed: int = 0) -> dict:
+def run(shape: dict | None, records: int, min_len: int, max_len: int, response: int, device: str, seed: int = 0) -> dict:
+    """``shape=None``: the bundled checkpoint; otherwise a random-init Qwen2 of that shape."""
+    if shape is None:
+        from rla.models import load_bundled_model
+        hf = load_bundled_model(dtype=torch.bfloat16, device=device)
+        shape = {k: getattr(hf.config, k) for k in QWEN25_15B if hasattr(hf.config, k)}
+    else:
+        hf = build(shape, device, seed)
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(min_len, max_len + 1, (records,), generator=g).tolist()
     seqs = [torch.randint(3, shape["vocab_size"], (n,), generator=g).tolist() for n in lens]
-    hf = build(shape, device, seed)
+    hf_inv_freq_error = inv_freq_error(hf)
     aligned = copy.deepcopy(hf)
     rla.align(aligned, "vllm")
-    fp32 = copy.deepcopy(hf).float()
+    fp32 = fp32_reference(hf)
     ref32 = score(fp32, seqs, response, 1, "right", True)
     del fp32
     rows = []
@@ -105,7 +164,9 @@ def run(shape: dict, records: int, min_len: int, max_len: int, response: int, de
             rows.append({"model": name, "layout": f"{layout} vs mb1",
                          **compare(score(model, seqs, response, batch, side, positions), alone)})
         rows[-1]["seconds_for_model"] = time.perf_counter() - t
-    return {"shape": shape, "records": records, "lengths": lens, "response_tokens": response, "rows": rows}
+    return {"shape": shape, "records": records, "lengths": lens, "response_tokens": response,
+            "fp32_reference": "bf16 weights upcast; inv_freq from the config in fp64, rounded once to fp32",
+            "hf_inv_freq_max_rel_error": hf_inv_freq_error, "rows": rows}
 
 
 def main(argv=None) -> int:
@@ -115,13 +176,18 @@ def main(argv=None) -> int:
     p.add_argument("--min-len", type=int, default=512)
     p.add_argument("--max-len", type=int, default=2048)
     p.add_argument("--response", type=int, default=256)
+    p.add_argument("--model", choices=("qwen2.5-1.5b-shape", "bundled"), default="qwen2.5-1.5b-shape",
+                   help="random-init Qwen2.5-1.5B shape, or rla's bundled tiny checkpoint")
     p.add_argument("--layers", type=int, default=None, help="override the layer count (a smoke run)")
     p.add_argument("--device", default="cuda")
     a = p.parse_args(argv)
     if a.response >= a.min_len:
         p.error("--response must be shorter than --min-len (each record needs a prompt)")
-    shape = dict(QWEN25_15B, **({"num_hidden_layers": a.layers} if a.layers else {}))
+    if a.model == "bundled" and a.layers:
+        p.error("--layers changes the random-init shape; the bundled checkpoint has its own")
+    shape = None if a.model == "bundled" else dict(QWEN25_15B, **({"num_hidden_layers": a.layers} if a.layers else {}))
     result = run(shape, a.records, a.min_len, a.max_len, a.response, a.device)
+    result["model"] = a.model
     result["environment"] = environment(torch.device(a.device))
     result["command"] = " ".join(["python -m lab.triage.microbatch_consistency", *(argv or sys.argv[1:])])
     write_text(a.out, json.dumps(result, indent=1, default=str) + "\n")

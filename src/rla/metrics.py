@@ -55,6 +55,7 @@ __all__ = [
     "PERCENTILE_METHOD",
     "POSITIVE_LOGPROB_TOL",
     "routing_mismatch",
+    "vocab_kl",
 ]
 
 #: Interpolation used for ``mismatch/abs/p*`` (``numpy.percentile(method=...)``).
@@ -542,3 +543,51 @@ def routing_mismatch(ids: Any, ref_ids: Any, weights: Any = None, ref_weights: A
         out["routing/weight_abs_mean"] = [float(np.abs(wa - wb)[i][same[i]].mean()) if same[i].any() else None
                                           for i in range(err.shape[0])]
     return out
+
+
+def vocab_kl(engine: Sequence[Any], trainer: Sequence[Any], trainer_tail: Any, complete: Any) -> dict[str, Any]:
+    """KL(engine || trainer) over the vocabulary, per token, from the engine's listed distribution.
+
+    Per token t: ``engine[t]`` the engine's logprobs of the tokens it listed (a record's
+    ``top_logprobs``, :mod:`rla.rollout.top_logprobs`), ``trainer[t]`` the trainer's logprobs of
+    the same tokens (same order), ``trainer_tail[t]`` the log of the trainer's probability of every
+    token not listed (``-inf`` when there is none), ``complete[t]`` whether the list is the engine's
+    whole distribution. All in fp64.
+
+    - complete: ``sum_i q_i (log q_i - log p_i)``, the KL **exactly** (the unlisted tokens have
+      q = 0 and contribute nothing, whatever p gives them).
+    - top-k: the same sum plus ``r_q (log r_q - log r_p)``, with ``r_q = 1 - sum_i q_i`` the engine's
+      mass outside the list and ``r_p`` the trainer's: the KL of the two distributions with the
+      unlisted tokens merged into one outcome. By the log-sum inequality (merging outcomes never
+      raises a KL) this is a **lower bound** on the KL over the vocabulary; it is exact when the
+      engine's tail is proportional to the trainer's. An upper bound would need the engine's
+      tail, which a top-k list does not hold.
+
+    ``r_q`` is ``-expm1(logsumexp(log q))``, clipped at 0 (an engine's listed logprobs may sum to
+    a hair over 1). A token where the engine puts mass the trainer gives none is ``inf``.
+    Returns ``vocab_kl/per_token`` (list), ``vocab_kl/mean``, ``vocab_kl/max``, ``vocab_kl/tokens``
+    and ``vocab_kl/kind``: ``"exact"`` when every token's list is complete, else ``"lower_bound"``
+    (the mean of exact values and lower bounds is a lower bound).
+    """
+    n = len(engine)
+    tail = _as_float64(trainer_tail, "trainer_tail").reshape(-1)
+    full = np.asarray(complete, dtype=bool).reshape(-1)
+    if n == 0 or len(trainer) != n or tail.shape != (n,) or full.shape != (n,):
+        raise MetricsInputError(f"vocab_kl needs one entry per token in each input, got {n} engine, {len(trainer)} "
+                                f"trainer, {tail.shape[0]} tail, {full.shape[0]} complete")
+    out = np.empty(n, dtype=np.float64)
+    for t in range(n):
+        q = np.asarray(engine[t], dtype=np.float64)
+        p = np.asarray(trainer[t], dtype=np.float64)
+        if q.ndim != 1 or q.shape != p.shape or q.size == 0 or not np.isfinite(q).all() or np.isnan(p).any():
+            raise MetricsInputError(f"vocab_kl: token {t}: the engine's and the trainer's logprobs must be equal-length "
+                                    f"lists, the engine's finite, got {q.shape} and {p.shape}")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kl = float(np.sum(np.exp(q) * (q - p)))
+            if not full[t]:
+                r_q = max(0.0, -math.expm1(_logsumexp(q)))
+                if r_q > 0:
+                    kl += r_q * (math.log(r_q) - tail[t]) if tail[t] > -np.inf else math.inf
+        out[t] = kl
+    return {"vocab_kl/per_token": out.tolist(), "vocab_kl/mean": float(out.mean()), "vocab_kl/max": float(out.max()),
+            "vocab_kl/tokens": n, "vocab_kl/kind": "exact" if full.all() else "lower_bound"}

@@ -39,3 +39,26 @@ def test_shifted_records_exit_10_with_the_evidence(tmp_path):
     assert (code, report["verdict"]) == (10, "shifted_positions"), report
     shift = report["findings"][0]
     assert shift["check"] == "shift" and shift["evidence"]["k3_shifted_+1"] * 4 <= shift["evidence"]["k3_unshifted_same_tokens_+1"]
+
+
+def test_vllm_outputs_with_the_whole_vocabulary_report_the_exact_kl(tmp_path):
+    """``--from vllm`` on RequestOutputs whose positions list all 64 tokens (logprobs=-1): the
+    checkpoint's vocab_size marks them complete and the report's vocabulary KL is exact."""
+    from types import SimpleNamespace
+
+    engine = load_bundled_model()
+    rla.align(engine, "vllm")
+    outs = []
+    for i, (prompt, resp) in enumerate((([1, 9, 14, 5], [20, 33, 7]), ([1, 30, 4], [11, 12, 40, 6]))):
+        with torch.no_grad():
+            q = engine(input_ids=torch.tensor([prompt + resp]), use_cache=False).logits[0, len(prompt) - 1:-1].float().log_softmax(-1)
+        positions = [{v: float(q[j, v]) for v in range(q.shape[1])} for j in range(len(resp))]
+        comp = SimpleNamespace(index=0, token_ids=resp, logprobs=positions, text="", cumulative_logprob=None)
+        outs.append(SimpleNamespace(request_id=str(i), prompt_token_ids=prompt, outputs=[comp]))
+    torch.save(outs, tmp_path / "outs.pt")
+    out = tmp_path / "t.json"
+    main(["triage", "--from", "vllm", str(tmp_path / "outs.pt"), "--model", "bundled", "--temperature", "1",
+          "--top-p", "1", "--top-k", "-1", "--logprobs-mode", "processed_logprobs", "--alone", "0", "--json", str(out)])
+    vocab = json.loads(out.read_text())["vocab_kl"]
+    assert vocab["vocab_kl/kind"] == "exact" and vocab["vocab_kl/tokens"] == 7 and vocab["vocab_kl/records"] == 2
+    assert 0 < vocab["vocab_kl/mean"] < 1e-2  # the aligned engine against HF's bf16 forward: rounding-sized

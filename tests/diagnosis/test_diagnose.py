@@ -87,12 +87,23 @@ def test_detection_names_the_rollout_profile(bundled):
 def test_report_files_and_markdown(bundled, tmp_path):
     model, prompts = bundled
     recs = sample(model, prompts, "vllm")
+    for i in (0, 1):  # two records carry their sampler's top-3 per token: the report gives the vocabulary KL's bound
+        r = recs[i]
+        with torch.no_grad():
+            q = model(input_ids=torch.tensor([r.prompt_ids + r.response_ids]), use_cache=False).logits[0]
+        top = q[len(r.prompt_ids) - 1:-1].float().log_softmax(-1).topk(3, -1)
+        lists = [[[int(t), float(v)] for t, v in zip(ix, vs)] for ix, vs in zip(top.indices, top.values)]
+        recs[i] = dataclasses.replace(r, top_logprobs={"version": 1, "complete": False, "response": lists})
     d = diagnose(model, recs, "vllm", detect=False)
+    assert d.vocab["vocab_kl/records"] == 2 and d.vocab["vocab_kl/kind"] == "lower_bound"
+    assert d.vocab["vocab_kl/tokens"] == len(recs[0].response_ids) + len(recs[1].response_ids)
+    assert "Full-vocabulary KL(engine || trainer)" in to_markdown(d) and "a lower bound" in to_markdown(d)
     files = {p.name for p in write_report(d, tmp_path)}
     assert files == {"report.json", "report.md", "per_position.png", "ratio_hist.png", "attribution.png"}
     data = json.loads((tmp_path / "report.json").read_text())
     assert set(data["metrics"]) == {"none", "rope", "swiglu", "rmsnorm", "rope+swiglu", "rope+rmsnorm", "swiglu+rmsnorm", "all"}
     assert data["metrics"]["all"]["mismatch/k3"] < data["metrics"]["none"]["mismatch/k3"]
+    assert data["vocab_kl"]["vocab_kl/records"] == 2 and "vocab_kl/per_token" not in data["vocab_kl"]
     assert "Shapley" in to_markdown(d)
     assert all((tmp_path / f).stat().st_size > 1000 for f in files)
 

@@ -86,3 +86,19 @@ def test_the_report_says_when_the_weights_could_not_be_checked(diagnosis):
     assert "1 of 3 records carry no `policy` fingerprint" in to_markdown(half)
     full = dataclasses.replace(diagnosis, policy=PolicyCheck("rla-weights/1:" + "0" * 32, 3, 3, {}, {}))
     assert "carry no `policy` fingerprint" not in to_markdown(full)
+
+
+def test_the_report_gives_the_full_vocabulary_kl_and_says_which_it_is(diagnosis):
+    """Records carrying top_logprobs: the report and its JSON give the KL, saying exact or a lower
+    bound; records without: neither says anything."""
+    import dataclasses
+
+    vocab = {"vocab_kl/per_token": [1e-4, 3e-4], "vocab_kl/mean": 2e-4, "vocab_kl/max": 3e-4, "vocab_kl/tokens": 2,
+             "vocab_kl/kind": "lower_bound", "vocab_kl/records": 1}
+    md = to_markdown(dataclasses.replace(diagnosis, vocab=vocab))
+    assert "Full-vocabulary KL(engine || trainer): mean 0.0002, max 0.0003 over 2 tokens of 1 records" in md
+    assert "a lower bound (top-k lists" in md
+    exact = dataclasses.replace(diagnosis, vocab={**vocab, "vocab_kl/kind": "exact"})
+    assert "exact (the records list the engine's whole distribution)" in to_markdown(exact)
+    assert exact.to_dict()["vocab_kl"] == {k: v for k, v in vocab.items() if k != "vocab_kl/per_token"} | {"vocab_kl/kind": "exact"}
+    assert "Full-vocabulary" not in to_markdown(diagnosis) and diagnosis.to_dict()["vocab_kl"] is None

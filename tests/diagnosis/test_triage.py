@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import rla
+from rla.diagnosis import positions as P
 from rla.diagnosis.triage import EXIT_CODES, triage
 from rla.models import load_bundled_model
 from rla.rollout.sampler import Sampler, SamplingParams
@@ -69,12 +70,32 @@ def _shape_dependent(model):
     return planted
 
 
+def _with_top_logprobs(records, engine, k=4):
+    """The records carrying ``engine``'s top-``k`` per response token (fp32 log-softmax of its logits)."""
+    out = []
+    for r in records:
+        ids = torch.tensor([r.prompt_ids + r.response_ids])
+        with torch.no_grad():
+            q = engine(input_ids=ids, use_cache=False).logits[0, len(r.prompt_ids) - 1:-1].float().log_softmax(-1)
+        top = q.topk(k, -1)
+        lists = [[[int(i), float(v)] for i, v in zip(ix, vs)] for ix, vs in zip(top.indices, top.values)]
+        out.append(dataclasses.replace(r, top_logprobs={"version": 1, "complete": False, "response": lists}))
+    return out
+
+
+def _ragged(records):
+    """The records with responses cut to 12, 10, 8, ... tokens (their first tokens and logprobs): rows
+    of several lengths, as left padding needs."""
+    return [dataclasses.replace(r, response_ids=r.response_ids[:max(2, TOKENS - 2 * i)], logprobs=r.logprobs[:max(2, TOKENS - 2 * i)])
+            for i, r in enumerate(records)]
+
+
 def _case(name, lab):
     plain, eng = lab["plain"], lab["engine"]
     kw = {}
     bf16 = lab["bf16"]
     if name == "rounding":
-        records = plain
+        records = _with_top_logprobs(plain, eng)
     elif name == "shift":
         records = [dataclasses.replace(r, response_ids=r.response_ids[:-1], logprobs=r.logprobs[1:]) for r in plain]
     elif name == "temperature":
@@ -92,6 +113,17 @@ def _case(name, lab):
         records, bf16 = plain, _shape_dependent(lab["bf16"])
     elif name == "position_ids":
         records, kw = plain, {"bad_positions": [3]}
+    elif name == "restart_positions":
+        lps = logprobs(eng, plain, position_ids=P.layout("restart_at_response", plain)[1])
+        records = [dataclasses.replace(r, logprobs=lp.double().tolist()) for r, lp in zip(plain, lps)]
+    elif name == "left_padded_unmasked":
+        ragged = _ragged(plain)
+        padded = P.layout("left_padded_unmasked", ragged, pad_id=bf16.config.pad_token_id)[0]
+        records = [dataclasses.replace(r, logprobs=lp.double().tolist()) for r, lp in zip(ragged, logprobs(eng, padded))]
+    elif name == "left_padded_no_position_ids":
+        records = _ragged(plain)
+        shifted = logprobs(bf16, records, position_ids=P.layout("left_padded_no_position_ids", records)[1])
+        kw = {"trainer_logprobs": [lp.double().tolist() for lp in shifted], "trainer_field": "old_log_probs"}
     elif name == "trainer_logprobs":
         other = [lp.double().tolist() for lp in logprobs(lab["noisy_engine"], plain)]
         records, kw = plain, {"trainer_logprobs": other, "trainer_field": "old_log_probs"}
@@ -109,6 +141,13 @@ def _case(name, lab):
 def test_broken_input_gets_its_verdict(lab, case):
     t = _case(case.name, lab)
     assert (t.verdict, t.exit_code) == (case.verdict, case.exit_code), t.summary()
+    if case.name == "rounding":  # the records carry the stand-in's top-4 per token: the KL's lower bound reported
+        v = t.vocab  # its numbers against an fp64 oracle: tests/diagnosis/test_vocab_kl.py
+        assert v["vocab_kl/kind"] == "lower_bound" and v["vocab_kl/tokens"] == t.n_tokens and v["vocab_kl/records"] == N
+        assert 0 < v["vocab_kl/mean"] < 1e-2  # rounding-sized: the stand-in is the same weights
+        assert "a lower bound" in t.summary() and t.to_dict()["vocab_kl"]["vocab_kl/mean"] == v["vocab_kl/mean"]
+    else:
+        assert t.vocab is None and t.to_dict()["vocab_kl"] is None  # no top_logprobs: reported as before
     assert EXIT_CODES[case.verdict] == case.exit_code
     if case.name != "rounding":
         assert t.verdict != "rounding"
@@ -119,3 +158,4 @@ def test_broken_input_gets_its_verdict(lab, case):
 
 def test_the_docs_table_is_the_render_of_the_cases():
     assert section(DOC.read_text()) == render(), "run: python tests/diagnosis/triage_cases.py"
+

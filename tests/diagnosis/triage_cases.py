@@ -39,6 +39,12 @@ CASES = [
     Case("batch_variance", "a trainer whose forward depends on the micro-batch shape (planted: shape-seeded noise on "
          "the final hidden states)", "batch_variance", 15),
     Case("position_ids", "a verl batch whose row 3 has position ids off its attention mask", "position_ids", 16),
+    Case("restart_positions", "the engine numbered the response's positions from 0 again (position ids restart)",
+         "position_ids", 16),
+    Case("left_padded_unmasked", "the engine scored left-padded rows without an attention mask (the pads attended to)",
+         "padding", 20),
+    Case("left_padded_no_position_ids", "the trainer's own logprobs scored left-padded without position ids "
+         "(positions shifted by the padding), on this stack", "position_ids", 16),
     Case("trainer_logprobs", "the framework's own trainer logprobs from another checkpoint (5% weight noise)",
          "trainer_logprobs", 17),
     Case("stale_weights", "rollouts from a checkpoint with 5% weight noise", "beyond_rounding", 19),

@@ -56,7 +56,6 @@ FILE_INDEXES = {"ops_inductor_sampler_h200_2026-11-29": "session 2's files; the 
 #: them is owed; a folder may stay here only until its README is next edited.
 NOT_YET_RENDERED = {
     "vllm026_attribution_h200_2026-12-02": "attribution.json, twin.json",
-    "microbatch_and_gpu_tests_h200_2026-12-02": "microbatch.json",
 }
 
 #: Results folders whose README tables are rendered by a script of their own and checked by its test.

@@ -69,6 +69,40 @@ def test_vllm_request_outputs_read_exactly(vllm_uncalibrated_wheel, flat):
         from_vllm(outs, S)
 
 
+@pytest.mark.parametrize("flat", [False, True])
+def test_vllm_top_logprobs_and_prompt_logprobs_become_the_records_top_logprobs(vllm_uncalibrated_wheel, flat):
+    """logprobs=k / prompt_logprobs=k as vLLM's LogprobsProcessor stores them (the sampled token,
+    then the top k); logprobs=-1 over a vocabulary of 6 is complete; logprobs=0 gives no field."""
+    L = _vllm_logprobs_module(vllm_uncalibrated_wheel)
+    V = 6
+    g = torch.Generator().manual_seed(1)
+
+    def position(container, sampled, k):
+        lp = torch.randn(V, generator=g, dtype=torch.float64).log_softmax(-1)
+        order = lp.argsort(descending=True).tolist()
+        top = order if k == -1 else order[:k]
+        L.append_logprobs_for_next_position(container, [sampled, *top], [float(lp[sampled]), *map(float, lp[top])],
+                                            [None] * (1 + len(top)), order.index(sampled) + 1, k)
+        return {t: float(lp[t]) for t in [sampled, *top]}
+
+    outs, want = [], []
+    for k in (3, -1, 0):
+        ids, prompt = [2, 5, 1], [4, 0, 3, 3]
+        sample, prompt_lps = L.create_sample_logprobs(flat), L.create_prompt_logprobs(flat)
+        want.append(([position(sample, t, k) for t in ids], [position(prompt_lps, t, k) for t in prompt[1:]]))
+        comp = SimpleNamespace(index=0, token_ids=ids, logprobs=sample, text="", cumulative_logprob=None)
+        outs.append(SimpleNamespace(request_id=str(k), prompt_token_ids=prompt, outputs=[comp],
+                                    prompt_logprobs=prompt_lps))
+    recs = from_vllm(outs, S, logprobs_mode="processed_logprobs", vocab_size=V).records
+    for rec, (resp, prm), complete in zip(recs[:2], want[:2], (False, True)):
+        top = rec.top_logprobs
+        assert top["version"] == 1 and top["complete"] is complete
+        assert [dict(map(tuple, pos)) for pos in top["response"]] == resp
+        assert [dict(map(tuple, pos)) for pos in top["prompt"]] == prm
+    assert recs[2].top_logprobs is None  # logprobs=0: the sampled token alone, the record as before
+    assert from_vllm(outs[:1], S).records[0].top_logprobs["complete"] is False  # no vocab_size: a bound
+
+
 def test_missing_sampling_settings_are_named():
     with pytest.raises(DumpFormatError, match="field 'top_p'.*sampling settings top_p, top_k"):
         from_vllm([], Sampling(temperature=1.0))

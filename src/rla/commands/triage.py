@@ -4,7 +4,7 @@ Reads the framework's own dump (:mod:`rla.rollout.framework_dumps`), runs the ch
 :mod:`rla.diagnosis.triage` in their order and prints each with its evidence, then the dashboard
 numbers under each framework's names with its published threshold (:mod:`rla.diagnosis.health`).
 Exit status: 0 when nothing but rounding-sized mismatch is found (``rla diagnose`` attributes it),
-the verdict's code otherwise (:data:`rla.diagnosis.triage.EXIT_CODES`, 10-19), 2 for bad input.
+the verdict's code otherwise (:data:`rla.diagnosis.triage.EXIT_CODES`, 10-20), 2 for bad input.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def run(args) -> int:
     if args.source == "rla":
         dump = F.Dump("rla", rollouts.load(args.path))
     else:
-        dump = F.read(args.source, args.path, sampling, logprobs_mode=args.logprobs_mode)
+        dump = F.read(args.source, args.path, sampling, logprobs_mode=args.logprobs_mode,
+                      vocab_size=_vocab_size(args.model) if args.source == "vllm" else None)
     console = make_console()
     console.print(f"read {len(dump.records)} records from {args.path} ({dump.source})"
                   + (f"; trainer logprobs: {dump.trainer_field}" if dump.trainer_field else ""), highlight=False)
@@ -72,3 +73,17 @@ def run(args) -> int:
         out["health"] = [r.__dict__ for r in readings]
         write_text(args.json, json.dumps(out, indent=1, allow_nan=False, default=float) + "\n")
     return t.exit_code
+
+
+def _vocab_size(model: str):
+    """The checkpoint's ``vocab_size`` from its config.json, without loading it: vLLM's top-logprob
+    lists that long are the whole distribution (the vocabulary KL is then exact). None when the
+    file does not say; a missing or unreadable config is named when the model loads."""
+    import json
+    from pathlib import Path
+
+    try:
+        v = json.loads((Path(model) / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None

@@ -35,6 +35,7 @@ from rla.diagnosis.attribution import shapley, subsets
 from rla.diagnosis.inputs import check_engine, check_records
 from rla.diagnosis.passes import Sizes, forward_pass, per_sequence_k3
 from rla.diagnosis.policy import PolicyCheck, check_policy
+from rla.diagnosis.vocab import vocab_kl_of_records, vocab_summary
 from rla.progress import Progress
 from rla.diagnosis.scale import RoundingScale, fp32_reference, rounding_scale
 from rla.diagnosis.settings import SettingsCheck, check_settings
@@ -130,6 +131,8 @@ class Diagnosis:
     duplicates: int = 0
     input_notes: list[str] = field(default_factory=list)
     long_inputs: dict | None = None
+    vocab: dict | None = None
+    """``rla.metrics.vocab_kl`` over the records carrying ``top_logprobs`` (:mod:`.vocab`), else None."""
     """None when every record fit one forward step; else the sizes, how many records ran as a
     chunked prefill or in one forward, and each probe of chunked prefill's exactness
     (:func:`rla.rollout.prefill.check`)."""
@@ -151,6 +154,7 @@ class Diagnosis:
             "policy_check": self.policy.to_dict() if self.policy is not None else None,
             "input_notes": self.input_notes,
             "long_inputs": self.long_inputs,
+            "vocab_kl": vocab_summary(self.vocab),
             "metrics": self.metrics,
             "attribution": self.attribution,
             "unexplained": self.unexplained,
@@ -340,6 +344,7 @@ def diagnose(
         attribution = {m: shapley({k: v[m] for k, v in values.items()}, tuple(regions)) for m in ATTRIBUTED}
         none, full = values[frozenset()], values[frozenset(regions)]
         unexplained = {m: (full[m] / none[m] if none[m] > 0 else float("nan")) for m in ATTRIBUTED}
+        vocab = vocab_kl_of_records(model, records)
         verdict = Verdict("beyond_rounding", settings.cause, settings.message,
                           settings.k3_recorded / settings.scale.k3 if settings.scale.k3 > 0 else float("inf"),
                           list(check.indices)) if settings.cause is not None else judge(model, records, check.indices, mu, mask, scale, {group_label(g): v for g, v in by_group.items()},
@@ -366,6 +371,7 @@ def diagnose(
         duplicates=check.duplicates,
         input_notes=notes,
         long_inputs=sizes.summary(),
+        vocab=vocab,
     )
 
 

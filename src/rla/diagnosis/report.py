@@ -15,6 +15,7 @@ import numpy as np
 
 from rla.diagnosis.core import Diagnosis, group_label
 from rla.diagnosis.output import staged
+from rla.diagnosis.vocab import vocab_line
 
 __all__ = ["rich_tables", "to_markdown", "write_report", "write_report_files", "explain", "ratio_tails",
            "RATIO_RANGE", "long_inputs_text"]
@@ -217,6 +218,8 @@ def to_markdown(d: Diagnosis) -> str:
             f"Weights: {d.policy.n_records - d.policy.carried} of {d.policy.n_records} records carry no `policy` fingerprint, "
             "so that this checkpoint sampled them is not checked for those; rollouts of a policy one optimizer step "
             "older read as rounding to every size test here (docs/diagnosis.md, known limits).")
+    if d.vocab is not None:
+        verdict.append(vocab_line(d.vocab))
     parts = [f"# rla diagnosis against `{d.profile}`", f"{used}, {d.n_tokens} response tokens.", *verdict,
              "## Mismatch per aligned subset", "\n".join(rows)]
     if _attributed(d):

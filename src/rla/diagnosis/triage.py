@@ -34,6 +34,18 @@ forward's own batch variance on this machine. When it is half or more of the rec
 the trainer disagrees with itself about as much as with the engine, and the engine is not the
 problem (verl #6280: 5-10% of tokens outside [0.9, 1.1] in bf16 from micro-batching alone).
 
+Positions. Rows whose position ids do not follow their attention mask (a framework dump that
+carries both) are named as they are. Then the records' logprobs, and the trainer's own where the
+input has them, are compared with the model's bf16 forward in four other layouts (the response's
+positions restarting at 0, left pads attended to, left padding without position ids, positions
+from 1; :mod:`rla.diagnosis.positions`): a layout ``BETTER`` times closer than the correct one and
+within rounding's size is the verdict (``position_ids``, or ``padding`` for attended pads). A
+uniform shift of positions moves a RoPE model by rounding alone, so the two shifting layouts are
+seen only in logprobs of this very stack (the module says why): they are read for the trainer's
+logprobs, the two layouts that change the context for the records' (and only where the records
+are beyond rounding's size: no wrong context fits better than that). None is read once an earlier
+check has found the cause.
+
 Weights. The check that the records were sampled by these weights (a stale checkpoint after a
 weight sync) has its place in the order (``"weights"``) but is not made here: size alone cannot
 tell one optimizer step of staleness from rounding (docs/diagnosis.md, "Known limits"); it needs
@@ -49,6 +61,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import rla.metrics as M
+from rla.diagnosis.vocab import vocab_kl_of_records, vocab_line, vocab_summary
 
 __all__ = ["Finding", "Triage", "triage", "ORDER", "EXIT_CODES", "FACTOR", "BETTER", "FACTORS_GRID", "SEEN"]
 
@@ -77,6 +90,7 @@ EXIT_CODES = {
     "trainer_logprobs": 17,
     "stale_weights": 18,
     "beyond_rounding": 19,
+    "padding": 20,
 }
 
 
@@ -101,6 +115,8 @@ class Triage:
     scale: float
     n_records: int
     n_tokens: int
+    vocab: dict | None = None
+    """``rla.metrics.vocab_kl`` over the records carrying ``top_logprobs`` (the trainer: the bf16 model), else None."""
 
     @property
     def first(self) -> Finding:
@@ -109,13 +125,15 @@ class Triage:
     def to_dict(self) -> dict:
         return {"verdict": self.verdict, "exit_code": self.exit_code, "rounding_scale_k3": self.scale,
                 "n_records": self.n_records, "n_tokens": self.n_tokens,
-                "findings": [f.to_dict() for f in self.findings]}
+                "findings": [f.to_dict() for f in self.findings], "vocab_kl": vocab_summary(self.vocab)}
 
     def summary(self) -> str:
         lines = [f"verdict: {self.verdict} (exit {self.exit_code}); {self.n_records} records, {self.n_tokens} tokens, "
                  f"rounding scale k3 {self.scale:.3g}"]
         for f in self.findings:
             lines.append(f"  {f.check:17s} {f.status:11s} {f.message}")
+        if self.vocab is not None:
+            lines.append("  " + vocab_line(self.vocab))
         return "\n".join(lines)
 
 
@@ -235,24 +253,65 @@ def _self_consistency(records, rec, bf16, logprobs, alone_n) -> tuple[Finding, l
                    f"the records' mismatch {m:.3g}", ev), together
 
 
-def _positions(rec, together, scale, bad_positions, trainer_logprobs, trainer_field) -> Finding:
+_READING_TEXT = {
+    "restart_at_response": "the response's position ids restart at 0",
+    "left_padded_unmasked": "left padding attended to (no attention mask over the pads)",
+    "left_padded_no_position_ids": "left padding without position ids (each row's positions shifted by its padding)",
+    "positions_from_1": "position ids from 1 (cumsum(attention_mask) without the - 1)",
+}
+
+
+def _positions(records, rec, together, scale, bad_positions, trainer_logprobs, trainer_field, bf16, fp32,
+               logprobs, alone_n, earlier_found) -> Finding:
+    from rla.diagnosis import positions as P
+
     ev = {"rows_with_bad_position_ids": list(bad_positions)}
     if bad_positions:
         return Finding("positions", "found", "position_ids",
                        f"{len(bad_positions)} row(s) carry position ids that are not cumsum(attention_mask) - 1 over "
                        f"their tokens (rows {list(bad_positions)[:5]}): RoPE sees other positions than the engine did", ev)
+    some = records[:alone_n]
+    # which logprobs to read, in which layouts: the trainer's in all four where they are not this
+    # model's forward bit for bit (a uniform shift is seen only there); the records' in the two
+    # that change the context, only where they are beyond rounding (else no wrong context fits
+    # better); none once an earlier check has found the cause
+    subjects = []
+    if some and not earlier_found:
+        if trainer_logprobs is not None and _k3(trainer_logprobs, together) > 0:
+            subjects.append((trainer_field or "trainer logprobs", [np.asarray(t, dtype=np.float64)
+                                                                    for t in trainer_logprobs[:len(some)]], P.READINGS))
+        if _k3(together, rec) > SEEN * scale:
+            subjects.append(("the records' logprobs", rec[:len(some)], P.CONTEXT))
+    ev["records_read"] = len(some) if subjects else 0
+    if subjects:
+        names = [n for n in P.READINGS if any(n in s[2] for s in subjects)]
+        correct, alternatives = P.readings(bf16, some, logprobs, names)
+    for name, rows, layouts in subjects:
+        got = P.check(rows, correct, {n: alternatives[n] for n in layouts}, _k3, scale, better=BETTER, factor=FACTOR,
+                      scale_in=lambda reading: P.scale_in(bf16, fp32, some, reading, logprobs, _k3))
+        ev[f"layouts ({name})"] = got
+        if got["found"]:
+            best = got["found"]
+            return Finding("positions", "found", P.VERDICTS[best],
+                           f"{name} fit {_READING_TEXT[best]}: k3 {got['k3_' + best]:.3g} in that layout, "
+                           f"{got['k3_correct_layout']:.3g} right-padded with positions 0..n-1", ev)
     if trainer_logprobs is None:
-        return Finding("positions", "clean", None, "no row's position ids are off its attention mask; no trainer "
-                       "logprobs in the input to compare", ev)
+        why = ("an earlier check explains the records" if earlier_found else "alone=0" if not some
+               else "the records are within rounding's size of this model's forward")
+        return Finding("positions", "clean", None, "no row's position ids are off its attention mask; " + (
+                           "no padding or position layout (restarted, unmasked left pads) fits the records better"
+                           if ev["records_read"] else f"padding and position layouts not read ({why})")
+                       + "; no trainer logprobs in the input to compare", ev)
     t = _k3(trainer_logprobs, rec)
     own = _k3(together, rec)
     ev.update({"k3_trainer_vs_records": t, "k3_model_vs_records": own, "trainer_field": trainer_field})
     if t > FACTOR * max(own, scale):
         return Finding("positions", "found", "trainer_logprobs",
                        f"the trainer's own logprobs ({trainer_field}) are k3 {t:.3g} from the records, this model's forward "
-                       f"{own:.3g}: the trainer scores differently (padding, position ids, template or its weights)", ev)
+                       f"{own:.3g}: the trainer scores differently (template or its weights; no padding or position "
+                       "layout tried here explains it)", ev)
     return Finding("positions", "clean", None, f"the trainer's {trainer_field} agree with the records as this model's "
-                   f"forward does (k3 {t:.3g} vs {own:.3g})", ev)
+                   f"forward does (k3 {t:.3g} vs {own:.3g}); no padding or position layout fits either better", ev)
 
 
 def triage(records, *, bf16, fp32, trainer_logprobs=None, trainer_field=None, bad_positions=(),
@@ -262,7 +321,8 @@ def triage(records, *, bf16, fp32, trainer_logprobs=None, trainer_field=None, ba
     (from :class:`rla.rollout.framework_dumps.Dump`); ``bad_positions``: rows whose position ids
     do not follow their mask. ``weights_check``: a callable(records) -> Finding for the
     ``"weights"`` slot; without one it is reported as not checked. ``alone``: how many records
-    the self-consistency check scores one at a time (a forward each)."""
+    the self-consistency check scores one at a time (a forward each), and the positions check
+    reads in its padding and position layouts (one forward of them per layout; 0: neither)."""
     from rla.rollout.train_logprobs import logprobs
 
     from rla.diagnosis.inputs import check_records
@@ -283,7 +343,8 @@ def triage(records, *, bf16, fp32, trainer_logprobs=None, trainer_field=None, ba
     findings = [_shift(rec, ref, scale)]
     findings.append(_settings(records, rec, ref, scale, fp32, logprobs))
     findings.append(consistency)
-    findings.append(_positions(rec, together, scale, bad_positions, trainer_logprobs, trainer_field))
+    findings.append(_positions(records, rec, together, scale, bad_positions, trainer_logprobs, trainer_field, bf16,
+                               fp32, logprobs, alone, any(f.status == "found" for f in findings)))
     if weights_check is not None:
         findings.append(weights_check(records))
     else:
@@ -302,4 +363,5 @@ def triage(records, *, bf16, fp32, trainer_logprobs=None, trainer_field=None, ba
                                 "checkable here: weights that are not the rollout's, another chat template or prompt ids "
                                 "than the engine saw, another model", ev))
     verdict = next(f.verdict for f in findings if f.status == "found")
-    return Triage(findings, verdict, EXIT_CODES[verdict], scale, len(records), int(sum(len(r) for r in rec)))
+    return Triage(findings, verdict, EXIT_CODES[verdict], scale, len(records), int(sum(len(r) for r in rec)),
+                  vocab=vocab_kl_of_records(bf16, records))

@@ -46,6 +46,7 @@ the given one is an error.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -351,8 +352,33 @@ def _position_logprob(pos, token: int):
     return getattr(entry, "logprob", entry)
 
 
-def from_vllm(outputs, sampling: Sampling, *, logprobs_mode: str = "raw_logprobs") -> Dump:
-    """Records from vLLM ``RequestOutput`` objects (``SamplingParams(logprobs=0)`` or more)."""
+def _top(c, out, prompt, vocab_size):
+    """The record's ``top_logprobs`` (rla.rollout.top_logprobs) from a completion's positions and the
+    request's ``prompt_logprobs``, or None when every position holds the sampled token alone
+    (``logprobs=0``). Complete when ``vocab_size`` is given and every position lists that many
+    tokens (``logprobs=-1``, or k at least the vocabulary)."""
+    from rla.rollout.top_logprobs import from_positions
+
+    positions = list(c.logprobs)
+    if all(len(pos) <= 1 for pos in positions):
+        return None
+    top = {"version": 1, "complete": vocab_size is not None and all(len(pos) >= vocab_size for pos in positions),
+           "response": from_positions(positions)}
+    prompt_lps = getattr(out, "prompt_logprobs", None)
+    if prompt_lps is not None and len(prompt_lps) == len(prompt) and len(prompt) > 1:
+        rest = list(prompt_lps)[1:]
+        top["complete"] = top["complete"] and all(len(pos) >= vocab_size for pos in rest)
+        top["prompt"] = from_positions(rest)
+    return top
+
+
+def from_vllm(outputs, sampling: Sampling, *, logprobs_mode: str = "raw_logprobs", vocab_size: int | None = None) -> Dump:
+    """Records from vLLM ``RequestOutput`` objects (``SamplingParams(logprobs=0)`` or more).
+
+    With ``logprobs=k`` (k >= 1) or ``-1``, each position's other tokens become the record's
+    ``top_logprobs`` (and ``prompt_logprobs=k``'s, its ``prompt`` lists): the full-vocabulary
+    comparison (``rla.metrics.vocab_kl``). ``vocab_size``: the model's; lists that long are
+    marked complete (the KL is then exact, else a lower bound)."""
     settings = _settings(sampling, None)
     records, row = [], 0
     for out in outputs:
@@ -374,8 +400,15 @@ def from_vllm(outputs, sampling: Sampling, *, logprobs_mode: str = "raw_logprobs
                     raise DumpFormatError(f"position {j} has no logprob for its sampled token {tok}", row=row,
                                           field="logprobs")
                 lps.append(lp)
-            records.append(_record(None, row, settings, prompt, ids, lps, None,
-                                   {"logprobs_mode": logprobs_mode, "request_id": str(out.request_id)}))
+            rec = _record(None, row, settings, prompt, ids, lps, None,
+                          {"logprobs_mode": logprobs_mode, "request_id": str(out.request_id)})
+            top = _top(c, out, prompt, vocab_size)
+            if top is not None:
+                try:
+                    rec = dataclasses.replace(rec, top_logprobs=top)
+                except RolloutFormatError as err:
+                    raise DumpFormatError(err.problem, row=row, field=err.field) from None
+            records.append(rec)
             row += 1
     return Dump("vllm", records)
 
@@ -385,7 +418,8 @@ def from_vllm(outputs, sampling: Sampling, *, logprobs_mode: str = "raw_logprobs
 SOURCES = ("verl", "trl", "openrlhf", "vllm")
 
 
-def read(source: str, path, sampling: Sampling, *, logprobs_mode: str = "raw_logprobs") -> Dump:
+def read(source: str, path, sampling: Sampling, *, logprobs_mode: str = "raw_logprobs",
+         vocab_size: int | None = None) -> Dump:
     """Read ``path`` as ``source`` writes it (``rla triage --from SOURCE PATH``). vLLM's outputs
     are read from a ``torch.save``'d or pickled list of ``RequestOutput`` objects; for TRL, a
     ``.json`` file is a ``rollout_func``'s output dict, anything else the completions parquet."""
@@ -415,4 +449,4 @@ def read(source: str, path, sampling: Sampling, *, logprobs_mode: str = "raw_log
     except Exception as err:
         raise DumpFormatError(f"not a saved list of vLLM RequestOutputs ({type(err).__name__}: {err})",
                               path=path) from None
-    return from_vllm(outputs, sampling, logprobs_mode=logprobs_mode)
+    return from_vllm(outputs, sampling, logprobs_mode=logprobs_mode, vocab_size=vocab_size)

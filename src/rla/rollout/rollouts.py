@@ -38,6 +38,11 @@ Format ``rla.rollout/1``: one JSON object per line, UTF-8, ``\\n``-terminated::
   has the same shape, the routing weights (finite). Ids are distinct within a slot list and
   ``>= 0``; every position has the same number of layers and k.
 
+* optional ``top_logprobs`` (version 1): the engine's top-k (or whole) distribution per response
+  token, and optionally per prompt token, as ``[token_id, logprob]`` pairs, with ``complete``
+  saying whether the lists are the whole distribution: :mod:`rla.rollout.top_logprobs`. A record
+  without it reads and writes as before.
+
 Unknown keys are an error (put extras in ``metadata``), as is an unknown ``format``: a later
 version will get a new tag rather than a silently different meaning. Non-standard JSON constants
 (``NaN``, ``Infinity``) are rejected. Trailing blank lines are fine; a blank line between records
@@ -78,6 +83,7 @@ from typing import Any
 from rla import strict_json
 from rla.atomic import atomic_file
 from rla.errors import UserError
+from rla.rollout import top_logprobs
 from rla.strict_json import short
 
 __all__ = [
@@ -89,7 +95,7 @@ FORMAT = "rla.rollout/1"
 #: Positive logprobs up to this are engine rounding, not errors.
 POSITIVE_LOGPROB_TOL = 1e-6
 _REQUIRED = ("prompt_ids", "response_ids", "logprobs", "temperature", "top_p", "top_k", "engine")
-_OPTIONAL = ("engine_version", "policy", "reward", "metadata", "routes")
+_OPTIONAL = ("engine_version", "policy", "reward", "metadata", "routes", "top_logprobs")
 _POLICY_KEYS = ("weights", "step")
 #: The versions of the optional ``routes`` field this module reads.
 ROUTES_VERSIONS = (1,)
@@ -236,6 +242,12 @@ def _validate(d: dict[str, Any], vocab_size: int | None = None) -> dict[str, Any
     out["metadata"] = meta
     routes = d.get("routes")
     out["routes"] = None if routes is None else _routes(routes, len(out["prompt_ids"]) + len(out["response_ids"]))
+    top = d.get("top_logprobs")
+    try:
+        out["top_logprobs"] = None if top is None else top_logprobs.check(
+            top, len(out["response_ids"]), len(out["prompt_ids"]), vocab_size)
+    except ValueError as err:
+        raise RolloutFormatError(str(err), field="top_logprobs") from None
     return out
 
 
@@ -299,6 +311,7 @@ class RolloutRecord:
     engine_version: str | None = None
     policy: dict[str, Any] | None = None
     routes: dict[str, Any] | None = None
+    top_logprobs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         for name, value in _validate(self.__dict__).items():

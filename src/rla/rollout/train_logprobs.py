@@ -153,6 +153,7 @@ def logprobs(
     prefill_mode: str = "auto",
     apply_filters: bool = True,
     temperature_factors=None,
+    position_ids=None,
     progress=None,
     info: dict | None = None,
 ) -> list[torch.Tensor]:
@@ -184,7 +185,12 @@ def logprobs(
     result is then ``[n, len(f)]``, column j the logprobs at temperature ``f[j]`` x the record's (the
     forward runs once; a factor 1.0 column equals the plain result bit for bit).
     ``progress``: optional callable(done, total), called after every
-    forward step (probe forwards included). ``info``: an optional dict, filled with what was done
+    forward step (probe forwards included). ``position_ids``: per record, the position id of each
+    of its tokens (prompt and response; default ``0..n-1``), to score a record as a trainer with
+    other position ids would (``rla.diagnosis.positions``); the decoder runs as a training forward
+    does (no cache, no attention mask), so transformers reads position ids that do not step by 1 as
+    packed sequences (``find_packed_sequence_indices``): a restart at 0 begins a sequence that
+    attends only to itself. ``info``: an optional dict, filled with what was done
     (sizes, how many records were chunked or run in one call, ``checks``: every geometry's check,
     ``check``: the first inexact one, else the largest).
     """
@@ -208,6 +214,14 @@ def logprobs(
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"record {n}: token ids outside the model's vocab [0, {vocab})")
     lengths = [len(r.prompt_ids) + len(r.response_ids) for r in records]
+    if position_ids is not None:
+        position_ids = [list(p) for p in position_ids]
+        if len(position_ids) != len(records):
+            raise ValueError(f"position_ids: {len(position_ids)} rows for {len(records)} records")
+        for n, (p, L) in enumerate(zip(position_ids, lengths)):
+            if len(p) != L or not all(isinstance(x, int) and x >= 0 for x in p):
+                raise ValueError(f"record {n}: position_ids must be {L} non-negative ints (one per token), got "
+                                 f"{len(p)} values")
     max_tokens, chunk = _resolve_sizes(model, lengths, max_tokens, chunk, memory_budget)
     groups = micro_batches(lengths, max_tokens)
     step = max(prefill.ALIGN, max_tokens // prefill.ALIGN * prefill.ALIGN)
@@ -270,6 +284,10 @@ def logprobs(
             ids[row, : lengths[i]] = torch.tensor(list(r.prompt_ids) + list(r.response_ids))
         ids = ids.to(device)
         pos = torch.arange(n, device=device)[None].expand(len(group), -1)
+        if position_ids is not None:
+            pos = pos.clone()
+            for row, i in enumerate(group):
+                pos[row, : lengths[i]] = torch.tensor(position_ids[i], device=device)
         rows = [_Row(records[i], row, ids, chunk, apply_filters, factors) for row, i in enumerate(group)]
         for s, e, hidden in prefill.forward_chunks(decoder, model.config, ids, pos, b):
             for row in rows:
