@@ -46,6 +46,8 @@ POINTS = ("rope_cos_sin", "rope_apply", "rope_inv_freq", "swiglu", "norm_weight"
 SPEC = {
     "hf": ("round", "per_op", "host", "per_op", "per_op", "rounded_sum", "rounded", "round", "unpinned"),
     "sglang-0.5.23": ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round", "unpinned"),
+    "vllm-0.26": ("round", "fused", "device", "fused", "fused", "fp32_sum", "fp32_carry", "fp32", "unpinned"),
+    "vllm-0.26-eager": ("round", "fused", "device", "per_op", "fused", "rounded_sum", "rounded", "round", "vllm_block"),
     "vllm-0.33": ("round", "fused", "device", "fused", "fused", "fp32_sum", "fp32_carry", "fp32", "unpinned"),
     "vllm-0.33-eager": ("round", "fused", "device", "per_op", "fused", "rounded_sum", "rounded", "round", "vllm_block"),
     "rla": ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round", "unpinned"),
@@ -84,7 +86,7 @@ def at_head_size(pts: dict, head_size: int) -> dict:
 def head_size_of(cfg) -> int:
     """The attention head size of a config: head_dim where set, else hidden / heads."""
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-PROFILES = ("hf", "sglang-0.5.23", "vllm-0.33", "vllm-0.33-eager", "rla")
+PROFILES = ("hf", "sglang-0.5.23", "vllm-0.26", "vllm-0.26-eager", "vllm-0.33", "vllm-0.33-eager", "rla")
 REGION_POINTS = {
     "rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq", "qk_norm_out"),
     "swiglu": ("swiglu",),

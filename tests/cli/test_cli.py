@@ -22,15 +22,18 @@ def test_profiles_table_and_json(capsys):
         assert cells == [getattr(profiles.get(n), point) for n in names], point
     assert main(["profiles", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [r["name"] for r in data["profiles"]] == ["hf", "sglang-0.5.23", "vllm-0.33", "vllm-0.33-eager", "rla"]
+    assert [r["name"] for r in data["profiles"]] == ["hf", "sglang-0.5.23", "vllm-0.26", "vllm-0.26-eager", "vllm-0.33", "vllm-0.33-eager", "rla"]
     assert data["aliases"]["vllm"] == "vllm-0.33"
-    assert data["profiles"][3]["calibration"]["points"]["swiglu"]["evidence"] == "kernel"
+    assert data["profiles"][5]["calibration"]["points"]["swiglu"]["evidence"] == "kernel"
+    assert data["profiles"][3]["calibration"]["points"]["swiglu"]["evidence"] == "live"
 
 
 def test_check_ops_reports_every_profile_and_region(capsys):
     assert main(["check-ops", "--tokens", "16", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert len(rows) == 5 * 4
+    from rla import profiles
+
+    assert len(rows) == len(profiles.names()) * 4
     by = {(r["profile"], r["region"]): r for r in rows}
     assert all(by[("hf", reg)]["differs_from_hf"] == 0 for reg in ("rope", "swiglu", "rmsnorm", "add_rmsnorm"))
     assert by[("vllm-0.33", "swiglu")]["differs_from_hf"] > 0.1

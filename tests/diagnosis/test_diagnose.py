@@ -78,7 +78,7 @@ def test_detection_names_the_rollout_profile(bundled):
     for name in profiles.names():
         det = detect_profile(model, sample(model, prompts, name, seed=1))
         assert name in det.best or not det.called, f"rollouts from {name} confidently detected as {det.best}"
-        if name != "vllm-0.33-eager":
+        if name not in ("vllm-0.33-eager", "vllm-0.26-eager"):  # the same points: one group
             assert name in det.best, f"rollouts from {name} detected as {det.best}: {det.ranking}"
         if name in ("sglang-0.5.23", "rla"):  # identical rounding points: reported together
             assert det.best == ("sglang-0.5.23", "rla") and det.best_label == "sglang-0.5.23 = rla"

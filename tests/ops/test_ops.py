@@ -340,7 +340,7 @@ def test_saved_memory_not_above_hf_eager(name):
 
 def test_clear_errors():
     q, k, cos, sin = make_rope_inputs((1, 2, 8, 64), 2, 1, torch.bfloat16)
-    with pytest.raises(KeyError, match="known profiles: hf, sglang-0.5.23, vllm-0.33"):
+    with pytest.raises(KeyError, match="known profiles: hf, sglang-0.5.23, vllm-0.26, vllm-0.26-eager, vllm-0.33"):
         ops.rope(q, k, cos, sin, "vlm")
     with pytest.raises(TypeError, match="profile must be"):
         ops.swiglu(q, q, 3)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_versions import VLLM_UNCALIBRATED_VERSION, VLLM_VERSION
+from engine_versions import VLLM_UNCALIBRATED_VERSION, VLLM_UNLISTED_VERSION, VLLM_VERSION
 from rla.profiles import ProfileVersionWarning, for_engine, get, registry, rollout_version
 from rla.rollout.rollouts import RolloutRecord, load, save
 
@@ -31,6 +31,13 @@ def _install_metadata(wheel: str, target: Path) -> Path:
         members = [n for n in zf.namelist() if n.split("/")[0].endswith(".dist-info") or n == "vllm/__init__.py"]
         assert any(n.endswith(".dist-info/METADATA") for n in members) and "vllm/__init__.py" in members
         zf.extractall(target, members)
+    old = target / f"vllm-{VLLM_UNCALIBRATED_VERSION}.dist-info"
+    if old.is_dir():  # the real wheel's metadata, stamped as a version without a row (0.26 has rows now)
+        meta = old / "METADATA"
+        text = meta.read_text()
+        assert f"Version: {VLLM_UNCALIBRATED_VERSION}\n" in text
+        meta.write_text(text.replace(f"Version: {VLLM_UNCALIBRATED_VERSION}\n", f"Version: {VLLM_UNLISTED_VERSION}\n", 1))
+        old.rename(target / f"vllm-{VLLM_UNLISTED_VERSION}.dist-info")
     return target
 
 
@@ -69,7 +76,7 @@ def test_an_installed_vllm_without_a_row_gets_the_nearest_and_a_warning_naming_b
         [(category, message)] = r["warnings"]
         assert category == "ProfileVersionWarning"
         for text in (message, r["choice"]):
-            assert f"vllm {VLLM_UNCALIBRATED_VERSION} (installed) has no calibrated row" in text
+            assert f"vllm {VLLM_UNLISTED_VERSION} (installed) has no calibrated row" in text
             assert f"{row} (calibrated on vllm {VLLM_VERSION}" in text and "rla calibrate --engine vllm" in text
         assert r["choice"] in r["text"]  # printed with the report
 
@@ -97,7 +104,8 @@ def two_vllm_rows(monkeypatch):
 
 @pytest.mark.parametrize("version, row, calibrated", [
     ("0.20.0", "vllm-0.20", True), ("0.20", "vllm-0.20", True), ("0.20.0+cu130", "vllm-0.20", True),
-    ("0.26.0", "vllm-0.20", False),   # the newest calibrated release before it
+    ("0.25.0", "vllm-0.20", False),   # the newest calibrated release before it
+    ("0.26.0", "vllm-0.26", True), ("0.27.0", "vllm-0.26", False),
     ("0.19.1", "vllm-0.20", False),   # older than every row: the oldest
     ("0.33.0", "vllm-0.33", True), ("0.33.1", "vllm-0.33", False), ("0.40.0", "vllm-0.33", False),
 ])
@@ -129,17 +137,17 @@ def _record(engine="vllm", version=None):
 def test_the_version_recorded_in_the_rollouts(tmp_path, monkeypatch):
     monkeypatch.setattr("rla.profiles.versions.installed_version", lambda engine: "0.33.0")
     path = tmp_path / "r.jsonl"
-    save(path, [_record(version="0.26.0"), _record()])
-    assert json.loads(path.read_text().splitlines()[0])["engine_version"] == "0.26.0"
+    save(path, [_record(version="0.27.0"), _record()])
+    assert json.loads(path.read_text().splitlines()[0])["engine_version"] == "0.27.0"
     assert "engine_version" not in json.loads(path.read_text().splitlines()[1])
-    assert [r.engine_version for r in load(path)] == ["0.26.0", None]
-    assert rollout_version(load(path)) == "0.26.0" and rollout_version(load(path), "sglang") is None
-    with pytest.warns(ProfileVersionWarning, match=r"vllm 0\.26\.0 \(recorded in the rollouts\)"):
+    assert [r.engine_version for r in load(path)] == ["0.27.0", None]
+    assert rollout_version(load(path)) == "0.27.0" and rollout_version(load(path), "sglang") is None
+    with pytest.warns(ProfileVersionWarning, match=r"vllm 0\.27\.0 \(recorded in the rollouts\)"):
         m = for_engine("vllm", records=load(path))
     assert m.source == "rollouts"
     assert for_engine("vllm", "0.33.0", records=load(path)).calibrated  # a given version wins
     with pytest.raises(ValueError, match="several vllm versions"):
-        rollout_version([_record(version="0.26.0"), _record(version="0.33.0")], "vllm")
+        rollout_version([_record(version="0.27.0"), _record(version="0.33.0")], "vllm")
     with pytest.raises(ValueError, match="engine_version"):
         _record(version="")
 

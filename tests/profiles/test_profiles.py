@@ -54,7 +54,7 @@ def test_every_field_is_documented():
 
 
 def test_unknown_name_lists_known_ones():
-    with pytest.raises(KeyError, match=r"hf, sglang-0.5.23, vllm-0.33, vllm-0.33-eager, rla, .*vllm \(= vllm-0.33\)"):
+    with pytest.raises(KeyError, match=r"hf, sglang-0.5.23, vllm-0.26, vllm-0.26-eager, vllm-0.33, vllm-0.33-eager, rla, .*vllm \(= vllm-0.33\)"):
         profiles.get("trtllm")
 
 
