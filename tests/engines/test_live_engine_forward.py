@@ -1,15 +1,17 @@
 """`rla verify --live --engine-forward`: the engine-backed side of the live report, on CPU.
 
-The stand-in engine is vLLM 0.26.0's default mode as the twin runs it (``rla.engines.vllm_twin``:
-vLLM's own native region code from the 0.26 wheel, compiled by Inductor in pieces split at
-attention), on the bundled model: its prompt logprobs and its responses' logprobs are
-``log_softmax(bf16 logits, fp32)`` of the twin's own forward, saved as ``rla verify --live`` saves
-a run. Re-scored with ``--engine-forward`` and the 0.26 wheel, the side ``engine-forward`` (the
-engine's pieces in the training forward) must be bit-equal in prefill and decode, and rla's
-``vllm-0.33`` row must not (Inductor's CPU kernels reduce the bundled model's norms in another order
-than rla's ops: ``tests/engines/test_vllm_forward.py``), so the side is the engine's code and not
-a copy of its rounding. The refusals come before any compile; the real engine on a GPU is
-``test_the_engine_forward_side_against_the_real_engine`` (marked ``gpu``).
+The stand-in engine is vLLM 0.26.0's default-mode code as the engine-backed forward runs it
+(``rla.engines.live_verify.engine_backed_forward``: vLLM's own native region code from the 0.26
+wheel, compiled by Inductor in pieces split at attention), on the bundled model: its prompt
+logprobs and its response's logprobs are ``log_softmax(bf16 logits, fp32)`` of one forward through
+those pieces, saved as ``rla verify --live`` saves a run. Re-scored from the saved files with
+``--engine-forward`` and the 0.26 wheel (the CLI loads the wheel again; the compiled pieces are
+shared within the process, so they are compiled once), the side ``engine-forward`` must be
+bit-equal in prefill and decode, and rla's ``vllm-0.33`` row must not (Inductor's CPU kernels
+reduce the bundled model's norms in another order than rla's ops), so the side runs the engine's
+code and not a copy of its rounding. That these pieces equal the twin's own forward bit for bit
+is ``tests/engines/test_vllm_forward.py``'s. The refusals come before any compile; the real engine
+on a GPU is ``test_the_engine_forward_side_against_the_real_engine`` (marked ``gpu``).
 """
 
 import json
@@ -20,7 +22,7 @@ import torch
 
 from rla.cli import main
 from rla.engines import live_verify as V
-from rla.models import bundled_path
+from rla.models import build_model, bundled_path, tiny_config
 from rla.rollout import rollouts
 from rla.rollout.rollouts import RolloutRecord
 
@@ -102,13 +104,19 @@ def test_what_the_engine_forward_side_refuses_before_any_compile(saved, vllm_unc
          "--library: vLLM's CUDA kernels serve --engine-forward in eager mode only"),
         (["--engine-forward", "--wheel", str(tmp_path / "none.whl")], "none.whl does not exist"),
     ]
+    moe = tmp_path / "moe"
+    build_model(tiny_config("qwen3_moe", "micro"), torch.bfloat16, seed=0).save_pretrained(moe)
+    cases.append((["--engine-forward", "--wheel", vllm_uncalibrated_wheel, "--model", str(moe)],
+                  "the engine-backed forward covers qwen2, qwen3, llama; --model is 'qwen3_moe'"))
     if not torch.cuda.is_available():
         run_eager = ["--engine-outputs", str(saved / "eager"), "--engine-forward", "--wheel", vllm_uncalibrated_wheel]
         cases.append((run_eager, "--engine-forward in eager mode runs vLLM's CUDA kernels per op"))
     for argv, message in cases:
         if "--engine-outputs" not in argv:
             argv = ["--engine-outputs", run, *argv]
-        assert main(["verify", "--live", "--model", "bundled", "--out", str(tmp_path / "x"), *argv]) == 2, argv
+        if "--model" not in argv:
+            argv = ["--model", "bundled", *argv]
+        assert main(["verify", "--live", "--out", str(tmp_path / "x"), *argv]) == 2, argv
         err = " ".join(capsys.readouterr().err.split())
         assert message in err and "Traceback" not in err, (argv, err)
     assert not (tmp_path / "x").exists()
