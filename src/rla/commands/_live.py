@@ -16,7 +16,7 @@ from rla.commands._args import positive_float, positive_int
 
 __all__ = ["add_live_arguments", "LIVE_FLAGS", "token_list", "check_live", "check_model", "run_engine",
            "DECODE_PROMPT_TOKENS", "train_attention", "saved_engine", "engine_data", "ENGINE_RUN_FLAGS",
-           "train_device", "check_saved_kernel", "weigh"]
+           "train_device", "check_saved_kernel", "weigh", "engine_code"]
 
 DECODE_PROMPT_TOKENS = 256
 """Tokens of each decode prompt (random tokens; one sampled response per prompt)."""
@@ -236,3 +236,36 @@ def weigh(data, saved, model, where: str):
         check_weights(data, fingerprint, where)
         return data
     return with_weights(data, fingerprint)
+
+
+def engine_code(args, info: dict, version: str, device: str):
+    """``--engine-forward`` with ``--live``: the engine's code for the engine-backed side
+    (:func:`rla.engines.vllm.load`: the installed vLLM, or ``--wheel``), checked before the engine
+    starts; None without the flag (and then ``--wheel`` / ``--library`` are refused). The code must
+    be the version the engine ran (``version``: the installed one, or the saved run's), the
+    model a family the engine-backed forward covers, and eager mode's kernels need CUDA."""
+    if not args.engine_forward:
+        given = [flag for dest, flag in (("wheel", "--wheel"), ("library", "--library")) if getattr(args, dest)]
+        if given:
+            raise ValueError(f"{', '.join(given)}: with --live, only used by --engine-forward (the engine-backed "
+                             f"side); add it or drop {'it' if len(given) == 1 else 'them'}")
+        return None
+    from rla.engines import vllm
+    from rla.engines.source import EngineUnavailable
+    from rla.engines.vllm_twin import SUPPORTED_FAMILIES
+
+    if info["family"] not in SUPPORTED_FAMILIES:
+        raise NotImplementedError(f"--engine-forward: the engine-backed forward covers {', '.join(SUPPORTED_FAMILIES)}; "
+                                  f"--model is {info['family']!r}: drop --engine-forward")
+    if args.mode == "eager" and device != "cuda":
+        raise EngineUnavailable("--engine-forward in eager mode runs vLLM's CUDA kernels per op (rla.engines.backed): "
+                                "it needs a GPU; score on a GPU machine, or drop --engine-forward (default mode's "
+                                "pieces also run on CPU)")
+    if args.library is not None and args.mode != "eager":
+        raise ValueError("--library: vLLM's CUDA kernels serve --engine-forward in eager mode only; drop it")
+    engine = vllm.load(args.wheel)
+    if engine.version != version:
+        raise EngineUnavailable(f"--engine-forward runs vLLM {engine.version}'s code ({engine.package.origin}); the "
+                                f"engine {'outputs are' if args.engine_outputs else 'is'} vLLM {version}: "
+                                f"{'pass --wheel of' if args.wheel is None else 'give --wheel'} vLLM {version}")
+    return engine

@@ -7,10 +7,10 @@ from rla.commands._args import MODEL_HELP, model_path
 from rla.commands._live import add_live_arguments
 
 #: Flags of the twin path (dest -> (flag, value when not given)); refused with --live.
-TWIN_FLAGS = {"wheel": ("--wheel", None), "library": ("--library", None), "tokens": ("--tokens", None),
+#: --engine-forward, --wheel and --library serve both paths (with --live: the engine-backed side).
+TWIN_FLAGS = {"tokens": ("--tokens", None),
               "batch": ("--batch", None), "position_offset": ("--position-offset", 0), "json": ("--json", None),
-              "engine_forward": ("--engine-forward", False), "expect_exact": ("--expect-exact", False),
-              "device": ("--device", "cuda")}
+              "expect_exact": ("--expect-exact", False), "device": ("--device", "cuda")}
 
 
 def add_arguments(parser) -> None:
@@ -25,7 +25,8 @@ def add_arguments(parser) -> None:
                         help="profile to align to (a name, an alias, or a profile JSON file); default: the "
                         "engine's newest calibrated row for the mode; with --live, a side added to the rows "
                         "of the engine's version")
-    parser.add_argument("--wheel", default=None, help="the engine's wheel file, if the engine is not installed")
+    parser.add_argument("--wheel", default=None, help="the engine's wheel file, if the engine is not installed "
+                        "(with --live: the code of --engine-forward, which must be the live engine's version)")
     parser.add_argument("--library", default=None, help="vLLM's _C_stable_libtorch.abi3.so (or .xz) for --mode eager")
     parser.add_argument("--tokens", type=int, default=None, help="tokens per sequence (default 512)")
     parser.add_argument("--batch", type=int, default=None, help="sequences (default 2)")
@@ -35,7 +36,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", default=None, help="write the full result (per-layer rows too) to this file")
     parser.add_argument("--engine-forward", action="store_true",
                         help="add a side whose forward is the engine's own code (default mode: its compiled "
-                        "pieces, rla.engines.vllm_forward; eager: its kernels per op, rla.engines.backed)")
+                        "pieces, rla.engines.vllm_forward; eager: its kernels per op, rla.engines.backed, on a "
+                        "GPU); with --live, the side 'engine-forward' of the report, attending with "
+                        "--train-attention's attention (docs/engines.md)")
     parser.add_argument("--expect-exact", action="store_true",
                         help="exit 1 unless the logits equal the twin's bit for bit: the engine-backed side's "
                         "with --engine-forward, else the aligned model's (the message names the side judged)")
@@ -204,13 +207,9 @@ def _run_twin(args) -> int:
 
 
 def _engine_side(engine, args):
-    if args.mode == "default":
-        from rla.engines.vllm_forward import engine_forward
+    from rla.engines.live_verify import engine_backed_forward
 
-        return engine_forward(engine, "default")
-    from rla.engines.backed import engine_ops
-
-    return engine_ops(engine, "eager", args.library)
+    return engine_backed_forward(engine, args.mode, args.library)
 
 
 def _rest_note(profile, mode: str) -> str:

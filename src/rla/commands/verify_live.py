@@ -2,8 +2,10 @@
 
 Starts vLLM's own offline engine on the folder (``rla.engines.vllm_live``), takes its prompt
 logprobs (prefill) and sampled responses with their logprobs (decode), closes it, then scores
-them with HF eager and with rla under each candidate row (``rla.engines.live_verify``) and writes a
-report folder: ``report.json`` (every side, prefill and decode, per position), ``report.md`` (the
+them with HF eager, with rla under each candidate row and, with ``--engine-forward``, with the
+engine-backed forward (the engine's own code in the training forward: the side ``engine-forward``;
+``rla.engines.live_verify.engine_backed_forward``), each attending with ``--train-attention``'s
+attention (``rla.engines.live_verify``), and writes a report folder: ``report.json`` (every side, prefill and decode, per position), ``report.md`` (the
 table printed), ``engine.json`` (the prompts and the engine's prompt logprobs) and
 ``rollouts.jsonl`` (its records), so a report can be re-scored without the engine.
 """
@@ -52,10 +54,11 @@ def _extra(args) -> dict:
 def run(args) -> int:
     import torch
 
-    from rla.commands._live import (DECODE_PROMPT_TOKENS, check_model, check_saved_kernel, engine_data, saved_engine,
-                                    settings_of, train_attention, train_device, weigh)
+    from rla.commands._live import (DECODE_PROMPT_TOKENS, check_model, check_saved_kernel, engine_code, engine_data,
+                                    saved_engine, settings_of, train_attention, train_device, weigh)
     from rla.diagnosis.output import check_out_dir
-    from rla.engines.live_verify import candidates, compare, longest as longest_of, report
+    from rla.engines.live_verify import (ENGINE_SIDE, candidates, compare, engine_backed_forward,
+                                         longest as longest_of, report)
     from rla.engines.vllm_live import MODES, preflight
     from rla.environment import environment
     from rla.hf import load_model
@@ -80,6 +83,7 @@ def run(args) -> int:
         version = saved.engine["version"]
         check_saved_kernel(saved, attention, args.model)
     device = train_device(saved, attention)
+    code = engine_code(args, info, version, device)
     start = time.monotonic()
 
     def say(message: str) -> None:
@@ -90,8 +94,14 @@ def run(args) -> int:
     model = load_model(args.model, dtype=torch.bfloat16, device=device)
     data = weigh(data, saved, model, f"--engine-outputs {args.engine_outputs}")
     sides = candidates(data.engine["name"], version, args.mode, MODES, extra)
-    with attending(model):
-        rows = compare(model, sides, data, log=say)
+    backed = {}
+    if code is not None:  # built after the engine ran: eager mode's kernels are the engine's own library
+        if ENGINE_SIDE in sides:
+            raise ValueError(f"--profile names a side {ENGINE_SIDE!r}, the name of --engine-forward's side")
+        ops = engine_backed_forward(code, args.mode, args.library)
+        sides[ENGINE_SIDE], backed[ENGINE_SIDE] = ops.profile, ops
+    with attending(model):  # aligned inside: the engine-backed forward attends with this attention too
+        rows = compare(model, sides, data, log=say, backed=backed)
     data = dataclasses.replace(data, engine={**data.engine, "settings": {**data.engine.get("settings", {}),
                                                                          "train_attention": attention}})
     rep = report(data, rows, info, environment(torch.device(device)))

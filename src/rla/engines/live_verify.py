@@ -12,6 +12,9 @@ the share of logprobs equal to the engine's in every bit, k3 = E[exp(d) - 1 - d]
 d = log pi_train - log pi_engine in fp64, max |d|; for prefill and decode, and for prefill per
 position bucket (:data:`rla.engines.live_calibration.BUCKETS`).
 
+Beside the rows, a report may hold the engine-backed side (:data:`ENGINE_SIDE`): the training
+forward with the engine's own code in it (:func:`engine_backed_forward`), scored the same way.
+
 Which rows are candidates is data, not engine branches: for each of the engine's modes, the row
 :func:`rla.profiles.for_engine` resolves for the engine's version (calibrated on it, else the
 nearest), the running mode's row first; then any row the user names.
@@ -29,7 +32,11 @@ from rla.engines.live_calibration import BUCKETS, score
 from rla.profiles import RoundingProfile, for_engine
 
 __all__ = ["EngineData", "FORMAT", "candidates", "random_prompts", "collect", "compare", "model_info",
-           "report", "render", "load", "with_weights", "check_weights", "longest"]
+           "report", "render", "load", "with_weights", "check_weights", "longest", "engine_backed_forward",
+           "ENGINE_SIDE"]
+
+ENGINE_SIDE = "engine-forward"
+"""The name of the engine-backed side in a report (:func:`engine_backed_forward`)."""
 
 FORMAT = "rla.live_verify/1"
 """The ``format`` key of a report (``report.json``)."""
@@ -138,6 +145,45 @@ def candidates(engine: str, version: str, mode: str, modes: tuple[str, ...],
     return sides
 
 
+def engine_backed_forward(engine, mode: str, library: str | None = None):
+    """The engine-backed training forward of ``engine``'s code in ``mode``, for ``rla.align(...,
+    ops=...)``: ``default``, the twin's compiled pieces split at attention
+    (:func:`rla.engines.vllm_forward.engine_forward`; Inductor on CPU or CUDA); ``eager``, the
+    engine's kernels per op (:func:`rla.engines.backed.engine_ops`; CUDA only).
+
+    The forward's values are the engine's code; the row only says which gradient the backward
+    would take (``rla.ops`` of that row), so a scoring side (no backward) does not depend on it.
+    It is the row calibrated on this engine version and mode, else the nearest calibrated one
+    (:func:`rla.profiles.for_engine`): a version without a row of its own still gets its forward.
+
+    One per engine's files, mode and library in a process: a second call (a second report, a
+    test that made engine data with it) reuses the compiled pieces and the loaded kernel library
+    instead of compiling or loading them again."""
+    key = (engine.name, engine.version, engine.package.origin, engine.package.location, mode, library)
+    if key not in _BACKED:
+        _BACKED[key] = _backed(engine, mode, library)
+    return _BACKED[key]
+
+
+_BACKED: dict[tuple, object] = {}
+
+
+def _backed(engine, mode: str, library: str | None):
+    match = for_engine(_alias(engine.name, mode), engine.version, warn=False)
+    if match is None:
+        raise KeyError(f"no calibrated {engine.name} row in {mode} mode ships with rla: the engine-backed forward "
+                       "needs one for its backward")
+    if mode == "default":
+        from rla.engines.vllm_forward import engine_forward
+
+        return engine_forward(engine, "default", library, profile=match.profile)
+    if mode == "eager":
+        from rla.engines.backed import engine_ops
+
+        return engine_ops(engine, "eager", library, profile=match.profile)
+    raise ValueError(f"the engine-backed forward exists for modes default and eager, not {mode!r}")
+
+
 def random_prompts(vocab: int, lengths, seed: int = 0) -> list[list[int]]:
     """Random-token prompts of the given lengths (seeded): every position is scored, none is
     easy, and no tokenizer is needed (the engine runs with ``skip_tokenizer_init``)."""
@@ -155,15 +201,29 @@ def collect(engine, prompts, decode_prompts, *, max_new_tokens: int, seed: int =
 
 
 def compare(model, sides: dict[str, RoundingProfile | None], data: EngineData,
-            log: Callable[[str], None] | None = None) -> list[dict]:
-    """One row per side: ``side``, ``points`` (None for ``hf``), ``prefill`` and ``decode``
-    statistics against the engine (see the module docstring), ``seconds``."""
+            log: Callable[[str], None] | None = None, backed: dict | None = None) -> list[dict]:
+    """One row per side: ``side``, ``forward`` (what computes it), ``points`` (the row's; None for
+    ``hf`` and for an engine-backed side, whose values are the engine's code), ``prefill`` and
+    ``decode`` statistics against the engine (see the module docstring), ``seconds``. ``backed``
+    maps a side's name to the engine-backed ops (:func:`engine_backed_forward`) it is aligned
+    with; its row is then only the backward's (``gradient_row``)."""
     rows = []
+    backed = backed or {}
+    unknown = set(backed) - set(sides)
+    if unknown:
+        raise ValueError(f"engine-backed ops for sides {sorted(unknown)} that are not in the report ({', '.join(sides)})")
     for side, row in sides.items():
         t0 = time.monotonic()
-        s = score(model, row, data.prompts, data.prompt_logprobs, data.records)
-        rows.append({"side": side, "points": row.points() if row is not None else None, **s,
-                     "seconds": round(time.monotonic() - t0, 3)})
+        ops = backed.get(side)
+        if ops is not None and row is None:
+            raise ValueError(f"side {side!r}: engine-backed ops need the row of their backward, got None")
+        s = score(model, row, data.prompts, data.prompt_logprobs, data.records, ops=ops)
+        if ops is None:
+            about = {"forward": "HF eager" if row is None else "rla.ops",
+                     "points": row.points() if row is not None else None}
+        else:
+            about = {"forward": ops.name, "points": None, "gradient_row": row.name}
+        rows.append({"side": side, **about, **s, "seconds": round(time.monotonic() - t0, 3)})
         if log is not None:
             log(f"{side:22s} prefill eq {s['prefill']['equal']:.4%} k3 {s['prefill']['k3']:.3e} "
                 f"max {s['prefill']['max_abs']:.2e} | decode eq {s['decode']['equal']:.4%} k3 {s['decode']['k3']:.3e} "
@@ -218,6 +278,11 @@ def render(rep: dict) -> str:
         "| decode k3 | decode k3 removed | decode max abs dlogp |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    for r in rows:
+        if r.get("gradient_row") is not None:
+            lines[4:4] = [f"Side `{r['side']}`: {r['forward']}, the engine's own code as the training forward "
+                          f"(its backward would be rla.ops' gradient of {r['gradient_row']}; scoring runs none), "
+                          f"attending with the same attention as the other sides.", ""]
     for r in rows:
         p, d = r["prefill"], r["decode"]
         base = hf is None or r is hf
