@@ -7,7 +7,7 @@ logprobs and its response's logprobs are ``log_softmax(bf16 logits, fp32)`` of o
 those pieces, saved as ``rla verify --live`` saves a run. Re-scored from the saved files with
 ``--engine-forward`` and the 0.26 wheel (the CLI loads the wheel again; the compiled pieces are
 shared within the process, so they are compiled once), the side ``engine-forward`` must be
-bit-equal in prefill and decode, and rla's ``vllm-0.33`` row must not (Inductor's CPU kernels
+bit-equal in prefill and decode, and rla's ``vllm-0.26`` row must not (Inductor's CPU kernels
 reduce the bundled model's norms in another order than rla's ops), so the side runs the engine's
 code and not a copy of its rounding. That these pieces equal the twin's own forward bit for bit
 is ``tests/engines/test_vllm_forward.py``'s. The refusals come before any compile; the real engine
@@ -72,15 +72,15 @@ def test_the_engine_forward_side_is_the_engines_code(saved, vllm_uncalibrated_wh
                  "--engine-forward", "--wheel", vllm_uncalibrated_wheel, "--out", str(out)]) == 0
     rep = json.loads((out / "report.json").read_text())
     by = {r["side"]: r for r in rep["rows"]}
-    assert list(by) == ["hf", "vllm-0.33", "vllm-0.33-eager", V.ENGINE_SIDE]
+    assert list(by) == ["hf", "vllm-0.26", "vllm-0.26-eager", V.ENGINE_SIDE]
     side = by[V.ENGINE_SIDE]
     assert side["prefill"]["equal"] == 1.0 and side["decode"]["equal"] == 1.0
     assert side["prefill"]["k3"] == 0.0 and side["decode"]["max_abs"] == 0.0
     assert side["prefill"]["tokens"] == 39 and side["decode"]["tokens"] == 6
     assert side["forward"] == "vLLM 0.26.0 default-mode pieces" and side["points"] is None
-    assert side["gradient_row"] == "vllm-0.33"  # 0.26 has no row of its own: the nearest, for the backward
-    assert by["vllm-0.33"]["forward"] == "rla.ops" and by["vllm-0.33"]["prefill"]["equal"] < 1.0
-    assert by["hf"]["forward"] == "HF eager" and by["hf"]["prefill"]["k3"] > by["vllm-0.33"]["prefill"]["k3"]
+    assert side["gradient_row"] == "vllm-0.26"  # the row of its version and mode, for the backward
+    assert by["vllm-0.26"]["forward"] == "rla.ops" and by["vllm-0.26"]["prefill"]["equal"] < 1.0
+    assert by["hf"]["forward"] == "HF eager" and by["hf"]["prefill"]["k3"] > by["vllm-0.26"]["prefill"]["k3"]
     text = (out / "report.md").read_text()
     assert "Side `engine-forward`: vLLM 0.26.0 default-mode pieces, the engine's own code" in text
     assert f"| {V.ENGINE_SIDE} | 100.000% | 0.00e+00 | 100% | 0 | 100.000% | 0.00e+00 | 100% | 0 |" in text
