@@ -9,9 +9,9 @@ kernel (the router is a few small ops per token, the expert GEMMs dominate).
 Three functions, in the order an MoE block calls them:
 
 - :func:`router_logits` -- the gate GEMM, its output lp or fp32 (``logits``).
-- :func:`softmax_route` / :func:`sigmoid_grouped_route` -- scores, top-k (``softmax``, ``ties``),
-  renormalisation in fp32 (``renorm``), the weights' dtype (``weights``) and, for DeepSeek-V3,
-  ``routed_scale='weights'``.
+- :func:`softmax_route` / :func:`sigmoid_grouped_route` -- scores (``softmax`` / ``sigmoid``),
+  top-k (``ties``), renormalisation (``renorm`` / ``sigmoid_renorm``), the weights' dtype
+  (``weights``) and, for DeepSeek-V3, ``routed_scale='weights'``.
 - :func:`combine` -- the k weighted expert outputs summed per token (``expert_out``,
   ``weighted_term``, ``combine``, ``routed_scale``), from a ``[tokens, k, hidden]`` tensor of
   expert outputs (lp outputs or fp32 accumulators) that the caller computes.
@@ -42,11 +42,11 @@ SASS and vLLM's ``csrc/moe/grouped_topk_kernels.cu``): scores 0.5 + 0.5 * tanhf(
 (:func:`sigmoid_scores`); the correction bias added in fp32 to the score for the choice only; the
 group score the fp32 sum of the group's two best biased scores; the k weights the unbiased scores,
 summed by the warp's xor butterfly and divided in fp64 (:func:`warp_sum`, :func:`renorm_weights`).
-``torch.tanh`` is the device's: on CUDA the same libdevice ``tanhf`` the kernel calls (both
-compiled without fast-math: MUFU.EX2 + MUFU.RCP above |y| = 0.6, an odd polynomial below), on CPU
+``torch.tanh`` is the device's: on CUDA torch's kernel calls ``tanhf`` as vLLM's does (the
+kernel's is libdevice's, no fast-math: MUFU.EX2 + MUFU.RCP above |y| = 0.6, an odd polynomial
+below; that the two builds' ``tanhf`` give the same bits is what the GPU probe checks), on CPU
 torch's own vectorised tanh, which can differ from CUDA's ``tanhf`` (and from the correctly rounded
-tanh) in the last bit, so the CPU value is the definition with the CPU's tanh; the GPU probe holds
-the CUDA value to the kernel. :func:`grouped_topk_small_kernel` says for which shapes vLLM runs that
+tanh) in the last bit, so the CPU value is the definition with the CPU's tanh. :func:`grouped_topk_small_kernel` says for which shapes vLLM runs that
 kernel; for the others it runs ``grouped_topk_fused_kernel``, which keeps the scores in the logits'
 dtype and divides in fp32, and which no value here models.
 """
