@@ -43,9 +43,32 @@ def kernel_sum(row: list[float], itemsize: int) -> np.float32 | None:
     return sums[0]
 
 
+def warp_butterfly(w: torch.Tensor) -> torch.Tensor:
+    """One token's k weights summed as one warp's cg::reduce adds them: lane j holds slot j, the
+    other lanes 0, and every lane adds its xor-partner's value at distance 16, 8, 4, 2, 1; lane 0's
+    value (0-d fp32 tensors, so the gradient flows as the definition's does)."""
+    lanes = [w[j] for j in range(w.shape[0])] + [torch.zeros((), dtype=w.dtype, device=w.device)] * (32 - w.shape[0])
+    d = 16
+    while d:
+        lanes = [lanes[i] + lanes[i ^ d] for i in range(32)]
+        d //= 2
+    return lanes[0]
+
+
+def sigmoid(logits: torch.Tensor, how: str) -> torch.Tensor:
+    """fp32 sigmoid scores: torch's, or half of (1 + tanh(x / 2)) in fp32 with the device's tanh."""
+    if how == "torch":
+        return logits.sigmoid()
+    return torch.tanh(logits / 2) * 0.5 + 0.5  # x / 2 and t * 0.5 exact: one rounding, at the add
+
+
 def renorm(w: torch.Tensor, how: str, eps: float | None) -> torch.Tensor:
     """One token's k weights over their sum: torch.sum's order, or slot order then a division or
-    a multiply by the rounded reciprocal."""
+    a multiply by the rounded reciprocal, or the warp's butterfly then an fp64 division rounded to
+    fp32 (eps added in fp64)."""
+    if how == "warp_fp64":
+        s = warp_butterfly(w).double() + (0.0 if eps is None else eps)
+        return torch.stack([(w[j].double() / s).float() for j in range(w.shape[0])])
     if how == "torch":
         s = w.sum()
     else:
@@ -86,7 +109,7 @@ def route(block, x: torch.Tensor, points, family_router: str, raw: bool = False)
         torch_ids = torch.topk(scores, k, dim=-1).indices
         choice = scores
     else:
-        scores = logits.sigmoid()
+        scores = sigmoid(logits, points.sigmoid)
         choice = scores + gate.e_score_correction_bias.float()
         g, tg = gate.num_group, gate.topk_group
         per = choice.shape[1] // g
@@ -113,7 +136,8 @@ def route(block, x: torch.Tensor, points, family_router: str, raw: bool = False)
         w = scores[t, row]
         renormalize = getattr(gate, "norm_topk_prob", True)
         if renormalize:
-            w = renorm(w, points.renorm, None if family_router == "softmax" else 1e-20)
+            w = (renorm(w, points.renorm, None) if family_router == "softmax"
+                 else renorm(w, points.sigmoid_renorm, 1e-20))
         if raw:
             weights.append(w)
             ids.append(row)

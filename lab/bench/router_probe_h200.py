@@ -5,16 +5,21 @@ vLLM's ``_moe_C`` library (``vllm/_moe_C_stable_libtorch.abi3.so`` in the 0.26.0
 ``torch.ops._moe_C.topk_softmax`` (Qwen2/Qwen3-MoE, Mixtral), ``grouped_topk`` (DeepSeek-V3's
 sigmoid router with correction bias) and ``moe_sum`` (the sum of the k weighted expert outputs,
 the ``combine`` point). The routers are called on random bf16 gate logits and compared with
-``rla.ops.routing`` on the same logits under each row's (softmax, renorm, ties) values: the vLLM
-row's (reciprocal, reciprocal, lowest_index), SGLang's (divide, divide, lowest_index) and HF's
-(torch, torch, torch). Per case: the fraction of tokens whose expert ids equal in slot order, whose
+``rla.ops.routing`` on the same logits under each row's router values (the routing ones: softmax,
+renorm, ties for the softmax routers; sigmoid, sigmoid_renorm, ties for the grouped one): the vLLM
+row's, SGLang's and HF's (``torch`` for each). For ``grouped_topk`` also the vLLM row with one value
+changed (``sigmoid=torch``; ``sigmoid_renorm`` ``divide`` or ``reciprocal``, the latter the row's
+value before ``warp_fp64``), so the probe says what each of the kernel's two differences is worth. Per case: the fraction of tokens whose expert ids equal in slot order, whose
 id sets equal, and whose fp32 weights are bit-equal (by expert id), and the largest weight
 difference in fp32 ulps.
 
 Cases: ``topk_softmax`` at 8, 64 and 128 experts (fused in the kernel) and 60 (vLLM's unfused
 fallback, whose block reduction rla does not model), top-k 2, 3 and 8, with and without
 renormalisation, on Gaussian logits and on coarse logits (exact ties common); ``grouped_topk`` at
-8 experts in 2 groups (the tests' tiny DeepSeek-V3) and 256 in 8 (DeepSeek-V3's shape);
+8 experts in 2 groups (the tests' tiny DeepSeek-V3) and 256 in 8 (DeepSeek-V3's shape), on Gaussian
+and coarse logits, both run by the kernel the vLLM row models
+(``rla.ops.routing.grouped_topk_small_kernel``), and 512 in 8 (64 a group), which vLLM runs through
+``grouped_topk_fused_kernel`` instead (scores in the logits' dtype: not modelled, measured);
 ``moe_sum`` on random bf16 terms [tokens, k, hidden] (k 2, 3, 4, 5, 8; hidden 2048 and 100, the
 vector and the scalar kernels) against ``rla.ops.routing.combine``'s ``fp32_slot_order`` (the
 vLLM row's) and ``lp_slot_order``: the fraction of bit-equal outputs.
@@ -41,10 +46,13 @@ import torch
 from rla.ops import routing
 from rla.profiles import get
 
-#: Each row's (softmax, renorm, ties) values (HF's are ``hf_router_points``' for the softmax families).
-ROWS = {"vllm-0.33": ("reciprocal", "reciprocal", "lowest_index"),
-        "sglang-0.5.23": ("divide", "divide", "lowest_index"),
-        "hf": ("torch", "torch", "torch")}
+#: The routing values compared (HF's are ``hf_router_points``': ``torch`` for each).
+ROUTING_POINTS = ("softmax", "renorm", "sigmoid", "sigmoid_renorm", "ties")
+ROWS = ("vllm-0.33", "sglang-0.5.23", "hf")
+#: For grouped_topk: the vLLM row with one value changed, to attribute the kernel's differences.
+GROUPED_VARIANTS = {"vllm-0.33 sigmoid=torch": {"sigmoid": "torch"},
+                    "vllm-0.33 sigmoid_renorm=divide": {"sigmoid_renorm": "divide"},
+                    "vllm-0.33 sigmoid_renorm=reciprocal": {"sigmoid_renorm": "reciprocal"}}
 
 
 def load(library: str) -> None:
@@ -63,9 +71,12 @@ def load(library: str) -> None:
             raise RuntimeError(f"{path} does not register torch.ops._moe_C.{op}")
 
 
-def points_of(row: str):
-    softmax, renorm, ties = ROWS[row]
-    return get("vllm-0.33").router.replace(softmax=softmax, renorm=renorm, ties=ties)
+def points_of(row: str, **changes):
+    """The vLLM row's router points with ``row``'s routing values (then ``changes``)."""
+    base = get("vllm-0.33").router
+    values = ({p: "torch" for p in ROUTING_POINTS} if row == "hf"
+              else {p: getattr(get(row).router, p) for p in ROUTING_POINTS})
+    return base.replace(**{**values, **changes})
 
 
 def logits_for(kind: str, tokens: int, experts: int, seed: int) -> torch.Tensor:
@@ -118,21 +129,24 @@ def topk_softmax_case(experts, k, renormalize, kind, tokens, seed) -> dict:
     return out
 
 
-def grouped_case(experts, n_group, topk_group, k, tokens, seed) -> dict:
-    logits = logits_for("gaussian", tokens, experts, seed)
+def grouped_case(experts, n_group, topk_group, k, tokens, seed, kind="gaussian") -> dict:
+    logits = logits_for(kind, tokens, experts, seed)
     g = torch.Generator(device="cuda").manual_seed(seed + 1)
     bias = (torch.randn(experts, device="cuda", generator=g) * 0.05).float()
     out = {"op": "grouped_topk", "experts": experts, "n_group": n_group, "topk_group": topk_group, "k": k,
-           "renormalize": True, "rows": {}}
+           "renormalize": True, "logits": kind,
+           "small_kernel": routing.grouped_topk_small_kernel(experts, n_group, topk_group, k), "rows": {}}
     try:
         w_e, ids_e = engine_grouped_topk(logits, bias, k, n_group, topk_group, True)
     except RuntimeError as e:  # the kernel's dtype rules for the bias: the fp32 bias refused
         out["fp32_bias_refused"] = str(e).splitlines()[0]
         w_e, ids_e = engine_grouped_topk(logits, bias.bfloat16(), k, n_group, topk_group, True)
         bias = bias.bfloat16().float()
-    for row in ROWS:
+    rows = {**{row: points_of(row) for row in ROWS},
+            **{name: points_of("vllm-0.33", **changes) for name, changes in GROUPED_VARIANTS.items()}}
+    for row, points in rows.items():
         w_r, ids_r = routing.sigmoid_grouped_route(logits, bias, k, n_group, topk_group, True, 1.0,
-                                                   points_of(row), torch.bfloat16, finish=False)
+                                                   points, torch.bfloat16, finish=False)
         out["rows"][row] = compare(w_e, ids_e, w_r, ids_r)
     return out
 
@@ -162,11 +176,13 @@ def run(library: str, tokens: int = 4096, seed: int = 0) -> dict:
             for renormalize in (True, False):
                 for kind in ("gaussian", "coarse"):
                     cases.append(topk_softmax_case(experts, k, renormalize, kind, tokens, seed))
-    for shape in ((8, 2, 1, 3), (256, 8, 4, 8)):
-        try:
-            cases.append(grouped_case(*shape, tokens, seed))
-        except RuntimeError as e:  # a shape the kernel refuses is a result too, said in the JSON
-            cases.append({"op": "grouped_topk", "shape": shape, "refused": str(e).splitlines()[0], "rows": {}})
+    for shape in ((8, 2, 1, 3), (256, 8, 4, 8), (512, 8, 4, 8)):
+        for kind in ("gaussian", "coarse"):
+            try:
+                cases.append(grouped_case(*shape, tokens, seed, kind))
+            except RuntimeError as e:  # a shape the kernel refuses is a result too, said in the JSON
+                cases.append({"op": "grouped_topk", "shape": shape, "logits": kind,
+                              "refused": str(e).splitlines()[0], "rows": {}})
     for k in (2, 3, 4, 5, 8):
         for hidden in (2048, 100):
             cases.append(moe_sum_case(k, hidden, min(tokens, 1024), seed))

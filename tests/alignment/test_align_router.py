@@ -15,7 +15,7 @@ import torch
 import rla
 from rla.alignment.families import FAMILIES
 from rla.alignment.router import hf_router_points
-from rla.profiles import get
+from rla.profiles import ROUTER_POINTS, get
 
 import moe_models as M
 import router_spec
@@ -89,8 +89,10 @@ def test_each_point_changes_the_output():
     """Every point of the vLLM row, switched alone, moves the block's output (a point the aligned
     forward ignored would pass the test above only where both values agree)."""
     base = get("vllm-0.33").router
-    flips = {"logits": "fp32", "softmax": "divide", "renorm": "divide", "ties": "torch", "weights": "lp", "expert_out": "lp",
-             "weighted_term": "fp32", "combine": "lp_slot_order", "routed_scale": "weights"}
+    flips = {"logits": "fp32", "softmax": "divide", "renorm": "divide", "sigmoid": "torch", "sigmoid_renorm": "divide",
+             "ties": "torch", "weights": "lp", "expert_out": "lp", "weighted_term": "fp32", "combine": "lp_slot_order",
+             "routed_scale": "weights"}
+    assert set(flips) == set(ROUTER_POINTS)
     model = M.model("deepseek_v3")
     block = M.blocks(model)[0]
     x = _inputs(block, n=256)
@@ -102,11 +104,14 @@ def test_each_point_changes_the_output():
         for point, value in flips.items():
             state.points = base.replace(**{point: value})
             moved[point] = not torch.equal(block(x[None]), ref)
-    # softmax and ties: DeepSeek-V3's router is a sigmoid one and its scores are rarely tied;
-    # renorm moves fp32 weights by an ulp, which reaches the bf16 output only across a rounding
-    # boundary: it is held to the captured weights below
-    assert {p for p, m in moved.items() if not m} <= {"softmax", "ties", "renorm"}, moved
-    assert _weights_move(block, state, x, base.replace(renorm="divide"), base)
+    # softmax and renorm: DeepSeek-V3's router is a sigmoid one (sigmoid_renorm is its renorm); its
+    # scores are rarely tied; sigmoid and sigmoid_renorm move fp32 weights by an ulp, which reaches
+    # the bf16 output only across a rounding boundary: they are held to the captured weights
+    assert {p for p, m in moved.items() if not m} <= {"softmax", "ties", "renorm", "sigmoid", "sigmoid_renorm"}, moved
+    assert not moved["renorm"], moved
+    assert _weights_move(block, state, x, base.replace(sigmoid="torch"), base)
+    for renorm in ("divide", "torch", "reciprocal"):  # warp_fp64 at k = 3 sums (w0 + w2) + w1
+        assert _weights_move(block, state, x, base.replace(sigmoid_renorm=renorm), base), renorm
     model = M.model("qwen3_moe")
     block = M.blocks(model)[0]
     rla.align(model, "vllm", regions=("router",))

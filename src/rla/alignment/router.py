@@ -81,7 +81,9 @@ def hf_router_points(block: torch.nn.Module, family: Family) -> RouterPoints:
     return RouterPoints(
         logits="fp32" if logits.dtype == torch.float32 else "lp",
         softmax="torch",
-        renorm="torch",  # w / w.sum(-1) (w /= (w.sum(-1) + 1e-20) for DeepSeek-V3), torch.sum's order
+        renorm="torch",  # w / w.sum(-1), torch.sum's order
+        sigmoid="torch",  # DeepSeek-V3: router_logits.sigmoid()
+        sigmoid_renorm="torch",  # DeepSeek-V3: w /= (w.sum(-1) + 1e-20)
         ties="torch",
         weights="fp32" if weights_fp32 else "lp",
         expert_out="lp",

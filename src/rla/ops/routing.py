@@ -9,9 +9,9 @@ kernel (the router is a few small ops per token, the expert GEMMs dominate).
 Three functions, in the order an MoE block calls them:
 
 - :func:`router_logits` -- the gate GEMM, its output lp or fp32 (``logits``).
-- :func:`softmax_route` / :func:`sigmoid_grouped_route` -- scores, top-k (``softmax``, ``ties``),
-  renormalisation in fp32 (``renorm``), the weights' dtype (``weights``) and, for DeepSeek-V3,
-  ``routed_scale='weights'``.
+- :func:`softmax_route` / :func:`sigmoid_grouped_route` -- scores (``softmax`` / ``sigmoid``),
+  top-k (``ties``), renormalisation (``renorm`` / ``sigmoid_renorm``), the weights' dtype
+  (``weights``) and, for DeepSeek-V3, ``routed_scale='weights'``.
 - :func:`combine` -- the k weighted expert outputs summed per token (``expert_out``,
   ``weighted_term``, ``combine``, ``routed_scale``), from a ``[tokens, k, hidden]`` tensor of
   expert outputs (lp outputs or fp32 accumulators) that the caller computes.
@@ -35,6 +35,20 @@ libdevice function (no fast-math): the CUDA probe, ``lab/bench/router_probe_h200
 reference to the kernel. For expert counts the fused kernel is not instantiated for, vLLM falls
 back to a block-wide softmax (cub's block reduction) whose order is not modelled: the denominator
 there is ``torch.sum``'s, unpinned.
+
+``sigmoid='tanh_half'`` and ``sigmoid_renorm='warp_fp64'`` are vLLM's ``grouped_topk`` kernel for
+DeepSeek-V3 (``grouped_topk_fused_small_expert_count_kernel`` in ``_moe_C``, read from its sm_90
+SASS and vLLM's ``csrc/moe/grouped_topk_kernels.cu``): scores 0.5 + 0.5 * tanhf(x / 2) in fp32
+(:func:`sigmoid_scores`); the correction bias added in fp32 to the score for the choice only; the
+group score the fp32 sum of the group's two best biased scores; the k weights the unbiased scores,
+summed by the warp's xor butterfly and divided in fp64 (:func:`warp_sum`, :func:`renorm_weights`).
+``torch.tanh`` is the device's: on CUDA torch's kernel calls ``tanhf`` as vLLM's does (the
+kernel's is libdevice's, no fast-math: MUFU.EX2 + MUFU.RCP above |y| = 0.6, an odd polynomial
+below; that the two builds' ``tanhf`` give the same bits is what the GPU probe checks), on CPU
+torch's own vectorised tanh, which can differ from CUDA's ``tanhf`` (and from the correctly rounded
+tanh) in the last bit, so the CPU value is the definition with the CPU's tanh. :func:`grouped_topk_small_kernel` says for which shapes vLLM runs that
+kernel; for the others it runs ``grouped_topk_fused_kernel``, which keeps the scores in the logits'
+dtype and divides in fp32, and which no value here models.
 """
 
 from __future__ import annotations
@@ -44,8 +58,9 @@ import torch.nn.functional as F
 
 from rla.profiles.router import RouterPoints
 
-__all__ = ["router_logits", "softmax_scores", "select_topk", "softmax_route", "sigmoid_grouped_route", "finish_weights",
-           "combine", "renorm_weights", "topk_softmax_layout", "kernel_row_sum"]
+__all__ = ["router_logits", "softmax_scores", "sigmoid_scores", "select_topk", "softmax_route", "sigmoid_grouped_route",
+           "finish_weights", "combine", "renorm_weights", "warp_sum", "topk_softmax_layout", "kernel_row_sum",
+           "grouped_topk_small_kernel"]
 
 #: The expert counts vLLM's fused ``topkGating`` kernel is instantiated for, and the most bytes
 #: each thread loads at once (read from the kernel names in vLLM 0.26's ``_moe_C``): powers of two
@@ -84,10 +99,50 @@ def kernel_row_sum(e: torch.Tensor, layout: tuple[int, int, int]) -> torch.Tenso
     return acc[:, :1]
 
 
+def grouped_topk_small_kernel(num_experts: int, n_group: int, topk_group: int, k: int) -> bool:
+    """Whether vLLM's ``grouped_topk`` runs ``grouped_topk_fused_small_expert_count_kernel`` (the
+    kernel ``tanh_half`` and ``warp_fp64`` model) for this shape: one group of at most 512 experts
+    with k <= 8 or k = 22, or groups of at most 32 experts, 256 in all, at most 4 groups kept and
+    128 candidates, k <= 8 (the dispatch in vLLM's ``grouped_topk_kernels.cu``; the instantiations
+    in 0.26's ``_moe_C``: 128, 256 grouped, 384, 512 experts, 512 at k = 22). DeepSeek-V3 (256 in 8
+    groups, 4 kept, k = 8) and the tests' tiny model (8 in 2, 1 kept, k = 3) qualify."""
+    if n_group == 1 and topk_group == 1:
+        return num_experts <= 512 and (k <= 8 or k == 22)
+    per = num_experts // n_group
+    return (n_group > 1 and num_experts <= 256 and per <= 32 and per * topk_group <= 128 and k <= 8
+            and topk_group <= 4)
+
+
+def warp_sum(w: torch.Tensor) -> torch.Tensor:
+    """``[T, 1]``: the sum of ``w [T, k]`` (k <= 32) as one warp's ``cg::reduce(plus<float>)`` adds
+    it: lane j holds slot j, lanes k..31 hold 0, then ``s[l] += s[l ^ m]`` for m = 16, 8, 4, 2, 1
+    (every add fp32; adding a lane's 0 is exact, so at k = 3 this is (w0 + w2) + w1)."""
+    t, k = w.shape
+    if k > 32:
+        raise ValueError(f"warp_sum: k={k} weights do not fit one warp's 32 lanes")
+    acc = torch.cat([w, w.new_zeros(t, 32 - k)], dim=1) if k < 32 else w
+    lanes = torch.arange(32, device=w.device)
+    m = 16
+    while m:
+        acc = acc + acc[:, lanes ^ m]
+        m //= 2
+    return acc[:, :1]
+
+
 def renorm_weights(w: torch.Tensor, renorm: str, eps: float | None = None) -> torch.Tensor:
-    """The k chosen weights ``w [T, k]`` divided by their sum s (``renorm``): ``torch`` = w / w.sum(-1)
-    (``torch.sum``'s order, the running kernel's); ``divide`` = w / s and ``reciprocal`` = w * RN(1 / s)
-    with s added in slot order. ``eps`` (DeepSeek-V3's 1e-20) is added to s first."""
+    """The k chosen weights ``w [T, k]`` divided by their sum s (``renorm`` / ``sigmoid_renorm``):
+    ``torch`` = w / w.sum(-1) (``torch.sum``'s order, the running kernel's); ``divide`` = w / s and
+    ``reciprocal`` = w * RN(1 / s) with s added in slot order; ``eps`` (DeepSeek-V3's 1e-20) is
+    added to s first, in fp32. ``warp_fp64``: s = :func:`warp_sum`, then
+    RN(double(w) / (double(s) + eps)), the division in fp64 rounded once to fp32 (vLLM's
+    ``grouped_topk``; the fp64 quotient of two fp32 values rounds to the correctly rounded fp32
+    quotient, so this is ``divide`` with the warp's order of the sum). The gradient flows through
+    every form (the casts are differentiable)."""
+    if renorm == "warp_fp64":
+        s = warp_sum(w).double()
+        if eps is not None:
+            s = s + eps
+        return (w.double() / s).float()
     if renorm == "torch":
         s = w.sum(dim=-1, keepdim=True)
     elif renorm in ("divide", "reciprocal"):
@@ -95,7 +150,7 @@ def renorm_weights(w: torch.Tensor, renorm: str, eps: float | None = None) -> to
         for j in range(1, w.shape[1]):
             s = s + w[:, j:j + 1]
     else:
-        raise ValueError(f"renorm={renorm!r} is not one of ('torch', 'divide', 'reciprocal')")
+        raise ValueError(f"renorm={renorm!r} is not one of ('torch', 'divide', 'reciprocal', 'warp_fp64')")
     if eps is not None:
         s = s + eps
     return w * (1.0 / s) if renorm == "reciprocal" else w / s
@@ -125,6 +180,19 @@ def softmax_scores(logits: torch.Tensor, softmax: str) -> torch.Tensor:
         z = e.sum(dim=-1, keepdim=True) if layout is None else kernel_row_sum(e, layout)
         return e * (1.0 / z)
     raise ValueError(f"softmax={softmax!r} is not one of ('torch', 'divide', 'reciprocal')")
+
+
+def sigmoid_scores(logits: torch.Tensor, sigmoid: str) -> torch.Tensor:
+    """fp32 scores of the fp32 logits: ``torch`` = ``sigmoid()`` as HF calls it; ``tanh_half`` =
+    0.5 + 0.5 * tanh(x / 2) in fp32 (vLLM's ``sigmoid_accurate``: x / 2 and 0.5 * t are exact, the
+    kernel's FFMA and these two ops round once alike), with the device's ``torch.tanh`` (module
+    docstring: CPU and CUDA may differ in its last bit)."""
+    lf = logits.float()
+    if sigmoid == "torch":
+        return lf.sigmoid()
+    if sigmoid == "tanh_half":
+        return 0.5 + 0.5 * torch.tanh(lf * 0.5)
+    raise ValueError(f"sigmoid={sigmoid!r} is not one of ('torch', 'tanh_half')")
 
 
 def select_topk(scores: torch.Tensor, k: int, ties: str, sorted: bool = True) -> torch.Tensor:
@@ -179,16 +247,17 @@ def sigmoid_grouped_route(logits: torch.Tensor, bias: torch.Tensor, k: int, n_gr
                           finish: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3's sigmoid router with a correction bias and grouped top-k: ``(weights, ids)``.
 
-    scores = sigmoid(fp32 logits); the choice reads scores + bias (fp32): the ``topk_group`` groups
-    with the largest sum of their two best biased scores, then the k best biased scores inside
-    them; the weights are the *unbiased* scores at those ids, renormalised (``renorm``) by
-    (sum + 1e-20) as HF does, times ``scale`` when ``routed_scale='weights'`` (else :func:`combine` applies it). Given
+    scores = sigmoid(fp32 logits) (``sigmoid``); the choice reads scores + bias (fp32): the
+    ``topk_group`` groups with the largest sum of their two best biased scores, then the k best
+    biased scores inside them; the weights are the *unbiased* scores at those ids, renormalised
+    (``sigmoid_renorm``) by (sum + 1e-20) as HF and the kernels do, times ``scale`` when
+    ``routed_scale='weights'`` (else :func:`combine` applies it). Given
     ``ids`` (replay) replace the grouped choice; ``finish=False`` returns the fp32 weights before
     :func:`finish_weights` (unscaled)."""
-    scores = logits.float().sigmoid()
+    scores = sigmoid_scores(logits, points.sigmoid)
     if ids is not None:
         ids = _given(ids, k, scores.shape[0])
-        w = _sigmoid_weights(scores, ids, renormalize, points.renorm)
+        w = _sigmoid_weights(scores, ids, renormalize, points.sigmoid_renorm)
         return (finish_weights(w, points, lp, scale) if finish else w), ids
     choice = scores + bias.float()
     t, e = choice.shape
@@ -199,7 +268,7 @@ def sigmoid_grouped_route(logits: torch.Tensor, bias: torch.Tensor, k: int, n_gr
     score_mask = group_mask.unsqueeze(-1).expand(t, n_group, e // n_group).reshape(t, e)
     masked = choice.detach().masked_fill(~score_mask.bool(), float("-inf"))
     ids = select_topk(masked, k, points.ties, sorted=False)
-    w = _sigmoid_weights(scores, ids, renormalize, points.renorm)
+    w = _sigmoid_weights(scores, ids, renormalize, points.sigmoid_renorm)
     return (finish_weights(w, points, lp, scale) if finish else w), ids
 
 

@@ -24,13 +24,31 @@ The points (:data:`ROUTER_POINTS`; the reference is ``rla.ops.routing``):
   kernel: e = exp(l - max), the sum of e in the kernel's own order (the row cut into
   ``threads_per_row`` chunks of ``vpt`` logits, each summed in order from 0, then a butterfly over
   the chunks' sums; ``rla.ops.routing.topk_softmax_layout``), times RN(1 / sum).
-- ``renorm`` (``norm_topk_prob``; Mixtral always): how the k chosen weights are divided by their
-  sum s. ``torch`` = w / ``w.sum(-1)`` as HF writes it: the order of ``torch.sum`` over the k
+- ``renorm`` (softmax routers' ``norm_topk_prob``; Mixtral always): how the k chosen weights are
+  divided by their sum s. ``torch`` = w / ``w.sum(-1)`` as HF writes it: the order of ``torch.sum`` over the k
   slots is the running kernel's (slot order on CPU; on CUDA a tree from k = 3 on:
   (w0 + w2) + w1 at k = 3); ``divide`` = w / s with s summed in slot order ((w0 + w1) + w2 ...);
   ``reciprocal`` = w * RN(1 / s), the same s (vLLM's fused renormalisation: one division of the
-  routed scale, 1.0, by s, then a multiply per weight). DeepSeek-V3 adds 1e-20 to s as HF does
-  (for any s above ~1e-12 an exact no-op in fp32).
+  routed scale, 1.0, by s, then a multiply per weight).
+- ``sigmoid`` (sigmoid routers, DeepSeek-V3): the fp32 scores of the fp32 logits. ``torch`` =
+  ``logits.sigmoid()`` as HF calls it (torch's own kernel for the device: on CPU a vectorised
+  1 / (1 + exp(-x)) that can differ from the scalar expression in the last bit); ``tanh_half`` =
+  0.5 + 0.5 * tanh(x / 2), every step in fp32 (vLLM's ``sigmoid_accurate``: ``tanhf``, then one
+  FFMA, exact but for its final rounding). The two differ by an ulp on a few percent of the bf16
+  values; ``tanh_half`` has absolute, not relative, accuracy for negative x (a multiple of 2^-25
+  below x ~ -1.1, exactly 0 below x ~ -18, where tanh(x / 2) rounds to -1) where ``torch`` keeps
+  ~1e-8 and below.
+- ``sigmoid_renorm`` (sigmoid routers' ``norm_topk_prob``): the k chosen scores over their sum s,
+  with 1e-20 added to s as HF and the kernels do. ``torch``, ``divide`` and ``reciprocal`` as for
+  ``renorm`` (the 1e-20 added in fp32: for any s above ~1e-12 an exact no-op); ``warp_fp64`` = vLLM's
+  ``grouped_topk`` kernel: s = the 32-lane xor butterfly of one warp (lane j holds slot j's score,
+  lanes k..31 hold 0; partner distances 16, 8, 4, 2, 1, every add fp32: at k = 8 the tree
+  ((w0 + w4) + (w2 + w6)) + ((w1 + w5) + (w3 + w7)), at k = 3 (w0 + w2) + w1), then
+  RN(double(w) / (double(s) + 1e-20)), the division in fp64 rounded once to fp32. For two fp32
+  operands an fp64 quotient rounded to fp32 is the correctly rounded fp32 quotient (53 >= 2 * 24 + 2
+  bits), so the fp64 division equals ``divide``'s; the butterfly's order is what differs. (The
+  kernel multiplies w by its routed scale in fp64 before the division; vLLM passes it 1.0 for
+  DeepSeek-V3 on CUDA and scales the combined output instead, ``routed_scale='output'``.)
 - ``ties``: ``torch`` = ``torch.topk``'s order, as the model calls it; ``lowest_index`` = slots in
   descending score, equal scores broken toward the lower expert id (vLLM's and SGLang's kernels).
   With bf16 logits exact ties are common: a bf16 logit has 8 significant bits.
@@ -67,6 +85,8 @@ ROUTER_POINTS: dict[str, tuple[str, ...]] = {
     "logits": ("lp", "fp32"),
     "softmax": ("torch", "divide", "reciprocal"),
     "renorm": ("torch", "divide", "reciprocal"),
+    "sigmoid": ("torch", "tanh_half"),
+    "sigmoid_renorm": ("torch", "divide", "reciprocal", "warp_fp64"),
     "ties": ("torch", "lowest_index"),
     "weights": ("lp", "fp32"),
     "expert_out": ("lp", "fp32"),
@@ -83,6 +103,8 @@ class RouterPoints:
     logits: str
     softmax: str
     renorm: str
+    sigmoid: str
+    sigmoid_renorm: str
     ties: str
     weights: str
     expert_out: str
