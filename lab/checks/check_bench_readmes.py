@@ -345,9 +345,50 @@ def microbatch_table(folder):
     return compute
 
 
+ATTR = "results/benchmarks/vllm026_attribution_h200_2026-12-02"
+_ATTR_EAGER = {"HF eager (no row)": "hf", "row": "row", "row + vLLM's attention kernel": "row+vllm_attn",
+               "row + merged q/k/v and gate/up GEMMs": "row+merged", "row + vLLM's attention + merged GEMMs": "row+vllm_attn+merged",
+               "row + fp32 attention": "row+fp32_attn", "row + fp32 LM head": "row+fp32_head",
+               "HF eager + vLLM's attention (no row)": "hf+vllm_attn"}
+_ATTR_DEFAULT = {"HF eager": ("attribution", "default", "hf"), "row (vllm-0.33)": ("attribution", "default", "row"),
+                 "row + vLLM's attention": ("attribution", "default", "row+vllm_attn"),
+                 "twin (default mode: vLLM's native ops compiled in pieces) + vLLM's attention": ("twin", "default", "twin-default-stock"),
+                 "the same twin, compiled with vLLM's own Inductor options": ("twin", "default", "twin-default-vllm_opts"),
+                 "the same, and merged GEMMs": ("twin", "default", "twin-default-vllm_opts+merged"),
+                 "eager twin (vLLM's _C kernels) + vLLM's attention, against the eager engine": ("twin", "eager", "twin-eager")}
+
+
+def _attr_row(root, file, mode, side):
+    """The first row of a side (the batched engine run; the solo run's rows follow it)."""
+    return next(r for r in _json(root, f"{ATTR}/{file}.json")["rows"] if r["mode"] == mode and r["side"] == side)
+
+
+def attribution_eager(root):
+    """eager rows of attribution.json (batched run): 100 x prefill equal, k3, max abs; 100 x decode equal, k3."""
+    out = {}
+    for label, side in _ATTR_EAGER.items():
+        r = _attr_row(root, "attribution", "eager", side)
+        out[(label,)] = [100 * r["prefill"]["equal"], r["prefill"]["k3"], r["prefill"]["max_abs"],
+                         100 * r["decode"]["equal"], r["decode"]["k3"]]
+    return out
+
+
+def attribution_default(root):
+    """default-mode sides (attribution.json, twin.json): 100 x prefill equal, k3, max abs."""
+    out = {}
+    for label, (file, mode, side) in _ATTR_DEFAULT.items():
+        r = _attr_row(root, file, mode, side)
+        out[(label,)] = [100 * r["prefill"]["equal"], r["prefill"]["k3"], r["prefill"]["max_abs"]]
+    return out
+
+
 R = lambda folder: f"{folder}/README.md"  # noqa: E731
 
 TABLES: list[TableCheck] = [
+    TableCheck("attribution eager", R(ATTR), f"{ATTR}/attribution.json",
+               "eager sides: 100 x prefill equal, prefill k3, max abs dlogp, 100 x decode equal, decode k3", attribution_eager),
+    TableCheck("attribution default", R(ATTR), f"{ATTR}/attribution.json, twin.json",
+               "default-mode sides: 100 x prefill equal, prefill k3, max abs dlogp", attribution_default),
     TableCheck("router probe", R(ROUTER), f"{ROUTER}/router_probe.json",
                "cases; 100 x fraction min-max: vLLM row ids in order, its weights bit-equal, SGLang's weights, HF's id sets",
                router_probe),

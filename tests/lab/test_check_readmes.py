@@ -55,7 +55,6 @@ FILE_INDEXES = {"ops_inductor_sampler_h200_2026-11-29": "session 2's files; the 
 #: claim: their tables were copied from the JSON by hand (each file is beside the README). Rendering
 #: them is owed; a folder may stay here only until its README is next edited.
 NOT_YET_RENDERED = {
-    "vllm026_attribution_h200_2026-12-02": "attribution.json, twin.json",
 }
 
 #: Results folders whose README tables are rendered by a script of their own and checked by its test.
