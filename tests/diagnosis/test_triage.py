@@ -20,6 +20,7 @@ import rla
 from rla.diagnosis import positions as P
 from rla.diagnosis.triage import EXIT_CODES, triage
 from rla.models import load_bundled_model
+from rla.rollout.fingerprint import weights_fingerprint
 from rla.rollout.sampler import Sampler, SamplingParams
 from rla.rollout.train_logprobs import logprobs
 
@@ -129,6 +130,15 @@ def _case(name, lab):
         records, kw = plain, {"trainer_logprobs": other, "trainer_field": "old_log_probs"}
     elif name == "stale_weights":
         records = _scored(lab["noisy_engine"], plain)
+    elif name == "one_step_stale":
+        older = copy.deepcopy(eng)  # a step of 1e-5 per weight, as Adam's first step at lr 1e-5
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for p in older.parameters():
+                p.sub_((1e-5 * torch.randn(p.shape, generator=g).sign()).to(p.dtype))
+        stamp = {"weights": weights_fingerprint(older)}
+        assert stamp["weights"] != weights_fingerprint(bf16)
+        records = [dataclasses.replace(r, policy=stamp) for r in _scored(older, plain)]
     elif name == "template":
         shown = [dataclasses.replace(r, prompt_ids=r.prompt_ids[:1] + [5, 6, 7, 8] + r.prompt_ids[1:]) for r in plain]
         records = [dataclasses.replace(s, prompt_ids=r.prompt_ids) for s, r in zip(_scored(eng, shown), plain)]

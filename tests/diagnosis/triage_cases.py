@@ -48,6 +48,8 @@ CASES = [
     Case("trainer_logprobs", "the framework's own trainer logprobs from another checkpoint (5% weight noise)",
          "trainer_logprobs", 17),
     Case("stale_weights", "rollouts from a checkpoint with 5% weight noise", "beyond_rounding", 19),
+    Case("one_step_stale", "rollouts from the policy one small optimizer step earlier (every weight moved by at most "
+         "1e-5), the records carrying its weights fingerprint (`policy`)", "stale_weights", 18),
     Case("template", "the engine saw 4 template tokens after BOS that the records' prompt ids lack", "beyond_rounding", 19),
 ]
 

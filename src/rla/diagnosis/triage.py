@@ -314,6 +314,25 @@ def _positions(records, rec, together, scale, bad_positions, trainer_logprobs, t
                    f"forward does (k3 {t:.3g} vs {own:.3g}); no padding or position layout fits either better", ev)
 
 
+def _weights(records, model) -> Finding:
+    """The weights slot from the records' own ``policy`` fingerprints (:mod:`rla.diagnosis.policy`):
+    records sampled by other weights than ``model``'s are ``stale_weights``; records that name no
+    weights leave the slot not checked (a policy one optimizer step old is rounding-sized)."""
+    from rla.diagnosis.policy import check_policy
+
+    carried = sum(r.policy is not None for r in records)
+    if not carried:
+        return Finding("weights", "not_checked", None,
+                       "not checked: no record says which weights sampled it (the `policy` field, "
+                       "rla.rollout.fingerprint); a stale checkpoint one optimizer step old is rounding-sized")
+    check = check_policy(model, records, range(len(records)))
+    if check.stale:
+        return Finding("weights", "found", "stale_weights", check.message, check.to_dict())
+    rest = "" if carried == len(records) else f"; {len(records) - carried} record(s) name none and are unchecked"
+    return Finding("weights", "clean", None, f"{carried} of {len(records)} records name the weights that sampled them, "
+                   f"and they are this checkpoint's ({check.checkpoint}){rest}", check.to_dict())
+
+
 def triage(records, *, bf16, fp32, trainer_logprobs=None, trainer_field=None, bad_positions=(),
            weights_check=None, alone: int = SELF_CONSISTENCY_RECORDS) -> Triage:
     """Run :data:`ORDER` on ``records`` with the model in bf16 (the trainer's stack) and fp32 (the
@@ -345,12 +364,7 @@ def triage(records, *, bf16, fp32, trainer_logprobs=None, trainer_field=None, ba
     findings.append(consistency)
     findings.append(_positions(records, rec, together, scale, bad_positions, trainer_logprobs, trainer_field, bf16,
                                fp32, logprobs, alone, any(f.status == "found" for f in findings)))
-    if weights_check is not None:
-        findings.append(weights_check(records))
-    else:
-        findings.append(Finding("weights", "not_checked", None,
-                                "not checked: whether these weights sampled the records needs the records to say which "
-                                "weights did (a stale checkpoint one step old is rounding-sized)"))
+    findings.append(weights_check(records) if weights_check is not None else _weights(records, bf16))
     m = _k3(ref, rec)
     ev = {"k3_records_vs_fp32": m, "rounding_scale_k3": scale, "ratio": m / scale, "factor": FACTOR}
     if m <= FACTOR * scale:
