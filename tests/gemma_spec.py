@@ -25,6 +25,7 @@ from spec import vllm_mean_square
 # by tests/alignment/test_align_gemma.py): the points that differ for Gemma's norms and layers.
 VARIANT = {
     "hf": {"norm_weight": "fused"},
+    "vllm-0.26-eager": {"norm_residual": "fp32_sum", "norm_reduction": "unpinned"},
     "vllm-0.33-eager": {"norm_residual": "fp32_sum", "norm_reduction": "unpinned"},
 }
 

@@ -21,7 +21,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from align_spec import BF16, SPEC, Row, at_head_size, head_size_of, rn, spec_norm, spec_rope
 
 # docs/families.md, "the gpt_oss variant", copied as data (checked against rla.profiles).
-VARIANT = {"hf": {"norm_weight": "fused"}, "vllm-0.33-eager": {"swiglu": "fused"}}
+VARIANT = {"hf": {"norm_weight": "fused"}, "vllm-0.26-eager": {"swiglu": "fused"}, "vllm-0.33-eager": {"swiglu": "fused"}}
 
 
 def gpt_oss_points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:

@@ -47,7 +47,7 @@ def test_a_single_region_may_be_a_string(model):
 
 
 def test_bad_profiles(model):
-    with pytest.raises(KeyError, match="unknown rounding profile 'vlm'; known profiles: hf, sglang-0.5.23, vllm-0.33"):
+    with pytest.raises(KeyError, match="unknown rounding profile 'vlm'; known profiles: hf, sglang-0.5.23, vllm-0.26, vllm-0.26-eager, vllm-0.33"):
         rla.align(model, "vlm")
     with pytest.raises(TypeError, match="profile must be a name"):
         rla.align(model, 3)

@@ -28,7 +28,9 @@ import torch
 import rla.ops as ops
 from rla import profiles
 
-PROFILES = profiles.names()  # profiles added later are covered without editing this file
+from profile_rows import DISTINCT  # noqa: E402
+
+PROFILES = DISTINCT  # each way of rounding once (tests/profile_rows.py)
 LP = [torch.bfloat16, torch.float16]
 U32 = 2.0**-24  # fp32 unit roundoff
 

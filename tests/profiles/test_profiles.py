@@ -123,3 +123,14 @@ def test_no_packaged_profile_names_a_machine_path():
     assert not bad, bad
     assert ABSOLUTE_PATH.search("--wheel /work/x.whl") and ABSOLUTE_PATH.search("C:\\x\\y.whl")
     assert not ABSOLUTE_PATH.search("head sizes 64/128/256 and vllm/ir/ops/layernorm.py, a / b")
+
+
+def test_the_rows_the_op_tests_leave_out_round_as_the_row_that_stands_for_them():
+    from profile_rows import DISTINCT, SAME_AS, rounding_key
+
+    assert set(DISTINCT) | set(SAME_AS) == set(profiles.names()) and not set(DISTINCT) & set(SAME_AS)
+    assert SAME_AS == {"vllm-0.26": "vllm-0.33", "vllm-0.26-eager": "vllm-0.33-eager"}  # measured equal (docs/rounding.md)
+    for name, rep in SAME_AS.items():
+        a, b = profiles.get(name), profiles.get(rep)
+        assert rounding_key(a) == rounding_key(b) and a.points() == b.points() and a.router == b.router
+    assert len({rounding_key(profiles.get(n)) for n in DISTINCT}) == len(DISTINCT)
