@@ -227,13 +227,13 @@ def test_the_profile_is_the_row_of_the_rollout_engines_vllm(monkeypatch):
     from rla.profiles import ProfileVersionWarning
 
     monkeypatch.setenv("RLA_PROFILE", "vllm")
-    monkeypatch.setenv("RLA_ENGINE_VERSION", "0.26.0")
+    monkeypatch.setenv("RLA_ENGINE_VERSION", "0.34.0")
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16, attn_implementation="eager")
     try:
-        with pytest.warns(ProfileVersionWarning, match=r"vllm 0\.26\.0 \(given\) has no calibrated row"):
+        with pytest.warns(ProfileVersionWarning, match=r"vllm 0\.34\.0 \(given\) has no calibrated row"):
             rla_openrlhf.setup_worker()
         assert rla_openrlhf.patched().name == "vllm-0.33"
-        assert "vllm 0.26.0" in Actor(model).rla_alignment.profile_choice
+        assert "vllm 0.34.0" in Actor(model).rla_alignment.profile_choice
         monkeypatch.setenv("RLA_ENGINE_VERSION", "0.33.0")
         with warnings.catch_warnings():
             warnings.simplefilter("error", ProfileVersionWarning)

@@ -219,8 +219,8 @@ def test_the_alias_is_the_row_of_the_rollouts_engine_version(monkeypatch):
     from rla.profiles import ProfileVersionWarning
 
     monkeypatch.setenv("RLA_PROFILE", "vllm-eager")
-    monkeypatch.setenv("RLA_ENGINE_VERSION", "0.26.0")
-    with pytest.warns(ProfileVersionWarning, match=r"vllm 0\.26\.0 \(given\) has no calibrated row"):
+    monkeypatch.setenv("RLA_ENGINE_VERSION", "0.34.0")
+    with pytest.warns(ProfileVersionWarning, match=r"vllm 0\.34\.0 \(given\) has no calibrated row"):
         module = _engine(model_dtype="bf16")._build_module()
     report = rla.alignment_of(module)
     assert report.profile.name == "vllm-0.33-eager" and "nearest calibrated row" in report.profile_choice
