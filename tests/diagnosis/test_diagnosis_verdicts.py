@@ -54,7 +54,9 @@ def test_clean_rollouts_are_rounding_and_the_scale_is_the_fp32_distance(bundled,
             pb, _ = M.pad_rows([t.double().numpy() for t in logprobs(model, clean)])
         want[name] = M.mismatch(pb, p32, mask)["mismatch/k3"]
     assert d.scale.per_profile["hf"] == pytest.approx(want["hf"], rel=1e-12)
-    assert d.scale.per_profile["vllm-0.33"] == pytest.approx(want["vllm"], rel=1e-12)  # the alias resolved
+    # the alias resolved; rows that round identically are one group ("vllm-0.26 = vllm-0.33")
+    [group] = [k for k in d.scale.per_profile if "vllm-0.33" in k.split(" = ")]
+    assert d.scale.per_profile[group] == pytest.approx(want["vllm"], rel=1e-12)
     assert d.scale.k3 == max(d.scale.per_profile.values()) > 0
     assert "within what rounding produces" in d.verdict.message
 
