@@ -229,7 +229,9 @@ def test_an_eager_row_needs_the_kernels_or_an_explicit_flag(vllm_wheel, tmp_path
     conf = calibrate("vllm", "eager", wheel=vllm_wheel, device="cpu")
     monkeypatch.setattr("rla.engines.calibrate.calibrate", lambda *a, **k: conf)
     out.unlink()
-    assert main(cli + ["--device", "cuda"]) == 1
+    assert main(cli + ["--device", "cuda"]) == 2  # its reports are there: replaced only when asked
+    assert "e.report.json exists; choose another --out or pass --overwrite" in capsys.readouterr().err
+    assert main(cli + ["--device", "cuda", "--overwrite"]) == 1
     assert "no profile written: the engine's kernels did not run here" in capsys.readouterr().out
     assert not out.exists() and out.with_suffix(".report.md").exists()
-    assert main(cli + ["--device", "cuda", "--allow-native-eager"]) == 0 and out.exists()
+    assert main(cli + ["--device", "cuda", "--allow-native-eager", "--overwrite"]) == 0 and out.exists()

@@ -221,6 +221,7 @@ def test_every_refusal_comes_before_the_engine(tmp_path, monkeypatch, capsys):
         (["calibrate", "--live", "--model", bundled, "--mode", "eager", "--out", str(tmp_path / "row.json")],
          "row.json exists; choose another --out or pass --overwrite"),
         (["calibrate", "--model", bundled], "--model: only used with --live"),
+        (["calibrate", "--out", str(tmp_path / "row.json")], "row.json exists; choose another --out or pass --overwrite"),
         (["verify", "--model", bundled, "--train-attention", "engine"], "--train-attention: only used with --live"),
         (["calibrate", "--live", "--model", bundled, "--mode", "eager", "--attention-backend", "auto"],
          "--train-attention engine runs the kernel of the engine's TRITON_ATTN backend"),  # calibrate's default

@@ -46,7 +46,7 @@ def add_arguments(parser) -> None:
                         help="--live: the row the search starts from (a name or a profile JSON file); default: the "
                         "row calibrated for the installed version and mode, else the nearest calibrated row")
     parser.add_argument("--overwrite", action="store_true",
-                        help="--live: replace an existing --out file (and its .report.json)")
+                        help="replace an existing --out file and its reports (refused otherwise, before any work)")
 
 
 def _wheel(args, say) -> str | None:
@@ -90,7 +90,7 @@ def run(args) -> int:
         from rla.commands.calibrate_live import run as run_live
 
         return run_live(args)
-    for dest, flag in (("model", "--model"), ("start", "--start"), ("overwrite", "--overwrite")):
+    for dest, flag in (("model", "--model"), ("start", "--start")):
         if getattr(args, dest):
             raise ValueError(f"{flag}: only used with --live (the op-level calibration runs no model); "
                              "add --live or drop it")
@@ -114,6 +114,8 @@ def _run_ops(args) -> int:
               "from the native ops run eagerly, which round differently (not the engine's eager row). Run it on a "
               "GPU (--device cuda), or pass --allow-native-eager to write that native row anyway", file=sys.stderr)
         return 2
+    out = args.out or f"rla-calibrate/{args.engine}-{args.mode}.json"
+    _check_out(out, args.overwrite)  # before the engine's code is loaded
     start = time.monotonic()
 
     def say(message: str) -> None:
@@ -126,7 +128,6 @@ def _run_ops(args) -> int:
         scale=args.scale, seed=args.seed, command=command, progress=say,
     )
     say("done")
-    out = args.out or f"rla-calibrate/{args.engine}-{args.mode}.json"
     if conf.mode == "eager" and not kernels_ran(conf) and not args.allow_native_eager:
         paths = write(conf, out, args.name, profile=False)
         print(markdown(conf).split("## Engine code that ran")[0].rstrip())
@@ -145,3 +146,19 @@ def _run_ops(args) -> int:
         print("no profile written: a point is undecided (see the report)")
         return 1
     return 0
+
+
+def _check_out(out, overwrite: bool) -> None:
+    """The profile file and its two reports must not exist unless ``overwrite``: a calibration never
+    replaces a file without being asked (``--out`` must name a .json file, not a folder)."""
+    from pathlib import Path
+
+    out = Path(out)
+    if out.suffix != ".json":
+        raise ValueError(f"--out {out}: a profile file is .json")
+    stem = out.with_suffix("")
+    for path in (out, Path(f"{stem}.report.json"), Path(f"{stem}.report.md")):
+        if path.is_dir():
+            raise IsADirectoryError(f"--out {out}: {path} is a folder; --out names the profile file (.json)")
+        if path.exists() and not overwrite:
+            raise FileExistsError(f"--out {out}: {path} exists; choose another --out or pass --overwrite to replace it")
