@@ -216,6 +216,21 @@ def _align_attention(attentions, family: Family, profile: RoundingProfile) -> No
 # ---------------------------------------------------------------------------------------------
 
 
+def zero_centred_variant(profile: RoundingProfile, regions: tuple[str, ...], report, what: str):
+    """``(the row's zero_centred_norm variant, whether q/k norm -> RoPE runs as the fp32 chain)`` for a
+    zero-centred-norm decoder (Gemma 3, Qwen3.5); the report names the variant and, where it changes
+    points, a note that ``what`` follows it. The chain with fp32 RoPE tables is refused."""
+    p = profile.variant(ZERO_CENTRED)
+    report.variant = ZERO_CENTRED
+    chain = p.qk_norm_out == "fp32" and {"rope", "rmsnorm"} <= set(regions)
+    if chain and p.rope_cos_sin == "fp32":
+        raise NotImplementedError(f"profile {p.name!r}: qk_norm_out='fp32' with rope_cos_sin='fp32' is not implemented")
+    if p is not profile:
+        changed = {k: v for k, v in p.points().items() if getattr(profile, k) != v}
+        report.notes.append(f"{what} follow {p.name!r}: {changed}, the row's variant for them (docs/families.md)")
+    return p, chain
+
+
 def align_zero_centred_layers(found: dict, family: Family, profile: RoundingProfile, chain: bool, layer_forward,
                               report) -> None:
     """The rmsnorm region of a decoder with zero-centred norms (Gemma 3, Qwen3.5): every layer's
@@ -246,15 +261,7 @@ def align_gemma3(body, family: Family, profile: RoundingProfile, regions: tuple[
     if "swiglu" in regions and act not in GEGLU_ACTIVATIONS:
         raise ValueError(f"rla.align 'swiglu' region: Gemma 3's config.hidden_activation is {act!r}; the region "
                          f"aligns the gated product of {GEGLU_ACTIVATIONS}. Align without 'swiglu'.")
-    p = profile.variant(ZERO_CENTRED)
-    report.variant = ZERO_CENTRED
-    chain = p.qk_norm_out == "fp32" and {"rope", "rmsnorm"} <= set(regions)
-    if chain and p.rope_cos_sin == "fp32":
-        raise NotImplementedError(f"profile {p.name!r}: qk_norm_out='fp32' with rope_cos_sin='fp32' is not implemented")
-    if p is not profile:
-        changed = {k: v for k, v in p.points().items() if getattr(profile, k) != v}
-        report.notes.append(f"zero-centred norms (x * (1 + w)) and Gemma's layers follow {p.name!r}: {changed}, "
-                            "the row's variant for them (docs/families.md)")
+    p, chain = zero_centred_variant(profile, regions, report, "zero-centred norms (x * (1 + w)) and Gemma's layers")
     try:
         if "rope" in regions:
             report.hazards.extend(_align_rotary(found["rotary"], p, chain))

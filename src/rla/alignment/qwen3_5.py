@@ -27,7 +27,7 @@ import torch
 from rla import ops
 from rla.alignment import compat
 from rla.alignment.families import Family, class_named
-from rla.alignment.gemma import ZERO_CENTRED, align_zero_centred_layers
+from rla.alignment.gemma import align_zero_centred_layers, zero_centred_variant
 from rla.alignment.patch import install, uninstall, with_globals
 from rla.alignment.rmsnorm import layer_start
 from rla.alignment.rope import make_apply_partial_rotary
@@ -135,15 +135,7 @@ def align_qwen3_5(body, family: Family, profile: RoundingProfile, regions: tuple
     found = _scan(body, family)
     if "swiglu" in regions:
         check_activation(body.config)
-    p = profile.variant(ZERO_CENTRED)
-    report.variant = ZERO_CENTRED
-    chain = p.qk_norm_out == "fp32" and {"rope", "rmsnorm"} <= set(regions)
-    if chain and p.rope_cos_sin == "fp32":
-        raise NotImplementedError(f"profile {p.name!r}: qk_norm_out='fp32' with rope_cos_sin='fp32' is not implemented")
-    if p is not profile:
-        changed = {k: v for k, v in p.points().items() if getattr(profile, k) != v}
-        report.notes.append(f"zero-centred norms (x * (1 + w)) follow {p.name!r}: {changed}, the row's variant for "
-                            "them (docs/families.md)")
+    p, chain = zero_centred_variant(profile, regions, report, "zero-centred norms (x * (1 + w))")
     linear = sum(layer.block_type == "linear_attention" for layer in found["layers"])
     try:
         if "rope" in regions:
