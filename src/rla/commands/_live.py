@@ -169,6 +169,33 @@ def saved_engine(args):
     return data
 
 
+def run_length(args, saved) -> int:
+    """The longest sequence the training side will score: the saved run's, else the run's to come
+    (its longest prompt, or a decode prompt and its response)."""
+    from rla.engines.live_verify import longest
+
+    if saved is not None:
+        return longest(saved)
+    return max(max(args.prompt_tokens), DECODE_PROMPT_TOKENS + args.max_new_tokens)
+
+
+def engine_side(args, saved, longest: int, default_attention: str):
+    """``(settings, attention, attending, version, device)`` of a live run (``saved`` None) or of a
+    saved one, each refusal before the engine starts: the engine's settings, the training side's
+    attention (:func:`train_attention`), the engine's version (:func:`rla.engines.vllm_live.preflight`
+    for a run to come; the saved run's, with :func:`check_saved_kernel`), and the training device."""
+    from rla.engines.vllm_live import preflight
+
+    settings = saved.engine.get("settings", {}) if saved is not None else settings_of(args, longest)
+    attention, attending = train_attention(args, settings, default_attention)
+    if saved is None:
+        version = preflight(args.model)  # vLLM installed, a version the adapter ran, a GPU: still not imported
+    else:
+        version = saved.engine["version"]
+        check_saved_kernel(saved, attention, args.model)
+    return settings, attention, attending, version, train_device(saved, attention)
+
+
 def engine_data(args, saved, settings, vocab: int, say):
     """The saved data, or a fresh engine run (:func:`run_engine`)."""
     if saved is not None:

@@ -33,9 +33,10 @@ def report_path(out) -> Path:
     return Path(f"{Path(out).with_suffix('')}.report.json")
 
 
-def check_out(out, overwrite: bool) -> None:
-    """The row file and its report must not exist (unless ``overwrite``), and their folder must."""
-    for path in (Path(out), report_path(out)):
+def check_out(out, overwrite: bool, also=()) -> None:
+    """The row file, its report and the files ``also`` names (the op-level calibration's
+    ``.report.md``) must not exist unless ``overwrite``; ``out`` names a .json file, not a folder."""
+    for path in (Path(out), report_path(out), *map(Path, also)):
         if path.is_dir():
             raise IsADirectoryError(f"--out {out}: {path} is a folder; --out names the profile file (.json)")
         if path.exists() and not overwrite:
@@ -72,12 +73,10 @@ def run(args) -> int:
     import torch
 
     from rla import profiles
-    from rla.commands._live import (DECODE_PROMPT_TOKENS, check_model, check_saved_kernel, engine_data, saved_engine,
-                                    settings_of, train_attention, train_device, weigh)
+    from rla.commands._live import check_model, engine_data, engine_side, run_length, saved_engine, weigh
     from rla.engines.live_calibration import search
     from rla.engines.live_profile import live_name, live_row, settle
-    from rla.engines.live_verify import longest as longest_of
-    from rla.engines.vllm_live import installed_version, preflight
+    from rla.engines.vllm_live import installed_version
     from rla.hf import load_model
 
     if args.engine != "vllm":
@@ -91,17 +90,9 @@ def run(args) -> int:
         args.max_new_tokens = args.max_new_tokens or 128
     if args.out is not None:  # before the engine's version is known: the out path alone
         check_out(args.out, args.overwrite)
-    longest = longest_of(saved) if saved is not None else \
-        max(max(args.prompt_tokens), DECODE_PROMPT_TOKENS + args.max_new_tokens)
+    longest = run_length(args, saved)
     info = check_model(args.model, longest)
-    settings = saved.engine.get("settings", {}) if saved is not None else settings_of(args, longest)
-    attention, attending = train_attention(args, settings, "engine")
-    if saved is None:
-        version = preflight(args.model)
-    else:
-        version = saved.engine["version"]
-        check_saved_kernel(saved, attention, args.model)
-    device = train_device(saved, attention)
+    settings, attention, attending, version, device = engine_side(args, saved, longest, "engine")
     name = args.name or live_name(args.engine, version, args.mode)
     if name in profiles.names():
         raise ValueError(f"a built-in row is named {name!r}: give this live row another name (--name)")

@@ -54,12 +54,10 @@ def _extra(args) -> dict:
 def run(args) -> int:
     import torch
 
-    from rla.commands._live import (DECODE_PROMPT_TOKENS, check_model, check_saved_kernel, engine_code, engine_data,
-                                    saved_engine, settings_of, train_attention, train_device, weigh)
+    from rla.commands._live import check_model, engine_code, engine_data, engine_side, run_length, saved_engine, weigh
     from rla.diagnosis.output import check_out_dir
-    from rla.engines.live_verify import (ENGINE_SIDE, candidates, compare, engine_backed_forward,
-                                         longest as longest_of, report)
-    from rla.engines.vllm_live import MODES, preflight
+    from rla.engines.live_verify import ENGINE_SIDE, candidates, compare, engine_backed_forward, report
+    from rla.engines.vllm_live import MODES
     from rla.environment import environment
     from rla.hf import load_model
 
@@ -71,18 +69,10 @@ def run(args) -> int:
     out = args.out or f"rla-verify-live/vllm-{args.mode}"
     inputs = [args.model] + ([args.engine_outputs] if saved is not None else [])
     check_out_dir(out, overwrite=args.overwrite, inputs=inputs)
-    longest = longest_of(saved) if saved is not None else \
-        max(max(args.prompt_tokens), DECODE_PROMPT_TOKENS + args.max_new_tokens)
+    longest = run_length(args, saved)
     info = check_model(args.model, longest)
     extra = _extra(args)
-    settings = saved.engine.get("settings", {}) if saved is not None else settings_of(args, longest)
-    attention, attending = train_attention(args, settings, "model")
-    if saved is None:
-        version = preflight(args.model)  # vLLM installed, a version the adapter ran, a GPU: still not imported
-    else:
-        version = saved.engine["version"]
-        check_saved_kernel(saved, attention, args.model)
-    device = train_device(saved, attention)
+    settings, attention, attending, version, device = engine_side(args, saved, longest, "model")
     code = engine_code(args, info, version, device)
     start = time.monotonic()
 
