@@ -105,6 +105,9 @@ def _run_ops(args) -> int:
 
     import torch
 
+    from pathlib import Path
+
+    from rla.commands.calibrate_live import check_out
     from rla.engines.calibrate import calibrate
     from rla.engines.conformance import kernels_ran, markdown, write
 
@@ -115,7 +118,7 @@ def _run_ops(args) -> int:
               "GPU (--device cuda), or pass --allow-native-eager to write that native row anyway", file=sys.stderr)
         return 2
     out = args.out or f"rla-calibrate/{args.engine}-{args.mode}.json"
-    _check_out(out, args.overwrite)  # before the engine's code is loaded
+    check_out(out, args.overwrite, also=[f"{Path(out).with_suffix('')}.report.md"])  # before the engine's code loads
     start = time.monotonic()
 
     def say(message: str) -> None:
@@ -146,19 +149,3 @@ def _run_ops(args) -> int:
         print("no profile written: a point is undecided (see the report)")
         return 1
     return 0
-
-
-def _check_out(out, overwrite: bool) -> None:
-    """The profile file and its two reports must not exist unless ``overwrite``: a calibration never
-    replaces a file without being asked (``--out`` must name a .json file, not a folder)."""
-    from pathlib import Path
-
-    out = Path(out)
-    if out.suffix != ".json":
-        raise ValueError(f"--out {out}: a profile file is .json")
-    stem = out.with_suffix("")
-    for path in (out, Path(f"{stem}.report.json"), Path(f"{stem}.report.md")):
-        if path.is_dir():
-            raise IsADirectoryError(f"--out {out}: {path} is a folder; --out names the profile file (.json)")
-        if path.exists() and not overwrite:
-            raise FileExistsError(f"--out {out}: {path} exists; choose another --out or pass --overwrite to replace it")
