@@ -99,12 +99,12 @@ def geglu(gate, up, profile: str | RoundingProfile):
     ``profile.swiglu`` says: the gated product's point, the same for either activation
     (``per_op`` = the activation rounded before the product, ``fused`` = one rounding).
 
-    The PyTorch reference runs on every device (no fused kernel yet): on CUDA it is a few
-    elementwise kernels, each reading and writing the gate/up tensors.
+    On CUDA rla's fused kernel (``rla.ops._triton_geglu``: one read of gate/up, one write,
+    forward and backward), the PyTorch reference elsewhere.
     """
     p = resolve(profile)
     check_swiglu(gate, up)
-    return reference.geglu(gate, up, p)
+    return backend(gate, up).geglu(gate, up, p)
 
 
 def swiglu_oai(gate, up, alpha: float, limit: float, profile: str | RoundingProfile):

@@ -10,7 +10,8 @@ break that, so every kernel here is compiled and called through this module:
   IEEE division (``div.rn``): ``div_rn``;
 - exp: ``tl.exp`` is ``ex2.approx`` on a scaled argument; PyTorch's CUDA ``F.silu`` and
   ``torch.sigmoid`` call ``expf`` from CUDA's math library, which is libdevice's ``__nv_expf``:
-  ``exp``. ``rsqrt`` is libdevice's ``__nv_rsqrtf``, the function ``torch.rsqrt`` calls.
+  ``exp``. ``rsqrt`` is libdevice's ``__nv_rsqrtf``, the function ``torch.rsqrt`` calls, and
+  ``tanh`` its ``__nv_tanhf`` (CUDA's ``tanhf``, which ``torch.tanh`` and ``F.gelu`` call).
 
 Under ``TRITON_INTERPRET=1`` (logic checks on a CPU) libdevice does not exist; the same names then
 map to ``tl`` ops, which are exact in numpy but not bit-identical to CUDA. Bitwise claims are
@@ -43,6 +44,12 @@ if INTERPRET:
     def rsqrt(x):
         return 1.0 / tl.sqrt(x)
 
+    @triton.jit
+    def tanh(x):
+        e = tl.exp(-2.0 * tl.abs(x))
+        t = (1.0 - e) / (1.0 + e)
+        return tl.where(x < 0, -t, t)
+
 else:
     from triton.language.extra import libdevice
 
@@ -57,6 +64,10 @@ else:
     @triton.jit
     def rsqrt(x):
         return libdevice.rsqrt(x)
+
+    @triton.jit
+    def tanh(x):
+        return libdevice.tanh(x)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -49,7 +49,7 @@ from rla.ops._layout import output_like, token_major
 from rla.ops._op_spec import Kernel, Op, OpSpec
 from rla.profiles import RoundingProfile
 
-__all__ = ["available", "rope", "swiglu", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope"]
+__all__ = ["available", "rope", "swiglu", "geglu", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope"]
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
 _ENABLED = os.environ.get("RLA_FUSED", "1") != "0"
@@ -196,6 +196,36 @@ _SWIGLU = Op(OpSpec(
 def swiglu(gate, up, profile: RoundingProfile):
     """Fused silu(gate) * up; see ``rla.ops.swiglu``."""
     return _SWIGLU(gate, up, per_op=profile.swiglu == "per_op")
+
+
+# --------------------------------------------------------------------------------------------
+# GeGLU (tanh approximation): the same shape of op as SwiGLU, its own kernels
+# --------------------------------------------------------------------------------------------
+
+
+def _geglu_fwd(gate, up, per_op):
+    from rla.ops import _triton_geglu
+
+    return _triton_geglu.forward(gate, up, per_op)
+
+
+def _geglu_bwd(dy, gate, up):
+    from rla.ops import _triton_geglu
+
+    return _triton_geglu.backward(dy, gate, up)
+
+
+_GEGLU = Op(OpSpec(
+    Kernel("geglu", dict(gate=Tensor, up=Tensor, per_op=bool), outputs=1, launch=_geglu_fwd, fake=_swiglu_fwd_fake),
+    returns=1, save=_swiglu_save, grad=_swiglu_grad, function_name="_GeGLUFn",
+    backward=Kernel("geglu_backward", dict(dy=Tensor, gate=Tensor, up=Tensor), outputs=2, launch=_geglu_bwd,
+                    fake=_swiglu_bwd_fake),
+))
+
+
+def geglu(gate, up, profile: RoundingProfile):
+    """Fused gelu_tanh(gate) * up; see ``rla.ops.geglu``."""
+    return _GEGLU(gate, up, per_op=profile.swiglu == "per_op")
 
 
 # --------------------------------------------------------------------------------------------
