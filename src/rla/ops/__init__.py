@@ -112,13 +112,14 @@ def swiglu_oai(gate, up, alpha: float, limit: float, profile: str | RoundingProf
     g = clamp(gate, max=limit), rounded where ``profile.swiglu`` says: ``per_op`` is HF's op
     sequence on bf16 tensors (each of its five arithmetic ops rounded), ``fused`` one rounding.
     ``gate``/``up`` may be the strided halves of an interleaved gate_up (``x[..., ::2]``,
-    ``x[..., 1::2]``). The PyTorch reference on every device (no fused kernel yet)."""
+    ``x[..., 1::2]``; the fused kernel copies them contiguous). On CUDA rla's fused kernel
+    (``rla.ops._triton_swiglu_oai``), the PyTorch reference elsewhere."""
     p = resolve(profile)
     check_swiglu(gate, up)
     for name, v in (("alpha", alpha), ("limit", limit)):
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or v == float("inf"):
             raise ValueError(f"swiglu_oai: {name} must be a finite positive number, got {v!r}")
-    return reference.swiglu_oai(gate, up, alpha, limit, p)
+    return backend(gate, up).swiglu_oai(gate, up, alpha, limit, p)
 
 
 def _check_offset(weight_offset) -> float:

@@ -49,7 +49,7 @@ from rla.ops._layout import output_like, token_major
 from rla.ops._op_spec import Kernel, Op, OpSpec
 from rla.profiles import RoundingProfile
 
-__all__ = ["available", "rope", "swiglu", "geglu", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope"]
+__all__ = ["available", "rope", "swiglu", "geglu", "swiglu_oai", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope"]
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
 _ENABLED = os.environ.get("RLA_FUSED", "1") != "0"
@@ -226,6 +226,55 @@ _GEGLU = Op(OpSpec(
 def geglu(gate, up, profile: RoundingProfile):
     """Fused gelu_tanh(gate) * up; see ``rla.ops.geglu``."""
     return _GEGLU(gate, up, per_op=profile.swiglu == "per_op")
+
+
+# --------------------------------------------------------------------------------------------
+# GPT-OSS's clamped SwiGLU
+# --------------------------------------------------------------------------------------------
+
+
+def _swiglu_oai_fwd(gate, up, alpha, limit, per_op):
+    from rla.ops import _triton_swiglu_oai
+
+    return _triton_swiglu_oai.forward(gate, up, alpha, limit, per_op)
+
+
+def _swiglu_oai_fwd_fake(gate, up, alpha, limit, per_op):
+    return gate.new_empty(gate.shape)
+
+
+def _swiglu_oai_bwd(dy, gate, up, alpha, limit):
+    from rla.ops import _triton_swiglu_oai
+
+    return _triton_swiglu_oai.backward(dy, gate, up, alpha, limit)
+
+
+def _swiglu_oai_bwd_fake(dy, gate, up, alpha, limit):
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+
+
+def _swiglu_oai_save(ctx, outputs, gate, up, alpha, limit, per_op):
+    ctx.save_for_backward(gate, up)
+    ctx.alpha, ctx.limit = alpha, limit
+
+
+def _swiglu_oai_grad(ctx, backward, dy):
+    gate, up = ctx.saved_tensors
+    return backward(dy, gate, up, ctx.alpha, ctx.limit)
+
+
+_SWIGLU_OAI = Op(OpSpec(
+    Kernel("swiglu_oai", dict(gate=Tensor, up=Tensor, alpha=float, limit=float, per_op=bool), outputs=1,
+           launch=_swiglu_oai_fwd, fake=_swiglu_oai_fwd_fake),
+    returns=1, save=_swiglu_oai_save, grad=_swiglu_oai_grad, function_name="_SwiGLUOAIFn",
+    backward=Kernel("swiglu_oai_backward", dict(dy=Tensor, gate=Tensor, up=Tensor, alpha=float, limit=float),
+                    outputs=2, launch=_swiglu_oai_bwd, fake=_swiglu_oai_bwd_fake),
+))
+
+
+def swiglu_oai(gate, up, alpha: float, limit: float, profile: RoundingProfile):
+    """Fused GPT-OSS clamped SwiGLU; see ``rla.ops.swiglu_oai``."""
+    return _SWIGLU_OAI(gate, up, alpha=float(alpha), limit=float(limit), per_op=profile.swiglu == "per_op")
 
 
 # --------------------------------------------------------------------------------------------
