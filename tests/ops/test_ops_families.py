@@ -140,9 +140,11 @@ def test_zero_centred_norm_backward_oracle(name, add):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_family_ops_on_cuda_are_the_reference():
-    """No fused kernel takes the offset, the gelu or the clamped SwiGLU yet: on CUDA the reference
-    runs. It equals the CPU reference except where CUDA's tanh / exp / the row mean's order
-    differ from the CPU's in the last fp32 bit, which moves a bf16 output by at most one ulp."""
+    """On CUDA the zero-centred norm runs the reference (no fused kernel takes the offset yet), the
+    gelu and the clamped SwiGLU rla's fused kernels (bitwise to the CUDA reference:
+    tests/ops/test_gated_triton.py). Each equals the CPU reference except where CUDA's tanh / exp /
+    the row mean's order differ from the CPU's in the last fp32 bit, which moves a bf16 output by
+    at most one ulp."""
     x, r, _ = _inputs((64, 256), 11)
     w = (0.3 * torch.randn(256, generator=torch.Generator().manual_seed(12))).to(BF16)
 
