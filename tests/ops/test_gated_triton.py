@@ -28,7 +28,10 @@ from repo_root import ROOT
 SCRIPT = r'''
 import torch
 from rla import profiles
-from rla.ops import fused, reference
+from rla.ops import _triton_geglu, _triton_swiglu_oai, fused, reference
+
+for kernels in (_triton_geglu, _triton_swiglu_oai):  # small blocks: several programs, the last one masked
+    kernels.FWD_BLOCK = kernels.BWD_BLOCK = 256
 
 def grads(fn, g, u, dy):
     g, u = g.detach().requires_grad_(True), u.detach().requires_grad_(True)
@@ -37,7 +40,7 @@ def grads(fn, g, u, dy):
 
 checked = 0
 gen = torch.Generator().manual_seed(0)
-for dtype, n in ((torch.bfloat16, 2100), (torch.float32, 700)):  # 2100: two programs of 2048, the second masked
+for dtype, n in ((torch.bfloat16, 600), (torch.float32, 300)):
     g = (torch.randn(n, generator=gen) * 3)
     g[:6] = torch.tensor([0.0, -0.0, 10.0, -10.0, 1e-3, -30.0])
     g, u, dy = g.to(dtype), torch.randn(n, generator=gen).to(dtype), torch.randn(n, generator=gen).to(dtype)
@@ -61,7 +64,7 @@ for dtype, n in ((torch.bfloat16, 2100), (torch.float32, 700)):  # 2100: two pro
         assert not torch.equal(outs["hf", "function"], outs["vllm", "function"])  # the flag reaches the kernel
 
 ALPHA, LIMIT = 1.702, 7.0
-for dtype, n in ((torch.bfloat16, 2100), (torch.float32, 700)):
+for dtype, n in ((torch.bfloat16, 600), (torch.float32, 300)):
     gu = torch.randn(n, 2, generator=gen) * 6  # past the limit both ways, gates and ups
     gu[:4, 0] = torch.tensor([7.0, 7.5, -30.0, 0.0])
     gu[:4, 1] = torch.tensor([-7.0, -7.5, 7.25, 8.0])
