@@ -422,6 +422,10 @@ def _opcheck_cases():
         ("swiglu", (rq(gate), rq(up), True)),
         ("swiglu", (rq(gate), rq(up), False)),
         ("swiglu_backward", (up, gate, up)),
+        ("geglu", (rq(gate), rq(up), True)),
+        ("geglu_backward", (up, gate, up)),
+        ("swiglu_oai", (rq(gate), rq(up), 1.702, 7.0, False)),
+        ("swiglu_oai_backward", (up, gate, up, 1.702, 7.0)),
         ("rms_norm", (rq(x), rq(w), 1e-6, False, lp, lp, "unpinned", False)),
         ("rms_norm", (rq(x.float()), rq(w32), 1e-6, True, lp, lp, "unpinned", False)),
         ("rms_norm", (rq(x), rq(w), 1e-6, False, lp, torch.float32, "vllm_block", False)),
@@ -435,7 +439,7 @@ def _opcheck_cases():
     ]
 
 
-@pytest.mark.parametrize("i", range(21))
+@pytest.mark.parametrize("i", range(25))
 def test_opcheck(i):
     from rla.ops import fused  # noqa: F401  (registers the ops)
 
