@@ -23,9 +23,13 @@ for stage in "$@"; do
     tests-norm) timeout 120 python3 -m pytest -q -p no:cacheprovider -s tests/ops/test_fused_gpu.py \
              -k "norms or fp32_sum or gradients or saves or opcheck or cuda_graph" > "$OUT/tests.txt" 2>&1
            echo "pytest rc=$?"; grep -E "passed|failed|FAILED" "$OUT/tests.txt" | tail -20 ;;
-    tests-gated) timeout 240 python3 -m pytest -q -p no:cacheprovider -s tests/ops/test_gated_triton.py \
+    tests-gated)  # the fused GeGLU / clamped SwiGLU bitwise tests, the family ops on CUDA, the ops' opcheck: < 200 s
+           timeout 120 python3 -m pytest -q -p no:cacheprovider -s --durations=5 tests/ops/test_gated_triton.py \
              tests/ops/test_ops_families.py > "$OUT/tests-gated.txt" 2>&1
-           echo "pytest rc=$?"; grep -E "passed|failed|FAILED|differ" "$OUT/tests-gated.txt" | tail -30 ;;
+           echo "pytest rc=$?"; grep -E "passed|failed|FAILED|differ|skipped" "$OUT/tests-gated.txt" | tail -30
+           timeout 75 python3 -m pytest -q -p no:cacheprovider -s tests/ops/test_fused_gpu.py -k opcheck \
+             > "$OUT/tests-opcheck.txt" 2>&1
+           echo "pytest rc=$?"; grep -E "passed|failed|FAILED|skipped" "$OUT/tests-opcheck.txt" | tail -10 ;;
     tune)  timeout 150 python3 lab/bench/tune_fused.py --out "$OUT/tuned.json" --only ${TUNE_ONLY:-swiglu rope norm} > "$OUT/tune.txt" 2>&1
            grep -E "BEST|bandwidth|failed" "$OUT/tune.txt" ;;
     profile) timeout 90 python3 lab/bench/profile_ops.py > "$OUT/profile.txt" 2>&1; head -14 "$OUT/profile.txt" ;;

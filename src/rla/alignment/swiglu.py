@@ -171,7 +171,7 @@ def family_notes(family) -> list[str]:
             "attention is outside the regions), the router (top-k and its softmax belong to the MoE issue)",
             "not measured: YaRN's inv_freq, computed by HF's _compute_yarn_parameters and by vLLM's "
             "yarn_scaling_rope.py with other arithmetic (bits may differ; not a rounding location)",
-            "the clamped SwiGLU runs rla.ops' PyTorch reference on every device (no fused kernel yet)",
+            "the clamped SwiGLU runs rla's fused kernel on CUDA (rla.ops._triton_swiglu_oai), the PyTorch reference elsewhere",
         ]
     if family.model_type == "glm4_moe":
         return [
