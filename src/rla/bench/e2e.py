@@ -1,14 +1,18 @@
-"""End-to-end benchmark: one training step (forward + loss + backward) of a Qwen2.5-shaped model.
+"""End-to-end benchmark: one training step (forward + loss + backward) of a realistic model shape.
 
-Random init from a config (no download), sdpa attention, next-token loss on random tokens.
+Random init from a config (no download), sdpa attention, next-token loss on random tokens. The
+shapes (``MODELS``): Qwen2.5-1.5B / 7B, Qwen3-1.7B, and Gemma 3 4B's text model (``gemma3-4b``:
+zero-centred sandwich norms, GeGLU, sliding and full layers with their own RoPE tables), each
+the family's HF config with the checkpoint's numbers written out.
 Variants, each timed in the same process:
   hf-bf16       HF transformers eager in bf16 (the baseline)
   rla-vllm      bf16, the three regions aligned to the ``vllm`` profile through ``rla``
   rla-sglang    same, ``sglang`` profile (fp32 cos/sin)
   naive-upcast  bf16, the three regions computed by eager fp32 upcasts (vllm numbers, unfused)
   fp16, fp32    the whole model in that dtype, no patch (fp32 at a batch that fits)
-  liger         bf16, Liger Kernel's RoPE, RMSNorm and SwiGLU (``apply_liger_kernel_to_qwen2``; the
-                loss left as HF's), on a model of its own: what a Liger user runs today, unaligned
+  liger         bf16, Liger Kernel's RoPE, RMSNorm and gated MLP (``apply_liger_kernel_to_<family>``,
+                ``LIGER``; the loss left as HF's), on a model of its own: what a Liger user runs today,
+                unaligned
   liger-flce    the same plus Liger's fused linear cross-entropy (the loss without materialised
                 logits): Liger alone, as Liger's defaults apply it
   rla-vllm+liger-flce  ``liger-flce``, then ``rla.align(model, "vllm")`` over it: rla's regions replace
@@ -47,13 +51,41 @@ MODELS = {
         family="qwen3", hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
         num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
     ),
+    # Gemma 3 4B's text model (google/gemma-3-4b-it, config.json's text_config: hidden 2560,
+    # intermediate 10240, 34 layers, sliding window 1024, full layers' RoPE linear x8; the rest
+    # Gemma3TextConfig's defaults, which that file leaves in place: 8 heads, 4 KV heads, head_dim 256,
+    # query_pre_attn_scalar 256, vocab 262208, every 6th layer full, theta 10k sliding / 1M full)
+    "gemma3-4b": dict(
+        family="gemma3_text", hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=256, vocab_size=262208, tie_word_embeddings=True, sliding_window=1024,
+        query_pre_attn_scalar=256, max_position_embeddings=131072,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}},
+    ),
 }
+
+#: The config keys every shape shares unless it names its own (a Qwen-style single RoPE table).
+CONFIG_DEFAULTS = dict(max_position_embeddings=32768, rms_norm_eps=1e-6,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1e6}, use_cache=False)
 
 #: (batch, seq) per model and variant; fp32 (and, for 7B, everything) at what fits in 141 GB.
 BATCH = {
     "qwen2.5-1.5b": {"default": (4, 4096), "fp32": (2, 4096)},
     "qwen2.5-7b": {"default": (1, 4096), "fp32": (1, 2048)},
     "qwen3-1.7b": {"default": (2, 4096), "fp32": (1, 4096)},
+    "gemma3-4b": {"default": (2, 4096), "fp32": (1, 2048)},
+}
+
+#: Liger Kernel's patch per family (``config.model_type``): its function, the HF modeling module
+#: whose globals the patch replaces for the whole process (restored after the variant: RoPE, the
+#: norm and MLP classes) and the name of its gated-MLP flag.
+LIGER = {
+    "qwen2": dict(patch="apply_liger_kernel_to_qwen2", module="qwen2", names=("Qwen2RMSNorm", "Qwen2MLP"),
+                  mlp="swiglu"),
+    "qwen3": dict(patch="apply_liger_kernel_to_qwen3", module="qwen3", names=("Qwen3RMSNorm", "Qwen3MLP"),
+                  mlp="swiglu"),
+    "gemma3_text": dict(patch="apply_liger_kernel_to_gemma3_text", module="gemma3",
+                        names=("Gemma3RMSNorm", "Gemma3MLP"), mlp="geglu"),
 }
 
 VARIANTS = ("hf-bf16", "rla-vllm", "rla-vllm-eager", "rla-sglang", "naive-upcast", "fp16", "fp32")
@@ -72,10 +104,7 @@ def build_model(name: str, dtype: torch.dtype, device="cuda"):
 
     shape = dict(MODELS[name])
     family = shape.pop("family", "qwen2")
-    cfg = AutoConfig.for_model(
-        family, **shape, max_position_embeddings=32768, rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6}, use_cache=False,
-    )
+    cfg = AutoConfig.for_model(family, **{**CONFIG_DEFAULTS, **shape})
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
@@ -84,24 +113,27 @@ def build_model(name: str, dtype: torch.dtype, device="cuda"):
 
 
 def _liger(model, flce: bool = False) -> tuple[Callable[[], None], str]:
-    """Liger's patch for the model's family (Qwen2, Qwen3) on ``model`` (its modules stay patched:
+    """Liger's patch for the model's family (``LIGER``) on ``model`` (its modules stay patched:
     the model is not reused); the undo restores the module globals the patch also replaces."""
     import importlib
 
+    family = model.config.model_type
+    if family not in LIGER:
+        raise ValueError(f"the liger variants: no Liger patch is listed for {family!r} (rla.bench.e2e.LIGER has "
+                         f"{', '.join(LIGER)})")
     import liger_kernel.transformers as lk
 
-    family = model.config.model_type
-    mq = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-    prefix = {"qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
-    saved = {n: getattr(mq, n) for n in ("apply_rotary_pos_emb", f"{prefix}RMSNorm", f"{prefix}MLP")}
-    getattr(lk, f"apply_liger_kernel_to_{family}")(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-                                                   fused_linear_cross_entropy=flce, model=model)
+    spec = LIGER[family]
+    mq = importlib.import_module(f"transformers.models.{spec['module']}.modeling_{spec['module']}")
+    saved = {n: getattr(mq, n) for n in ("apply_rotary_pos_emb", *spec["names"])}
+    getattr(lk, spec["patch"])(rope=True, rms_norm=True, cross_entropy=False, fused_linear_cross_entropy=flce,
+                               model=model, **{spec["mlp"]: True})
 
     def undo():
         for name, value in saved.items():
             setattr(mq, name, value)
 
-    return undo, "Liger Kernel (rope, rms_norm, swiglu" + (", fused_linear_cross_entropy)" if flce else ")")
+    return undo, f"Liger Kernel (rope, rms_norm, {spec['mlp']}" + (", fused_linear_cross_entropy)" if flce else ")")
 
 
 def _align(model, variant: str) -> tuple[Callable[[], None], str]:
@@ -243,7 +275,8 @@ def run(out_dir="results/benchmarks", models=("qwen2.5-1.5b", "qwen2.5-7b"), var
 
 def markdown(payload: dict) -> str:
     lines = [f"# rla end-to-end training step ({payload['env'].get('gpu')})\n", env_markdown(payload["env"]),
-             "Random-init Qwen2.5-shaped models, sdpa, forward + loss + backward (no optimizer), "
+             "Random-init models of the named shapes (rla.bench.e2e.MODELS), sdpa, forward + loss + backward "
+             "(no optimizer), "
              f"median of {payload['reps']} steps after {payload['warmup']} warm-up; peak = max allocated.\n",
              "| model | variant | batch x seq | tok/s | vs hf-bf16 | peak GiB | vs hf-bf16 | aligned by |",
              "|---|---|---|---|---|---|---|---|"]

@@ -1,7 +1,7 @@
 """``rla bench``: time the aligned ops and an aligned training step on this GPU.
 
   rla bench ops   per-op: HF eager, naive upcast, torch.compile, Liger, rla (fwd, bwd, peak, GB/s)
-  rla bench e2e   training step of Qwen2.5-1.5B/7B shapes: HF bf16, rla (vllm, sglang), naive,
+  rla bench e2e   training step of Qwen2.5-1.5B/7B (and Qwen3, Gemma 3) shapes: HF bf16, rla (vllm, sglang), naive,
                   fp16, fp32, and (asked for by name) Liger Kernel
   rla bench all   both
 
@@ -45,8 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isolate", action="store_true",
                    help="ops: time each implementation in its own process (no order effects)")
     p.add_argument("--models", nargs="*", default=["qwen2.5-1.5b", "qwen2.5-7b"],
-                   choices=("qwen2.5-1.5b", "qwen2.5-7b", "qwen3-1.7b"),
-                   help="e2e model shapes (qwen3-1.7b: per-head q/k norms, the qk_norm_out chain)")
+                   choices=("qwen2.5-1.5b", "qwen2.5-7b", "qwen3-1.7b", "gemma3-4b"),
+                   help="e2e model shapes (qwen3-1.7b: per-head q/k norms, the qk_norm_out chain; gemma3-4b: "
+                        "Gemma 3 4B's text model, zero-centred sandwich norms and GeGLU)")
     p.add_argument("--variants", nargs="*", default=None, choices=E2E_VARIANTS, metavar="VARIANT",
                    help=f"e2e variants, of {' '.join(E2E_VARIANTS)} "
                         "(default: all but liger, which needs liger-kernel installed)")
