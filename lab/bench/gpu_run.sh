@@ -23,9 +23,9 @@ for stage in "$@"; do
     tests-norm) timeout 120 python3 -m pytest -q -p no:cacheprovider -s tests/ops/test_fused_gpu.py \
              -k "norms or fp32_sum or gradients or saves or opcheck or cuda_graph" > "$OUT/tests.txt" 2>&1
            echo "pytest rc=$?"; grep -E "passed|failed|FAILED" "$OUT/tests.txt" | tail -20 ;;
-    tests-gated)  # the fused GeGLU / clamped SwiGLU bitwise tests, the family ops on CUDA, the ops' opcheck: < 200 s
+    tests-gated)  # the fused GeGLU / clamped SwiGLU bitwise tests, the family ops and the aligned families on CUDA, the ops' opcheck: < 200 s
            timeout 120 python3 -m pytest -q -p no:cacheprovider -s --durations=5 tests/ops/test_gated_triton.py \
-             tests/ops/test_ops_families.py > "$OUT/tests-gated.txt" 2>&1
+             tests/ops/test_ops_families.py tests/alignment/test_align_families_gpu.py > "$OUT/tests-gated.txt" 2>&1
            echo "pytest rc=$?"; grep -E "passed|failed|FAILED|differ|skipped" "$OUT/tests-gated.txt" | tail -30
            timeout 75 python3 -m pytest -q -p no:cacheprovider -s tests/ops/test_fused_gpu.py -k opcheck \
              > "$OUT/tests-opcheck.txt" 2>&1

@@ -1,9 +1,10 @@
-"""The newer families aligned on CUDA: rla's fused kernels where they exist (RoPE, SwiGLU, the
-plain norms), the PyTorch reference for the new ops (zero-centred norms, GeGLU, the clamped
-SwiGLU), against each family's oracle run on the same GPU.
+"""The newer families aligned on CUDA: rla's fused kernels where they exist (RoPE, SwiGLU, GeGLU,
+the clamped SwiGLU, the plain norms), the PyTorch reference for the zero-centred norms, against
+each family's oracle run on the same GPU.
 
-Gemma 3 and Qwen3.5 under every row: their norms run the reference, and the fused RoPE / SwiGLU
-kernels equal the reference bit for bit, so the logits must be bit-equal. GPT-OSS and GLM-4 MoE
+Gemma 3 and Qwen3.5 under every row: their norms run the reference, and the fused RoPE / SwiGLU /
+GeGLU kernels equal the reference bit for bit (tests/ops/test_gated_triton.py for GeGLU), so the
+logits must be bit-equal. GPT-OSS and GLM-4 MoE
 under ``vllm-0.33-eager``: their plain norms run the fused kernel in vLLM's block order, which the
 oracle's ``vllm_mean_square`` reproduces; under the ``unpinned`` rows the fused norm's tree and
 PyTorch's mean differ by an ulp now and then, so those rows are not compared here.
