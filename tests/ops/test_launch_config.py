@@ -13,8 +13,9 @@ from repo_root import ROOT
 
 OPS = ROOT / "src" / "rla" / "ops"
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-#: Upper-case module constants of the kernel files that are limits, not launch parameters.
-NOT_LAUNCH = {"MAX_COLS"}
+#: Upper-case module constants of the kernel files that are limits or the formula's numbers, not
+#: launch parameters.
+NOT_LAUNCH = {"MAX_COLS", "BETA", "KAPPA"}
 
 
 def _constants(module: str) -> dict[str, object]:
@@ -38,11 +39,12 @@ def _constants(module: str) -> dict[str, object]:
 
 def test_every_kernel_constant_has_a_public_key_and_every_key_a_constant():
     modules = {mod for mod, _, _ in PARAMETERS.values()}
-    assert modules == {"rla.ops._triton_swiglu", "rla.ops._triton_rope", "rla.ops._triton_norm"}
+    assert modules == {"rla.ops._triton_swiglu", "rla.ops._triton_geglu", "rla.ops._triton_swiglu_oai",
+                       "rla.ops._triton_rope", "rla.ops._triton_norm"}
     declared = {(mod, name) for mod in modules for name in _constants(mod) if name not in NOT_LAUNCH}
     assert declared == {(mod, name) for mod, name, _ in PARAMETERS.values()}
     for key, (mod, name, types) in PARAMETERS.items():
-        assert key.split(".")[0] == mod.rsplit("_", 1)[-1], key  # "rope.*" lives in _triton_rope
+        assert key.split(".")[0] == mod.split("._triton_")[-1], key  # "rope.*" lives in _triton_rope
         default = _constants(mod)[name]
         assert isinstance(default, types) and not isinstance(default, bool), (key, default)
 
