@@ -13,7 +13,9 @@ aligned decoder layer returns the *fp32 sum* instead of RN(x + r):
 so the profile holds at every norm, the final one included. Under ``rounded_sum`` the layer
 returns RN(x + r) in lp, as HF does. Inside the layer, the attention's residual add and the
 post-attention norm run as one ``rla.ops.add_rms_norm`` (one fused kernel on CUDA) with that
-norm's weight and eps; forward hooks on ``post_attention_layernorm`` therefore do not fire.
+norm's weight and eps; forward hooks on ``post_attention_layernorm`` therefore do not fire. Under
+``fp32_sum`` that add + norm keeps for backward the layer's input s (fp32, kept by the input norm
+anyway) instead of the residual RN(s) (``residual_source``), so nothing keeps RN(s).
 Consequences worth knowing:
 
 - ``output_hidden_states`` shows the fp32 sums (the values the next norm reads), not RN(x + r).
@@ -134,7 +136,10 @@ def layer_start(layer, hidden_states, args, kwargs, names, defaults, reads_sum: 
 
 
 def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, impl=None, keep_router: bool = True):
-    add_rms_norm = impl.add_rms_norm if impl is not None else (lambda *a: ops.add_rms_norm(*a))
+    add_rms_norm = impl.add_rms_norm if impl is not None else (lambda *a, **k: ops.add_rms_norm(*a, **k))
+    # rla's own add + norm keeps the fp32 sum the input norm keeps anyway in place of its
+    # rounding (``residual_source``); an ``ops=`` plug is called with rla.ops' plain arguments
+    by_source = impl is None
     carry_add = getattr(impl, "carry_add", None) or (lambda *a: ops.carry_add(*a))
     fp32_sum = profile.norm_residual == "fp32_sum"
     carry = profile.residual_stream == "fp32_carry"
@@ -152,7 +157,13 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, i
         # add + post-attention norm in one op: RN(x + r) handed on, the norm reading the sum the
         # profile says (the norm module's own weight and eps; its forward is rla's rms_norm)
         norm = self.post_attention_layernorm
-        h, rounded = add_rms_norm(attn_out, residual, norm.weight, norm.variance_epsilon, profile)
+        if by_source and reads_sum and residual is not hidden_states:
+            # residual = RN(s) of the previous layer's fp32 sum s: keep s (the input norm keeps
+            # it) for backward, not r beside it (2 bytes per element and layer less; same numbers)
+            h, rounded = add_rms_norm(attn_out, residual, norm.weight, norm.variance_epsilon, profile,
+                                      residual_source=hidden_states)
+        else:
+            h, rounded = add_rms_norm(attn_out, residual, norm.weight, norm.variance_epsilon, profile)
         mlp_out = self.mlp(h)
         extra = ()
         if isinstance(mlp_out, tuple):  # an MoE block that also returns router logits

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from rla.ops import reference
-from rla.ops._checks import check_carry_add, check_norm, check_rope, check_swiglu
+from rla.ops._checks import check_carry_add, check_norm, check_residual_source, check_rope, check_swiglu
 from rla.ops.launch import launch_config, set_launch_config
 from rla.profiles import RoundingProfile, resolve
 
@@ -156,17 +156,30 @@ def rms_norm(
     return backend(x, weight).rms_norm(x, weight, eps, p, dtype, out_dtype, bool(after_add))
 
 
-def add_rms_norm(x, residual, weight, eps: float, profile: str | RoundingProfile, weight_offset: float = 0.0):
+def add_rms_norm(x, residual, weight, eps: float, profile: str | RoundingProfile, weight_offset: float = 0.0,
+                 residual_source: torch.Tensor | None = None):
     """Residual add + RMSNorm -> ``(normed, new_residual)``.
 
     ``new_residual`` is RN(x + residual) under every profile; the norm reads that rounded sum or
     the fp32 sum, as ``profile.norm_residual`` says. ``weight_offset`` as for :func:`rms_norm`.
+
+    ``residual_source``: an fp32 tensor that ``residual`` is the rounding of (``residual =
+    residual_source.to(residual.dtype)``; not checked, which would read both again). Under
+    ``fp32_sum`` the backward needs the fp32 sum x + r and rebuilds it from what is kept: with a
+    source it keeps the source instead of ``residual`` and reads it as RN(source), which is
+    ``residual`` bit for bit, so every output and gradient is the same; the source gets no
+    gradient (it reaches it through ``residual``). It saves memory when something else keeps the
+    source anyway: in an aligned decoder layer it is the previous layer's fp32 sum, kept by the
+    input norm that reads it, and ``residual`` (2 bytes per element) is then kept by nothing.
+    Ignored under ``rounded_sum``, which keeps the rounded sum it returns.
     """
     p = resolve(profile)
     check_norm(x, residual, weight, eps)
+    if residual_source is not None:
+        check_residual_source(residual, residual_source)
     if _check_offset(weight_offset):
-        return reference.add_rms_norm(x, residual, weight, eps, p, 1.0)
-    return backend(x, residual, weight).add_rms_norm(x, residual, weight, eps, p)
+        return reference.add_rms_norm(x, residual, weight, eps, p, 1.0, residual_source)
+    return backend(x, residual, weight).add_rms_norm(x, residual, weight, eps, p, residual_source=residual_source)
 
 
 def carry_add(x, residual, m, out_dtype: torch.dtype | None = None):

@@ -128,6 +128,17 @@ def check_norm(x, residual, weight, eps, dtype=None) -> None:
         raise ValueError(f"eps must be a finite non-negative number, got {eps!r}")
 
 
+def check_residual_source(residual, source) -> None:
+    """``add_rms_norm(residual_source=)``: an fp32 tensor of the residual's shape and device."""
+    _float("residual_source", source)
+    if source.dtype != torch.float32:
+        raise TypeError(f"residual_source must be the fp32 tensor the residual was rounded from, got {source.dtype}")
+    if source.shape != residual.shape:
+        raise ValueError(f"residual_source must have the residual's shape {tuple(residual.shape)}, "
+                         f"got {tuple(source.shape)}")
+    _same_device("residual and residual_source", residual, source)
+
+
 def check_carry_add(x, residual, m) -> None:
     for name, t in (("x", x), ("residual", residual), ("m", m)):
         _float(name, t)

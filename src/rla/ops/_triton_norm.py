@@ -114,12 +114,14 @@ def _norm_fwd_kernel(
 
 
 @triton.jit
-def _norm_bwd_kernel(
+def _norm_bwd_rows(
     dy_ptr, dres_ptr, a_ptr, b_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
     M, N, inv_n, rows_per_program, sdy, sdres, sa, sb,
-    HAS_DRES: tl.constexpr, HAS_B: tl.constexpr, ROUND_W: tl.constexpr, LP: tl.constexpr, NEED_DW: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr, STAGES: tl.constexpr,
+    HAS_DRES: tl.constexpr, HAS_B: tl.constexpr, ROUND_B: tl.constexpr, ROUND_W: tl.constexpr, LP: tl.constexpr,
+    NEED_DW: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr, STAGES: tl.constexpr,
 ):
+    """The backward's body, inlined into both entries below: one program's slice of rows. With
+    ``ROUND_B`` the second term b is read as RN(b) (an fp32 tensor rounded to ``LP`` as it loads)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     cm = cols < N
@@ -138,7 +140,10 @@ def _norm_bwd_kernel(
         dy = tl.load(dy_ptr + r2 * sdy + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
         v = tl.load(a_ptr + r2 * sa + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
         if HAS_B:
-            v = v + tl.load(b_ptr + r2 * sb + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
+            b = tl.load(b_ptr + r2 * sb + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
+            if ROUND_B:
+                b = to_lp(b, LP)
+            v = v + b
         rstd = tl.load(rstd_ptr + rows, mask=rm, other=0.0)[:, None]
         dv, n = row_grad(dy, v, rstd, w, inv_n)
         if HAS_DRES:
@@ -148,6 +153,31 @@ def _norm_bwd_kernel(
             dw += tl.sum(dy * n, axis=0)
     if NEED_DW:
         tl.store(dw_ptr + pid * N + cols, dw, mask=cm)
+
+
+@triton.jit
+def _norm_bwd_kernel(
+    dy_ptr, dres_ptr, a_ptr, b_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
+    M, N, inv_n, rows_per_program, sdy, sdres, sa, sb,
+    HAS_DRES: tl.constexpr, HAS_B: tl.constexpr, ROUND_W: tl.constexpr, LP: tl.constexpr, NEED_DW: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr, STAGES: tl.constexpr,
+):
+    """v = a (+ b), both read as they are (rms_norm; add_rms_norm's x and r or its rounded sum)."""
+    _norm_bwd_rows(dy_ptr, dres_ptr, a_ptr, b_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, M, N, inv_n, rows_per_program,
+                   sdy, sdres, sa, sb, HAS_DRES, HAS_B, False, ROUND_W, LP, NEED_DW, ROWS, BLOCK, EV, STAGES)
+
+
+@triton.jit
+def _norm_bwd_rounded_b_kernel(
+    dy_ptr, dres_ptr, a_ptr, b_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr,
+    M, N, inv_n, rows_per_program, sdy, sdres, sa, sb,
+    HAS_DRES: tl.constexpr, ROUND_W: tl.constexpr, LP: tl.constexpr, NEED_DW: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr, STAGES: tl.constexpr,
+):
+    """v = a + RN(b) with b fp32: add_rms_norm of a residual r given as the fp32 tensor it was
+    rounded from (``rla.ops.add_rms_norm(residual_source=)``); RN(b) is r bit for bit."""
+    _norm_bwd_rows(dy_ptr, dres_ptr, a_ptr, b_ptr, w_ptr, rstd_ptr, dx_ptr, dw_ptr, M, N, inv_n, rows_per_program,
+                   sdy, sdres, sa, sb, HAS_DRES, True, True, ROUND_W, LP, NEED_DW, ROWS, BLOCK, EV, STAGES)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -203,10 +233,13 @@ def backward_grid(M: int, device) -> tuple[int, int, int]:
     return rows, programs, rows_per_program
 
 
-def backward(dy, dres, a, b, weight, rstd, need_dw: bool, lp=None):
+def backward(dy, dres, a, b, weight, rstd, need_dw: bool, lp=None, round_b: bool = False):
     """d_v (in a's dtype) and d_weight (weight's dtype, or None) for v = a (+ b); the stack
-    dtype ``lp`` defaults to dy's (an fp32 dy is the gradient of an unrounded q/k norm output)."""
+    dtype ``lp`` defaults to dy's (an fp32 dy is the gradient of an unrounded q/k norm output).
+    ``round_b``: b is an fp32 tensor read as RN(b), rounded to ``lp`` (the second entry)."""
     lp = lp or dy.dtype
+    if round_b and (b is None or b.dtype != torch.float32):
+        raise TypeError(f"round_b reads an fp32 b, got {None if b is None else b.dtype}")
     N = a.shape[-1]
     block = _check_cols(N)
     dy2, a2 = _rows(dy), _rows(a)
@@ -217,14 +250,18 @@ def backward(dy, dres, a, b, weight, rstd, need_dw: bool, lp=None):
     rows, programs, rows_per_program = backward_grid(M, a.device)
     dw_partial = torch.empty((programs, N), dtype=torch.float32, device=a.device) if need_dw else dx
     if M:
-        _norm_bwd_kernel[(programs,)](
+        flags = dict(HAS_DRES=dres is not None, ROUND_W=weight.dtype == torch.float32 and lp != torch.float32,
+                     LP=lp_kind(lp), NEED_DW=need_dw, ROWS=rows, BLOCK=block, EV=EVICT, STAGES=BWD_STAGES,
+                     num_warps=_bwd_warps(block * rows), **LAUNCH_OPTS)
+        if round_b:
+            kernel = _norm_bwd_rounded_b_kernel
+        else:
+            kernel, flags["HAS_B"] = _norm_bwd_kernel, b is not None
+        kernel[(programs,)](
             dy2, dres2, a2, b2, weight, rstd, dx, dw_partial,
             M, N, 1.0 / N, rows_per_program,
             dy2.stride(0), dres2.stride(0), a2.stride(0), b2.stride(0),
-            HAS_DRES=dres is not None, HAS_B=b is not None,
-            ROUND_W=weight.dtype == torch.float32 and lp != torch.float32, LP=lp_kind(lp),
-            NEED_DW=need_dw, ROWS=rows, BLOCK=block, EV=EVICT, STAGES=BWD_STAGES,
-            num_warps=_bwd_warps(block * rows), **LAUNCH_OPTS,
+            **flags,
         )
     dw = None
     if need_dw:

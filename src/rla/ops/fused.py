@@ -386,6 +386,61 @@ _ADD_RMS_NORM = Op(OpSpec(
 ))
 
 
+# add + norm of a residual given with the fp32 tensor it was rounded from (fp32_sum): the same
+# forward kernel; the fp32 source is kept instead of the residual, and the backward's second
+# entry reads it as RN(source), which is the residual bit for bit. In an aligned layer the
+# source is the previous layer's fp32 sum, which the input norm keeps anyway: 2 bytes per
+# element and layer less than keeping r = RN(s) beside it.
+
+
+def _norm_bwd_of_source(dy, dresidual, a, source, weight, rstd, need_dw, lp):
+    """(d_v, d_weight) for v = a + RN(source), ``source`` fp32 rounded to ``lp`` as it is read."""
+    from rla.ops import _triton_norm
+
+    dx, dw = _triton_norm.backward(dy, dresidual, a, source, weight.contiguous(), rstd, need_dw, lp, round_b=True)
+    return dx, _or_empty(dw, weight)
+
+
+def _norm_bwd_of_source_fake(dy, dresidual, a, source, weight, rstd, need_dw, lp):
+    return a.new_empty(a.shape), weight.new_empty(weight.shape if need_dw else (0,))
+
+
+def _add_rms_norm_of_source_fwd(x, residual, source, weight, eps, per_op, reduction):
+    return _norm_fwd(x, residual, weight, eps, per_op, True, reduction=reduction)
+
+
+def _add_rms_norm_of_source_fwd_fake(x, residual, source, weight, eps, per_op, reduction):
+    return _add_rms_norm_fwd_fake(x, residual, weight, eps, per_op, True, reduction)
+
+
+def _add_rms_norm_of_source_save(ctx, outputs, x, residual, source, weight, eps, per_op, reduction):
+    ctx.save_for_backward(x, source, weight, outputs[2])
+
+
+def _add_rms_norm_of_source_grad(ctx, backward, dnormed, dresidual):
+    a, source, weight, rstd = ctx.saved_tensors
+    need_dw = ctx.needs_input_grad[3]
+    dv, dw = backward(dnormed, dresidual, a, source, weight, rstd, need_dw, a.dtype)
+    # d_x = d_r as in add_rms_norm; the source gets none (its gradient reaches it through r)
+    return dv, dv, None, (dw if need_dw else None)
+
+
+_ADD_RMS_NORM_OF_SOURCE = Op(OpSpec(
+    Kernel(
+        "add_rms_norm_of_source",
+        dict(x=Tensor, residual=Tensor, source=Tensor, weight=Tensor, eps=float, per_op=bool, reduction=str),
+        outputs=3, launch=_add_rms_norm_of_source_fwd, fake=_add_rms_norm_of_source_fwd_fake,
+    ),
+    returns=2, save=_add_rms_norm_of_source_save, grad=_add_rms_norm_of_source_grad, function_name="_AddRMSNormOfSourceFn",
+    backward=Kernel(
+        "rms_norm_backward_of_source",
+        dict(dy=Tensor, dresidual=_OptTensor, a=Tensor, source=Tensor, weight=Tensor, rstd=Tensor, need_dw=bool,
+             lp=torch.dtype),
+        outputs=2, launch=_norm_bwd_of_source, fake=_norm_bwd_of_source_fake,
+    ),
+))
+
+
 def rms_norm(x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype | None = None, out_dtype=None,
              after_add: bool = False):
     """Fused RMSNorm; see ``rla.ops.rms_norm`` (``dtype``: the stack dtype, default x's;
@@ -395,8 +450,13 @@ def rms_norm(x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype
                      out_dtype=out_dtype or lp, reduction=profile.norm_reduction, after_add=after_add)
 
 
-def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile):
-    """Fused residual add + RMSNorm -> (normed, new_residual); see ``rla.ops.add_rms_norm``."""
+def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile, residual_source=None):
+    """Fused residual add + RMSNorm -> (normed, new_residual); see ``rla.ops.add_rms_norm``
+    (``residual_source``: the fp32 tensor ``residual`` was rounded from, kept for backward in
+    its place under ``fp32_sum``; the same numbers, forward and backward)."""
+    if residual_source is not None and profile.norm_residual == "fp32_sum":
+        return _ADD_RMS_NORM_OF_SOURCE(x, residual, residual_source, weight, eps=float(eps),
+                                       per_op=profile.norm_weight == "per_op", reduction=profile.norm_reduction)
     return _ADD_RMS_NORM(x, residual, weight, eps=float(eps), per_op=profile.norm_weight == "per_op",
                          fp32_sum=profile.norm_residual == "fp32_sum", reduction=profile.norm_reduction)
 

@@ -308,17 +308,20 @@ class _RMSNorm(torch.autograd.Function):
 
 class _AddRMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, tree: bool, offset: float = 0.0):
+    def forward(ctx, x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, tree: bool, offset: float = 0.0,
+                source=None):
         lp = x.dtype
         ctx.offset = offset
         total = x.float() + residual.float()
         new_residual = total.to(lp)
         v = total if fp32_sum else new_residual.float()
         rstd = _rstd(v, eps, tree, fused_add=True)
-        # fp32_sum needs x and r to rebuild the fp32 sum; rounded_sum only the rounded sum, which
-        # is the output handed on as the next residual anyway.
+        # fp32_sum needs x and r to rebuild the fp32 sum (r as RN(source) when the fp32 tensor r was
+        # rounded from is given: one the next norm keeps anyway); rounded_sum only the rounded sum,
+        # which is the output handed on as the next residual anyway.
+        ctx.of_source = fp32_sum and source is not None
         if fp32_sum:
-            ctx.save_for_backward(x, residual, weight, rstd)
+            ctx.save_for_backward(x, source if ctx.of_source else residual, weight, rstd)
         else:
             ctx.save_for_backward(new_residual, weight, rstd)
         ctx.fp32_sum = fp32_sum
@@ -328,13 +331,15 @@ class _AddRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dnormed, dresidual):
+        x_dtype, r_dtype = ctx.dtypes
         if ctx.fp32_sum:
             x, residual, weight, rstd = ctx.saved_tensors
+            if ctx.of_source:  # RN(source) is the residual, bit for bit
+                residual = residual.to(r_dtype)
             v = x.float() + residual.float()
         else:
             new_residual, weight, rstd = ctx.saved_tensors
             v = new_residual.float()
-        x_dtype, r_dtype = ctx.dtypes
         w = _engine_weight(weight, x_dtype, ctx.offset)
         if dnormed is not None:
             dv, dw = _norm_bwd(dnormed, v, rstd, w, ctx.needs_input_grad[2], weight.dtype)
@@ -344,7 +349,7 @@ class _AddRMSNorm(torch.autograd.Function):
             dv = dv + dresidual.float()
         dx = dv.to(x_dtype) if ctx.needs_input_grad[0] else None
         dr = dv.to(r_dtype) if ctx.needs_input_grad[1] else None
-        return dx, dr, dw, None, None, None, None, None
+        return dx, dr, dw, None, None, None, None, None, None
 
 
 def rms_norm(
@@ -369,19 +374,23 @@ def rms_norm(
     )
 
 
-def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile, weight_offset: float = 0.0):
+def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile, weight_offset: float = 0.0,
+                 residual_source=None):
     """(norm(x + residual), RN(x + residual)) under ``profile`` (inputs already validated); the
     norm's reduction is the add + norm kernel's (``after_add``); ``weight_offset`` as for
-    :func:`rms_norm`."""
+    :func:`rms_norm`. ``residual_source``: the fp32 tensor ``residual`` was rounded from; under
+    ``fp32_sum`` it is kept for backward instead of ``residual`` (the same numbers)."""
+    fp32_sum = profile.norm_residual == "fp32_sum"
     return _AddRMSNorm.apply(
         x,
         residual,
         weight,
         float(eps),
         profile.norm_weight == "per_op",
-        profile.norm_residual == "fp32_sum",
+        fp32_sum,
         profile.norm_reduction == "vllm_block",
         float(weight_offset),
+        residual_source if fp32_sum else None,
     )
 
 
