@@ -1,15 +1,16 @@
 """Run by test_fused_doors.py in a subprocess under ``TRITON_INTERPRET=1`` (the Triton kernels on CPU
 tensors, through numpy): both doors of every fused op on the same inputs, bit for bit.
 
-For each of the six ops and a few flag settings: the generated custom op (through the dispatcher,
+For each of the seven ops and a few flag settings: the generated custom op (through the dispatcher,
 its ``register_autograd`` backward calling the backward kernel's custom op) and the generated
 ``autograd.Function`` (launchers called directly) must return the same outputs (values, dtypes,
 strides) and the same gradients of every input (and ``None`` for the same inputs); the public
 function in eager mode must be the Function door; each forward kernel's fake must give the real
 outputs' shapes, dtypes and strides (``doors``). ``opcheck``: ``torch.library.opcheck`` on one
 case of every custom op, forward and backward kernels (schema, fake, autograd registration, AOT
-dispatch). ``compile``: a block of all six public functions under ``torch.compile(fullgraph=True,
-backend="aot_eager")`` (no graph break in the generated call; the graph holds the six custom ops)
+dispatch). ``compile``: a block of all six public functions (add_rms_norm also with a ``residual_source``) under
+``torch.compile(fullgraph=True, backend="aot_eager")`` (no graph break in the generated call; the
+graph holds the seven custom ops)
 equals eager, outputs and gradients. Prints ``ok <checks>`` at the end.
 """
 
@@ -51,6 +52,13 @@ def _norm_case(seed, wdtype=LP, rows=6, n=64):
     return x, r, w
 
 
+def _below_half(t):
+    """fp32 values whose bits below bf16's are under half a bf16 ulp: RN(t) = the truncation the
+    interpreter's fp32 -> bf16 cast does, so RN(t) in a kernel is torch's t.to(bf16) here too."""
+    low = torch.randint(1, 0x8000, t.shape, generator=_gen(99), dtype=torch.int32)
+    return ((t.view(torch.int32) & -0x10000) | low).view(torch.float32)
+
+
 def cases():
     """(op, positional tensors, named flags, indices of the tensors that get a gradient)."""
     out = []
@@ -74,6 +82,12 @@ def cases():
         x, r, w = _norm_case(s)
         out.append((fused._ADD_RMS_NORM, (x, r, w), dict(eps=1e-6, per_op=per_op, fp32_sum=fp32_sum,
                                                          reduction=reduction), grads))
+    for per_op, reduction, wdt, grads, s in ((False, "unpinned", LP, (0, 1, 3), 15),
+                                             (True, "vllm_block", torch.float32, (0, 1), 16)):
+        x, _, w = _norm_case(s, wdt)
+        src = _below_half(torch.randn(x.shape, generator=_gen(s + 200)) * 3)
+        out.append((fused._ADD_RMS_NORM_OF_SOURCE, (x, src.to(LP), src, w),
+                    dict(eps=1e-6, per_op=per_op, reduction=reduction), grads))
     for out_dtype, s in ((LP, 11), (torch.float32, 12)):
         x, r, _ = _norm_case(s)
         m, _, _ = _norm_case(s + 100)
@@ -196,16 +210,18 @@ def check_compile():
     q, k, cos, sin, _ = _rope_case("hf", 20)
     x, r, w = _norm_case(21)
     wq = (torch.rand(q.shape[-1], generator=_gen(22)) + 0.5).to(LP)
+    src = _below_half(torch.randn(x.shape, generator=_gen(23)) * 3)
 
-    def block(q, k, x, r, w, wq):
+    def block(q, k, x, r, w, wq, s):
         qo, ko = fused.rope(q, k, cos, sin, prof)
         y, res = fused.add_rms_norm(x, r, w, 1e-6, prof)
+        y2, _ = fused.add_rms_norm(y, s.to(LP), w, 1e-6, prof, residual_source=s)  # s: needs grad, as in a layer
         qn, kn = fused.qk_norm_rope(q, k, wq, wq, 1e-6, cos.to(LP), sin.to(LP), prof)
         return (qo, ko, y, res, fused.swiglu(y, res, prof), fused.rms_norm(res, w, 1e-6, prof),
-                fused.carry_add(y, res, x, LP), qn, kn)
+                fused.carry_add(y, res, x, LP), qn, kn, y2)
 
     def run(f):
-        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, x, r, w, wq)]
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, x, r, w, wq, src)]
         outs = f(*leaves)
         torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
         return [*outs, *(t.grad for t in leaves)]
@@ -222,7 +238,7 @@ def check_compile():
     compiled = run(torch.compile(block, backend=recording, fullgraph=True))
     for i, (a, b) in enumerate(zip(eager, compiled)):
         _same(a, b, f"compiled block, output / gradient {i}")
-    for name in ("rope", "add_rms_norm", "qk_norm_rope", "swiglu", "rms_norm", "carry_add"):
+    for name in ("rope", "add_rms_norm", "qk_norm_rope", "swiglu", "rms_norm", "carry_add", "add_rms_norm_of_source"):
         assert f"rla.{name}.default" in targets, (name, "not a custom op node in the graph", targets)
     return len(eager)
 

@@ -1,8 +1,8 @@
 """The two doors of every fused op, generated from one description (``rla.ops._op_spec``), on a CPU.
 
 - Under Triton's interpreter (the real kernels on CPU tensors; skipped without Triton): for each of
-  the six ops and several flag settings, the custom op (dispatcher + ``register_autograd``) and the
-  ``autograd.Function`` give the same outputs and gradients bit for bit, and the fakes the real
+  the seven ops (``add_rms_norm_of_source`` among them) and several flag settings, the custom op
+  (dispatcher + ``register_autograd``) and the ``autograd.Function`` give the same outputs and gradients bit for bit, and the fakes the real
   outputs' shapes, dtypes and strides; ``torch.compile(fullgraph=True)`` of the six public functions
   holds the custom ops and equals eager; ``opcheck`` passes on every custom op
   (``interpreted_doors.py``, one subprocess each because the interpreter is chosen at import).
@@ -31,7 +31,8 @@ from rla.ops import fused
 from rla.ops._op_spec import Kernel, Op, OpSpec
 
 OPS = {"rope": fused._ROPE, "swiglu": fused._SWIGLU, "rms_norm": fused._RMS_NORM,
-       "add_rms_norm": fused._ADD_RMS_NORM, "carry_add": fused._CARRY_ADD, "qk_norm_rope": fused._QK_NORM_ROPE}
+       "add_rms_norm": fused._ADD_RMS_NORM, "carry_add": fused._CARRY_ADD, "qk_norm_rope": fused._QK_NORM_ROPE,
+       "add_rms_norm_of_source": fused._ADD_RMS_NORM_OF_SOURCE}
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)")
 
@@ -47,18 +48,18 @@ def _interpreted(*checks: str) -> str:
 
 @needs_triton
 def test_both_doors_bit_identical_for_every_op_under_the_interpreter():
-    assert _interpreted("doors") == "ok 15\n"  # 15 cases over the six ops
+    assert _interpreted("doors") == "ok 17\n"  # 17 cases over the seven ops
 
 
 @needs_triton
 def test_compiled_block_of_the_six_ops_is_one_graph_of_custom_ops_equal_to_eager():
-    assert _interpreted("compile") == "ok 15\n"  # 9 outputs and 6 gradients
+    assert _interpreted("compile") == "ok 17\n"  # 10 outputs and 7 gradients
 
 
 @needs_triton
 @pytest.mark.slow
 def test_opcheck_of_every_custom_op_under_the_interpreter():
-    assert _interpreted("opcheck") == "ok 10\n"  # six forward kernels, four backward kernels
+    assert _interpreted("opcheck") == "ok 12\n"  # seven forward kernels, five backward kernels
 
 
 # The schemas the GPU opcheck cases (test_fused_gpu.py) call positionally and compiled graphs hold.
@@ -77,6 +78,10 @@ SCHEMAS = {
                 "str reduction, bool after_add) -> (Tensor, Tensor)",
     "add_rms_norm": "(Tensor x, Tensor residual, Tensor weight, float eps, bool per_op, bool fp32_sum, "
                     "str reduction) -> (Tensor, Tensor, Tensor)",
+    "add_rms_norm_of_source": "(Tensor x, Tensor residual, Tensor source, Tensor weight, float eps, bool per_op, "
+                              "str reduction) -> (Tensor, Tensor, Tensor)",
+    "rms_norm_backward_of_source": "(Tensor dy, Tensor? dresidual, Tensor a, Tensor source, Tensor weight, "
+                                   "Tensor rstd, bool need_dw, ScalarType lp) -> (Tensor, Tensor)",
     "rms_norm_backward": "(Tensor dy, Tensor? dresidual, Tensor a, Tensor? b, Tensor weight, Tensor rstd, "
                          "bool need_dw, ScalarType lp) -> (Tensor, Tensor)",
     "carry_add": "(Tensor x, Tensor residual, Tensor m, ScalarType out_dtype) -> Tensor",
@@ -96,7 +101,7 @@ def test_registered_schemas(name):
 
 def test_each_op_has_both_doors_under_its_old_names():
     names = {"rope": "_RopeFn", "swiglu": "_SwiGLUFn", "rms_norm": "_RMSNormFn", "add_rms_norm": "_AddRMSNormFn",
-             "carry_add": "_CarryAddFn", "qk_norm_rope": "_QkNormRopeFn"}
+             "carry_add": "_CarryAddFn", "qk_norm_rope": "_QkNormRopeFn", "add_rms_norm_of_source": "_AddRMSNormOfSourceFn"}
     for name, op in OPS.items():
         assert op.name == name and op.custom_op is op.spec.forward.op
         assert issubclass(op.function, torch.autograd.Function) and op.function.__name__ == names[name]
