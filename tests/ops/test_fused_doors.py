@@ -2,10 +2,11 @@
 
 - Under Triton's interpreter (the real kernels on CPU tensors; skipped without Triton): for each of
   the seven ops (``add_rms_norm_of_source`` among them) and several flag settings, the custom op
-  (dispatcher + ``register_autograd``) and the ``autograd.Function`` give the same outputs and gradients bit for bit, and the fakes the real
-  outputs' shapes, dtypes and strides; ``torch.compile(fullgraph=True)`` of the six public functions
-  holds the custom ops and equals eager; ``opcheck`` passes on every custom op
-  (``interpreted_doors.py``, one subprocess each because the interpreter is chosen at import).
+  (dispatcher + ``register_autograd``) and the ``autograd.Function`` give the same outputs and
+  gradients bit for bit, and the fakes the real outputs' shapes, dtypes and strides;
+  ``torch.compile(fullgraph=True)`` of the six public functions holds the custom ops and equals
+  eager; ``opcheck`` passes on every custom op (``interpreted_doors.py``, one subprocess each
+  because the interpreter is chosen at import).
 - Without Triton: the registered schemas are the ones the GPU opcheck cases and compiled graphs
   call; the generated Functions keep the class names profiles show; a description whose launcher,
   fake or save rule does not take its parameters is refused when built; named flags are bound or
