@@ -4,7 +4,9 @@ Forward: one program per row (the hidden size fits one block: up to 64K columns)
 the residual r), writes the normalised row (and RN(x + r)) and one fp32 rstd per row for the
 backward. Backward: a persistent grid of a few programs per multiprocessor; each walks a slice of
 the rows, writes d_x (for add+norm, d_x = d_r, the same tensor is handed to both inputs) and keeps
-its share of d_weight in registers, summed over programs afterwards in fp32.
+its share of d_weight in registers, summed over programs afterwards in fp32. The backward has two
+entries with one body: v = a (+ b) as read, and v = a + RN(b) for an fp32 b (add + norm of a
+residual kept as the fp32 tensor it was rounded from, ``rla.ops.add_rms_norm(residual_source=)``).
 
 Numerics (docs/rounding.md, ``norm.weight`` and ``norm.residual``):
   v    = x                      (rms_norm)
