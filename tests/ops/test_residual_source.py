@@ -5,8 +5,8 @@ save rule (keeping r), bit for bit, which is what every test here compares again
 - the reference (the CPU path): op-level under every ``fp32_sum`` row, bf16 / fp16, fp32 master
   weights, the zero-centred norm; what is saved (s, not r) and that ``rounded_sum`` ignores it;
   the bad sources refused by name;
-- an aligned model (the layer passes its fp32 input s): logits and every parameter gradient equal
-  to the old rule's, and exactly 2 bytes x tokens x hidden x (layers - 1) less kept for backward;
+- an aligned model (the layer passes its fp32 input s; Qwen2 and Gemma 3 on the CPU, Qwen2 and
+  Qwen3 on the GPU): logits and every parameter gradient equal to the old rule's, and exactly 2 bytes x tokens x hidden x (layers - 1) less kept for backward;
 - the fused kernels under Triton's interpreter (CPU tensors): the new op and its backward entry
   against the old op (``fp32_sum``) and the old backward entry, bit for bit;
 - on a GPU (``gpu`` marks): the same comparisons with the compiled kernels, ``opcheck`` of the two
@@ -26,6 +26,7 @@ import torch
 
 import rla
 from align_spec import tiny_model, tokens
+from gemma_spec import tiny_gemma3
 from rla import ops, profiles
 from repo_root import ROOT
 
@@ -37,10 +38,11 @@ CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not N
 def _chain(use_source, profile, dtype=BF16, wdtype=BF16, offset=0.0, device="cpu", seed=0, rows=6, hidden=64):
     """The aligned layer's pattern: s fp32 (needs grad), r = RN(s), an input norm reading s, the add
     + norm of (x, r). -> outputs and the gradients of x, s, w, plus the storages saved for backward."""
-    g = torch.Generator().manual_seed(seed)
-    s = (torch.randn(rows, hidden, generator=g) * 3).to(device).requires_grad_(True)
-    x = torch.randn(rows, hidden, generator=g).to(dtype).to(device).requires_grad_(True)
-    w = (1 + 0.2 * torch.randn(hidden, generator=g)).to(wdtype).to(device).requires_grad_(True)
+    g = torch.Generator(device=device).manual_seed(seed)
+    randn = lambda *shape: torch.randn(*shape, generator=g, device=device)  # noqa: E731
+    s = (randn(rows, hidden) * 3).requires_grad_(True)
+    x = randn(rows, hidden).to(dtype).requires_grad_(True)
+    w = (1 + 0.2 * randn(hidden)).to(wdtype).requires_grad_(True)
     saved = {}
 
     def pack(t):
@@ -52,7 +54,7 @@ def _chain(use_source, profile, dtype=BF16, wdtype=BF16, offset=0.0, device="cpu
         h = ops.rms_norm(s, w, 1e-6, profile, dtype=dtype, after_add=True)
         kw = dict(residual_source=s) if use_source else {}
         y, res = ops.add_rms_norm(x, r, w, 1e-6, profile, weight_offset=offset, **kw)
-    ups = [torch.randn(t.shape, generator=g).to(t.dtype).to(device) for t in (h, y, res)]
+    ups = [randn(*t.shape).to(t.dtype) for t in (h, y, res)]
     torch.autograd.backward((h, y, res), ups)
     return (h, y, res, x.grad, s.grad, w.grad), saved, (s, r)
 
@@ -97,9 +99,12 @@ def test_bad_residual_source_is_refused_by_name():
 # ------------------------------------------------------------------ the aligned model
 
 
+BUILDERS = {"qwen2": lambda: tiny_model("qwen2"), "qwen3": lambda: tiny_model("qwen3"), "gemma3": tiny_gemma3}
+
+
 def _model_run(family, profile, use_source, device="cpu", batch=2, seq=16):
     """Logits, parameter gradients and bytes kept for backward (storages once) of one step."""
-    model = tiny_model(family).train().to(device)
+    model = BUILDERS[family]().train().to(device)
     rla.align(model, profile)
     ids = tokens(batch=batch, seq=seq).to(device)
     calls = []
@@ -141,7 +146,9 @@ def _model_equal_and_smaller(family, profile, device):
     assert kept_old - kept == 2 * n_tokens * cfg.hidden_size * (layers - 1)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+# Gemma 3: the zero-centred layers (gemma.py; qwen3_5.py's layer makes the same call, checked once by
+# hand with tiny_qwen3_5, 3 s on the CPU, left out to keep this file's time small)
+@pytest.mark.parametrize("family", ["qwen2", "gemma3"])
 def test_residual_source_aligned_model_bitwise_and_two_bytes_lighter(family):
     _model_equal_and_smaller(family, "vllm", "cpu")
 

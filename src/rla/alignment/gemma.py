@@ -44,7 +44,7 @@ from rla.alignment import compat
 from rla.alignment.alignment_report import FixedHazard
 from rla.alignment.families import Family, class_named
 from rla.alignment.patch import install, uninstall, with_globals
-from rla.alignment.rmsnorm import _layer_parameters, layer_start, stack_dtype
+from rla.alignment.rmsnorm import _layer_parameters, layer_start, residual_source, stack_dtype
 from rla.alignment.rope import make_apply_rotary
 from rla.profiles import RoundingProfile
 
@@ -125,7 +125,8 @@ def _layer_forward(profile: RoundingProfile, index: int, names, defaults):
         attn_out = self.self_attn(hidden_states=h, **kwargs)[0].to(lp)
         attn_out = self.post_attention_layernorm(attn_out)
         norm = self.pre_feedforward_layernorm  # the add fused into the norm after it, as the engines do
-        h, rounded = ops.add_rms_norm(attn_out, residual, norm.weight, norm.eps, profile, weight_offset=1.0)
+        h, rounded = ops.add_rms_norm(attn_out, residual, norm.weight, norm.eps, profile, weight_offset=1.0,
+                                      residual_source=residual_source(hidden_states, residual, reads_sum))
         mlp_out = self.post_feedforward_layernorm(self.mlp(h).to(lp))
         if carry:  # the next add reads the pre-feed-forward add's fp32 sum (see the module docstring)
             return ops.carry_add(attn_out, residual, mlp_out, torch.float32 if fp32_sum else lp)

@@ -29,7 +29,7 @@ from rla.alignment import compat
 from rla.alignment.families import Family, class_named
 from rla.alignment.gemma import align_zero_centred_layers, zero_centred_variant
 from rla.alignment.patch import install, uninstall, with_globals
-from rla.alignment.rmsnorm import layer_start
+from rla.alignment.rmsnorm import layer_start, residual_source
 from rla.alignment.rope import make_apply_partial_rotary
 from rla.alignment.swiglu import align_mlps, check_activation
 from rla.profiles import RoundingProfile
@@ -119,7 +119,8 @@ def _layer_forward(profile: RoundingProfile, index: int, names, defaults):
             attn_out = self.self_attn(hidden_states=h, **kwargs)[0]
         attn_out = attn_out.to(lp)
         norm = self.post_attention_layernorm
-        h, rounded = ops.add_rms_norm(attn_out, residual, norm.weight, norm.eps, profile, weight_offset=1.0)
+        h, rounded = ops.add_rms_norm(attn_out, residual, norm.weight, norm.eps, profile, weight_offset=1.0,
+                                      residual_source=residual_source(hidden_states, residual, reads_sum))
         mlp_out = self.mlp(h).to(lp)
         if carry:
             return ops.carry_add(attn_out, residual, mlp_out, torch.float32 if fp32_sum else lp)

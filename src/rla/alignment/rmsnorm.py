@@ -41,7 +41,7 @@ from rla.alignment import compat
 from rla.alignment.patch import install
 from rla.profiles import RoundingProfile
 
-__all__ = ["stack_dtype", "align_norms", "align_layers", "layer_start"]
+__all__ = ["stack_dtype", "align_norms", "align_layers", "layer_start", "residual_source"]
 
 
 def stack_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -135,6 +135,14 @@ def layer_start(layer, hidden_states, args, kwargs, names, defaults, reads_sum: 
     return kwargs, lp, residual, layer.input_layernorm(hidden_states if reads_sum else residual)
 
 
+def residual_source(hidden_states, residual, reads_sum: bool):
+    """What a layer hands its add + norm as ``residual_source`` (``rla.ops.add_rms_norm``): its fp32
+    input s when ``residual`` is RN(s) and the input norm read s, so keeps it for backward anyway
+    (the add + norm then keeps s, not r beside it: 2 bytes per element and layer less, the same
+    numbers); else None."""
+    return hidden_states if reads_sum and residual is not hidden_states else None
+
+
 def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, impl=None, keep_router: bool = True):
     add_rms_norm = impl.add_rms_norm if impl is not None else (lambda *a, **k: ops.add_rms_norm(*a, **k))
     # rla's own add + norm keeps the fp32 sum the input norm keeps anyway in place of its
@@ -157,11 +165,10 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, i
         # add + post-attention norm in one op: RN(x + r) handed on, the norm reading the sum the
         # profile says (the norm module's own weight and eps; its forward is rla's rms_norm)
         norm = self.post_attention_layernorm
-        if by_source and reads_sum and residual is not hidden_states:
-            # residual = RN(s) of the previous layer's fp32 sum s: keep s (the input norm keeps
-            # it) for backward, not r beside it (2 bytes per element and layer less; same numbers)
+        source = residual_source(hidden_states, residual, reads_sum) if by_source else None
+        if source is not None:
             h, rounded = add_rms_norm(attn_out, residual, norm.weight, norm.variance_epsilon, profile,
-                                      residual_source=hidden_states)
+                                      residual_source=source)
         else:
             h, rounded = add_rms_norm(attn_out, residual, norm.weight, norm.variance_epsilon, profile)
         mlp_out = self.mlp(h)
