@@ -171,7 +171,9 @@ def add_rms_norm(x, residual, weight, eps: float, profile: str | RoundingProfile
     gradient (it reaches it through ``residual``). It saves memory when something else keeps the
     source anyway: in an aligned decoder layer it is the previous layer's fp32 sum, kept by the
     input norm that reads it, and ``residual`` (2 bytes per element) is then kept by nothing.
-    Ignored under ``rounded_sum``, which keeps the rounded sum it returns.
+    Ignored under ``rounded_sum``, which keeps the rounded sum it returns. Saved-tensor hooks that
+    copy each saved tensor (``torch.autograd.graph.save_on_cpu``) copy the source once per op that
+    keeps it: 4 bytes per element moved where r cost 2.
     """
     p = resolve(profile)
     check_norm(x, residual, weight, eps)
