@@ -10,6 +10,7 @@
 #                                 vllm_third_party.tar.xz (vllm/third_party without deep_gemm/fmha_sm100)
 #   .carry/w                      cp312 wheels of the pure-Python packages the offline LLM path imports
 #                                 and the device lacks (resolved on CPU; installed --no-deps)
+# The pieces are made by lab/bench/vllm026_pack.sh.
 # Steps: part a | part b | assemble | deps; then `source lab/bench/vllm026_device.sh env`.
 set -o pipefail
 case "${1:-}" in
