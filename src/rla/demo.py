@@ -133,7 +133,9 @@ def run_demo(cfg: DemoConfig, console=None):
     console.print()
     console.print(explain(d))
     if d.verdict is not None:
-        console.print(f"Verdict: {d.verdict.message}" if d.verdict.ok else f"[bold red]Not attributed:[/] {d.verdict.message}")
+        console.print(f"Verdict: {d.verdict.message}" if d.verdict.ok else
+                      f"[bold yellow]Verdict ({d.verdict.kind}):[/] {d.verdict.message}" if d.verdict.attributed else
+                      f"[bold red]Not attributed:[/] {d.verdict.message}")
     console.print(
         f"\nReport: {', '.join(str(p) for p in written)}; rollouts: {out / 'rollouts.jsonl'} "
         f"({time.perf_counter() - t0:.0f} s)."

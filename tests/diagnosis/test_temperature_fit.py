@@ -78,6 +78,7 @@ def test_the_fit_does_not_call_rounding_or_another_checkpoint_a_temperature(bund
     assert "fit the recorded temperature" in clean.verdict.message
     near = diagnose(model, unrecorded(sample(_checkpoint(model, 0.005), prompts)), "vllm", regions=("rope",), detect=False)
     assert near.verdict.cause != "temperature" and not near.verdict.temperature["far"]
+    assert near.verdict.kind != "rounding"  # its records name no weights: rounding-sized at most, never rounding
     # beyond rounding's size: the set-level fit shows the records' temperature is right (factor
     # 1.0003 on an Intel AVX-512 Xeon, threshold 0.01), so another checkpoint is not called a temperature.
     # Whether the per-sequence grid alone (the fit switched off) would have misnamed these records

@@ -130,7 +130,7 @@ def _case(name, lab):
         records, kw = plain, {"trainer_logprobs": other, "trainer_field": "old_log_probs"}
     elif name == "stale_weights":
         records = _scored(lab["noisy_engine"], plain)
-    elif name == "one_step_stale":
+    elif name in ("one_step_stale", "unrecorded_stale"):
         older = copy.deepcopy(eng)  # a step of 1e-5 per weight, as Adam's first step at lr 1e-5
         g = torch.Generator().manual_seed(2)
         with torch.no_grad():
@@ -138,7 +138,8 @@ def _case(name, lab):
                 p.sub_((1e-5 * torch.randn(p.shape, generator=g).sign()).to(p.dtype))
         stamp = {"weights": weights_fingerprint(older)}
         assert stamp["weights"] != weights_fingerprint(bf16)
-        records = [dataclasses.replace(r, policy=stamp) for r in _scored(older, plain)]
+        records = [dataclasses.replace(r, policy=stamp if name == "one_step_stale" else None)
+                   for r in _scored(older, plain)]
     elif name == "template":
         shown = [dataclasses.replace(r, prompt_ids=r.prompt_ids[:1] + [5, 6, 7, 8] + r.prompt_ids[1:]) for r in plain]
         records = [dataclasses.replace(s, prompt_ids=r.prompt_ids) for s, r in zip(_scored(eng, shown), plain)]

@@ -50,6 +50,8 @@ CASES = [
     Case("stale_weights", "rollouts from a checkpoint with 5% weight noise", "beyond_rounding", 19),
     Case("one_step_stale", "rollouts from the policy one small optimizer step earlier (every weight moved by at most "
          "1e-5), the records carrying its weights fingerprint (`policy`)", "stale_weights", 18),
+    Case("unrecorded_stale", "the same rollouts of the policy one step earlier, the records naming no weights "
+         "(no `policy`): rounding-sized, so not called rounding", "rounding_weights_unverified", 0),
     Case("template", "the engine saw 4 template tokens after BOS that the records' prompt ids lack", "beyond_rounding", 19),
 ]
 

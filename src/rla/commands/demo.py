@@ -40,4 +40,4 @@ def run(args) -> int:
             overwrite=args.overwrite,
         )
     )
-    return 0 if d.verdict is None or d.verdict.ok else 3
+    return 0 if d.verdict is None or d.verdict.attributed else 3

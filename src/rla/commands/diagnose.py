@@ -1,7 +1,12 @@
 """``rla diagnose --model PATH --rollouts FILE``: attribute a user's mismatch to regions, if it is rounding.
 
-Exit status: 0 when the mismatch is rounding and is attributed; 3 when the verdict is that it is
-not (beyond rounding, or the profile increases it), with the reason printed; 2 for bad input.
+Exit status: 0 when the mismatch is of rounding's size and is attributed: the verdict ``rounding``
+when the records' ``policy`` fingerprints are the checkpoint's, ``rounding_weights_unverified``
+when they do not say which weights sampled them (then it is not called rounding: the attribution
+holds only if those weights are the checkpoint's, and the last line says so); 3 when the verdict is
+that it is not (beyond rounding, or the profile increases it), with the reason printed; 2 for bad
+input. report.json ``verdict.kind`` tells the two kinds of 0 apart (``verdict.ok`` is true only
+for ``rounding``).
 """
 
 from __future__ import annotations
@@ -64,7 +69,11 @@ def run(args) -> int:
     if long_inputs_text(d):
         console.print(long_inputs_text(d), highlight=False)
     console.print(f"report written to {args.out}/")
-    if d.verdict is not None and not d.verdict.ok:
+    if d.verdict is not None and not d.verdict.attributed:
         console.print(f"[bold red]rla diagnose: not attributed:[/] {d.verdict.message}", highlight=False)
         return 3
+    if d.verdict is not None and not d.verdict.ok:
+        console.print(f"[bold yellow]rla diagnose: {d.verdict.kind}:[/] rounding-sized, but the records do not say "
+                      "which weights sampled them; the attribution holds only if this checkpoint's did (add a "
+                      "`policy` field to the records to check it: docs/rollouts.md)", highlight=False)
     return 0

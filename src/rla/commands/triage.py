@@ -3,7 +3,8 @@
 Reads the framework's own dump (:mod:`rla.rollout.framework_dumps`), runs the checks of
 :mod:`rla.diagnosis.triage` in their order and prints each with its evidence, then the dashboard
 numbers under each framework's names with its published threshold (:mod:`rla.diagnosis.health`).
-Exit status: 0 when nothing but rounding-sized mismatch is found (``rla diagnose`` attributes it),
+Exit status: 0 when nothing but rounding-sized mismatch is found (``rla diagnose`` attributes it;
+the verdict ``rounding_weights_unverified`` when not every record names the weights that sampled it),
 the verdict's code otherwise (:data:`rla.diagnosis.triage.EXIT_CODES`, 10-20), 2 for bad input.
 """
 

@@ -6,7 +6,8 @@ Order of work, cheapest refusal first:
    ``max_position_embeddings``, a temperature below 1e-5 and an ``engine`` field naming another
    engine than the profile's row are refused, exact duplicates counted once. Records that say
    which weights sampled them (``policy``) are compared with the checkpoint (:mod:`.policy`):
-   other weights are the verdict ``stale_weights``, before any forward.
+   other weights are the verdict ``stale_weights``, before any forward. Records that do not say
+   cannot get the verdict ``rounding`` (step 3: ``rounding_weights_unverified``).
 2. The fully aligned forward under every known profile and an fp32 forward of the same weights
    give the rounding scale (:mod:`.scale`) and, for free, the profile detection.
    The records' sampling settings are checked on a scale measured at fixed settings
@@ -265,8 +266,10 @@ def diagnose(
 
     ``model`` is the training model as the trainer runs it without rla (HF eager rounding);
     ``profile`` is the engine the records came from (``"auto"`` detects it first). The returned
-    :class:`Diagnosis` carries a :class:`~rla.diagnosis.verdict.Verdict`: when it is not ``ok``,
-    the attribution is computed but must not be read as an explanation (the report does not).
+    :class:`Diagnosis` carries a :class:`~rla.diagnosis.verdict.Verdict`: when it is not
+    ``attributed``, the attribution is computed but must not be read as an explanation (the report
+    does not); when it is ``attributed`` but not ``ok`` (``rounding_weights_unverified``: the
+    records do not say which weights sampled them), it holds only if the checkpoint's did.
 
     ``max_tokens`` (default 16384) and ``memory_budget`` (bytes) size every training forward as
     :func:`rla.logprobs` does: a record longer than ``max_tokens`` runs as a chunked prefill where
@@ -349,7 +352,7 @@ def diagnose(
                           settings.k3_recorded / settings.scale.k3 if settings.scale.k3 > 0 else float("inf"),
                           list(check.indices)) if settings.cause is not None else judge(model, records, check.indices, mu, mask, scale, {group_label(g): v for g, v in by_group.items()},
                         prof.name, seq[frozenset()], seq[frozenset(regions)], tuple(regions),
-                        sizes=sizes, bar=bar, temperature=temperature)
+                        sizes=sizes, bar=bar, temperature=temperature, weights=policy.unverified())
     finally:
         bar.close()
     return Diagnosis(

@@ -1,8 +1,10 @@
 """Rendering a :class:`~rla.diagnosis.core.Diagnosis`: terminal table, JSON, Markdown, PNG plots.
 
-The verdict comes first everywhere. When it is not ``ok`` (the mismatch is beyond rounding, or the
-profile increases it) the report says what is likely wrong and shows no attribution: Shapley
-shares of a mismatch that is not rounding would explain bad input as rounding.
+The verdict comes first everywhere. When it is not ``attributed`` (the mismatch is beyond
+rounding, or the profile increases it) the report says what is likely wrong and shows no
+attribution: Shapley shares of a mismatch that is not rounding would explain bad input as
+rounding. When it is ``rounding_weights_unverified`` the attribution is shown under the verdict
+that says it holds only if the records' unnamed weights are the checkpoint's.
 """
 
 from __future__ import annotations
@@ -42,7 +44,21 @@ def _fmt(metrics: dict, key: str, fmt: str) -> str:
 
 
 def _ok(d: Diagnosis) -> bool:
-    return d.verdict is None or d.verdict.ok
+    """The attribution may be shown: the verdict is rounding, verified or not."""
+    return d.verdict is None or d.verdict.attributed
+
+
+def _conditional(d: Diagnosis) -> bool:
+    """The attribution holds only if the weights the records do not name are the checkpoint's."""
+    return d.verdict is not None and d.verdict.attributed and not d.verdict.ok
+
+
+VERDICT_LABELS = {"rounding": "OK: ", "rounding_weights_unverified": "ROUNDING-SIZED, WEIGHTS UNVERIFIED: ",
+                  "beyond_rounding": "NOT ROUNDING: ", "profile_increases": "WRONG PROFILE: "}
+"""report.md's label of each verdict kind."""
+
+
+CONDITION = "holds only if these weights sampled the records, which the records do not say (see the verdict)"
 
 
 MIN_ATTRIBUTION_SEQUENCES = 2
@@ -78,7 +94,8 @@ def rich_tables(d: Diagnosis):
         return t, Text(f"No attribution. {d.verdict.message}", style="bold red")
     if not _attributed(d):
         return t, Text(too_few_for_attribution(d), style="bold yellow")
-    a = Table(title="Shapley attribution: mismatch removed by aligning each region")
+    a = Table(title="Shapley attribution: mismatch removed by aligning each region",
+              caption=f"[bold yellow]{CONDITION}[/]" if _conditional(d) else None)
     a.add_column("region")
     a.add_column("k3 removed", justify="right")
     a.add_column("share of k3", justify="right")
@@ -107,12 +124,14 @@ def explain(d: Diagnosis) -> str:
     if not _ok(d):
         return " ".join(x for x in (d.verdict.message, notes) if x) + detection
     if not _attributed(d):
-        return " ".join(x for x in (too_few_for_attribution(d), notes) if x) + detection
+        return " ".join(x for x in (d.verdict.message if _conditional(d) else "", too_few_for_attribution(d), notes)
+                        if x) + detection
     ranked = d.ranked_regions()
     none = d.metrics[next(iter(d.metrics))]
     full = d.metrics["all"] if "all" in d.metrics else list(d.metrics.values())[-1]
     top, share = ranked[0][0], ranked[0][1] / none["mismatch/k3"] if none["mismatch/k3"] > 0 else float("nan")
-    lines = [
+    lines = [d.verdict.message] if _conditional(d) else []
+    lines += [
         f"Without alignment, the training forward disagrees with the {d.profile} rollouts by "
         f"k3 = {none['mismatch/k3']:.2e} (mean |log pi - log mu| = {none['mismatch/abs/mean']:.2e}); "
         f"{none['mismatch/clip_leak/0.2']:.2%} of tokens already fall outside PPO's clip range "
@@ -210,20 +229,18 @@ def to_markdown(d: Diagnosis) -> str:
     attr.append(f"| left unexplained | {d.unexplained['mismatch/k3'] * none_k3:.3e} | {d.unexplained['mismatch/k3']:.1%} | |")
     used = f"{d.n_sequences} sequences" + (f" ({d.duplicates} exact duplicates of {d.n_input} records dropped)"
                                             if d.duplicates else "")
-    verdict = [] if d.verdict is None else ["## Verdict", ("OK: " if d.verdict.ok else "NOT ROUNDING: "
-                                                          if d.verdict.kind == "beyond_rounding" else "WRONG PROFILE: ")
-                                            + d.verdict.message]
-    if d.policy is not None and d.policy.carried < d.policy.n_records:
+    verdict = [] if d.verdict is None else ["## Verdict", VERDICT_LABELS[d.verdict.kind] + d.verdict.message]
+    if d.policy is not None and d.policy.carried < d.policy.n_records and not _conditional(d):
         verdict.append(
             f"Weights: {d.policy.n_records - d.policy.carried} of {d.policy.n_records} records carry no `policy` fingerprint, "
-            "so that this checkpoint sampled them is not checked for those; rollouts of a policy one optimizer step "
-            "older read as rounding to every size test here (docs/diagnosis.md, known limits).")
+            "so that this checkpoint sampled them is not checked for those (docs/diagnosis.md, known limits).")
     if d.vocab is not None:
         verdict.append(vocab_line(d.vocab))
     parts = [f"# rla diagnosis against `{d.profile}`", f"{used}, {d.n_tokens} response tokens.", *verdict,
              "## Mismatch per aligned subset", "\n".join(rows)]
     if _attributed(d):
-        parts += ["## Attribution (exact Shapley values)", "\n".join(attr)]
+        parts += ["## Attribution (exact Shapley values)", *([f"It {CONDITION}."] if _conditional(d) else []),
+                  "\n".join(attr)]
     elif _ok(d):
         parts += ["## Attribution", too_few_for_attribution(d)]
     if d.scale is not None:
@@ -299,7 +316,8 @@ def _plots(d: Diagnosis, out: Path) -> list[Path]:
     names = [r for r, _ in ranked] + ["unexplained"]
     vals = [v / none_k3 for _, v in ranked] + [d.unexplained["mismatch/k3"]]
     ax.barh(names[::-1], vals[::-1], color=["#999"] + ["#3b7"] * len(ranked))
-    ax.set(xlabel="share of step-0 k3", title=f"Attribution to regions ({d.profile})")
+    ax.set(xlabel="share of step-0 k3", title=f"Attribution to regions ({d.profile})"
+           + ("\nif these weights sampled the records (not recorded)" if _conditional(d) else ""))
     paths.append(_save(fig, out / "attribution.png"))
     return paths
 

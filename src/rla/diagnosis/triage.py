@@ -47,9 +47,10 @@ are beyond rounding's size: no wrong context fits better than that). None is rea
 check has found the cause.
 
 Weights. The check that the records were sampled by these weights (a stale checkpoint after a
-weight sync) has its place in the order (``"weights"``) but is not made here: size alone cannot
-tell one optimizer step of staleness from rounding (docs/diagnosis.md, "Known limits"); it needs
-the records to say which weights sampled them.
+weight sync) is made from the records' ``policy`` fingerprints (``"weights"``), never from size:
+size alone cannot tell one optimizer step of staleness from rounding (docs/diagnosis.md, "Known
+limits"). When some record names no weights, a rounding-sized mismatch is therefore
+``rounding_weights_unverified`` (exit 0, as ``rla diagnose`` calls it), not ``rounding``.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ ZERO_SHARE = 0.05  # the settings check's rule: 5% exact zeros where fp32 says s
 #: verdict -> exit status of ``rla triage`` (0: rounding-sized, nothing else found; 2: bad input).
 EXIT_CODES = {
     "rounding": 0,
+    "rounding_weights_unverified": 0,
     "shifted_positions": 10,
     "raw_logprobs": 11,
     "temperature": 12,
@@ -365,9 +367,16 @@ def triage(records, *, bf16, fp32, trainer_logprobs=None, trainer_field=None, ba
     findings.append(_positions(records, rec, together, scale, bad_positions, trainer_logprobs, trainer_field, bf16,
                                fp32, logprobs, alone, any(f.status == "found" for f in findings)))
     findings.append(weights_check(records) if weights_check is not None else _weights(records, bf16))
+    weights = findings[-1]
     m = _k3(ref, rec)
     ev = {"k3_records_vs_fp32": m, "rounding_scale_k3": scale, "ratio": m / scale, "factor": FACTOR}
-    if m <= FACTOR * scale:
+    if m <= FACTOR * scale and not (weights.status == "clean" and weights.evidence.get("verified") is not False):
+        findings.append(Finding("rounding", "found", "rounding_weights_unverified",
+                                f"k3 {m:.3g} = {m / scale:.2g}x the rounding scale: rounding-sized, but not called "
+                                "rounding: not every record says which weights sampled it (weights, above), and "
+                                "rollouts of a policy one optimizer step stale are rounding-sized too; `rla diagnose` "
+                                "attributes it to regions on the condition that these weights sampled them", ev))
+    elif m <= FACTOR * scale:
         findings.append(Finding("rounding", "found", "rounding",
                                 f"k3 {m:.3g} = {m / scale:.2g}x the rounding scale: rounding-sized; `rla diagnose` "
                                 "attributes it to regions", ev))

@@ -27,7 +27,13 @@ Given the rounding scale (:mod:`.scale`) and the fully aligned forward under eve
    "beyond_rounding": rounding cannot produce it, in shape rather than in size.
 3. **The profile makes it worse.** Aligning every region to the diagnosed profile raises k3: the
    rollouts were not sampled under it. The verdict names the profile that fits best.
-4. **Rounding.** Otherwise the attribution stands.
+4. **Rounding.** Otherwise the attribution stands, and the verdict is ``rounding`` when every record
+   names the weights that sampled it and they are the checkpoint's (:mod:`.policy`). When the
+   records do not say (``weights``: the reason, :meth:`rla.diagnosis.policy.PolicyCheck.unverified`),
+   the verdict is ``rounding_weights_unverified``: the mismatch is of rounding's size, but so is
+   that of rollouts a few optimizer steps stale, and everything measured here is measured on the
+   rollouts themselves, so it cannot tell the two apart. The attribution is still given, as
+   holding only if these weights sampled the records (``attributed``, not ``ok``).
 """
 
 from __future__ import annotations
@@ -50,7 +56,9 @@ TESTED = 8
 @dataclass
 class Verdict:
     kind: str
-    """"rounding" (attribution stands), "profile_increases", or "beyond_rounding"."""
+    """"rounding" (attribution stands), "rounding_weights_unverified" (rounding-sized, the attribution
+    holds if the weights the records do not name are the checkpoint's), "profile_increases", or
+    "beyond_rounding"."""
     cause: str | None
     """None, "wrong_profile", "raw_logprobs", "temperature", "corrupt_logprobs", "different_model",
     "stale_weights" (:mod:`.policy`) or a cause of the settings check (:mod:`.settings`)."""
@@ -66,10 +74,17 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
+        """Rounding, with the weights that sampled the records checked: the attribution stands."""
         return self.kind == "rounding"
 
+    @property
+    def attributed(self) -> bool:
+        """The attribution is given: it stands (``ok``), or holds if the unverified weights are the
+        checkpoint's (``rounding_weights_unverified``)."""
+        return self.kind in ("rounding", "rounding_weights_unverified")
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self) | {"ok": self.ok}
+        return dataclasses.asdict(self) | {"ok": self.ok, "attributed": self.attributed}
 
 
 def _fits(model, records, sub, mu, mask, bound, sizes, bar, change, what):
@@ -179,11 +194,12 @@ def _corrupt_or_other(model, records, indices, mu, mask, sub, order, head, ratio
 
 def judge(model, records, indices, mu, mask, scale: RoundingScale, by_profile: dict[str, np.ndarray],
           profile_name: str, seq_none: np.ndarray, seq_all: np.ndarray, regions=("rope", "swiglu", "rmsnorm"), *,
-          sizes, bar=None, temperature=None) -> Verdict:
+          sizes, bar=None, temperature=None, weights: str | None = None) -> Verdict:
     """The verdict (module docstring). ``by_profile``: group label -> fully aligned logprobs [B, R];
     ``seq_none`` / ``seq_all``: per-sequence k3 with no region / all diagnosed ``regions`` aligned;
     ``temperature``: the :class:`~rla.diagnosis.temperature.TemperatureFit` of these records (None when
-    it was not made)."""
+    it was not made); ``weights``: why the weights that sampled the records are not verified (None:
+    they are the checkpoint's), which turns ``rounding`` into ``rounding_weights_unverified``."""
     labels = list(by_profile)
     k3_by = {lab: float(np.sum(per_sequence_k3(by_profile[lab], mu, mask) * mask.sum(1)) / mask.sum()) for lab in labels}
     best_label = min(k3_by, key=k3_by.get)
@@ -219,7 +235,10 @@ def judge(model, records, indices, mu, mask, scale: RoundingScale, by_profile: d
         fit_note = (f" The recorded logprobs fit {tfit.factor:.4f}x the recorded temperature, but that temperature does "
                     f"not explain them better (k3 {tfit.k3_record:.3e} at theirs, {tfit.k3_fit:.3e} at the fit), so "
                     "it is not called a wrong temperature.")
-    return Verdict("rounding", None, (
-        f"The mismatch is within what rounding produces: k3 {best_k3:.3e} with the best-fitting profile, "
-        f"{ratio:.2g}x the rounding scale {scale.k3:.3e} (the largest k3 between this model's bf16 forward under any "
-        f"profile and its fp32 forward).{fit_note}"), ratio, temperature=fitted)
+    size = (f"k3 {best_k3:.3e} with the best-fitting profile, {ratio:.2g}x the rounding scale {scale.k3:.3e} (the "
+            "largest k3 between this model's bf16 forward under any profile and its fp32 forward)")
+    if weights is not None:
+        return Verdict("rounding_weights_unverified", None, (
+            f"The mismatch is of rounding's size: {size}.{fit_note} {weights}"), ratio, temperature=fitted)
+    return Verdict("rounding", None, f"The mismatch is within what rounding produces: {size}.{fit_note}", ratio,
+                   temperature=fitted)

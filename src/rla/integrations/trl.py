@@ -59,6 +59,8 @@ class Attachment:
     metrics: str
     logged_keys: set[str] = field(default_factory=set)
     log_metrics: bool = True
+    weights_column: str = "off (log_tokens=False)"
+    """Whether ``log_tokens`` writes the weights fingerprint (``rla/policy``), or why not."""
 
     def __str__(self) -> str:
         return "\n".join([
@@ -66,6 +68,7 @@ class Attachment:
             f"policy: {self.policy}",
             f"reference: {self.reference_note}",
             f"metrics: {self.metrics}",
+            f"weights fingerprint: {self.weights_column}",
         ])
 
 
@@ -107,6 +110,29 @@ def _check_trainer(trainer) -> None:
             "TRL turns Liger's fused linear cross-entropy off, so everything Liger would do lies in rla's three "
             "regions, which rla replaces anyway: set GRPOConfig(use_liger_kernel=False); nothing of Liger's is lost"
         )
+
+
+def _unfingerprinted(trainer) -> str | None:
+    """Why the completions table cannot say which weights sampled its rows, or None when it can.
+
+    The rows' weights are the ones TRL synced to vLLM for that generation
+    (``vllm_generation.sync_weights`` in ``GRPOTrainer._generate``, at each new global step): the
+    policy's own tensors as they are at generation, the optimizer not having stepped since, except
+    where vLLM gets other tensors than the module holds, or the module does not hold them whole."""
+    from accelerate.utils import is_peft_model
+
+    if not getattr(trainer.args, "use_vllm", False):
+        return ("not written: without use_vllm TRL syncs no engine, so which weights the rollout_func's engine "
+                "held is not known here (record the fingerprint in the rollout_func: docs/rollouts.md)")
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if is_peft_model(model):
+        return ("not written: with PEFT TRL syncs the merged weights to vLLM, which the model's own tensors "
+                "(base and adapters) do not fingerprint")
+    if any(hasattr(p, "ds_id") for p in model.parameters()):
+        return "not written: DeepSpeed ZeRO-3 partitions the parameters, so no rank holds the tensors synced"
+    if "FSDP" in str(getattr(trainer.accelerator, "distributed_type", "")):
+        return "not written: under FSDP no rank holds the whole tensors synced (not supported by this hook)"
+    return None
 
 
 def _autocast_note(trainer, report: AlignmentReport) -> None:
@@ -166,7 +192,12 @@ def attach(
     ``rla/prompt_ids`` and ``rla/completion_ids`` (unpadded), ``rla/sampling_logprobs`` (TRL's
     ``sampling_per_token_logps``, the engine's) and ``rla/old_logprobs`` (the training side's,
     see :func:`_training_logprobs`). ``rla triage --from trl FILE`` reads them
-    (:func:`rla.rollout.framework_dumps.read_trl`); TRL's table alone holds only text.
+    (:func:`rla.rollout.framework_dumps.read_trl`); TRL's table alone holds only text. With
+    ``use_vllm=True`` two more say which weights sampled each row, read into the records'
+    ``policy``: ``rla/policy`` (:func:`rla.rollout.fingerprint.weights_fingerprint` of the weights
+    TRL synced to vLLM for that generation) and ``rla/policy_step`` (the global step); not under
+    PEFT, DeepSpeed ZeRO-3 or FSDP, and not for a ``rollout_func`` without vLLM
+    (:func:`_unfingerprinted` says why; ``Attachment.weights_column``).
     """
     _check_trainer(trainer)
     samples_itself = not getattr(trainer.args, "use_vllm", False) and getattr(trainer, "rollout_func", None) is None
@@ -220,8 +251,12 @@ def attach(
             trainer._generate_and_score_completions = types.MethodType(_generate_and_score_completions, trainer)
     if not log_metrics and log_tokens:
         metrics = "off (log_metrics=False); token columns in TRL's completions table"
+    unfingerprinted = _unfingerprinted(trainer) if log_tokens else "off (log_tokens=False)"
+    trainer.__dict__["_rla_fingerprint"] = log_tokens and unfingerprinted is None
+    weights_column = unfingerprinted or ("rla/policy and rla/policy_step in TRL's completions table: the fingerprint "
+                                         "of the weights synced to vLLM for each generation, and the global step")
     attachment = Attachment(policy, reference, reference_note, metrics,
-                            previous.logged_keys if previous is not None else set(), log_metrics)
+                            previous.logged_keys if previous is not None else set(), log_metrics, weights_column)
     trainer.__dict__["_rla_attachment"] = attachment
     return attachment
 
@@ -257,6 +292,12 @@ def _log_tokens(trainer, output) -> None:
         cols["rla/completion_ids"].append(output["completion_ids"][i][m].tolist())
         cols["rla/sampling_logprobs"].append(output["sampling_per_token_logps"][i][m].double().tolist())
         cols["rla/old_logprobs"].append(train[i][m].double().tolist())
+    if trainer.__dict__.get("_rla_fingerprint"):  # the weights synced to vLLM for this generation (_unfingerprinted)
+        from rla.rollout.fingerprint import weights_fingerprint
+
+        fp = weights_fingerprint(trainer.accelerator.unwrap_model(trainer.model))
+        cols["rla/policy"] = [fp] * mask.size(0)
+        cols["rla/policy_step"] = [int(trainer.state.global_step)] * mask.size(0)
     for key, values in cols.items():
         trainer._logs["extra"][key].extend(gather_object(values))
 

@@ -28,7 +28,9 @@ What each framework writes, read from its own code (versions the tests run):
   ``rla.integrations.trl.attach(trainer, log_tokens=True)`` the same table gains the columns
   :data:`TRL_COLUMNS` (token ids, TRL's ``sampling_per_token_logps`` and
   ``old_per_token_logps``), written by TRL's own writer; :func:`read_trl` reads them and refuses a
-  table without them. A ``rollout_func``'s output (``prompt_ids``, ``completion_ids``,
+  table without them. With ``use_vllm`` (no PEFT, ZeRO-3 or FSDP) it also gains
+  :data:`TRL_POLICY_COLUMNS`, the fingerprint of the weights TRL synced to vLLM for each row and
+  the global step, read into the records' ``policy``. A ``rollout_func``'s output (``prompt_ids``, ``completion_ids``,
   ``logprobs``, TRL's required keys) is read by :func:`from_trl_rollout`.
 - **OpenRLHF 0.11.2.** ``Experience`` (``trainer/ppo_utils/experience.py``): ``sequences`` [B, T]
   prompt and response, ``action_mask`` [B, T-1] (column t marks ``sequences[:, t+1]`` as an
@@ -59,10 +61,12 @@ from rla.rollout.rollouts import RolloutFormatError, RolloutRecord
 
 __all__ = ["Sampling", "Dump", "DumpFormatError", "read_verl", "from_verl_batch", "read_trl",
            "from_trl_rollout", "from_openrlhf", "read_openrlhf", "from_vllm", "read", "SOURCES",
-           "TRL_COLUMNS", "VERL_TEXT_FIELDS"]
+           "TRL_COLUMNS", "TRL_POLICY_COLUMNS", "VERL_TEXT_FIELDS"]
 
 #: The columns ``rla.integrations.trl.attach(..., log_tokens=True)`` adds to TRL's completions table.
 TRL_COLUMNS = ("rla/prompt_ids", "rla/completion_ids", "rla/sampling_logprobs", "rla/old_logprobs")
+#: The two it adds where it can say which weights sampled each row (``use_vllm``), read into ``policy``.
+TRL_POLICY_COLUMNS = ("rla/policy", "rla/policy_step")
 #: What verl 0.9.1's ``_write_generations`` writes on every rollout_data_dir line.
 VERL_TEXT_FIELDS = ("input", "output", "gts", "score", "step")
 
@@ -120,10 +124,11 @@ def _settings(s: Sampling, path, temperature=None) -> dict:
                 engine_version=s.engine_version)
 
 
-def _record(path, row, settings, prompt, response, logprobs, reward=None, metadata=None) -> RolloutRecord:
+def _record(path, row, settings, prompt, response, logprobs, reward=None, metadata=None, policy=None) -> RolloutRecord:
     try:
         return RolloutRecord(prompt_ids=[int(x) for x in prompt], response_ids=[int(x) for x in response],
-                             logprobs=[float(x) for x in logprobs], reward=reward, metadata=metadata, **settings)
+                             logprobs=[float(x) for x in logprobs], reward=reward, metadata=metadata, policy=policy,
+                             **settings)
     except RolloutFormatError as err:
         raise DumpFormatError(err.problem, path=path, row=row, field=err.field) from None
 
@@ -240,9 +245,10 @@ def from_verl_batch(data, sampling: Sampling = Sampling(), *, path=None) -> Dump
 # ----------------------------------------------------------------------------- TRL
 
 
-def from_trl_rollout(output: dict, sampling: Sampling, *, path=None) -> Dump:
+def from_trl_rollout(output: dict, sampling: Sampling, *, path=None, policies=None) -> Dump:
     """Records from a TRL ``rollout_func`` output: ``prompt_ids``, ``completion_ids``, ``logprobs``
-    (TRL's required keys), one list per completion; other keys are named in ``unused``."""
+    (TRL's required keys), one list per completion; other keys are named in ``unused``.
+    ``policies``: each completion's ``policy`` field (which weights sampled it), or None."""
     for name in ("prompt_ids", "completion_ids", "logprobs"):
         if name not in output:
             raise DumpFormatError("missing (TRL's rollout_func must return prompt_ids, completion_ids and "
@@ -260,7 +266,7 @@ def from_trl_rollout(output: dict, sampling: Sampling, *, path=None) -> Dump:
         if any(x != x for x in row):
             raise DumpFormatError("NaN logprob (a token vLLM could not score; TRL keeps it as NaN): such a "
                                   "token has no engine logprob to compare", path=path, row=i, field="logprobs")
-        records.append(_record(path, i, settings, p[i], c[i], row))
+        records.append(_record(path, i, settings, p[i], c[i], row, policy=None if policies is None else policies[i]))
     unused = {k: "rollout_func extra field, not part of a rollout record" for k in output
               if k not in ("prompt_ids", "completion_ids", "logprobs")}
     return Dump("trl", records, None, None, [], unused)
@@ -282,12 +288,17 @@ def read_trl(path, sampling: Sampling) -> Dump:
             path=path, field=missing[0])
     out = {"prompt_ids": list(df["rla/prompt_ids"]), "completion_ids": list(df["rla/completion_ids"]),
            "logprobs": [list(x) for x in df["rla/sampling_logprobs"]]}
-    dump = from_trl_rollout(out, sampling, path=path)
+    policies = None
+    if "rla/policy" in df.columns:  # the weights TRL synced to vLLM for each row (attach's log_tokens)
+        steps = df["rla/policy_step"] if "rla/policy_step" in df.columns else [None] * len(df)
+        policies = [{"weights": str(fp)} | ({} if st is None else {"step": int(st)})
+                    for fp, st in zip(df["rla/policy"], steps)]
+    dump = from_trl_rollout(out, sampling, path=path, policies=policies)
     if "rla/old_logprobs" in df.columns:
         dump.trainer_logprobs = [[float(x) for x in row] for row in df["rla/old_logprobs"]]
         dump.trainer_field = "old_per_token_logps"
     dump.unused = {str(c): "completions-table column, not part of a rollout record" for c in df.columns
-                   if c not in TRL_COLUMNS}
+                   if c not in TRL_COLUMNS + TRL_POLICY_COLUMNS}
     return dump
 
 
