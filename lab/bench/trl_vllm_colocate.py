@@ -28,10 +28,12 @@ one the device's vLLM carries, without FlashAttention's libraries) wraps the ``L
 ``trl.generation.vllm_generation`` module to add that one argument; ``auto`` leaves TRL's call as
 it is. Everything else (``distributed_executor_backend="external_launcher"``, the RANK / WORLD_SIZE
 / LOCAL_RANK / MASTER_ADDR / MASTER_PORT it sets, ``logprobs_mode="processed_logprobs"``, the
-weight sync) is TRL's own code. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is required, not chosen: TRL's
-weight sync reaches vLLM's model through the in-process engine core only;
-``VLLM_USE_FLASHINFER_SAMPLER=0``: FlashInfer is not on the device. Sleep mode stays off (TRL's
-default), lengths small (``--max-model-len 256``, 16 completion tokens).
+weight sync) is TRL's own code. ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: TRL's weight sync reaches
+vLLM's model through the in-process engine core only (``LLMEngine.model_executor`` exists only
+then); vLLM 0.26 sets it itself for ``external_launcher`` (``vllm/config/parallel.py``), the script
+sets the same value before vLLM is imported. ``VLLM_USE_FLASHINFER_SAMPLER=0``: FlashInfer is not
+on the device. Sleep mode stays off (TRL's default), lengths small (``--max-model-len 256``, 16
+completion tokens).
 """
 
 from __future__ import annotations
@@ -133,10 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 2:
         ap.error("--steps must be at least 2 (step 2 is the first generation with updated weights)")
     os.makedirs(args.out, exist_ok=True)
-    for k, v in ENGINE_ENV.items():
-        if os.environ.get(k, v) != v:
-            ap.error(f"{k}={os.environ[k]} is set; this run needs {k}={v} (see the module docstring)")
-        os.environ[k] = v
+    os.environ.update(ENGINE_ENV)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
     import torch
