@@ -39,7 +39,6 @@ completion tokens).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -81,7 +80,6 @@ def wrap_llm(backend: str | None, record: dict) -> None:
 
     engine_llm = vllm_generation.LLM
 
-    @functools.wraps(engine_llm)
     def llm(*args, **kwargs):
         record["trl_llm_kwargs"] = {k: repr(v) if not isinstance(v, (int, float, str, bool, type(None))) else v
                                     for k, v in kwargs.items()}
