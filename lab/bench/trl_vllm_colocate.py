@@ -41,9 +41,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
+import traceback
 
 #: vLLM environment this run needs (set before vLLM is imported; see the module docstring).
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
@@ -121,6 +123,34 @@ def checks_of(logs: list[dict], steps: int, syncs: int) -> dict[str, bool]:
     }
 
 
+def run(model: str, args, record: dict) -> None:
+    """Build TRL's trainer (its vLLM engine with it), attach, train; fills ``record`` as it goes."""
+    import trl
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from rla.integrations import trl as rla_trl
+
+    t0 = time.perf_counter()
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=reward,
+                              args=grpo_config(tempfile.mkdtemp(), args.steps, args.max_model_len),
+                              processing_class=AutoTokenizer.from_pretrained(model),
+                              train_dataset=Dataset.from_dict({"prompt": PROMPTS * args.steps}))
+    record["trainer_init_s"] = round(time.perf_counter() - t0, 1)
+    attachment = rla_trl.attach(trainer, profile="vllm")
+    record["attach"] = str(attachment)
+    print(attachment, flush=True)
+    count_weight_syncs(trainer, record)
+    t0 = time.perf_counter()
+    try:
+        trainer.train()
+    finally:
+        record["train_s"] = round(time.perf_counter() - t0, 1)
+        record["log_history"] = trainer.state.log_history
+        record["steps"] = [h for h in trainer.state.log_history if "loss" in h]
+    record["checks"] = checks_of(record["steps"], args.steps, record["weight_syncs"])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="folder for trl_vllm_colocate.json")
@@ -135,42 +165,33 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     os.environ.update(ENGINE_ENV)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    # `timeout` stops a stuck run with SIGTERM: exit through Python so the JSON below is still written
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"stopped by SIGTERM ({time.strftime('%H:%M:%S')})"))
 
     import torch
     import trl
     import vllm
-    from datasets import Dataset
-    from transformers import AutoTokenizer
 
     import rla.models
     from rla.environment import environment
-    from rla.integrations import trl as rla_trl
 
     model = args.model or str(rla.models.bundled_path())
     record: dict = {"stamp": environment(), "vllm": vllm.__version__, "trl": trl.__version__,
                     "model": model, "attention_backend": args.attention_backend, "engine_env": ENGINE_ENV}
     wrap_llm(None if args.attention_backend == "auto" else args.attention_backend, record)
-    t0 = time.perf_counter()
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=reward,
-                              args=grpo_config(tempfile.mkdtemp(), args.steps, args.max_model_len),
-                              processing_class=AutoTokenizer.from_pretrained(model),
-                              train_dataset=Dataset.from_dict({"prompt": PROMPTS * args.steps}))
-    record["trainer_init_s"] = round(time.perf_counter() - t0, 1)
-    attachment = rla_trl.attach(trainer, profile="vllm")
-    record["attach"] = str(attachment)
-    print(attachment, flush=True)
-    count_weight_syncs(trainer, record)
-    t0 = time.perf_counter()
-    trainer.train()
-    record["train_s"] = round(time.perf_counter() - t0, 1)
-    logs = [h for h in trainer.state.log_history if "loss" in h]
-    record["steps"] = logs
-    record["log_history"] = trainer.state.log_history
-    record["checks"] = checks_of(logs, args.steps, record["weight_syncs"])
-    record["gpu_peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    with open(os.path.join(args.out, "trl_vllm_colocate.json"), "w") as f:
-        json.dump(record, f, indent=1, default=str)
-    for h in logs:
+    path = os.path.join(args.out, "trl_vllm_colocate.json")
+    try:
+        run(model, args, record)
+    except BaseException:  # a one-shot GPU run: what got this far, and the error, still come back
+        record["error"] = traceback.format_exc()[-6000:]
+        record["checks"] = {"ran": False}
+        raise
+    finally:
+        if torch.cuda.is_available():
+            record["gpu_peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        with open(path, "w") as f:
+            json.dump(record, f, indent=1, default=str)
+    for h in record["steps"]:
         print(json.dumps({k: h.get(k) for k in ("step", "loss", "kl", "reward", "mismatch/k3", "mismatch/n_tokens")}))
     print(json.dumps(record["checks"]), flush=True)
     return 0 if all(record["checks"].values()) else 1
