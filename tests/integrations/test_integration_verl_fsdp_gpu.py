@@ -4,9 +4,13 @@ The CPU tests run verl's FSDP engine through gloo, with torch's ``sync_module_st
 check lifted (``tests/verl_cpu.py``); this file runs the same check unshimmed, with NCCL: verl
 0.9.1's own ``FSDPEngine.initialize()`` under torchrun on 1 and 2 GPUs
 (``verl_fsdp_gpu_worker.py``, each run in its own process group), the tiny checkpoint with a tied
-and an untied LM head (the untied one is built on the meta device on rank 1). Needs verl 0.9.1
-with a CUDA torch and transformers 5.5.3 (verl pins <5.11, !=5.6.0), e.g. the README's second
-environment on a GPU.
+and an untied LM head (the untied one is built on the meta device on rank 1), the actor (logits
+and every gradient) and the forward-only reference (logits; FSDP1 puts it under ``CPUOffload``,
+whose pinned memory needs the GPU). Needs verl 0.9.1 with a CUDA torch: the README's second
+environment on a GPU (transformers 5.5.3), or the device image's transformers 5.17 with verl
+installed ``--no-deps`` (outside verl's pin ``<5.11``; the CPU tests pass at 5.17 too) and
+``lab/bench/verl_without_ray`` for Ray (``lab/bench/trl_verl_gpu_session.sh``).
+``RLA_VERL_FSDP_OUT``: a folder that receives each case's per-rank JSON (``<case>/rank<N>.json``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fsdp_compare import untied_checkpoint
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,7 +39,8 @@ MODEL = str(files("rla") / "assets" / "tiny-qwen2")
 
 
 CASES = [(s, g, h, "actor") for s in ("fsdp", "fsdp2") for g in (1, 2) for h in ("tied", "untied")]
-CASES += [(s, 2, "untied", "ref") for s in ("fsdp", "fsdp2")]  # verl's reference: bf16, FSDP1 with CPUOffload
+# verl's reference: bf16, FSDP1 with CPUOffload (one GPU: not meta-built; two: rank 1 is)
+CASES += [(s, g, h, "ref") for s in ("fsdp", "fsdp2") for g, h in ((1, "tied"), (2, "untied"))]
 
 
 @pytest.mark.parametrize("strategy,gpus,head,role", CASES)
@@ -50,6 +56,11 @@ def test_verl_engine_on_gpus_is_aligned_and_exact(strategy, gpus, head, role, tm
     )
     assert run.returncode == 0 and "OK" in run.stdout.split(), run.stdout[-3000:] + run.stderr[-3000:]
     lines = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(gpus)]
+    if os.environ.get("RLA_VERL_FSDP_OUT"):
+        keep = Path(os.environ["RLA_VERL_FSDP_OUT"]) / f"{strategy}-{gpus}gpu-{head}-{role}"
+        keep.mkdir(parents=True, exist_ok=True)
+        for r, line in enumerate(lines):
+            (keep / f"rank{r}.json").write_text(json.dumps(line, indent=1))
     assert len(lines) == gpus and all(r["aligned"] and not r["any_input_cast"] for r in lines)
     assert all(r["logits_equal_plain"] and r["logits_equal_autocast"] for r in lines), lines
     if role == "actor":

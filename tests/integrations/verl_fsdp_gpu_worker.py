@@ -29,6 +29,8 @@ def main(strategy: str, model_path: str, role: str, out_dir: str) -> int:
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl")
+    import transformers
+    import verl
     from fsdp_compare import compare_with_unsharded
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
@@ -58,6 +60,7 @@ def main(strategy: str, model_path: str, role: str, out_dir: str) -> int:
     result = {"rank": rank, "world_size": dist.get_world_size(), "strategy": strategy, "aligned": report is not None,
               "meta_rank": bool(report and any("meta device" in n for n in report.notes)),
               "fsdp_units": len(units), "any_input_cast": any(casts), "torch": torch.__version__,
+              "verl": verl.__version__, "transformers": transformers.__version__,
               "gpu": torch.cuda.get_device_name()}
     result.update(compare_with_unsharded(module, model_path, report.profile, ids, backward=role == "actor"))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
