@@ -257,6 +257,17 @@ def test_every_refusal_comes_before_the_engine(tmp_path, monkeypatch, capsys):
     assert main(["verify", "--live", "--model", bundled, "--out", str(tmp_path / "v")]) == 2
     assert "runs on CUDA" in capsys.readouterr().err
     assert "vllm" not in sys.modules
+    # a --profile row named as a row the report shows anyway (the shipped vllm-0.26 beside a live
+    # calibration's output of the same name) is refused before the engine starts, not after its run
+    import shutil
+    from importlib import resources
+
+    shutil.copy(resources.files("rla.profiles") / "data" / "vllm-0.26.json", tmp_path / "mine.json")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert main(["verify", "--live", "--model", bundled, "--profile", str(tmp_path / "mine.json"),
+                 "--out", str(tmp_path / "v2")]) == 2
+    assert "side 'vllm-0.26' is already in the report" in capsys.readouterr().err
+    assert "vllm" not in sys.modules and not (tmp_path / "v2").exists()
 
 
 @pytest.mark.gpu

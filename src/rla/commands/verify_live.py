@@ -73,6 +73,11 @@ def run(args) -> int:
     info = check_model(args.model, longest)
     extra = _extra(args)
     settings, attention, attending, version, device = engine_side(args, saved, longest, "model")
+    # the sides are named before the engine starts: a --profile clashing with a row of the report is
+    # refused now, not after the engine's run (the engine's name and version are known already)
+    sides = candidates(saved.engine["name"] if saved is not None else args.engine, version, args.mode, MODES, extra)
+    if args.engine_forward and ENGINE_SIDE in sides:
+        raise ValueError(f"--profile names a side {ENGINE_SIDE!r}, the name of --engine-forward's side")
     code = engine_code(args, info, version, device)
     start = time.monotonic()
 
@@ -83,11 +88,8 @@ def run(args) -> int:
     say(f"scoring the engine's tokens with HF eager and rla's rows ({attention} attention, {device})")
     model = load_model(args.model, dtype=torch.bfloat16, device=device)
     data = weigh(data, saved, model, f"--engine-outputs {args.engine_outputs}")
-    sides = candidates(data.engine["name"], version, args.mode, MODES, extra)
     backed = {}
     if code is not None:  # built after the engine ran: eager mode's kernels are the engine's own library
-        if ENGINE_SIDE in sides:
-            raise ValueError(f"--profile names a side {ENGINE_SIDE!r}, the name of --engine-forward's side")
         ops = engine_backed_forward(code, args.mode, args.library)
         sides[ENGINE_SIDE], backed[ENGINE_SIDE] = ops.profile, ops
     with attending(model):  # aligned inside: the engine-backed forward attends with this attention too
