@@ -8,8 +8,12 @@ lines ``rla verify --live`` logs (``[rla verify --live ...] <side> prefill eq X%
 decode eq A% k3 B``), from ``logs/qwen3-h2048-L4-<mode>.rescore-<attention>.log``, which print the
 same values to four significant digits.
 
-``python lab/bench/vllm026_rows_table.py FOLDER [--write]`` prints the table; ``--write`` puts it
-into the README between ``<!-- rows-table -->`` and ``<!-- /rows-table -->``;
+The engine-backed side (``rla verify --live --engine-forward``) has its own table, from
+``runs-engine-forward/<model>-<mode>/report.json``.
+
+``python lab/bench/vllm026_rows_table.py FOLDER [--write]`` prints the tables; ``--write`` puts them
+into the README between ``<!-- rows-table -->`` and ``<!-- /rows-table -->``, and
+``<!-- engine-forward-table -->`` and ``<!-- /engine-forward-table -->``;
 ``tests/lab/test_vllm026_rows_table.py`` checks that the committed table is the render.
 """
 
@@ -64,7 +68,10 @@ def render(folder: Path) -> str:
              "row | k3 removed by the live row | decode k3: hf, live row |", "|---|---|---|---|---|---|---|---|---|"]
     for model, mode, attention, sides, source in runs(folder):
         tail = "-eager" if mode == "eager" else ""
-        other = "vllm-0.33" if mode == "eager" else "vllm-0.33-eager"
+        # the other mode's row: 0.33's in the runs made before the 0.26 rows shipped, 0.26's after
+        # (the same nine points, docs/rounding.md); whichever the report shows
+        others = ("vllm-0.33", "vllm-0.26") if mode == "eager" else ("vllm-0.33-eager", "vllm-0.26-eager")
+        other = next((o for o in others if o in sides), others[0])
         live, hf = sides.get(f"vllm-0.26{tail}"), sides["hf"]
         removed = "-" if live is None else f"{1 - live['k3'] / hf['k3']:.0%}"
         lines.append(f"| {model}{' (log)' if source == 'log' else ''} | {mode} | {attention} | {_cell(hf)} | "
@@ -73,19 +80,43 @@ def render(folder: Path) -> str:
     return "\n".join(lines)
 
 
-def block(text: str) -> str:
-    return text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip("\n")
+def render_engine_forward(folder: Path) -> str:
+    """The engine-backed side beside the rows: one line per side of each ``runs-engine-forward/<model>-<mode>/``
+    report (``rla verify --live --engine-forward``), its own numbers, "removed" against its ``hf``."""
+    lines = ["| model | mode | side | prefill bit-equal | prefill k3 | k3 removed | decode bit-equal | decode k3 | "
+             "decode k3 removed |", "|---|---|---|---|---|---|---|---|---|"]
+    for run in sorted((folder / "runs-engine-forward").iterdir()):
+        rep = json.loads((run / "report.json").read_text())
+        model, mode = run.name.rsplit("-", 1)
+        hf = next(r for r in rep["rows"] if r["side"] == "hf")
+        for r in rep["rows"]:
+            pre, dec = r["prefill"], r["decode"]
+            gone = lambda a, b: "-" if r is hf else f"{1 - a / b:.0%}"  # noqa: E731
+            lines.append(f"| {model} | {mode} | {r['side']} | {pre['equal']:.3%} | {pre['k3']:.2e} | "
+                         f"{gone(pre['k3'], hf['prefill']['k3'])} | {dec['equal']:.3%} | {dec['k3']:.2e} | "
+                         f"{gone(dec['k3'], hf['decode']['k3'])} |")
+    return "\n".join(lines)
+
+
+BLOCKS = {(BEGIN, END): render, ("<!-- engine-forward-table -->", "<!-- /engine-forward-table -->"): render_engine_forward}
+
+
+def block(text: str, begin: str = BEGIN, end: str = END) -> str:
+    return text[text.index(begin) + len(begin):text.index(end)].strip("\n")
 
 
 def main(argv: list[str]) -> int:
     folder = Path(argv[0])
-    table = render(folder)
+    readme = folder / "README.md"
+    text = readme.read_text()
+    for (begin, end), make in BLOCKS.items():
+        table = make(folder)
+        if "--write" in argv:
+            text = text[:text.index(begin) + len(begin)] + "\n" + table + "\n" + text[text.index(end):]
+        else:
+            print(table + "\n")
     if "--write" in argv:
-        readme = folder / "README.md"
-        text = readme.read_text()
-        readme.write_text(text[:text.index(BEGIN) + len(BEGIN)] + "\n" + table + "\n" + text[text.index(END):])
-    else:
-        print(table)
+        readme.write_text(text)
     return 0
 
 
