@@ -316,6 +316,37 @@ def router_probe(root):
             for name, g in groups.items()}
 
 
+ROUTER_RERUN = f"{ROUTER}/rerun"
+
+
+def router_rerun(root):
+    """the rerun (grouped_topk modelled): per kernel group as router_probe, grouped_topk split into
+    vLLM's small kernel (8, 256 experts) and its fused kernel (512)."""
+    cases = _json(root, f"{ROUTER_RERUN}/router_probe.json")["cases"]
+    grouped = [c for c in cases if c["op"] == "grouped_topk"]
+    groups = {"topk_softmax, 8 / 64 / 128 experts (fused)": [c for c in cases if c["op"] == "topk_softmax" and c["fused"]],
+              "topk_softmax, 60 experts (fallback)": [c for c in cases if c["op"] == "topk_softmax" and not c["fused"]],
+              "grouped_topk, 8 and 256 experts (small kernel)": [c for c in grouped if c["small_kernel"]],
+              "grouped_topk, 512 experts (fused kernel)": [c for c in grouped if not c["small_kernel"]]}
+    return {(name,): [len(g), _router_range(g, "vllm-0.33", "ids_equal_in_order"),
+                      _router_range(g, "vllm-0.33", "weights_bit_equal"),
+                      _router_range(g, "sglang-0.5.23", "weights_bit_equal"), _router_range(g, "hf", "id_sets_equal")]
+            for name, g in groups.items()}
+
+
+GROUPED_FLIPS = ("vllm-0.33", "vllm-0.33 sigmoid=torch", "vllm-0.33 sigmoid_renorm=divide",
+                 "vllm-0.33 sigmoid_renorm=reciprocal")
+
+
+def router_rerun_grouped(root):
+    """per small-kernel grouped_topk case (experts, logits): 100 x weights bit-equal under the vLLM
+    row and under it with one router value changed."""
+    cases = _json(root, f"{ROUTER_RERUN}/router_probe.json")["cases"]
+    return {(f"{c['experts']} experts, top-{c['k']}, {c['logits']}",):
+            [100 * c["rows"][r]["weights_bit_equal"] for r in GROUPED_FLIPS]
+            for c in cases if c["op"] == "grouped_topk" and c["small_kernel"]}
+
+
 def router_combine(root):
     """per k: 100 x the fraction of moe_sum outputs bit-equal under fp32_slot_order and lp_slot_order
     (the smaller of the two hidden sizes' fractions)."""
@@ -394,6 +425,11 @@ TABLES: list[TableCheck] = [
                router_probe),
     TableCheck("router probe combine", R(ROUTER), f"{ROUTER}/router_probe.json",
                "100 x fraction of moe_sum outputs bit-equal, fp32_slot_order and lp_slot_order", router_combine),
+    TableCheck("router probe rerun", R(ROUTER), f"{ROUTER_RERUN}/router_probe.json",
+               "cases; 100 x fraction min-max: vLLM row ids in order, its weights bit-equal, SGLang's weights, HF's id sets",
+               router_rerun),
+    TableCheck("router probe rerun grouped", R(ROUTER), f"{ROUTER_RERUN}/router_probe.json",
+               "100 x fraction of weights bit-equal: the vLLM row, then one router value changed", router_rerun_grouped),
     TableCheck("microbatch H200", R(MICRO), f"{MICRO}/microbatch.json",
                "per model and layout: k3, 100 x share outside [0.9, 1.1], 100 x share bit-equal, max abs delta",
                microbatch_table(MICRO)),
