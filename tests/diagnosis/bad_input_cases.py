@@ -67,7 +67,7 @@ CASES = [
          "refused before any forward: `field 'engine': the records say 'sglang' (engine 'sglang') but the profile vllm-0.33 is a row calibrated on 'vllm'`; the engine is read from the rows' `calibration.engine`, so `vllm` and `vllm-0.33` pass",
          ['tests/diagnosis/test_yardstick.py'], 'engine_field'),
     Case('rollouts from a checkpoint with 1% weight noise (2.75x the scale); half the records from a 2%-noised checkpoint (8.4x); records without a `policy` field',
-         'verdict `different_model`, exit 3 (per-sequence bounds; measured on an Intel AVX-512 Xeon)',
+         'never rounding: verdict `different_model`, exit 3, where a sequence crosses its own bound (an Intel AVX-512 Xeon); else `rounding_weights_unverified`, exit 0, its attribution said to hold only for these weights (an AMD EPYC: 1% noise at 3.6x, no sequence crosses; the half-and-half case there is 10.05x, beyond the bound)',
          ['tests/diagnosis/test_yardstick.py'], 'weights_that'),
     Case('rollouts sampled by the policy one optimizer step earlier (Adam, lr 1e-5, one SFT step on the fp32 master weights; k3 inside the rounding scale, read as rounding before), records carrying `policy` (rla\'s sampler and `rla train` write it)',
          'verdict `stale_weights` before any forward, exit 3: the records\' `policy.weights` fingerprint is not the checkpoint\'s; report.json `policy_check` holds both. Without the field no test here separates it (a weight-delta fit did not: `results/diagnosis/weight_delta.md`), and the verdict is `rounding_weights_unverified` (next row); see Known limits',

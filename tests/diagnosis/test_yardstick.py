@@ -6,9 +6,10 @@ with, a degenerate temperature, an ``engine`` field contradicting the profile. N
 rounding; each names its cause. The clean rollouts still give the rounding verdict, and the
 settings check's scale is measured at fixed settings, whatever the records say. Weights that do
 not match the rollout's (1% weight noise, half the records from a 2%-noised checkpoint), in records
-without a ``policy`` field, are named ``different_model`` while their k3 is inside the size-based
-bound (2.75x and 8.4x the scale here); with the field they are ``stale_weights`` before any
-forward (test_stale_weights.py).
+without a ``policy`` field, are never rounding: ``different_model`` where a sequence crosses its own
+bound (an Intel AVX-512 Xeon: 2.75x and 8.4x the scale), else ``rounding_weights_unverified`` (the
+records do not say which weights sampled them); with the field they are ``stale_weights`` before
+any forward (test_stale_weights.py).
 """
 
 import dataclasses
@@ -119,7 +120,18 @@ def test_weights_that_do_not_match_within_roundings_size_are_named(bundled, clea
         recs = clean[:5] + sample(_noised(model, 0.02), prompts)[5:]
     recs = unrecorded(recs)  # the size tests alone: with the records' policy field it is stale_weights at once
     d = diagnose(model, recs, "vllm", regions=("rope",), detect=False)
-    assert d.verdict.ratio < 10  # the premise: within the size-based bound, where it read as rounding
-    assert not d.verdict.ok and d.verdict.cause == "different_model", d.verdict.message
-    assert "within what rounding produces" not in d.verdict.message
-    assert "Shapley" not in to_markdown(d)
+    # Near the size-based bound (10x the scale), where it read as rounding before: 2.75x and 8.4x on
+    # an Intel AVX-512 Xeon, 3.6x and 10.05x on an AMD EPYC. Never rounding. Which of the two honest verdicts it gets depends on the CPU: the rounding
+    # scale is this machine's own bf16-vs-fp32 forward, and whether a sequence of the noised
+    # checkpoint crosses 10x its own bound differs between CPUs' bf16 kernels (an Intel AVX-512
+    # Xeon: yes, different_model at 2.75x; an AMD EPYC: no, 3.6x with every sequence inside). Where
+    # none crosses, the records' missing `policy` field is what the verdict names.
+    assert not d.verdict.ok and "within what rounding produces" not in d.verdict.message
+    if d.verdict.cause == "different_model":
+        assert "Shapley" not in to_markdown(d)  # not attributed
+    else:
+        from rla.diagnosis.report import CONDITION
+
+        assert d.verdict.ratio < 10 and d.verdict.kind == "rounding_weights_unverified", d.verdict.message
+        assert "do not say which weights sampled them" in d.verdict.message
+        assert CONDITION in to_markdown(d)  # an attribution, said to hold only for these weights
