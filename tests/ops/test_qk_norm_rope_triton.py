@@ -21,18 +21,19 @@ Skipped where Triton is not installed (the CPU CI environment); ~30 s where it i
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from repo_root import ROOT
+import interpreter_compat
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)")
 
 SCRIPT = textwrap.dedent('''
+    import interpreter_compat
+    interpreter_compat.fix_scalar_index()
     import torch
     from rla.ops import _triton_norm as N, _triton_norm_tree as T, _triton_qk_norm_rope as F, _triton_rope as R
     from rla.ops.reduction import call_tree
@@ -108,8 +109,7 @@ SCRIPT = textwrap.dedent('''
 
 
 def test_fused_kernel_logic_equals_the_chain_kernels_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env = interpreter_compat.subprocess_env()
     run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     if run.returncode == 0 and run.stdout.startswith("skip:"):
         pytest.skip(run.stdout.strip())
