@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import sys
 
+import interpreter_compat
 import torch
 
 from rla import profiles
 from rla.ops import fused
 
+interpreter_compat.fix_scalar_index()  # Triton 3.6 with NumPy >= 2.4 (interpreter_compat.py)
 LP = torch.bfloat16
 
 

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from repo_root import ROOT
+import interpreter_compat
 from rla.ops import fused
 from rla.ops._op_spec import Kernel, Op, OpSpec
 
@@ -39,8 +38,7 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 
 
 def _interpreted(*checks: str) -> str:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env = interpreter_compat.subprocess_env()
     script = Path(__file__).with_name("interpreted_doors.py")
     run = subprocess.run([sys.executable, str(script), *checks], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.startswith("ok "), run.stdout[-2000:] + run.stderr[-4000:]

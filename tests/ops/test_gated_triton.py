@@ -16,16 +16,17 @@ GPT-OSS's clamped SwiGLU (``rla.ops._triton_swiglu_oai``) -- against the referen
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from repo_root import ROOT
+import interpreter_compat
 
 SCRIPT = r'''
+import interpreter_compat
+interpreter_compat.fix_scalar_index()
 import torch
 from rla import profiles
 from rla.ops import _triton_geglu, _triton_swiglu_oai, fused, reference
@@ -93,8 +94,7 @@ print("ok", checked)
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)")
 def test_gated_kernels_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env = interpreter_compat.subprocess_env()
     run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "ok 30" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]
 

@@ -16,7 +16,6 @@ save rule (keeping r), bit for bit, which is what every test here compares again
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 import textwrap
@@ -24,11 +23,11 @@ import textwrap
 import pytest
 import torch
 
+import interpreter_compat
 import rla
 from align_spec import tiny_model, tokens
 from gemma_spec import tiny_gemma3
 from rla import ops, profiles
-from repo_root import ROOT
 
 BF16 = torch.bfloat16
 FP32_SUM = [n for n in ("vllm", "rla", "sglang") if profiles.get(n).norm_residual == "fp32_sum"]
@@ -156,6 +155,8 @@ def test_residual_source_aligned_model_bitwise_and_two_bytes_lighter(family):
 # ------------------------------------------------------------------ the kernels under the interpreter
 
 SCRIPT = textwrap.dedent('''
+    import interpreter_compat
+    interpreter_compat.fix_scalar_index()
     import torch
     from rla.ops import fused, _triton_norm as N
 
@@ -214,8 +215,7 @@ SCRIPT = textwrap.dedent('''
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)")
 def test_residual_source_kernels_equal_the_old_rule_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env = interpreter_compat.subprocess_env()
     run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.startswith("ok 5"), run.stdout[-2000:] + run.stderr[-4000:]
 
