@@ -38,6 +38,7 @@ import argparse
 import hashlib
 import json
 import platform
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -189,8 +190,17 @@ def run(library: str, tokens: int = 4096, seed: int = 0) -> dict:
     sha = hashlib.sha256(Path(library).read_bytes()).hexdigest()
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "library": str(library),
             "library_sha256": sha, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "python": platform.python_version(),
-            "tokens": tokens, "seed": seed, "cases": cases}
+            "cuda": torch.version.cuda, "python": platform.python_version(), "transformers": _transformers(),
+            "command": " ".join(["python3", *sys.argv]), "tokens": tokens, "seed": seed, "cases": cases}
+
+
+def _transformers() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("transformers")
+    except PackageNotFoundError:
+        return "not installed"
 
 
 def main(argv=None) -> None:

@@ -356,6 +356,17 @@ def router_combine(root):
             for k in sorted({c["k"] for c in cases})}
 
 
+RESIDUAL = "results/benchmarks/residual_source_gpu_tests_h200_2026-12-02"
+
+
+def residual_source_tests(root):
+    """pytest -q's progress characters in gpu_tests.log: passed ('.'), failed ('F'), skipped ('s')."""
+    text = (root / RESIDUAL / "gpu_tests.log").read_text()
+    marks = "".join(line.split(" [")[0].split("tests_rc")[0] for line in text.splitlines()
+                    if line and set(line.split(" [")[0].split("tests_rc")[0]) <= set(".Fs"))
+    return {("the H200 call",): [marks.count("."), marks.count("F"), marks.count("s")]}
+
+
 MICRO, MICRO_CPU = _cr.MICRO, _cr.MICRO_CPU
 _MICRO_MODELS = {"hf": "HF eager", "aligned": "aligned (vllm)"}
 _MICRO_LAYOUTS = {"mb1 vs fp32 (rounding's size)": "alone, vs the same model in fp32",
@@ -430,6 +441,8 @@ TABLES: list[TableCheck] = [
                router_rerun),
     TableCheck("router probe rerun grouped", R(ROUTER), f"{ROUTER_RERUN}/router_probe.json",
                "100 x fraction of weights bit-equal: the vLLM row, then one router value changed", router_rerun_grouped),
+    TableCheck("residual source gpu tests", R(RESIDUAL), f"{RESIDUAL}/gpu_tests.log",
+               "pytest's progress marks: passed, failed, skipped", residual_source_tests),
     TableCheck("microbatch H200", R(MICRO), f"{MICRO}/microbatch.json",
                "per model and layout: k3, 100 x share outside [0.9, 1.1], 100 x share bit-equal, max abs delta",
                microbatch_table(MICRO)),
