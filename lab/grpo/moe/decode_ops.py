@@ -5,14 +5,16 @@
 Why: the MoE experiment's sizing (``lab/grpo/moe/README.md``) scaled the dense run's measured rollout time
 by ops per decode step; the rollouts took ~6x longer than that. A CUDA op the host must wait for (a
 ``nonzero``, an ``item`` of a CUDA scalar, a copy to the CPU) drains the process's queue; 15 processes
-share the GPU, so each wait is long. This counts them on the CPU (the same Python path issues the same
-ops on CUDA; on the CPU they cost nothing, so only their number is measured here, not their time).
+share the GPU, so a wait can be long. This counts the ``nonzero`` and ``item`` ones (``_local_scalar_dense``;
+copies to the CPU are not counted) on the CPU: the same Python path issues the same ops on CUDA; on the CPU
+they cost nothing, so only their number is measured here, not their time.
 
 Both samplers are built as ``rla.rl.trainer`` builds them: the 10m Qwen3-MoE (7 layers, 8 experts,
 top-2) with the router region and ``record_routes`` on a dynamic cache, and the dense Qwen2 ``tiny``
 (the 2026-11-29 GRPO run's model) on a dynamic cache; random weights, prompts of 12 tokens, ``ignore_eos``;
 the MoE at 1, 8 and 128 rows (the experiment's 16 x 8; the router region's expert loop runs once per
-expert a decode step hits, so the count grows with the rows), the dense at 128. Per decode step: (profile of a 6-token rollout - profile of a 2-token one) / 4.
+expert a decode step hits, so the count grows with the rows), the dense at 128. Per decode step: (profile
+of a 6-token rollout - profile of a 2-token one) / 4.
 """
 
 from __future__ import annotations
