@@ -47,7 +47,7 @@ from dose_long52_numbers import (  # noqa: E402
     long52_no_collapse, long52_prediction, long52_table, long52_throughput, long52_timing, long52_warm_start,
 )
 from moe_numbers import (  # noqa: E402
-    MOE, moe_bf16_seeds, moe_calls, moe_decode_ops, moe_k3_ratios, moe_predictions, moe_reward, moe_routing_ratios, moe_routing_table,
+    MOE, moe_bf16_seeds, moe_calls, moe_decode_ops, moe_first_layer, moe_k3_ratios, moe_predictions, moe_reward, moe_routing_layers_over_training, moe_routing_ratios, moe_routing_table,
     moe_step_time, moe_table, moe_timing_table, moe_warm_start,
 )
 from readme_tables import TableCheck, check_results_module, main  # noqa: E402
@@ -67,6 +67,9 @@ TABLES: list[TableCheck] = [
     TableCheck("MoE routing table", R(MOE), f"{MOE}/{LOGS}",
                "% of routed tokens whose expert set differs from the rollout's: step 0 per layer (mean over seeds), layer "
                "mean and any-layer share (mean ± sample std), both over training (mean)", moe_routing_table),
+    TableCheck("MoE routing per layer over training", R(MOE), f"{MOE}/{LOGS}",
+               "% of routed tokens whose expert set differs, per layer: each run's mean over its logged steps, then the "
+               "mean over seeds", moe_routing_layers_over_training),
     TableCheck("MoE timing table", R(MOE), f"{MOE}/{LOGS}",
                "medians over steps 1+ of 3 runs: time/rollout_s, time/train_s, time/sync_s, time/step_s; "
                "1000 time/rollout_s / response/length/max", moe_timing_table),
@@ -134,6 +137,8 @@ PROSE: list = [
           "router; over training aligned, router", moe_routing_ratios),
     Check("MoE: predictions", R(MOE), f"{MOE}/{LOGS}, {MOE}/init/qwen3moe-36m/sft.json",
           "PREDICTIONS.md's quantities in its order (moe_numbers.moe_predictions)", moe_predictions),
+    Check("MoE: first layer", R(MOE), f"{MOE}/{LOGS}", "largest layer-0 set_differs % over every step of aligned, "
+          "of router; their log lines", moe_first_layer),
     Check("MoE: bf16 seeds", R(MOE), f"{MOE}/{LOGS}", "bf16 step-0 k3 per seed; 100 (1 - replay / bf16) per seed",
           moe_bf16_seeds),
     Check("MoE: reward", R(MOE), f"{MOE}/{LOGS}", "mean over 15 runs of reward_first and final_reward; min, max over "

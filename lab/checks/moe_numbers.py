@@ -67,6 +67,24 @@ def moe_routing_table(root: Path) -> dict:
     return out
 
 
+def moe_routing_layers_over_training(root: Path) -> dict:
+    """per arm and layer, in percent: routing/set_differs averaged over every logged step of a run (step 0
+    included, as rla.rl.runlog.summarize averages), then over seeds."""
+    out = {}
+    for name in ARMS:
+        rs = _arm(root, name)
+        per_run = [[statistics.fmean(x["routing/set_differs"][i] for x in r["records"]) for i in range(7)] for r in rs]
+        out[(name,)] = [_pct(mean([p[i] for p in per_run])) for i in range(7)]
+    return out
+
+
+def moe_first_layer(root: Path) -> list:
+    """the largest layer-0 routing/set_differs (%) over every logged step of aligned's and of router's runs; their
+    log lines together."""
+    recs = {a: [x for r in _arm(root, a) for x in r["records"]] for a in ("aligned", "router")}
+    return [_pct(max(x["routing/set_differs"][0] for x in recs[a])) for a in recs] + [sum(map(len, recs.values()))]
+
+
 def _later_steps(rs: list[dict]) -> list[dict]:
     return [x for r in rs for x in r["records"][1:]]  # step 0 also compiles and warms up
 
