@@ -46,6 +46,10 @@ from dose_long52_numbers import (  # noqa: E402
     LONG52, long52_bench, long52_bf16, long52_calls, long52_doses_vs_probe, long52_exact, long52_gains,
     long52_no_collapse, long52_prediction, long52_table, long52_throughput, long52_timing, long52_warm_start,
 )
+from moe_numbers import (  # noqa: E402
+    MOE, moe_bf16_seeds, moe_calls, moe_decode_ops, moe_first_layer, moe_k3_ratios, moe_predictions, moe_reward, moe_routing_layers_over_training, moe_routing_ratios, moe_routing_table,
+    moe_step_time, moe_table, moe_timing_table, moe_warm_start,
+)
 from readme_tables import TableCheck, check_results_module, main  # noqa: E402
 
 Check = check_results_module().Check
@@ -56,6 +60,19 @@ R = lambda folder: f"{folder}/README.md"  # noqa: E731
 LOGS = "runs/*/log.jsonl[.gz] via rla.rl.runlog.read_log/summarize"
 
 TABLES: list[TableCheck] = [
+    TableCheck("MoE arms table", R(MOE), f"{MOE}/{LOGS}",
+               "per arm: logged steps min-max; step-0 k3 mean ± sample std; k3 over training (mean); final reward mean ± "
+               "sample std; best 5-step reward; seeds whose collapse signal fired / seeds; seeds with final < 0.5 x first "
+               "reward / seeds", moe_table),
+    TableCheck("MoE routing table", R(MOE), f"{MOE}/{LOGS}",
+               "% of routed tokens whose expert set differs from the rollout's: step 0 per layer (mean over seeds), layer "
+               "mean and any-layer share (mean ± sample std), both over training (mean)", moe_routing_table),
+    TableCheck("MoE routing per layer over training", R(MOE), f"{MOE}/{LOGS}",
+               "% of routed tokens whose expert set differs, per layer: each run's mean over its logged steps, then the "
+               "mean over seeds", moe_routing_layers_over_training),
+    TableCheck("MoE timing table", R(MOE), f"{MOE}/{LOGS}",
+               "medians over steps 1+ of 3 runs: time/rollout_s, time/train_s, time/sync_s, time/step_s; "
+               "1000 time/rollout_s / response/length/max", moe_timing_table),
     TableCheck("GRPO H200 table", R(GRPO), f"{GRPO}/{LOGS}",
                "mean over seeds (step-0 k3, k3 over training, step-0 clip leak %, best 5-step reward); "
                "final reward mean ± sample std (ddof=1); seeds whose collapse signal fired / seeds", grpo_table),
@@ -108,6 +125,29 @@ TABLES: list[TableCheck] = [
 ]
 
 PROSE: list = [
+    # ---- the MoE routing experiment (issue #32 item 4)
+    Check("MoE: the calls", R(MOE), f"{MOE}/logs/call{{1,2}}_{{experiment,gpu_tests}}.log, {MOE}/{LOGS}",
+          "call 1: runs failed (exit 2), elapsed s, tests skipped; call 2: steps logged / planned, elapsed s, tests "
+          "passed; steps per run min-max", moe_calls),
+    Check("MoE: warm start", R(MOE), f"{MOE}/init/qwen3moe-36m/sft.json, {MOE}/logs/call1_warm_start.out",
+          "steps_done, wall_time_s, last greedy and sampled accuracy; call 1's last eval step, greedy, sampled", moe_warm_start),
+    Check("MoE: k3 ratios", R(MOE), f"{MOE}/{LOGS}", "bf16 / arm, ratio of means over seeds: step-0 k3 of aligned, "
+          "router, replay, router-replay; k3 over training, same order", moe_k3_ratios),
+    Check("MoE: routing ratios", R(MOE), f"{MOE}/{LOGS}", "bf16 / arm of the routing layer mean: step 0 aligned, "
+          "router; over training aligned, router", moe_routing_ratios),
+    Check("MoE: predictions", R(MOE), f"{MOE}/{LOGS}, {MOE}/init/qwen3moe-36m/sft.json",
+          "PREDICTIONS.md's quantities in its order (moe_numbers.moe_predictions)", moe_predictions),
+    Check("MoE: first layer", R(MOE), f"{MOE}/{LOGS}", "largest layer-0 set_differs % over every step of aligned, "
+          "of router; their log lines", moe_first_layer),
+    Check("MoE: bf16 seeds", R(MOE), f"{MOE}/{LOGS}", "bf16 step-0 k3 per seed; 100 (1 - replay / bf16) per seed",
+          moe_bf16_seeds),
+    Check("MoE: reward", R(MOE), f"{MOE}/{LOGS}", "mean over 15 runs of reward_first and final_reward; min, max over "
+          "the other arms of (mean - bf16 mean) / bf16 sample std", moe_reward),
+    Check("MoE: step time", R(MOE), f"{MOE}/{LOGS}", "steps 1+ of 15 runs: median time/step_s, time/rollout_s; "
+          "rollout share of summed step time %; median response/length/max", moe_step_time),
+    Check("MoE: decode ops", R(MOE), f"{MOE}/decode_ops.json, {GRPO}/{LOGS}", "top-level aten ops per decode step MoE, "
+          "dense; host-blocking ops MoE, dense; dense median ms per decode step; that x the op ratio; MoE median ms "
+          "per decode step; its ratio to the scaled dense", moe_decode_ops),
     # ---- dose-response, the long cells
     Check("dose long: warm starts", R(LONG),
           f"{LONG}/init/*/sft.json", "steps_done, wall_time_s, the last "
