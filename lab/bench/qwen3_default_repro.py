@@ -14,8 +14,10 @@ vLLM caches (the shell driver sets them), so every process autotunes afresh.
 Stages (each one process; all read the same prompts, ``random_prompts(vocab, 512/2048/4096, seed 0)``,
 the prompts of both committed runs):
 
-- ``engine``: the live engine's prompt logprobs (``--compilation-config`` JSON passed to vllm.LLM,
-  e.g. ``{"inductor_compile_config": {"deterministic": true}}``);
+- ``engine``: the live engine's prompt logprobs, the three prompts in one batch and then each
+  alone in the same engine (same compiled kernels: batch variance apart from autotuning);
+  ``--compilation-config`` JSON is passed to vllm.LLM, e.g.
+  ``{"inductor_compile_config": {"deterministic": true}}``;
 - ``twin``: the default-mode twin (``rla.engines.vllm_twin``, what ``engine_forward`` runs) with
   the engine's attention kernel, optionally compiled with vLLM's Inductor options read from the
   installed vllm (``--vllm-opts``), merged GEMMs, ``--deterministic`` (Inductor's deterministic
@@ -88,11 +90,13 @@ def run_engine(a) -> dict:
     settings = LiveSettings(mode="default", max_model_len=4160, gpu_memory_utilization=0.45, compilation_config=cc)
     t0 = time.time()
     engine = LiveVllm(str(path), settings)
-    pre = engine.prompt_logprobs(prompts)
+    pre = engine.prompt_logprobs(prompts)  # one batch (6,656 tokens in one step, as on 2026-12-02)
+    solo = [engine.prompt_logprobs([p])[0] for p in prompts]  # same kernels, each prompt alone
     meta = engine.metadata
     engine.close()
     return {"side": a.label, "kind": "engine", "engine": meta, "compilation_config": cc,
-            "prompts": prompts, "prompt_logprobs": pre, "seconds": round(time.time() - t0, 1)}
+            "prompts": prompts, "prompt_logprobs": pre, "solo_prompt_logprobs": solo,
+            "seconds": round(time.time() - t0, 1)}
 
 
 def vllm_options() -> dict:
@@ -146,16 +150,20 @@ class _null:
         return False
 
 
-def load_run(f: Path) -> dict:
+def load_runs(f: Path) -> list[dict]:
+    """The run(s) a file holds: an engine run's solo logprobs are a run of their own."""
     d = json.loads(f.read_text())
     d.setdefault("side", f"{f.parent.name}/{f.stem}" if f.stem == "engine" else f.stem)
-    return d
+    out = [d]
+    if d.get("solo_prompt_logprobs"):
+        out.append({"side": d["side"] + "-solo", "prompts": d["prompts"], "prompt_logprobs": d["solo_prompt_logprobs"]})
+    return out
 
 
 def compare(files: list[Path]) -> list[dict]:
     """Every pair of runs over the prompts they share: bit-equal fraction, k3 (d = a - b) and
     max |d| of their prompt logprobs, per prompt length and overall."""
-    runs = [load_run(f) for f in files]
+    runs = [r for f in files for r in load_runs(f)]
     rows = []
     for i, x in enumerate(runs):
         for y in runs[i + 1:]:
