@@ -216,7 +216,8 @@ def main() -> None:
     from vllm_live_h200 import stamp
 
     res["best_configs"] = best_configs(*_caches())
-    res["environment"] = {**stamp(), "caches": _caches()}
+    res["environment"] = {**stamp(), "caches": _caches(),
+                          "inductor_has_deterministic": hasattr(torch._inductor.config, "deterministic")}
     out.write_text(json.dumps(res))
     print(f"{a.label}: {res['seconds']}s; norm-like reductions autotuned:", flush=True)
     for b in res["best_configs"]:
