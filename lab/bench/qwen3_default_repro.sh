@@ -39,8 +39,8 @@ for r in $RUNS; do
   esac
 done
 mkdir -p /tmp/repro-old && tar -xzf results/benchmarks/vllm026_live_h200_2026-12-01/engine_outputs_l4.tgz -C /tmp/repro-old
-mkdir -p /tmp/repro-0602 && tar -xzf results/benchmarks/vllm026_rows_h200_2026-12-02/engine_forward_qwen3/engine_outputs.tgz -C /tmp/repro-0602
-E0=/tmp/repro-0602/default/engine.json  # the 2026-12-02 06:01 engine run (engine-forward 2.585% against it)
+mkdir -p /tmp/repro-0602 && tar -xzf results/benchmarks/vllm026_rows_h200_2026-12-02/engine_outputs.tgz -C /tmp/repro-0602
+E0=/tmp/repro-0602/engine-forward-qwen3-h2048-L4-default/engine.json  # the 2026-12-02 06:01 engine run (engine-forward 2.585% against it)
 ls $R/*.json | grep -v compare.json > /tmp/repro-files
 py compare --out "$R/compare.json" /tmp/repro-old/engine-qwen3-h2048-L4-default.json $E0 $(grep -v /q2.json /tmp/repro-files) 2>&1 | tail -40
 [ -f $R/q2.json ] && py compare --out "$R/compare-qwen2.json" /tmp/repro-old/engine-qwen2-h1536-L4-default.json $R/q2.json
