@@ -159,7 +159,7 @@ def prediction(root: Path, folder: Path = KERNELS) -> dict:
     steps = (rla["step_ms"] - save[1], rla["step_ms"] - save[0])
     return dict(ref_gib=ref_bytes / 2**30, fused_gib=fused_bytes / 2**30, ref_ms=(min(ref_ms), max(ref_ms)),
                 fused_ms=(min(fused_ms), max(fused_ms)), save_ms=save, step_ms=steps,
-                ratio=tuple(sorted(tokens / (s / 1e3) / hf["tok_s"] for s in steps)), rla_step=rla["step_ms"],
+                ratio=tuple(sorted(tokens / (s / 1e3) / hf["tok_s"] for s in steps)), rla_step=rla["step_ms"], hf_step=hf["step_ms"],
                 rla_ratio=rla["tok_s"] / hf["tok_s"], liger_step=liger["step_ms"], liger_ratio=liger["tok_s"] / hf["tok_s"],
                 ref_gbs=tuple(1e3 / r / 1e9 for r in ref_rate), fused_gbs=tuple(1e3 / r / 1e9 for r in fused_rate))
 
@@ -182,6 +182,9 @@ def prediction_text(root: Path, folder: Path = KERNELS) -> str:
         f"{span(p['ref_gbs'], '.0f')} GB/s by this byte count, rla's fused kernel "
         f"{span(p['fused_gbs'], '.0f')} GB/s), that is {span(p['ref_ms'], '.0f')} ms against "
         f"{span(p['fused_ms'], '.0f')} ms: {span(p['save_ms'], '.0f')} ms saved.",
+        f"- A cross-check at the same rates: HF eager's own norms, adds and q/k norms cost "
+        f"{span([hf_layer * MIB * LAYERS_4B * r for r in _rates(root)[0]], '.0f')} ms of its {p['hf_step']:.1f} ms step; "
+        f"Liger, which fuses them (and GeGLU, RoPE), is {p['hf_step'] - p['liger_step']:.1f} ms faster than HF.",
         f"- Predicted aligned step: {span(p['step_ms'], '.0f')} ms instead of {p['rla_step']:.1f} ms, "
         f"{span(p['ratio'], '.2f')}x HF eager's tokens/s instead of {p['rla_ratio']:.3f}x "
         f"(Liger in the same run: {p['liger_step']:.1f} ms, {p['liger_ratio']:.3f}x).",
