@@ -656,6 +656,29 @@ def liger_flce(root):
 
 
 
+FAMILIES = "results/benchmarks/families_kernels_h200_2026-12-02"
+GEMMA_LIVE = "results/benchmarks/vllm026_gemma3_h200_2026-12-02"
+
+
+def gemma3_live(root):
+    """Gemma 3 h2560 x 4 layers against live vLLM 0.26: the eager row's prefill bit-equal % in eager
+    mode; the % of HF eager's prefill k3 the default row removes in default mode."""
+    def rows(mode):
+        rep = _json(root, f"{GEMMA_LIVE}/runs/gemma3-h2560-L4-{mode}/engine-attention/report.json")
+        return {r["side"]: r["prefill"] for r in rep["rows"]}
+    eager, default = rows("eager"), rows("default")
+    return [100 * eager["vllm-0.26-eager"]["equal"], 100 * (1 - default["vllm-0.26"]["k3"] / default["hf"]["k3"])]
+
+
+def gemma3_e2e(root):
+    """Gemma 3 4B training step: rla-vllm / hf-bf16 tok_s, its peak / hf-bf16's, liger / hf-bf16 tok_s."""
+    (rel,) = [p.relative_to(root).as_posix() for p in (root / FAMILIES / "e2e").glob("*.json")]
+    rows = _e2e_rows(root, rel)
+    hf = rows[("gemma3-4b", "hf-bf16")]
+    rla_, liger = rows[("gemma3-4b", "rla-vllm")], rows[("gemma3-4b", "liger")]
+    return [rla_["tok_s"] / hf["tok_s"], rla_["peak_gib"] / hf["peak_gib"], liger["tok_s"] / hf["tok_s"]]
+
+
 CAL = f"{TWIN}/calibration_{{default,eager}}.report.json"
 
 CHECKS: list[Check] = [
@@ -665,6 +688,10 @@ CHECKS: list[Check] = [
           "HF k3 micro-batch 4/8 vs alone, min and max; HF bf16 vs fp32", microbatch_variance),
     Check("liger flce", "README", f"{HOUSE}/e2e*/e2e_NVIDIA_H200_2026-12-02.json",
           "rla+FLCE / FLCE tok_s and peak (1.5B, 7B); aligned step tok_s new vs old, min-max %", liger_flce),
+    Check("Gemma 3 live", "README", f"{GEMMA_LIVE}/runs/*/engine-attention/report.json",
+          "eager row's prefill bit-equal % (eager mode); default row's prefill k3 removed % (default mode)", gemma3_live),
+    Check("Gemma 3 e2e", "README", f"{FAMILIES}/e2e/e2e_NVIDIA_H200_2026-12-02.json",
+          "rla-vllm / hf-bf16 tok_s and peak; liger / hf-bf16 tok_s", gemma3_e2e),
     # ---- README: engine calibration and twin
     Check("calibration: chosen choice reproduces the engine", "README", CAL, "min-max over the 16 points (8 x 2 modes) of the chosen choice's fraction equal", calib_chosen),
     Check("calibration: the other choice", "README", CAL, "min-max over the 16 points of the non-chosen choice's fraction equal", calib_other),

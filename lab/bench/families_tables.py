@@ -1,0 +1,252 @@
+"""The tables of issue #33's two H200 results folders of 2026-12-02, rendered from their files.
+
+- ``results/benchmarks/families_kernels_h200_2026-12-02/`` (``lab/bench/families_h200_session.sh``):
+  the gated GPU tests' summaries, the gelu probe (``gelu_probe.json``), the Gemma 3 4B training step
+  (``e2e/*.json``), and the CPU finding of why the aligned step is not faster
+  (``why/gemma_dispatch_cpu.json``, ``lab/bench/gemma_dispatch_cpu.py``) with its prediction, which
+  also reads the H200 add + RMSNorm timings of ``h200_2026-11-29_ops.json`` and
+  ``e2e_align_ops_isolated_h200_2026-11-29/call{3,5}_ops_isolated.json``.
+- ``results/benchmarks/vllm026_gemma3_h200_2026-12-02/`` (``lab/bench/vllm026_session.sh``, stages
+  ``gemma3-eager gemma3-default``): the live vLLM 0.26 runs' ``report.json`` per mode.
+
+``python lab/bench/families_tables.py [--write]`` prints every block; ``--write`` puts each into its
+README between ``<!-- NAME -->`` and ``<!-- /NAME -->``. ``tests/lab/test_families_tables.py`` checks
+that the committed blocks are the render.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = Path("results/benchmarks")
+KERNELS = BENCH / "families_kernels_h200_2026-12-02"
+LIVE = BENCH / "vllm026_gemma3_h200_2026-12-02"
+#: The H200 timings of rla bench ops' add_rms_norm case (16384 x 3584, forward + backward) that turn
+#: bytes into milliseconds: PyTorch's eager ops ("hf") and rla's fused kernel ("rla").
+OPS_TIMINGS = (BENCH / "h200_2026-11-29_ops.json", BENCH / "e2e_align_ops_isolated_h200_2026-11-29/call3_ops_isolated.json",
+               BENCH / "e2e_align_ops_isolated_h200_2026-11-29/call5_ops_isolated.json")
+CALIBRATION = "calibration: bench ops add_rms_norm hf [16384, 3584]"
+LAYERS_4B = 34
+MIB = 2**20
+
+
+def _json(root: Path, rel) -> dict:
+    return json.loads((root / rel).read_text())
+
+
+def _table(head: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- families_kernels folder
+
+
+def e2e_table(root: Path, folder: Path = KERNELS) -> str:
+    (path,) = sorted((root / folder / "e2e").glob("*.json"))
+    rows = json.loads(path.read_text())["results"]
+    hf = next(r for r in rows if r["variant"] == "hf-bf16")
+    return _table(
+        ["model", "variant", "batch x seq", "step ms (median of 5)", "tok/s", "vs hf-bf16", "peak GiB", "vs hf-bf16",
+         "loss", "aligned by"],
+        [[r["model"], r["variant"], f"{r['batch']}x{r['seq']}", f"{r['step_ms']:.1f}", f"{r['tok_s']:.0f}",
+          f"{r['tok_s'] / hf['tok_s']:.3f}", f"{r['peak_gib']:.1f}", f"{r['peak_gib'] / hf['peak_gib']:.3f}",
+          f"{r['loss']:.3f}", r["aligned_by"]] for r in rows])
+
+
+def tests_table(root: Path, folder: Path = KERNELS) -> str:
+    rows = []
+    for name, what in (("tests-gated.txt", "`gpu_run.sh tests-gated`: fused GeGLU / clamped SwiGLU bitwise tests, "
+                        "family ops, aligned families on CUDA"),
+                       ("tests-opcheck.txt", "`gpu_run.sh tests-gated`: the ops' `opcheck` cases")):
+        text = (root / folder / name).read_text()
+        summary = re.findall(r"^(\d+ passed.*?) in [0-9.]+s", text, re.M)[-1]
+        skips = sorted(set(re.findall(r"^SKIPPED \[\d+\] \S+: (.*)$", text, re.M)))
+        rows.append([f"`{name}`", what, summary, "; ".join(skips) or "-"])
+    return _table(["file", "what", "result", "skipped because"], rows)
+
+
+def gelu_table(root: Path, folder: Path = KERNELS) -> str:
+    res = _json(root, folder / "gelu_probe.json")["results"]
+    return _table(["expression", "inputs", "n", "bit-equal to PyTorch's CUDA op", "differ"],
+                  [[k.split("/")[1] if k.startswith("gelu") else "tanh: libdevice vs torch.tanh", k.split("/")[2],
+                    f"{r['n']:,}", f"{r['bit_equal']:.6f}", f"{r['differ']:,}"] for k, r in res.items()])
+
+
+def _why(root: Path, folder: Path) -> dict:
+    return _json(root, folder / "why" / "gemma_dispatch_cpu.json")
+
+
+def _scaled(calls: int, layers: int, to: int = LAYERS_4B) -> int:
+    """Calls of a kind in a ``to``-layer model from a ``layers``-layer census (per layer + extra)."""
+    return (calls // layers) * to + calls % layers
+
+
+def dispatch_table(root: Path, folder: Path = KERNELS) -> str:
+    c = _why(root, folder)["census"]
+    return _table(["rla.ops call", "path on CUDA", "input dtype", "width (small model)", "output", "calls per layer",
+                   f"calls in the {LAYERS_4B}-layer step"],
+                  [[f"`{r['op']}`", r["path"], r["x_dtype"], r["width"], r["out_dtype"], f"{r['per_layer']:.2f}",
+                    _scaled(r["calls"], c["layers"])] for r in c["calls"]])
+
+
+#: The traffic cases of the census's reference calls, and the census row (op, x dtype, out dtype) of each.
+KINDS = {
+    "rla ref rms_norm bf16 -> bf16 (post-attn / post-ff norm; first layer's input norm)": ("rms_norm", "bfloat16", "stack dtype", "wide"),
+    "rla ref rms_norm fp32 sum -> bf16 (input norm of layers 1.., final norm)": ("rms_norm", "float32", "stack dtype", "wide"),
+    "rla ref add_rms_norm of source (pre-feed-forward norm)": ("add_rms_norm", "bfloat16", "stack dtype", "wide"),
+    "rla ref rms_norm q (bf16 -> fp32, q_norm)": ("rms_norm", "bfloat16", "float32", "q"),
+    "rla ref rms_norm k (bf16 -> fp32, k_norm)": ("rms_norm", "bfloat16", "float32", "k"),
+}
+
+
+def _counts(why: dict) -> dict[str, int]:
+    c = why["census"]
+    out = {}
+    for name, (op, xd, od, which) in KINDS.items():
+        rows = [r for r in c["calls"] if (r["op"], r["x_dtype"], r["out_dtype"]) == (op, xd, od)
+                and r["path"].startswith("reference")]
+        (r,) = rows
+        calls = _scaled(r["calls"], c["layers"])
+        out[name] = calls // 2 if which in ("q", "k") else calls  # the census's q/k row counts q_norm and k_norm
+    return out
+
+
+def _rates(root: Path) -> tuple[list[float], list[float]]:
+    """ms per byte of PyTorch's eager add + norm ops and of rla's fused kernel, from the H200 runs."""
+    cal = _why(root, KERNELS)["traffic"][CALIBRATION]
+    ref_b, fused_b = cal["fwd_bytes"] + cal["bwd_bytes"], cal["fused_fwd_bytes"] + cal["fused_bwd_bytes"]
+    ref, fused = [], []
+    for rel in OPS_TIMINGS:
+        for r in _json(root, rel)["results"]:
+            if r["op"] == "add_rms_norm":
+                if "hf" in r["impls"]:
+                    ref.append(r["impls"]["hf"]["fwd_bwd_ms"] / ref_b)
+                fused.append(r["impls"]["rla"]["fwd_bwd_ms"] / fused_b)
+    return ref, fused
+
+
+def traffic_table(root: Path, folder: Path = KERNELS) -> str:
+    why = _why(root, folder)
+    t, counts = why["traffic"], _counts(why)
+    rows = []
+    for name, r in t.items():
+        fused = (f"{(r['fused_fwd_bytes'] + r['fused_bwd_bytes']) / MIB:.0f}" if "fused_fwd_bytes" in r else "-")
+        rows.append([name, counts.get(name, "-"), f"{r['fwd_kernels']} + {r['bwd_kernels']}",
+                     f"{(r['fwd_bytes'] + r['bwd_bytes']) / MIB:.0f}", fused])
+    return _table(["call (forward + backward, e2e shape)", f"calls in the {LAYERS_4B}-layer step",
+                   "aten kernels (fwd + bwd)", "MiB moved", "MiB the fused norm kernel moves"], rows)
+
+
+def prediction(root: Path, folder: Path = KERNELS) -> dict:
+    why = _why(root, folder)
+    t, counts = why["traffic"], _counts(why)
+    ref_bytes = sum(counts[k] * (t[k]["fwd_bytes"] + t[k]["bwd_bytes"]) for k in KINDS)
+    fused_bytes = sum(counts[k] * (t[k]["fused_fwd_bytes"] + t[k]["fused_bwd_bytes"]) for k in KINDS)
+    ref_rate, fused_rate = _rates(root)
+    (path,) = sorted((root / folder / "e2e").glob("*.json"))
+    rows = {r["variant"]: r for r in json.loads(path.read_text())["results"]}
+    rla, hf, liger = rows["rla-vllm"], rows["hf-bf16"], rows["liger"]
+    tokens = rla["batch"] * rla["seq"]
+    ref_ms = [ref_bytes * r for r in ref_rate]
+    fused_ms = [fused_bytes * r for r in fused_rate]
+    save = (min(ref_ms) - max(fused_ms), max(ref_ms) - min(fused_ms))
+    steps = (rla["step_ms"] - save[1], rla["step_ms"] - save[0])
+    return dict(ref_gib=ref_bytes / 2**30, fused_gib=fused_bytes / 2**30, ref_ms=(min(ref_ms), max(ref_ms)),
+                fused_ms=(min(fused_ms), max(fused_ms)), save_ms=save, step_ms=steps,
+                ratio=tuple(sorted(tokens / (s / 1e3) / hf["tok_s"] for s in steps)), rla_step=rla["step_ms"], hf_step=hf["step_ms"],
+                rla_ratio=rla["tok_s"] / hf["tok_s"], liger_step=liger["step_ms"], liger_ratio=liger["tok_s"] / hf["tok_s"],
+                ref_gbs=tuple(1e3 / r / 1e9 for r in ref_rate), fused_gbs=tuple(1e3 / r / 1e9 for r in fused_rate))
+
+
+def prediction_text(root: Path, folder: Path = KERNELS) -> str:
+    p = prediction(root, folder)
+    span = lambda v, f: f"{min(v):{f}}-{max(v):{f}}"  # noqa: E731
+    t = _why(root, folder)["traffic"]
+    mib = lambda k: (t[k]["fwd_bytes"] + t[k]["bwd_bytes"]) / MIB  # noqa: E731
+    k = list(KINDS)
+    rla_layer = 2 * mib(k[0]) + mib(k[1]) + mib(k[2]) + mib(k[3]) + mib(k[4])
+    hf_layer = (2 * mib("hf Gemma3RMSNorm [8192, 2560]") + 2 * mib("hf layer add + Gemma3RMSNorm [8192, 2560]")
+                + mib("hf Gemma3RMSNorm q [65536, 256]") + mib("hf Gemma3RMSNorm k [32768, 256]"))
+    return "\n".join([
+        f"- Per layer (a later one), rla's reference norms move {rla_layer:,.0f} MiB forward + backward; HF eager's four "
+        f"norms, its two adds and its q/k norms {hf_layer:,.0f} MiB ({rla_layer / hf_layer:.2f}x).",
+        f"- The zero-centred norms of one step move {p['ref_gib']:.0f} GiB through the reference's aten kernels; the "
+        f"fused norm kernel would move {p['fused_gib']:.1f} GiB.",
+        f"- At the rates the H200 measured for the add + norm case (PyTorch's eager ops "
+        f"{span(p['ref_gbs'], '.0f')} GB/s by this byte count, rla's fused kernel "
+        f"{span(p['fused_gbs'], '.0f')} GB/s), that is {span(p['ref_ms'], '.0f')} ms against "
+        f"{span(p['fused_ms'], '.0f')} ms: {span(p['save_ms'], '.0f')} ms saved.",
+        f"- A cross-check at the same rates: HF eager's own norms, adds and q/k norms cost "
+        f"{span([hf_layer * MIB * LAYERS_4B * r for r in _rates(root)[0]], '.0f')} ms of its {p['hf_step']:.1f} ms step; "
+        f"Liger, which fuses them (and GeGLU, RoPE), is {p['hf_step'] - p['liger_step']:.1f} ms faster than HF.",
+        f"- Predicted aligned step: {span(p['step_ms'], '.0f')} ms instead of {p['rla_step']:.1f} ms, "
+        f"{span(p['ratio'], '.2f')}x HF eager's tokens/s instead of {p['rla_ratio']:.3f}x "
+        f"(Liger in the same run: {p['liger_step']:.1f} ms, {p['liger_ratio']:.3f}x).",
+    ])
+
+
+# ---------------------------------------------------------------- vllm026_gemma3 folder
+
+
+def live_table(root: Path, folder: Path = LIVE) -> str:
+    rows = []
+    for mode in ("eager", "default"):
+        rep = _json(root, folder / "runs" / f"gemma3-h2560-L4-{mode}" / "engine-attention" / "report.json")
+        hf = next(r for r in rep["rows"] if r["side"] == "hf")
+        for r in rep["rows"]:
+            removed = lambda part: "-" if r is hf else f"{1 - r[part]['k3'] / hf[part]['k3']:.0%}"  # noqa: E731
+            pos = r["prefill"]["by_position"]
+            rows.append([rep["engine"]["mode"], f"`{r['side']}`", f"{r['prefill']['equal']:.3%}",
+                         f"{r['prefill']['k3']:.2e}", removed("prefill"), f"{r['prefill']['max_abs']:.2e}",
+                         " / ".join(f"{pos[b]['equal']:.3%}, {pos[b]['k3']:.2e}" for b in sorted(pos)),
+                         f"{r['decode']['equal']:.3%}", f"{r['decode']['k3']:.2e}", removed("decode")])
+    return _table(["engine mode", "side", "prefill bit-equal", "prefill k3", "k3 removed", "prefill max abs dlogp",
+                   "by position 0-1024 / 1024-4096 (bit-equal, k3)", "decode bit-equal", "decode k3",
+                   "decode k3 removed"], rows)
+
+
+BLOCKS = {
+    KERNELS / "README.md": {"tests-table": tests_table, "gelu-table": gelu_table, "e2e-table": e2e_table,
+                            "dispatch-table": dispatch_table, "traffic-table": traffic_table,
+                            "prediction": prediction_text},
+    LIVE / "README.md": {"live-table": live_table},
+}
+
+
+def blocks(text: str) -> dict[str, str]:
+    return {m.group(1): m.group(2).strip("\n") for m in re.finditer(r"<!-- ([a-z0-9-]+) -->\n(.*?)<!-- /\1 -->", text, re.S)}
+
+
+def render(root: Path = ROOT) -> dict[Path, dict[str, str]]:
+    return {readme: {name: fn(root) for name, fn in fns.items()} for readme, fns in BLOCKS.items()}
+
+
+def write(root: Path = ROOT) -> None:
+    for readme, new in render(root).items():
+        path = root / readme
+        text = path.read_text()
+        for name, body in new.items():
+            text, n = re.subn(rf"<!-- {name} -->\n.*?<!-- /{name} -->", lambda m: f"<!-- {name} -->\n{body}\n<!-- /{name} -->",
+                              text, flags=re.S)
+            if n != 1:
+                raise SystemExit(f"{readme}: no single <!-- {name} --> block")
+        path.write_text(text)
+
+
+def main(argv: list[str]) -> int:
+    if "--write" in argv:
+        write()
+    for readme, new in render().items():
+        for name, body in new.items():
+            print(f"== {readme} {name}\n{body}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,40 @@
+"""Issue #33's two H200 results READMEs of 2026-12-02: every rendered block equals a fresh render of
+the folders' files (``lab/bench/families_tables.py``), and a changed number is seen."""
+
+import json
+import shutil
+
+from lab.bench import families_tables as T
+from repo_root import ROOT
+
+
+def test_the_committed_blocks_are_the_render_of_the_data():
+    rendered = T.render(ROOT)
+    assert sum(len(b) for b in rendered.values()) == 7
+    for readme, new in rendered.items():
+        assert T.blocks((ROOT / readme).read_text()) == new, readme
+
+
+def _copy(tmp_path):
+    for rel in (T.KERNELS, T.LIVE, *T.OPS_TIMINGS):
+        src, dst = ROOT / rel, tmp_path / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
+    return tmp_path
+
+
+def test_a_changed_number_is_seen(tmp_path):
+    root = _copy(tmp_path)
+    f = root / T.LIVE / "runs" / "gemma3-h2560-L4-eager" / "engine-attention" / "report.json"
+    data = json.loads(f.read_text())
+    data["rows"][1]["prefill"]["equal"] *= 0.999
+    f.write_text(json.dumps(data))
+    (e2e,) = (root / T.KERNELS / "e2e").glob("*.json")
+    data = json.loads(e2e.read_text())
+    data["results"][1]["step_ms"] += 10
+    e2e.write_text(json.dumps(data))
+    new = T.render(root)
+    assert new[T.LIVE / "README.md"]["live-table"] != T.render(ROOT)[T.LIVE / "README.md"]["live-table"]
+    old = T.render(ROOT)[T.KERNELS / "README.md"]
+    assert new[T.KERNELS / "README.md"]["e2e-table"] != old["e2e-table"]
+    assert new[T.KERNELS / "README.md"]["prediction"] != old["prediction"]  # the prediction starts from that step
