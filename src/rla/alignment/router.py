@@ -50,7 +50,9 @@ class RouterState:
     replay: object = None
     """While replaying (``rla.alignment.replay``): a callable ``(n_tokens) -> (ids, weights | None)``."""
     capture: list | None = None
-    """While capturing: the list each forward appends ``(ids, weights)`` to (detached, on CPU)."""
+    """While capturing: the list each forward appends ``(ids, weights)`` to (detached, on the forward's
+    device: a copy to the host here would wait for the GPU once per block and forward; the
+    reader moves them, :meth:`rla.alignment.replay.RouteCapture.ids`)."""
 
 
 def moe_blocks(body: torch.nn.Module, family: Family) -> list[torch.nn.Module]:
@@ -113,7 +115,7 @@ def _route(self, x, state: RouterState):
     if recorded_w is not None:  # the recorded values, the router's gradient (straight through)
         weights = recorded_w.float() + (weights - weights.detach())
     if state.capture is not None:
-        state.capture.append((ids.detach().cpu(), weights.detach().float().cpu()))
+        state.capture.append((ids.detach(), weights.detach().float()))
     return routing.finish_weights(weights, points, x.dtype, scale), ids
 
 
