@@ -336,16 +336,18 @@ def _routes_on_host(capture, padded: tuple[int, int]):
     tokens each) for response tokens ``0 .. response_len - 2``. Every forward's routes stay on the
     device during the rollout and come to the host here, in one copy of the ids and one of the weights."""
     rows, padded_prompt = padded
-    ids, weights = capture.ids(), capture.weights()  # [layers, rows * padded_prompt + decode forwards * rows, k]
+    # [tokens of every forward, layers, k] as Python lists, converted once: the prefill's
+    # rows * padded_prompt tokens, then each decode forward's rows (each token belongs to one row);
+    # numpy's tolist gives the same Python ints and floats as torch's, ~10x faster
+    experts = capture.ids().transpose(0, 1).numpy().tolist()
+    weights = capture.weights().transpose(0, 1).numpy().tolist()
     prefill = rows * padded_prompt
 
     def routes_of(row: int, prompt_len: int, response_len: int) -> dict:
         start = row * padded_prompt + padded_prompt - prompt_len
-        decode = prefill + row + rows * torch.arange(max(response_len - 1, 0))
-        at = torch.cat([torch.arange(start, start + prompt_len), decode])
+        at = [*range(start, start + prompt_len), *range(prefill + row, prefill + row + rows * (response_len - 1), rows)]
         # [tokens, layers, k]: the record layout
-        return {"version": 1, "experts": ids[:, at].transpose(0, 1).tolist(),
-                "weights": weights[:, at].transpose(0, 1).tolist()}
+        return {"version": 1, "experts": [experts[t] for t in at], "weights": [weights[t] for t in at]}
 
     return routes_of
 
