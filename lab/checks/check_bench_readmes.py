@@ -424,9 +424,32 @@ def attribution_default(root):
     return out
 
 
+MOE_SYNCS = "results/benchmarks/moe_decode_syncs_cpu_2026-12-02"
+
+
+def moe_decode_syncs(root):
+    """before.json, after.json: per decode step, top-level aten ops before, after; host syncs before
+    (total, nonzero, item, host copies), after (the same)."""
+    def rows(name):
+        return {(r["arch"], r["batch"]): r for r in _json(root, f"{MOE_SYNCS}/{name}.json")["rows"]}
+
+    def syncs(r):
+        return [r["syncs_total"], r["blocking_on_cuda"]["aten::nonzero"], r["blocking_on_cuda"]["aten::_local_scalar_dense"],
+                sum(r["host_copies"].values())]
+
+    before, after = rows("before"), rows("after")
+    labels = {("qwen3_moe", 1): "MoE 10m, 1", ("qwen3_moe", 8): "MoE 10m, 8",
+              ("qwen3_moe", 128): "MoE 10m, 128 (the experiment's 16 x 8)", ("qwen2", 128): "dense Qwen2 tiny, 128"}
+    return {(label,): [before[k]["top_level_aten_ops"], after[k]["top_level_aten_ops"], *syncs(before[k]), *syncs(after[k])]
+            for k, label in labels.items()}
+
+
 R = lambda folder: f"{folder}/README.md"  # noqa: E731
 
 TABLES: list[TableCheck] = [
+    TableCheck("moe decode syncs", R(MOE_SYNCS), f"{MOE_SYNCS}/before.json, after.json",
+               "per decode step: ops before, after; syncs before (total, nonzero, item, copies), after (the same)",
+               moe_decode_syncs),
     TableCheck("attribution eager", R(ATTR), f"{ATTR}/attribution.json",
                "eager sides: 100 x prefill equal, prefill k3, max abs dlogp, 100 x decode equal, decode k3", attribution_eager),
     TableCheck("attribution default", R(ATTR), f"{ATTR}/attribution.json, twin.json",

@@ -5,9 +5,18 @@
 Why: the MoE experiment's sizing (``lab/grpo/moe/README.md``) scaled the dense run's measured rollout time
 by ops per decode step; the rollouts took ~6x longer than that. A CUDA op the host must wait for (a
 ``nonzero``, an ``item`` of a CUDA scalar, a copy to the CPU) drains the process's queue; 15 processes
-share the GPU, so a wait can be long. This counts the ``nonzero`` and ``item`` ones (``_local_scalar_dense``;
-copies to the CPU are not counted) on the CPU: the same Python path issues the same ops on CUDA; on the CPU
-they cost nothing, so only their number is measured here, not their time.
+share the GPU, so a wait can be long. This counts the ``nonzero`` and ``item`` ones (``_local_scalar_dense``,
+which ``bool()``, ``int()``, ``F.one_hot``'s range check and indexing by a 0-d tensor also call) on the CPU:
+the same Python path issues the same ops on CUDA; on the CPU they cost nothing, so only their number is
+measured here, not their time. ``host_copies`` adds the calls that copy a tensor to the host (``.cpu()``,
+``.tolist()``, ``.numpy()``, counted at the Python call: on the CPU run a ``.cpu()`` is a no-op the
+profiler does not see); ``.to(device)`` is not counted (HF moves its masks with ``.to(device)`` on the
+same device), nor are copies of tensors that live on the host (per rollout, so they cancel in the
+difference below). ``syncs_total`` = ``blocking_on_cuda_total`` + the host copies: what the host waits on
+per decode step with the sampler on a GPU.
+
+Run it on the code before a change with ``PYTHONPATH=<old checkout>/src`` (the script uses the
+public API only) to measure both sides.
 
 Both samplers are built as ``rla.rl.trainer`` builds them: the 10m Qwen3-MoE (7 layers, 8 experts,
 top-2) with the router region and ``record_routes`` on a dynamic cache, and the dense Qwen2 ``tiny``
@@ -30,19 +39,42 @@ import torch
 BLOCKING = ("aten::nonzero", "aten::_local_scalar_dense")
 
 
+#: Tensor methods that copy to the host (counted by name at the Python call)
+HOST_COPIES = ("cpu", "tolist", "numpy")
+
+
+def _copy_counter():
+    from torch.overrides import TorchFunctionMode
+
+    class Copies(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.n = collections.Counter()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            if name in HOST_COPIES and args and isinstance(args[0], torch.Tensor):
+                self.n[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    return Copies()
+
+
 def _count(sampler, prompts, n: int):
     from torch.profiler import ProfilerActivity, profile
 
     from rla.rollout.sampler import SamplingParams
 
     params = SamplingParams(temperature=1.0, max_new_tokens=n, ignore_eos=True, seed=0)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    copies = _copy_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof, copies:
         sampler.generate(prompts, params)
     top, every = collections.Counter(), collections.Counter()
     for e in prof.events():
         every[e.name] += 1
         if e.cpu_parent is None and e.name.startswith("aten::"):
             top[e.name] += 1
+    every.update({f"host_copy::{k}": v for k, v in copies.n.items()})
     return top, every
 
 
@@ -66,19 +98,25 @@ def per_decode_step(arch: str, size: str, moe: bool, batch: int = 128) -> dict:
         "top_level_aten_ops": sum(t6.values()) / 4 - sum(t2.values()) / 4,
         "blocking_on_cuda": {k: step(e6, e2, k) for k in BLOCKING},
         "blocking_on_cuda_total": sum(step(e6, e2, k) for k in BLOCKING),
+        "host_copies": {k: step(e6, e2, f"host_copy::{k}") for k in HOST_COPIES},
+        "syncs_total": sum(step(e6, e2, k) for k in BLOCKING) + sum(step(e6, e2, f"host_copy::{k}") for k in HOST_COPIES),
     }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--moe-batches", default="1,8,128", help="the MoE sampler's row counts, comma-separated")
+    ap.add_argument("--code", default=None, help="which code was measured (a commit), recorded in the JSON")
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     from rla.environment import environment
 
     env = environment(torch.device("cpu"))
     env["command"] = "python " + " ".join(sys.argv)
-    rows = [per_decode_step("qwen3_moe", "10m", True, b) for b in (1, 8, 128)] + [per_decode_step("qwen2", "tiny", False)]
+    if args.code:
+        env["code"] = args.code
+    rows = [per_decode_step("qwen3_moe", "10m", True, int(b)) for b in args.moe_batches.split(",")] + [per_decode_step("qwen2", "tiny", False)]
     with open(args.out, "w") as f:
         json.dump({"environment": env, "prompt_tokens": 12, "rows": rows}, f, indent=1)
     for r in rows:

@@ -65,17 +65,21 @@ def _states(model):
 
 @dataclass
 class RouteCapture:
-    """What the forwards inside :func:`capture_routes` chose, per MoE layer and forward."""
+    """What the forwards inside :func:`capture_routes` chose, per MoE layer and forward.
+
+    ``per_layer[layer][forward]`` is ``(ids, weights)`` on the device the forward ran on (one copy to
+    the host per read, not one per block and forward); :meth:`ids` and :meth:`weights` return CPU
+    tensors."""
 
     per_layer: list[list[tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=list)
 
     def ids(self) -> torch.Tensor:
-        """[moe_layers, tokens, k] (long): the experts of every token of every captured forward."""
-        return torch.stack([torch.cat([ids for ids, _ in forwards]) for forwards in self.per_layer])
+        """[moe_layers, tokens, k] (long, CPU): the experts of every token of every captured forward."""
+        return torch.stack([torch.cat([ids for ids, _ in forwards]) for forwards in self.per_layer]).cpu()
 
     def weights(self) -> torch.Tensor:
-        """[moe_layers, tokens, k] (fp32): the routing weights, in slot order."""
-        return torch.stack([torch.cat([w for _, w in forwards]) for forwards in self.per_layer])
+        """[moe_layers, tokens, k] (fp32, CPU): the routing weights, in slot order."""
+        return torch.stack([torch.cat([w for _, w in forwards]) for forwards in self.per_layer]).cpu()
 
 
 @contextlib.contextmanager

@@ -50,7 +50,9 @@ class RouterState:
     replay: object = None
     """While replaying (``rla.alignment.replay``): a callable ``(n_tokens) -> (ids, weights | None)``."""
     capture: list | None = None
-    """While capturing: the list each forward appends ``(ids, weights)`` to (detached, on CPU)."""
+    """While capturing: the list each forward appends ``(ids, weights)`` to (detached, on the forward's
+    device: a copy to the host here would wait for the GPU once per block and forward; the
+    reader moves them, :meth:`rla.alignment.replay.RouteCapture.ids`)."""
 
 
 def moe_blocks(body: torch.nn.Module, family: Family) -> list[torch.nn.Module]:
@@ -113,24 +115,47 @@ def _route(self, x, state: RouterState):
     if recorded_w is not None:  # the recorded values, the router's gradient (straight through)
         weights = recorded_w.float() + (weights - weights.detach())
     if state.capture is not None:
-        state.capture.append((ids.detach().cpu(), weights.detach().float().cpu()))
+        state.capture.append((ids.detach(), weights.detach().float()))
     return routing.finish_weights(weights, points, x.dtype, scale), ids
+
+
+def _expert_slices(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """``(tok, pos, bounds)``: the ``[T, k]`` slots sorted by expert, and where each expert's run starts.
+
+    Expert e's slots are ``tok[bounds[e]:bounds[e + 1]]``, ``pos[...]``, in the order
+    ``torch.where(one_hot(ids).permute(2, 1, 0)[e])`` lists them (ascending slot, then token: a
+    stable sort of the ids laid out ``[k, T]``), so each expert's GEMM sees the same rows in the same
+    order as HF's eager loop gives it. ``bounds`` (``num_experts + 2`` entries; id ``num_experts`` is
+    the sentinel HF's loop skips) comes to the host in one ``tolist``: one host sync per MoE block,
+    where asking which experts were hit (``nonzero``), each expert's tokens (``torch.where``) and
+    indexing by 0-d tensors (``item``) waited ~4 times per expert."""
+    t = ids.shape[0]
+    flat = ids.t().reshape(-1)  # index pos * T + tok
+    values, order = torch.sort(flat, stable=True)
+    edges = torch.arange(num_experts + 2, device=ids.device, dtype=values.dtype)
+    if values.numel() == 0:
+        return order, order, [0] * (num_experts + 2)
+    host = torch.cat([torch.searchsorted(values, edges), values[:1], values[-1:]]).tolist()  # the one sync
+    bounds, first, last = host[:-2], host[-2], host[-1]
+    if first < 0 or last > num_experts:  # as F.one_hot(ids, num_experts + 1) refused them
+        raise RuntimeError(f"expert ids must lie in [0, {num_experts}], got {first if first < 0 else last}")
+    return order % t, order // t, bounds
 
 
 def _expert_outputs(experts, x, ids, points: RouterPoints) -> torch.Tensor:
     """``[T, k, hidden]``: each chosen expert's output for its tokens, in slot order; lp outputs
-    (``expert_out='lp'``) or the down projection's fp32 GEMM of the same lp values (``'fp32'``)."""
+    (``expert_out='lp'``) or the down projection's fp32 GEMM of the same lp values (``'fp32'``).
+    The experts run in id order, each on its tokens in HF's eager loop's order (:func:`_expert_slices`)."""
     t, k = ids.shape
     fp32 = points.expert_out == "fp32"
     out = x.new_zeros(t, k, x.shape[-1], dtype=torch.float32 if fp32 else x.dtype)
     with torch.no_grad():
-        mask = F.one_hot(ids, num_classes=experts.num_experts + 1).permute(2, 1, 0)
-        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
-    for e in hit:
-        e = e[0]
-        if e == experts.num_experts:
+        tok_all, pos_all, bounds = _expert_slices(ids, experts.num_experts)
+    for e in range(experts.num_experts):
+        lo, hi = bounds[e], bounds[e + 1]
+        if lo == hi:
             continue
-        pos, tok = torch.where(mask[e])
+        tok, pos = tok_all[lo:hi], pos_all[lo:hi]
         h = experts._apply_gate(F.linear(x[tok], experts.gate_up_proj[e]))
         down = experts.down_proj[e]
         out[tok, pos] = F.linear(h.float(), down.float()) if fp32 else F.linear(h, down)

@@ -257,13 +257,13 @@ class Sampler:
             ids, lps = self._generate_dynamic(batch, positions, loop_params, params.max_new_tokens, seed)
         records = []
         stop_set = set(loop_params.stop_ids)
+        routes_of = None if capture is None else _routes_on_host(capture, batch.ids.shape)
         # .tolist() once, not int()/float() per element: the same Python ints and floats (fp64
         # logprobs convert exactly), without ~5 us of tensor indexing per token (0.4 s for 64 x 1024)
         for i, (row, row_lp) in enumerate(zip(ids.tolist(), lps.tolist())):
             end = next((t + 1 for t, tok in enumerate(row) if tok in stop_set), len(row))
             resp, lp = row[:end], row_lp[:end]
-            routes = None if capture is None else _record_routes(capture, i, batch.ids.shape[1],
-                                                                 len(prompts[i]), len(resp))
+            routes = None if routes_of is None else routes_of(i, len(prompts[i]), len(resp))
             records.append(
                 RolloutRecord(
                     prompt_ids=prompts[i],
@@ -329,20 +329,27 @@ class Sampler:
         return loop.result(step)
 
 
-def _record_routes(capture, row: int, padded_prompt: int, prompt_len: int, response_len: int) -> dict:
-    """Row ``row``'s ``routes`` from a dynamic-cache rollout's capture: its prompt tokens' routes
-    from the prefill forward (``[rows * padded_prompt]`` tokens, left-padded) and one per decode
-    forward after it (``[rows]`` tokens each) for response tokens ``0 .. response_len - 2``."""
-    experts, weights = [], []
-    for forwards in capture.per_layer:
-        pre_ids, pre_w = forwards[0]
+def _routes_on_host(capture, padded: tuple[int, int]):
+    """``routes_of(row, prompt_len, response_len)`` -> a record's ``routes``, from a dynamic-cache
+    rollout's capture: row ``row``'s prompt tokens' routes from the prefill forward
+    (``[rows * padded_prompt]`` tokens, left-padded) and one per decode forward after it (``[rows]``
+    tokens each) for response tokens ``0 .. response_len - 2``. Every forward's routes stay on the
+    device during the rollout and come to the host here, in one copy of the ids and one of the weights."""
+    rows, padded_prompt = padded
+    # [tokens of every forward, layers, k] as Python lists, converted once: the prefill's
+    # rows * padded_prompt tokens, then each decode forward's rows (each token belongs to one row);
+    # numpy's tolist gives the same Python ints and floats as torch's, ~10x faster
+    experts = capture.ids().transpose(0, 1).numpy().tolist()
+    weights = capture.weights().transpose(0, 1).numpy().tolist()
+    prefill = rows * padded_prompt
+
+    def routes_of(row: int, prompt_len: int, response_len: int) -> dict:
         start = row * padded_prompt + padded_prompt - prompt_len
-        ids = [pre_ids[start: start + prompt_len]] + [f[0][row: row + 1] for f in forwards[1: response_len]]
-        w = [pre_w[start: start + prompt_len]] + [f[1][row: row + 1] for f in forwards[1: response_len]]
-        experts.append(torch.cat(ids))
-        weights.append(torch.cat(w))
-    # [tokens, layers, k]: the record layout
-    return {"version": 1, "experts": torch.stack(experts, 1).tolist(), "weights": torch.stack(weights, 1).tolist()}
+        at = [*range(start, start + prompt_len), *range(prefill + row, prefill + row + rows * (response_len - 1), rows)]
+        # [tokens, layers, k]: the record layout
+        return {"version": 1, "experts": [experts[t] for t in at], "weights": [weights[t] for t in at]}
+
+    return routes_of
 
 
 def _fresh_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
