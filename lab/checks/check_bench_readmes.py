@@ -303,35 +303,38 @@ def _router_range(cases, row, key):
     return [min(values), max(values)]
 
 
-def router_probe(root):
-    """per kernel group: cases; vLLM row's ids in slot order and weights bit-equal, SGLang row's
-    weights bit-equal, HF's id sets equal (100 x fraction, min-max over the cases)."""
-    cases = _json(root, f"{ROUTER}/router_probe.json")["cases"]
-    groups = {"topk_softmax, 8 / 64 / 128 experts (fused)": [c for c in cases if c["op"] == "topk_softmax" and c["fused"]],
-              "topk_softmax, 60 experts (fallback)": [c for c in cases if c["op"] == "topk_softmax" and not c["fused"]],
-              "grouped_topk, 8 and 256 experts": [c for c in cases if c["op"] == "grouped_topk"]}
+def _router_rows(groups: dict) -> dict:
+    """per kernel group (name -> cases): cases; vLLM row's ids in slot order and weights bit-equal,
+    SGLang row's weights bit-equal, HF's id sets equal (100 x fraction, min-max over the cases)."""
     return {(name,): [len(g), _router_range(g, "vllm-0.33", "ids_equal_in_order"),
                       _router_range(g, "vllm-0.33", "weights_bit_equal"),
                       _router_range(g, "sglang-0.5.23", "weights_bit_equal"), _router_range(g, "hf", "id_sets_equal")]
             for name, g in groups.items()}
+
+
+def _softmax_groups(cases) -> dict:
+    return {"topk_softmax, 8 / 64 / 128 experts (fused)": [c for c in cases if c["op"] == "topk_softmax" and c["fused"]],
+            "topk_softmax, 60 experts (fallback)": [c for c in cases if c["op"] == "topk_softmax" and not c["fused"]]}
+
+
+def router_probe(root):
+    """the first run: _router_rows of the softmax groups and of every grouped_topk case."""
+    cases = _json(root, f"{ROUTER}/router_probe.json")["cases"]
+    return _router_rows({**_softmax_groups(cases),
+                         "grouped_topk, 8 and 256 experts": [c for c in cases if c["op"] == "grouped_topk"]})
 
 
 ROUTER_RERUN = f"{ROUTER}/rerun"
 
 
 def router_rerun(root):
-    """the rerun (grouped_topk modelled): per kernel group as router_probe, grouped_topk split into
-    vLLM's small kernel (8, 256 experts) and its fused kernel (512)."""
+    """the rerun (grouped_topk modelled): as router_probe, grouped_topk split into vLLM's small kernel
+    (8, 256 experts) and its fused kernel (512)."""
     cases = _json(root, f"{ROUTER_RERUN}/router_probe.json")["cases"]
     grouped = [c for c in cases if c["op"] == "grouped_topk"]
-    groups = {"topk_softmax, 8 / 64 / 128 experts (fused)": [c for c in cases if c["op"] == "topk_softmax" and c["fused"]],
-              "topk_softmax, 60 experts (fallback)": [c for c in cases if c["op"] == "topk_softmax" and not c["fused"]],
-              "grouped_topk, 8 and 256 experts (small kernel)": [c for c in grouped if c["small_kernel"]],
-              "grouped_topk, 512 experts (fused kernel)": [c for c in grouped if not c["small_kernel"]]}
-    return {(name,): [len(g), _router_range(g, "vllm-0.33", "ids_equal_in_order"),
-                      _router_range(g, "vllm-0.33", "weights_bit_equal"),
-                      _router_range(g, "sglang-0.5.23", "weights_bit_equal"), _router_range(g, "hf", "id_sets_equal")]
-            for name, g in groups.items()}
+    return _router_rows({**_softmax_groups(cases),
+                         "grouped_topk, 8 and 256 experts (small kernel)": [c for c in grouped if c["small_kernel"]],
+                         "grouped_topk, 512 experts (fused kernel)": [c for c in grouped if not c["small_kernel"]]})
 
 
 GROUPED_FLIPS = ("vllm-0.33", "vllm-0.33 sigmoid=torch", "vllm-0.33 sigmoid_renorm=divide",
@@ -362,8 +365,8 @@ RESIDUAL = "results/benchmarks/residual_source_gpu_tests_h200_2026-12-02"
 def residual_source_tests(root):
     """pytest -q's progress characters in gpu_tests.log: passed ('.'), failed ('F'), skipped ('s')."""
     text = (root / RESIDUAL / "gpu_tests.log").read_text()
-    marks = "".join(line.split(" [")[0].split("tests_rc")[0] for line in text.splitlines()
-                    if line and set(line.split(" [")[0].split("tests_rc")[0]) <= set(".Fs"))
+    heads = (line.split(" [")[0].split("tests_rc")[0] for line in text.splitlines())
+    marks = "".join(h for h in heads if h and set(h) <= set(".Fs"))
     return {("the H200 call",): [marks.count("."), marks.count("F"), marks.count("s")]}
 
 
