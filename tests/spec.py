@@ -54,7 +54,7 @@ def vllm_mean_square(v: torch.Tensor, call_rows: int, after_add: bool) -> torch.
     import numpy as np
 
     f = np.float32
-    rows = v.reshape(-1, v.shape[-1]).numpy()
+    rows = v.detach().reshape(-1, v.shape[-1]).cpu().numpy()  # the oracle runs on the host
     n = rows.shape[1]
     most = 1024 if call_rows < 256 else 256
     if after_add:  # fused_add_rms_norm: 16-byte vectors of pair sums, or single elements
@@ -87,7 +87,7 @@ def vllm_mean_square(v: torch.Tensor, call_rows: int, after_add: bool) -> torch.
                 offset *= 2
             total = lanes[0] if total is None else f(total + lanes[0])
         out.append(f(total / f(n)))
-    return torch.from_numpy(np.array(out, dtype=np.float32)).reshape(v.shape[:-1] + (1,))
+    return torch.from_numpy(np.array(out, dtype=np.float32)).reshape(v.shape[:-1] + (1,)).to(v.device)
 
 
 def _norm(v, w, eps, prof, lp, after_add=False):
