@@ -47,7 +47,7 @@ from dose_long52_numbers import (  # noqa: E402
     long52_no_collapse, long52_prediction, long52_table, long52_throughput, long52_timing, long52_warm_start,
 )
 from moe_numbers import (  # noqa: E402
-    MOE, moe_bf16_seeds, moe_calls, moe_decode_ops, moe_first_layer, moe_k3_ratios, moe_predictions, moe_reward, moe_routing_layers_over_training, moe_routing_ratios, moe_routing_table,
+    MOE, MOE60, moe60_call, moe60_predictions, moe60_warm_start, moe_bf16_seeds, moe_calls, moe_decode_ops, moe_first_layer, moe_k3_ratios, moe_predictions, moe_reward, moe_routing_layers_over_training, moe_routing_ratios, moe_routing_table,
     moe_step_time, moe_table, moe_timing_table, moe_warm_start,
 )
 from readme_tables import TableCheck, check_results_module, main  # noqa: E402
@@ -73,6 +73,15 @@ TABLES: list[TableCheck] = [
     TableCheck("MoE timing table", R(MOE), f"{MOE}/{LOGS}",
                "medians over steps 1+ of 3 runs: time/rollout_s, time/train_s, time/sync_s, time/step_s; "
                "1000 time/rollout_s / response/length/max", moe_timing_table),
+    TableCheck("MoE60 arms table", R(MOE60), f"{MOE60}/{LOGS}", "as the MoE arms table, the 60-step run",
+               lambda root: moe_table(root, MOE60)),
+    TableCheck("MoE60 routing table", R(MOE60), f"{MOE60}/{LOGS}", "as the MoE routing table, the 60-step run",
+               lambda root: moe_routing_table(root, MOE60)),
+    TableCheck("MoE60 routing per layer over training", R(MOE60), f"{MOE60}/{LOGS}",
+               "as the MoE routing per layer over training, the 60-step run",
+               lambda root: moe_routing_layers_over_training(root, MOE60)),
+    TableCheck("MoE60 timing table", R(MOE60), f"{MOE60}/{LOGS}", "as the MoE timing table, the 60-step run",
+               lambda root: moe_timing_table(root, MOE60)),
     TableCheck("GRPO H200 table", R(GRPO), f"{GRPO}/{LOGS}",
                "mean over seeds (step-0 k3, k3 over training, step-0 clip leak %, best 5-step reward); "
                "final reward mean ± sample std (ddof=1); seeds whose collapse signal fired / seeds", grpo_table),
@@ -148,6 +157,20 @@ PROSE: list = [
     Check("MoE: decode ops", R(MOE), f"{MOE}/decode_ops.json, {GRPO}/{LOGS}", "top-level aten ops per decode step MoE, "
           "dense; host-blocking ops MoE, dense; dense median ms per decode step; that x the op ratio; MoE median ms "
           "per decode step; its ratio to the scaled dense", moe_decode_ops),
+    # ---- the MoE routing experiment to 60 steps
+    Check("MoE60: the call", R(MOE60), f"{MOE60}/logs/moe_experiment.log, {MOE60}/{LOGS}",
+          "steps logged / planned (the bar), elapsed s, runs finished / runs, exit status; steps per run min-max",
+          moe60_call),
+    Check("MoE60: warm start", R(MOE60), f"{MOE60}/init/qwen3moe-36m/sft.json",
+          "steps_done, wall_time_s, last greedy and sampled accuracy", moe60_warm_start),
+    Check("MoE60: k3 ratios", R(MOE60), f"{MOE60}/{LOGS}", "as MoE: k3 ratios", lambda root: moe_k3_ratios(root, MOE60)),
+    Check("MoE60: routing ratios", R(MOE60), f"{MOE60}/{LOGS}", "as MoE: routing ratios",
+          lambda root: moe_routing_ratios(root, MOE60)),
+    Check("MoE60: bf16 seeds", R(MOE60), f"{MOE60}/{LOGS}", "as MoE: bf16 seeds", lambda root: moe_bf16_seeds(root, MOE60)),
+    Check("MoE60: reward", R(MOE60), f"{MOE60}/{LOGS}", "as MoE: reward", lambda root: moe_reward(root, MOE60)),
+    Check("MoE60: step time", R(MOE60), f"{MOE60}/{LOGS}", "as MoE: step time", lambda root: moe_step_time(root, MOE60)),
+    Check("MoE60: predictions", R(MOE60), f"{MOE60}/{LOGS}, {MOE60}/logs/moe_experiment.log",
+          "PREDICTIONS.md's quantities in its order (moe_numbers.moe60_predictions)", moe60_predictions),
     # ---- dose-response, the long cells
     Check("dose long: warm starts", R(LONG),
           f"{LONG}/init/*/sft.json", "steps_done, wall_time_s, the last "

@@ -340,6 +340,12 @@ def _moe_index(root):
     return moe_numbers.moe_index(root)
 
 
+def _moe60_index(root):
+    _dose()  # lab/checks on the path
+    import moe_numbers
+    return moe_numbers.moe60_index(root)
+
+
 def _decode_attention(root):
     b = _dose_long52().long52_bench(root)
     return [b[2], b[5]]
@@ -764,9 +770,12 @@ CHECKS: list[Check] = [
           "geomean; aligned log lines (all k3 0); the 4M long aligned geomean", _dose_long52_readme),
     Check("dose-response: the 52M long cell (index)", "results/README",
           "results/experiments/dose_response_long52_h200_2026-12-01/runs", "as above; bf16's step-0 k3 geomean", _dose_long52_index),
-    Check("MoE routing", "README", "results/experiments/moe_routing_h200_2026-12-02/runs",
-          "steps per run min-max; step-0 routing layer mean % bf16, aligned, router; step-0 k3 bf16 / router-replay "
-          "(ratio of means); runs collapsed by either criterion; median time/step_s", _moe_index),
+    Check("MoE routing 60", "README", "results/experiments/moe_routing60_h200_2026-12-02/runs",
+          "steps per run min-max; routing layer mean % at step 0 and over training, bf16, aligned, router; k3 bf16 / "
+          "arm: step 0 router, router-replay, over training router-replay; runs collapsed by either criterion; median "
+          "time/step_s", _moe60_index),
+    Check("MoE routing 60 (index)", "results/README", "results/experiments/moe_routing60_h200_2026-12-02/runs",
+          "as above", _moe60_index),
     Check("MoE routing (index)", "results/README", "results/experiments/moe_routing_h200_2026-12-02/runs", "as above",
           _moe_index),
     Check("decode attention", "README",

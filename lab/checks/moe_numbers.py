@@ -17,13 +17,16 @@ from pathlib import Path
 from experiment_numbers import GRPO, arm, mean, runs, st
 
 MOE = "results/experiments/moe_routing_h200_2026-12-02"
+#: the same grid run to its 60 steps in one call (``results/experiments/moe_routing60_h200_2026-12-02``); the
+#: table and ratio functions below take either folder
+MOE60 = "results/experiments/moe_routing60_h200_2026-12-02"
 ARMS = ("bf16", "aligned", "router", "replay", "router-replay")
 MODEL = "qwen3moe-36m"
 REWARD_COLLAPSE_FRACTION = 0.5  # rla.rl.experiment_summary's reward criterion: final < 0.5 x first
 
 
-def _arm(root: Path, name: str) -> list[dict]:
-    return arm(root, MOE, MODEL, name)
+def _arm(root: Path, name: str, folder: str = MOE) -> list[dict]:
+    return arm(root, folder, MODEL, name)
 
 
 def _pct(v: float) -> float:
@@ -36,12 +39,12 @@ def _ms(v):
 
 # ---------------------------------------------------------------- the tables
 
-def moe_table(root: Path) -> dict:
+def moe_table(root: Path, folder: str = MOE) -> dict:
     """per arm: logged steps min-max; step-0 k3 mean ± std; k3 over training (mean); final reward mean ± std;
     best 5-step reward (mean); seeds whose collapse signal fired / seeds; seeds with final < 0.5 x first / seeds."""
     out = {}
     for name in ARMS:
-        rs = _arm(root, name)
+        rs = _arm(root, name, folder)
         steps = [r["steps"] for r in rs]
         out[(name,)] = [[min(steps), max(steps)], _ms(st([r["step0"]["k3"] for r in rs])),
                         mean([r["mismatch_mean"]["k3"] for r in rs]), _ms(st([r["final_reward"] for r in rs])),
@@ -50,13 +53,13 @@ def moe_table(root: Path) -> dict:
     return out
 
 
-def moe_routing_table(root: Path) -> dict:
+def moe_routing_table(root: Path, folder: str = MOE) -> dict:
     """per arm, in percent of routed tokens whose expert set differs from the rollout's: step 0 per layer (mean over
     seeds); step-0 layer mean and any-layer share (mean ± std); both over training (mean over seeds of each run's
     mean over steps)."""
     out = {}
     for name in ARMS:
-        rs = _arm(root, name)
+        rs = _arm(root, name, folder)
         per = [r["step0"]["routing_set_differs"] for r in rs]
         layers = [_pct(mean([p[i] for p in per])) for i in range(len(per[0]))]
         m0 = st([r["step0"]["routing_set_differs_mean"] for r in rs])
@@ -67,12 +70,12 @@ def moe_routing_table(root: Path) -> dict:
     return out
 
 
-def moe_routing_layers_over_training(root: Path) -> dict:
+def moe_routing_layers_over_training(root: Path, folder: str = MOE) -> dict:
     """per arm and layer, in percent: routing/set_differs averaged over every logged step of a run (step 0
     included, as rla.rl.runlog.summarize averages), then over seeds."""
     out = {}
     for name in ARMS:
-        rs = _arm(root, name)
+        rs = _arm(root, name, folder)
         per_run = [[statistics.fmean(x["routing/set_differs"][i] for x in r["records"]) for i in range(7)] for r in rs]
         out[(name,)] = [_pct(mean([p[i] for p in per_run])) for i in range(7)]
     return out
@@ -89,12 +92,12 @@ def _later_steps(rs: list[dict]) -> list[dict]:
     return [x for r in rs for x in r["records"][1:]]  # step 0 also compiles and warms up
 
 
-def moe_timing_table(root: Path) -> dict:
+def moe_timing_table(root: Path, folder: str = MOE) -> dict:
     """per arm, medians over the steps after step 0 of its 3 runs: time/rollout_s, time/train_s, time/sync_s,
     time/step_s; ms per decode step = 1000 time/rollout_s / response/length/max."""
     out = {}
     for name in ARMS:
-        xs = _later_steps(_arm(root, name))
+        xs = _later_steps(_arm(root, name, folder))
         med = lambda k: statistics.median(x[k] for x in xs)  # noqa: E731
         out[(name,)] = [med("time/rollout_s"), med("time/train_s"), med("time/sync_s"), med("time/step_s"),
                         statistics.median(1000 * x["time/rollout_s"] / x["response/length/max"] for x in xs)]
@@ -134,44 +137,44 @@ def moe_warm_start(root: Path) -> list:
             float(sampled)]
 
 
-def _k3(root, name, kind="step0"):
-    return mean([r[kind]["k3"] for r in _arm(root, name)])
+def _k3(root, name, kind="step0", folder=MOE):
+    return mean([r[kind]["k3"] for r in _arm(root, name, folder)])
 
 
-def moe_k3_ratios(root: Path) -> list:
+def moe_k3_ratios(root: Path, folder: str = MOE) -> list:
     """ratio of means over seeds, bf16 / arm, of step-0 k3: aligned, router, replay, router-replay; then of k3 over
     training, same order."""
-    return [_k3(root, "bf16") / _k3(root, a) for a in ARMS[1:]] + \
-           [_k3(root, "bf16", "mismatch_mean") / _k3(root, a, "mismatch_mean") for a in ARMS[1:]]
+    k = lambda a, kind="step0": _k3(root, a, kind, folder)  # noqa: E731
+    return [k("bf16") / k(a) for a in ARMS[1:]] + [k("bf16", "mismatch_mean") / k(a, "mismatch_mean") for a in ARMS[1:]]
 
 
-def _route(root, name, kind="step0"):
-    return mean([r[kind]["routing_set_differs_mean"] for r in _arm(root, name)])
+def _route(root, name, kind="step0", folder=MOE):
+    return mean([r[kind]["routing_set_differs_mean"] for r in _arm(root, name, folder)])
 
 
-def moe_routing_ratios(root: Path) -> list:
+def moe_routing_ratios(root: Path, folder: str = MOE) -> list:
     """bf16 / arm of the routing layer mean (ratio of means over seeds): step 0 aligned, router; over training
     aligned, router."""
-    return [_route(root, "bf16") / _route(root, "aligned"), _route(root, "bf16") / _route(root, "router"),
-            _route(root, "bf16", "mismatch_mean") / _route(root, "aligned", "mismatch_mean"),
-            _route(root, "bf16", "mismatch_mean") / _route(root, "router", "mismatch_mean")]
+    r = lambda a, kind="step0": _route(root, a, kind, folder)  # noqa: E731
+    return [r("bf16") / r("aligned"), r("bf16") / r("router"),
+            r("bf16", "mismatch_mean") / r("aligned", "mismatch_mean"), r("bf16", "mismatch_mean") / r("router", "mismatch_mean")]
 
 
-def moe_bf16_seeds(root: Path) -> list:
+def moe_bf16_seeds(root: Path, folder: str = MOE) -> list:
     """bf16's step-0 k3 per seed (0, 1, 2); per seed 100 (1 - replay / bf16) of step-0 k3 (same seed: same
     warm start, same rollout seed); seed 0's step-0 mismatch/abs/max (nats)."""
-    b = {r["seed"]: r["step0"]["k3"] for r in _arm(root, "bf16")}
-    rp = {r["seed"]: r["step0"]["k3"] for r in _arm(root, "replay")}
-    s0 = next(r for r in _arm(root, "bf16") if r["seed"] == 0)["records"][0]["mismatch/abs/max"]
+    b = {r["seed"]: r["step0"]["k3"] for r in _arm(root, "bf16", folder)}
+    rp = {r["seed"]: r["step0"]["k3"] for r in _arm(root, "replay", folder)}
+    s0 = next(r for r in _arm(root, "bf16", folder) if r["seed"] == 0)["records"][0]["mismatch/abs/max"]
     return [b[s] for s in (0, 1, 2)] + [100 * (1 - rp[s] / b[s]) for s in (0, 1, 2)] + [s0]
 
 
-def moe_reward(root: Path) -> list:
+def moe_reward(root: Path, folder: str = MOE) -> list:
     """mean over the 15 runs of reward_first and final_reward (5-step means); min and max over the four other arms
     of (arm mean - bf16 mean) final reward / bf16's sample std."""
-    rs = runs(root, MOE)
-    b = st([r["final_reward"] for r in _arm(root, "bf16")])
-    z = [(mean([r["final_reward"] for r in _arm(root, a)]) - b["mean"]) / b["std"] for a in ARMS[1:]]
+    rs = runs(root, folder)
+    b = st([r["final_reward"] for r in _arm(root, "bf16", folder)])
+    z = [(mean([r["final_reward"] for r in _arm(root, a, folder)]) - b["mean"]) / b["std"] for a in ARMS[1:]]
     return [mean([r["reward_first"] for r in rs]), mean([r["final_reward"] for r in rs]), min(z), max(z)]
 
 
@@ -196,10 +199,10 @@ def moe_decode_ops(root: Path) -> list:
             dense_ms, dense_ms * ratio, moe_ms, moe_ms / (dense_ms * ratio)]
 
 
-def moe_step_time(root: Path) -> list:
+def moe_step_time(root: Path, folder: str = MOE) -> list:
     """over every step after step 0 of the 15 runs: median time/step_s, median time/rollout_s, the rollout's share of
     the summed step time (%), median response/length/max."""
-    xs = _later_steps(runs(root, MOE))
+    xs = _later_steps(runs(root, folder))
     return [statistics.median(x["time/step_s"] for x in xs), statistics.median(x["time/rollout_s"] for x in xs),
             100 * sum(x["time/rollout_s"] for x in xs) / sum(x["time/step_s"] for x in xs),
             statistics.median(x["response/length/max"] for x in xs)]
@@ -234,3 +237,49 @@ def moe_predictions(root: Path) -> list:
             _pct(max(v for x in replay for v in x["routing/set_differs"])), len(replay),
             *k3, k3[0] / k3[3], collapsed, len(runs(root, MOE)), reward[2], reward[3],
             moe_warm_start(root)[1], moe_step_time(root)[0]]
+
+
+# ---------------------------------------------------------------- the 60-step run (MOE60)
+
+def moe60_call(root: Path) -> list:
+    """logs/moe_experiment.log: steps logged / planned (the progress bar), its elapsed seconds, runs finished / runs,
+    the experiment's exit status; steps per run min-max (the logs)."""
+    text = (root / MOE60 / "logs" / "moe_experiment.log").read_text()
+    done, planned = map(int, re.search(r"(\d+)/(\d+) \d+:\d\d:\d\d", text).groups())
+    fin, total = map(int, re.search(r"(\d+)/(\d+) runs finished", text).groups())
+    steps = [r["steps"] for r in runs(root, MOE60)]
+    return [done, planned, _elapsed_s(text), fin, total, int(re.search(r"exp rc=(\d+)", text).group(1)),
+            min(steps), max(steps)]
+
+
+def moe60_warm_start(root: Path) -> list:
+    """init/*/sft.json: steps_done, wall_time_s, the last evaluation's greedy and sampled accuracy."""
+    h = json.loads((root / MOE60 / "init" / MODEL / "sft.json").read_text())["history"]
+    ev = h["evals"][-1]
+    return [h["steps_done"], h["wall_time_s"], ev["greedy_acc"], ev["sample_acc"]]
+
+
+def moe60_predictions(root: Path) -> list:
+    """PREDICTIONS.md's quantities in its order: (1) the bar's elapsed minutes, the warm start's wall_time_s; (2) runs
+    collapsed by either criterion, runs; (3) step-0 k3 means of the five arms; (4) the routing layer mean over
+    training of the five arms (%), the largest per-layer value over every logged step of both replay arms (%), their
+    log lines; (5) min, max over the four arms of (mean - bf16 mean) final reward / bf16 sample std."""
+    t, rt = moe_table(root, MOE60), moe_routing_table(root, MOE60)
+    replay = [x for a in ("replay", "router-replay") for r in _arm(root, a, MOE60) for x in r["records"]]
+    reward = moe_reward(root, MOE60)
+    return [moe60_call(root)[2] / 60, moe60_warm_start(root)[1],
+            sum(t[(a,)][5][0] + t[(a,)][6][0] for a in ARMS), len(runs(root, MOE60)),
+            *[_k3(root, a, folder=MOE60) for a in ARMS], *[rt[(a,)][9] for a in ARMS],
+            _pct(max(v for x in replay for v in x["routing/set_differs"])), len(replay), reward[2], reward[3]]
+
+
+def moe60_index(root: Path) -> list:
+    """for the README and the results index: steps min-max; routing layer mean % at step 0 and over training, bf16,
+    aligned, router; k3 bf16 / arm (ratio of means) at step 0 for router, router-replay and over training for
+    router-replay; runs collapsed by either criterion; median step seconds."""
+    t, rt = moe_table(root, MOE60), moe_routing_table(root, MOE60)
+    k3 = moe_k3_ratios(root, MOE60)
+    collapsed = sum(t[(a,)][5][0] + t[(a,)][6][0] for a in ARMS)
+    call = moe60_call(root)
+    return [call[6], call[7], *[rt[(a,)][7][0] for a in ARMS[:3]], *[rt[(a,)][9] for a in ARMS[:3]],
+            k3[1], k3[3], k3[7], collapsed, moe_step_time(root, MOE60)[0]]
