@@ -449,7 +449,134 @@ def moe_decode_syncs(root):
 
 R = lambda folder: f"{folder}/README.md"  # noqa: E731
 
+# ---------------------------------------------------------------- 2026-12-02, this session's H200 calls
+
+TRLV = "results/benchmarks/trl_verl_gpu_h200_2026-12-02"
+
+
+def trl_colocate_steps(root):
+    """trl/trl_vllm_colocate.json, per logged step: kl, reward, mismatch/k3, mismatch/n_tokens, 100 x
+    mismatch/bitwise/equal, sampling/importance_sampling_ratio/max."""
+    steps = _json(root, f"{TRLV}/trl/trl_vllm_colocate.json")["steps"]
+    return {(f"step {i}",): [x["kl"], x["reward"], x["mismatch/k3"], x["mismatch/n_tokens"],
+                             100 * x["mismatch/bitwise/equal"], x["sampling/importance_sampling_ratio/max"]]
+            for i, x in enumerate(steps, 1)}
+
+
+def trl_colocate_checks(root):
+    """trl/trl_vllm_colocate.json: its checks (step1_kl_zero, mismatch_every_step, trl_keys_kept, weights_synced),
+    weight_syncs, gpu_peak_memory_gib; the vLLM and TRL versions."""
+    d = _json(root, f"{TRLV}/trl/trl_vllm_colocate.json")
+    c = d["checks"]
+    return {("TRL 1.16 colocate",): [d["vllm"], d["trl"], *[str(c[k]).lower() for k in
+                                     ("step1_kl_zero", "mismatch_every_step", "trl_keys_kept", "weights_synced")],
+                                     d["weight_syncs"], d["gpu_peak_memory_gib"]]}
+
+
+def verl_gpu_cases(root):
+    """verl/cases/<case>/rank0.json: strategy, aligned, any forward input cast, logits equal plain and under
+    autocast, gradients compared (actor cases), unequal, max |diff|."""
+    out = {}
+    for f in sorted((root / TRLV / "verl" / "cases").glob("*/rank0.json")):
+        d = json.loads(f.read_text())
+        out[(f.parent.name,)] = [d["strategy"], str(d["aligned"]).lower(), str(d["any_input_cast"]).lower(),
+                                 str(d["logits_equal_plain"]).lower(), str(d["logits_equal_autocast"]).lower(),
+                                 d.get("grads_compared", "-"),
+                                 len(d["grads_unequal"]) if "grads_unequal" in d else "-",
+                                 d.get("grads_max_abs_diff", "-")]
+    return out
+
+
+def _pytest_counts(text: str) -> list:
+    import re
+    last = [ln for ln in text.splitlines() if re.search(r"\d+ (passed|failed|skipped)", ln)][-1]
+    return [int(m.group(1)) if (m := re.search(rf"(\d+) {w}", last)) else 0 for w in ("passed", "failed", "skipped")]
+
+
+def verl_gpu_pytest(root):
+    """verl/pytest.txt's summary line: passed, failed, skipped."""
+    return {("verl 0.9.1 FSDPEngine, 1 GPU",): _pytest_counts((root / TRLV / "verl" / "pytest.txt").read_text())}
+
+
+FAM524 = "results/benchmarks/families_tf524_gpu_tests_h200_2026-12-02"
+
+
+def families_tf524_tests(root):
+    """tests_families_tf524.txt's summary line: passed, failed, skipped."""
+    return {("transformers 5.24.0",): _pytest_counts((root / FAM524 / "tests_families_tf524.txt").read_text())}
+
+
+BRK = "results/benchmarks/e2e_breakdown_h200_2026-12-02"
+_BRK_SHAPES = {"qwen2.5-1.5b": "Qwen2.5-1.5B, 4 x 4096", "qwen3-1.7b": "Qwen3-1.7B, 2 x 4096", "qwen2.5-7b": "Qwen2.5-7B, 1 x 4096"}
+
+
+def _brk_rows(root):
+    return {(r["model"], r["variant"]): r for r in _json(root, f"{BRK}/e2e_breakdown/e2e_breakdown.json")["results"]}
+
+
+def breakdown_speed_memory(root):
+    """e2e_breakdown.json per shape and variant: tok_s, gpu_ms_median, step_peak_gib; tok_s / liger's,
+    step_peak_gib / liger's."""
+    rows, out = _brk_rows(root), {}
+    for m, shape in _BRK_SHAPES.items():
+        lg = rows[(m, "liger")]
+        for v in ("hf-bf16", "liger", "rla-vllm", "rla-vllm-eager", "liger-flce", "rla-vllm+liger-flce"):
+            r = rows[(m, v)]
+            out[(shape, v)] = [r["time"]["tok_s"], r["time"]["gpu_ms_median"], r["peaks"]["step_peak_gib"],
+                               r["time"]["tok_s"] / lg["time"]["tok_s"], r["peaks"]["step_peak_gib"] / lg["peaks"]["step_peak_gib"]]
+    return out
+
+
+def breakdown_memory_gap(root):
+    """per shape: rla-vllm's step peak - liger's (GiB), and that in bytes per token, layer and hidden element; the
+    same for rla-vllm-eager."""
+    rows, out = _brk_rows(root), {}
+    for m, shape in _BRK_SHAPES.items():
+        lg = rows[(m, "liger")]
+        per = lambda r: (r["peaks"]["step_peak_gib"] - lg["peaks"]["step_peak_gib"]) * 2 ** 30 / (  # noqa: E731
+            r["batch"] * r["seq"] * r["layers"] * r["hidden"])
+        a, e = rows[(m, "rla-vllm")], rows[(m, "rla-vllm-eager")]
+        out[(shape,)] = [a["peaks"]["step_peak_gib"] - lg["peaks"]["step_peak_gib"], per(a),
+                         e["peaks"]["step_peak_gib"] - lg["peaks"]["step_peak_gib"], per(e)]
+    return out
+
+
+def breakdown_kernels(root):
+    """per shape and variant (rla-vllm, rla-vllm-eager, liger), kernel ms of one profiled step: norm, copies/casts,
+    other, total."""
+    rows, out = _brk_rows(root), {}
+    for m, shape in _BRK_SHAPES.items():
+        for v in ("rla-vllm", "rla-vllm-eager", "liger"):
+            us = rows[(m, v)]["kernels"]["us"]
+            out[(shape, v)] = [us["norm"] / 1e3, us["copies/casts"] / 1e3, us["other"] / 1e3, sum(us.values()) / 1e3]
+    return out
+
+
+def breakdown_gpu_tests(root):
+    """gpu_tests.log's summary line: passed, failed, skipped (deselected not counted)."""
+    return {("the H200 call",): _pytest_counts((root / BRK / "gpu_tests.log").read_text())}
+
+
 TABLES: list[TableCheck] = [
+    TableCheck("TRL colocate steps", R(TRLV), f"{TRLV}/trl/trl_vllm_colocate.json",
+               "per step: kl, reward, mismatch/k3, mismatch/n_tokens, 100 x mismatch/bitwise/equal, IS ratio max",
+               trl_colocate_steps),
+    TableCheck("TRL colocate checks", R(TRLV), f"{TRLV}/trl/trl_vllm_colocate.json",
+               "vllm, trl, the four checks, weight_syncs, gpu_peak_memory_gib", trl_colocate_checks),
+    TableCheck("verl GPU cases", R(TRLV), f"{TRLV}/verl/cases/*/rank0.json",
+               "strategy, aligned, input cast, logits equal plain / autocast, grads compared, unequal, max |diff|",
+               verl_gpu_cases),
+    TableCheck("verl GPU pytest", R(TRLV), f"{TRLV}/verl/pytest.txt", "passed, failed, skipped", verl_gpu_pytest),
+    TableCheck("families GPU tests tf524", R(FAM524), f"{FAM524}/tests_families_tf524.txt", "passed, failed, skipped",
+               families_tf524_tests),
+    TableCheck("breakdown speed and memory", R(BRK), f"{BRK}/e2e_breakdown/e2e_breakdown.json",
+               "tok_s, gpu_ms_median, step_peak_gib; tok_s / liger's, step_peak_gib / liger's", breakdown_speed_memory),
+    TableCheck("breakdown memory gap", R(BRK), f"{BRK}/e2e_breakdown/e2e_breakdown.json",
+               "step peak - liger's (GiB) and per token, layer and hidden element (bytes): rla-vllm, rla-vllm-eager",
+               breakdown_memory_gap),
+    TableCheck("breakdown kernels", R(BRK), f"{BRK}/e2e_breakdown/e2e_breakdown.json",
+               "kernel ms: norm, copies/casts, other, total", breakdown_kernels),
+    TableCheck("breakdown GPU tests", R(BRK), f"{BRK}/gpu_tests.log", "passed, failed, skipped", breakdown_gpu_tests),
     TableCheck("moe decode syncs", R(MOE_SYNCS), f"{MOE_SYNCS}/before.json, after.json",
                "per decode step: ops before, after; syncs before (total, nonzero, item, copies), after (the same)",
                moe_decode_syncs),
