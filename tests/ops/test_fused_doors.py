@@ -1,10 +1,11 @@
 """The two doors of every fused op, generated from one description (``rla.ops._op_spec``), on a CPU.
 
 - Under Triton's interpreter (the real kernels on CPU tensors; skipped without Triton): for each of
-  the ten ops (``add_rms_norm_of_source``, ``rms_norm_and_round`` and the two ``*_normed`` among them) and several flag settings, the custom op
+  the ten ops (``add_rms_norm_of_source``, ``rms_norm_and_round`` and the two ``*_normed`` among
+  them) and several flag settings, the custom op
   (dispatcher + ``register_autograd``) and the ``autograd.Function`` give the same outputs and
   gradients bit for bit, and the fakes the real outputs' shapes, dtypes and strides;
-  ``torch.compile(fullgraph=True)`` of the six public functions holds the custom ops and equals
+  ``torch.compile(fullgraph=True)`` of the seven public functions holds the custom ops and equals
   eager; ``opcheck`` passes on every custom op (``interpreted_doors.py``, one subprocess each
   because the interpreter is chosen at import).
 - Without Triton: the registered schemas are the ones the GPU opcheck cases and compiled graphs
@@ -108,7 +109,8 @@ def test_registered_schemas(name):
 
 def test_each_op_has_both_doors_under_its_old_names():
     names = {"rope": "_RopeFn", "swiglu": "_SwiGLUFn", "rms_norm": "_RMSNormFn", "add_rms_norm": "_AddRMSNormFn",
-             "carry_add": "_CarryAddFn", "qk_norm_rope": "_QkNormRopeFn", "add_rms_norm_of_source": "_AddRMSNormOfSourceFn",
+             "carry_add": "_CarryAddFn", "qk_norm_rope": "_QkNormRopeFn",
+             "add_rms_norm_of_source": "_AddRMSNormOfSourceFn",
              "rms_norm_and_round": "_RMSNormAndRoundFn", "add_rms_norm_normed": "_AddRMSNormNormedFn",
              "add_rms_norm_of_source_normed": "_AddRMSNormOfSourceNormedFn"}
     for name, op in OPS.items():

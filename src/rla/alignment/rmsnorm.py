@@ -51,7 +51,8 @@ from rla.alignment import compat
 from rla.alignment.patch import install
 from rla.profiles import RoundingProfile
 
-__all__ = ["stack_dtype", "align_norms", "align_layers", "layer_start", "residual_source", "ROUNDS_WITH_NORM", "SWITCHES"]
+__all__ = ["stack_dtype", "align_norms", "align_layers", "layer_start", "residual_source", "ROUNDS_WITH_NORM",
+           "SWITCHES"]
 
 
 def stack_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:

@@ -284,8 +284,8 @@ def swiglu_oai(gate, up, alpha: float, limit: float, profile: RoundingProfile):
 # --------------------------------------------------------------------------------------------
 
 
-def _norm_fwd(x, residual, weight, eps, per_op, fp32_sum, lp=None, out_dtype=None, reduction="unpinned", after_add=False,
-              rounded=None):
+def _norm_fwd(x, residual, weight, eps, per_op, fp32_sum, lp=None, out_dtype=None, reduction="unpinned",
+              after_add=False, rounded=None):
     """The forward launcher of ``reduction``'s order: Triton's own tree, or vLLM's block
     reduction (``rla.ops.reduction``) for a norm after a residual add (``residual`` given, or
     ``after_add``: the sum was formed by the previous layer) or a plain one. ``rounded``: whether
