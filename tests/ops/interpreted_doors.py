@@ -1,16 +1,17 @@
 """Run by test_fused_doors.py in a subprocess under ``TRITON_INTERPRET=1`` (the Triton kernels on CPU
 tensors, through numpy): both doors of every fused op on the same inputs, bit for bit.
 
-For each of the seven ops and a few flag settings: the generated custom op (through the dispatcher,
+For each of the ten ops and a few flag settings: the generated custom op (through the dispatcher,
 its ``register_autograd`` backward calling the backward kernel's custom op) and the generated
 ``autograd.Function`` (launchers called directly) must return the same outputs (values, dtypes,
 strides) and the same gradients of every input (and ``None`` for the same inputs); the public
 function in eager mode must be the Function door; each forward kernel's fake must give the real
 outputs' shapes, dtypes and strides (``doors``). ``opcheck``: ``torch.library.opcheck`` on one
 case of every custom op, forward and backward kernels (schema, fake, autograd registration, AOT
-dispatch). ``compile``: a block of all six public functions (add_rms_norm also with a ``residual_source``) under
+dispatch). ``compile``: a block of all seven public functions (add_rms_norm also with a ``residual_source`` and
+without its residual output; rms_norm_and_round) under
 ``torch.compile(fullgraph=True, backend="aot_eager")`` (no graph break in the generated call; the
-graph holds the seven custom ops)
+graph holds the ten custom ops)
 equals eager, outputs and gradients. Prints ``ok <checks>`` at the end.
 """
 
@@ -90,6 +91,16 @@ def cases():
         src = _below_half(torch.randn(x.shape, generator=_gen(s + 200)) * 3)
         out.append((fused._ADD_RMS_NORM_OF_SOURCE, (x, src.to(LP), src, w),
                     dict(eps=1e-6, per_op=per_op, reduction=reduction), grads))
+    for per_op, reduction, wdt, after_add, grads, s in ((False, "unpinned", LP, True, (0, 1), 17),
+                                                        (True, "vllm_block", torch.float32, False, (0,), 18)):
+        x, _, w = _norm_case(s, wdt)
+        out.append((fused._RMS_NORM_AND_ROUND, (x.float() * 3, w),
+                    dict(eps=1e-6, per_op=per_op, lp=LP, reduction=reduction, after_add=after_add), grads))
+    x, r, w = _norm_case(19)
+    out.append((fused._ADD_RMS_NORM_NORMED, (x, r, w), dict(eps=1e-6, per_op=False, reduction="unpinned"), (0, 1, 2)))
+    src = _below_half(torch.randn(x.shape, generator=_gen(219)) * 3)
+    out.append((fused._ADD_RMS_NORM_OF_SOURCE_NORMED, (x, src.to(LP), src, w),
+                dict(eps=1e-6, per_op=True, reduction="vllm_block"), (0, 1, 3)))
     for out_dtype, s in ((LP, 11), (torch.float32, 12)):
         x, r, _ = _norm_case(s)
         m, _, _ = _norm_case(s + 100)
@@ -219,8 +230,11 @@ def check_compile():
         y, res = fused.add_rms_norm(x, r, w, 1e-6, prof)
         y2, _ = fused.add_rms_norm(y, s.to(LP), w, 1e-6, prof, residual_source=s)  # s: needs grad, as in a layer
         qn, kn = fused.qk_norm_rope(q, k, wq, wq, 1e-6, cos.to(LP), sin.to(LP), prof)
+        hs, rs = fused.rms_norm_and_round(s, w, 1e-6, prof, dtype=LP, after_add=True)  # a layer's input norm
+        y3 = fused.add_rms_norm(y, rs, w, 1e-6, prof, residual_source=s, new_residual=False)
+        y4 = fused.add_rms_norm(x, r, w, 1e-6, prof, new_residual=False)
         return (qo, ko, y, res, fused.swiglu(y, res, prof), fused.rms_norm(res, w, 1e-6, prof),
-                fused.carry_add(y, res, x, LP), qn, kn, y2)
+                fused.carry_add(y, res, x, LP), qn, kn, y2, hs, rs, y3, y4)
 
     def run(f):
         leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, x, r, w, wq, src)]
@@ -240,7 +254,8 @@ def check_compile():
     compiled = run(torch.compile(block, backend=recording, fullgraph=True))
     for i, (a, b) in enumerate(zip(eager, compiled)):
         _same(a, b, f"compiled block, output / gradient {i}")
-    for name in ("rope", "add_rms_norm", "qk_norm_rope", "swiglu", "rms_norm", "carry_add", "add_rms_norm_of_source"):
+    for name in ("rope", "add_rms_norm", "qk_norm_rope", "swiglu", "rms_norm", "carry_add", "add_rms_norm_of_source",
+                 "rms_norm_and_round", "add_rms_norm_normed", "add_rms_norm_of_source_normed"):
         assert f"rla.{name}.default" in targets, (name, "not a custom op node in the graph", targets)
     return len(eager)
 

@@ -1,10 +1,11 @@
 """The two doors of every fused op, generated from one description (``rla.ops._op_spec``), on a CPU.
 
 - Under Triton's interpreter (the real kernels on CPU tensors; skipped without Triton): for each of
-  the seven ops (``add_rms_norm_of_source`` among them) and several flag settings, the custom op
+  the ten ops (``add_rms_norm_of_source``, ``rms_norm_and_round`` and the two ``*_normed`` among
+  them) and several flag settings, the custom op
   (dispatcher + ``register_autograd``) and the ``autograd.Function`` give the same outputs and
   gradients bit for bit, and the fakes the real outputs' shapes, dtypes and strides;
-  ``torch.compile(fullgraph=True)`` of the six public functions holds the custom ops and equals
+  ``torch.compile(fullgraph=True)`` of the seven public functions holds the custom ops and equals
   eager; ``opcheck`` passes on every custom op (``interpreted_doors.py``, one subprocess each
   because the interpreter is chosen at import).
 - Without Triton: the registered schemas are the ones the GPU opcheck cases and compiled graphs
@@ -32,7 +33,9 @@ from rla.ops._op_spec import Kernel, Op, OpSpec
 
 OPS = {"rope": fused._ROPE, "swiglu": fused._SWIGLU, "rms_norm": fused._RMS_NORM,
        "add_rms_norm": fused._ADD_RMS_NORM, "carry_add": fused._CARRY_ADD, "qk_norm_rope": fused._QK_NORM_ROPE,
-       "add_rms_norm_of_source": fused._ADD_RMS_NORM_OF_SOURCE}
+       "add_rms_norm_of_source": fused._ADD_RMS_NORM_OF_SOURCE, "rms_norm_and_round": fused._RMS_NORM_AND_ROUND,
+       "add_rms_norm_normed": fused._ADD_RMS_NORM_NORMED,
+       "add_rms_norm_of_source_normed": fused._ADD_RMS_NORM_OF_SOURCE_NORMED}
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)")
 
@@ -47,18 +50,18 @@ def _interpreted(*checks: str) -> str:
 
 @needs_triton
 def test_both_doors_bit_identical_for_every_op_under_the_interpreter():
-    assert _interpreted("doors") == "ok 17\n"  # 17 cases over the seven ops
+    assert _interpreted("doors") == "ok 21\n"  # 21 cases over the ten ops
 
 
 @needs_triton
 def test_compiled_block_of_the_six_ops_is_one_graph_of_custom_ops_equal_to_eager():
-    assert _interpreted("compile") == "ok 17\n"  # 10 outputs and 7 gradients
+    assert _interpreted("compile") == "ok 21\n"  # 14 outputs and 7 gradients
 
 
 @needs_triton
 @pytest.mark.slow
 def test_opcheck_of_every_custom_op_under_the_interpreter():
-    assert _interpreted("opcheck") == "ok 12\n"  # seven forward kernels, five backward kernels
+    assert _interpreted("opcheck") == "ok 15\n"  # ten forward kernels, five backward kernels
 
 
 # The schemas the GPU opcheck cases (test_fused_gpu.py) call positionally and compiled graphs hold.
@@ -79,6 +82,12 @@ SCHEMAS = {
                     "str reduction) -> (Tensor, Tensor, Tensor)",
     "add_rms_norm_of_source": "(Tensor x, Tensor residual, Tensor source, Tensor weight, float eps, bool per_op, "
                               "str reduction) -> (Tensor, Tensor, Tensor)",
+    "add_rms_norm_normed": "(Tensor x, Tensor residual, Tensor weight, float eps, bool per_op, str reduction) "
+                           "-> (Tensor, Tensor)",
+    "add_rms_norm_of_source_normed": "(Tensor x, Tensor residual, Tensor source, Tensor weight, float eps, "
+                                     "bool per_op, str reduction) -> (Tensor, Tensor)",
+    "rms_norm_and_round": "(Tensor x, Tensor weight, float eps, bool per_op, ScalarType lp, str reduction, "
+                          "bool after_add) -> (Tensor, Tensor, Tensor)",
     "rms_norm_backward_of_source": "(Tensor dy, Tensor? dresidual, Tensor a, Tensor source, Tensor weight, "
                                    "Tensor rstd, bool need_dw, ScalarType lp) -> (Tensor, Tensor)",
     "rms_norm_backward": "(Tensor dy, Tensor? dresidual, Tensor a, Tensor? b, Tensor weight, Tensor rstd, "
@@ -100,13 +109,18 @@ def test_registered_schemas(name):
 
 def test_each_op_has_both_doors_under_its_old_names():
     names = {"rope": "_RopeFn", "swiglu": "_SwiGLUFn", "rms_norm": "_RMSNormFn", "add_rms_norm": "_AddRMSNormFn",
-             "carry_add": "_CarryAddFn", "qk_norm_rope": "_QkNormRopeFn", "add_rms_norm_of_source": "_AddRMSNormOfSourceFn"}
+             "carry_add": "_CarryAddFn", "qk_norm_rope": "_QkNormRopeFn",
+             "add_rms_norm_of_source": "_AddRMSNormOfSourceFn",
+             "rms_norm_and_round": "_RMSNormAndRoundFn", "add_rms_norm_normed": "_AddRMSNormNormedFn",
+             "add_rms_norm_of_source_normed": "_AddRMSNormOfSourceNormedFn"}
     for name, op in OPS.items():
         assert op.name == name and op.custom_op is op.spec.forward.op
         assert issubclass(op.function, torch.autograd.Function) and op.function.__name__ == names[name]
         assert op.spec.forward.schema() == SCHEMAS[name]
     # one backward kernel serves both norms
     assert fused._RMS_NORM.spec.backward is fused._ADD_RMS_NORM.spec.backward
+    assert fused._RMS_NORM_AND_ROUND.spec.backward is fused._ADD_RMS_NORM_NORMED.spec.backward is fused._NORM_BWD
+    assert fused._ADD_RMS_NORM_OF_SOURCE_NORMED.spec.backward is fused._ADD_RMS_NORM_OF_SOURCE.spec.backward
 
 
 def test_named_flags_are_bound_or_refused():

@@ -141,7 +141,8 @@ def test_fused_reductions_take_the_norm_kernels_layouts(block):
         N._norm_fwd_kernel,
         dict(x_ptr="*bf16", r_ptr="*bf16", w_ptr="*bf16", y_ptr="*fp32", res_ptr="*fp32", rstd_ptr="*fp32",
              M=i32, N=i32, inv_n="fp32", eps="fp32", sx=i32, sr=i32),
-        dict(HAS_RES=False, FP32_SUM=False, PER_OP=False, ROUND_W=False, LP=1, ROWS=rows, BLOCK=block, EV=N.EVICT),
+        dict(HAS_RES=False, FP32_SUM=False, PER_OP=False, ROUND_W=False, LP=1, ROWS=rows, BLOCK=block, EV=N.EVICT,
+             STORE_RES=False),
         ["x_ptr", "r_ptr", "w_ptr", "y_ptr", "res_ptr", "rstd_ptr", "N", "sx", "sr"], fwd_warps)
     sig = {n: "*bf16" for n in ("qa_ptr", "wa_ptr", "oa_ptr", "qb_ptr", "wb_ptr", "ob_ptr", "cos_ptr", "sin_ptr")}
     sig.update(ra_ptr="*fp32", rb_ptr="*fp32", inv_n="fp32", eps_a="fp32", eps_b="fp32")

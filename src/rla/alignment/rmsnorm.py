@@ -16,8 +16,18 @@ post-attention norm run as one ``rla.ops.add_rms_norm`` (one fused kernel on CUD
 norm's weight and eps; forward hooks on ``post_attention_layernorm`` therefore do not fire. Under
 ``fp32_sum`` that add + norm keeps for backward the layer's input s (fp32, kept by the input norm
 anyway) instead of the residual RN(s) (``residual_source``), so nothing keeps RN(s).
+
+Memory traffic on rla's own ops (``ops=None``; issue #36), each the same bits as the separate ops
+(``SWITCHES`` turns them off): under ``fp32_sum`` a layer i > 0 runs its input norm and the
+residual's rounding RN(s) as one ``rla.ops.rms_norm_and_round`` (one read of s; in backward d_s =
+d_norm + d_r is formed in the norm's backward kernel, no cast-up and no separate add), and under
+``fp32_carry`` the add + norm does not write RN(x + r), which nothing reads
+(``add_rms_norm(new_residual=False)``). Zero-centred layers (``gemma``, ``qwen3_5``) and ``ops=``
+plugs keep the separate ops.
 Consequences worth knowing:
 
+- Hooks on ``input_layernorm`` of a layer i > 0 do not fire under ``fp32_sum`` with rla's own
+  ops (the norm runs inside ``rms_norm_and_round``), as for ``post_attention_layernorm``.
 - ``output_hidden_states`` shows the fp32 sums (the values the next norm reads), not RN(x + r).
 - Layer 0 receives the embeddings (lp; fp32 under autocast with fp32 weights, rounded here as
   the engine's bf16 embedding table would be).
@@ -41,7 +51,8 @@ from rla.alignment import compat
 from rla.alignment.patch import install
 from rla.profiles import RoundingProfile
 
-__all__ = ["stack_dtype", "align_norms", "align_layers", "layer_start", "residual_source"]
+__all__ = ["stack_dtype", "align_norms", "align_layers", "layer_start", "residual_source", "ROUNDS_WITH_NORM",
+           "SWITCHES"]
 
 
 def stack_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -76,21 +87,39 @@ def _make_norm_forward(profile: RoundingProfile, fp32_out: bool, impl=None, afte
     return forward
 
 
+#: Set on a norm whose aligned forward is ``rla.ops.rms_norm(x, weight, variance_epsilon,
+#: profile, dtype=stack, after_add=True)`` (rla's own ops, lp output): a layer may then run that
+#: norm and its residual's rounding as one ``rla.ops.rms_norm_and_round`` (``layer_start``).
+ROUNDS_WITH_NORM = "_rla_norm_after_add"
+
+#: Module switches of the fp32_carry / fp32_sum traffic savings (issue #36), read at call time;
+#: False restores the earlier separate ops (the tests compare the two, bit for bit).
+#: ``ROUND_IN_NORM``: a layer's input norm of the fp32 sum also writes its residual RN(s)
+#: (``rla.ops.rms_norm_and_round``) instead of a separate cast. ``SKIP_UNREAD_RESIDUAL``: under
+#: ``fp32_carry`` the add + norm does not write RN(x + r), which nothing reads.
+SWITCHES = {"ROUND_IN_NORM": True, "SKIP_UNREAD_RESIDUAL": True}
+
+
 def align_norms(
     norms: list[torch.nn.Module], profile: RoundingProfile, fp32_out: bool = False, impl=None, after_add: bool = False
 ) -> None:
     """Route every norm through ``rla.ops.rms_norm``; with ``fp32_out`` (q/k norms under
     ``qk_norm_out='fp32'``) their output stays fp32 for RoPE (see ``rope.make_apply_rotary``).
     ``after_add``: these norms read a residual sum the engine forms in a fused add + norm (every
-    layer's input norm but the first, the final norm)."""
+    layer's input norm but the first, the final norm); with rla's own ops they are marked
+    (:data:`ROUNDS_WITH_NORM`) so that the layer can fuse its residual's rounding into them."""
     forward = _make_norm_forward(profile, fp32_out, impl, after_add)
+    marked = impl is None and after_add and not fp32_out
     for norm in norms:
         if not hasattr(norm, "variance_epsilon") or not isinstance(getattr(norm, "weight", None), torch.Tensor):
             raise NotImplementedError(
                 f"rla.align: {type(norm).__name__} has no `weight` / `variance_epsilon`; this "
                 "transformers release changed the RMSNorm module (see src/rla/alignment/compat.py)"
             )
-        install(norm, "norm", {"forward": types.MethodType(forward, norm)})
+        attrs = {"forward": types.MethodType(forward, norm)}
+        if marked:
+            attrs[ROUNDS_WITH_NORM] = True
+        install(norm, "norm", attrs)
 
 
 def _cast_error(index: int, got: torch.dtype, profile: RoundingProfile) -> RuntimeError:
@@ -117,22 +146,34 @@ def _layer_parameters(forward) -> tuple[tuple[str, ...], tuple[tuple[str, object
 
 
 def layer_start(layer, hidden_states, args, kwargs, names, defaults, reads_sum: bool, index: int,
-                profile: RoundingProfile):
+                profile: RoundingProfile, round_in_norm: bool = False):
     """What every aligned decoder layer does first -> ``(kwargs, lp, residual, h)``: positional
     arguments folded into ``kwargs`` (with the layer's ``defaults``), the stack's lp dtype, the
     residual in lp, and the input norm's output, reading the stream the profile says (the previous
-    layer's fp32 sum when ``reads_sum``; an lp stream there is a cast the profile forbids)."""
+    layer's fp32 sum when ``reads_sum``; an lp stream there is a cast the profile forbids).
+
+    ``round_in_norm`` (a layer on rla's own ops): where the norm reads the fp32 sum s and is rla's
+    ``rms_norm(..., after_add=True)`` (:data:`ROUNDS_WITH_NORM`), the residual RN(s) comes out of
+    the norm's own kernel (``rla.ops.rms_norm_and_round``: one read of s, d_s formed in the norm's
+    backward kernel) instead of a separate cast; the same bits forward and backward. The norm
+    module is then not called, so hooks on ``input_layernorm`` do not fire for that layer."""
     for name, value in zip(names, args):
         kwargs[name] = value
     for name, value in defaults:
         kwargs.setdefault(name, value)
-    lp = stack_dtype(hidden_states, layer.input_layernorm.weight)
+    norm = layer.input_layernorm
+    lp = stack_dtype(hidden_states, norm.weight)
     if hidden_states.dtype == lp:
         if reads_sum and lp != torch.float32:
             raise _cast_error(index, hidden_states.dtype, profile)
-        return kwargs, lp, hidden_states, layer.input_layernorm(hidden_states)
-    residual = hidden_states.to(lp)  # fp32 in an lp stack: the previous layer's fp32 sum, or autocast embeddings
-    return kwargs, lp, residual, layer.input_layernorm(hidden_states if reads_sum else residual)
+        return kwargs, lp, hidden_states, norm(hidden_states)
+    # fp32 in an lp stack: the previous layer's fp32 sum, or autocast embeddings
+    if reads_sum and round_in_norm and getattr(norm, ROUNDS_WITH_NORM, False):
+        h, residual = ops.rms_norm_and_round(hidden_states, norm.weight, norm.variance_epsilon, profile, dtype=lp,
+                                             after_add=True)
+        return kwargs, lp, residual, h
+    residual = hidden_states.to(lp)
+    return kwargs, lp, residual, norm(hidden_states if reads_sum else residual)
 
 
 def residual_source(hidden_states, residual, reads_sum: bool):
@@ -156,21 +197,23 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, i
     # 24-layer model, results/benchmarks/h200_2026-11-29_sampler.md). ``index`` is read only to
     # name the layer in the error.
     reads_sum = fp32_sum and index > 0
+    skip_unread = by_source and carry and fp32_sum  # RN(x + r) is not even formed (rla.ops.add_rms_norm)
 
     def forward(self, hidden_states, *args, **kwargs):
         kwargs, lp, residual, h = layer_start(self, hidden_states, args, kwargs, names, defaults, reads_sum, index,
-                                              profile)
+                                              profile, round_in_norm=by_source and SWITCHES["ROUND_IN_NORM"])
 
         attn_out = self.self_attn(hidden_states=h, **kwargs)[0].to(lp)
         # add + post-attention norm in one op: RN(x + r) handed on, the norm reading the sum the
         # profile says (the norm module's own weight and eps; its forward is rla's rms_norm)
         norm = self.post_attention_layernorm
         source = residual_source(hidden_states, residual, reads_sum) if by_source else None
+        # fp32_carry reads x + r again in carry_add, never RN(x + r): rla's own add + norm skips it
+        extra_kw = dict(new_residual=False) if skip_unread and SWITCHES["SKIP_UNREAD_RESIDUAL"] else {}
         if source is not None:
-            h, rounded = add_rms_norm(attn_out, residual, norm.weight, norm.variance_epsilon, profile,
-                                      residual_source=source)
-        else:
-            h, rounded = add_rms_norm(attn_out, residual, norm.weight, norm.variance_epsilon, profile)
+            extra_kw["residual_source"] = source
+        out = add_rms_norm(attn_out, residual, norm.weight, norm.variance_epsilon, profile, **extra_kw)
+        h, rounded = (out, None) if "new_residual" in extra_kw else out
         mlp_out = self.mlp(h)
         extra = ()
         if isinstance(mlp_out, tuple):  # an MoE block that also returns router logits

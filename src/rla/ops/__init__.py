@@ -20,7 +20,8 @@ from rla.ops._checks import check_carry_add, check_norm, check_residual_source, 
 from rla.ops.launch import launch_config, set_launch_config
 from rla.profiles import RoundingProfile, resolve
 
-__all__ = ["rope", "swiglu", "geglu", "swiglu_oai", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope", "backend", "launch_config", "set_launch_config"]
+__all__ = ["rope", "swiglu", "geglu", "swiglu_oai", "rms_norm", "rms_norm_and_round", "add_rms_norm", "carry_add",
+           "qk_norm_rope", "backend", "launch_config", "set_launch_config"]
 
 
 def backend(*tensors: torch.Tensor):
@@ -156,9 +157,37 @@ def rms_norm(
     return backend(x, weight).rms_norm(x, weight, eps, p, dtype, out_dtype, bool(after_add))
 
 
+def rms_norm_and_round(
+    x, weight, eps: float, profile: str | RoundingProfile, dtype: torch.dtype | None = None, after_add: bool = False,
+    weight_offset: float = 0.0,
+):
+    """RMSNorm of ``x`` and ``x`` rounded to the stack dtype -> ``(normed, rounded)``, one op.
+
+    ``normed`` is :func:`rms_norm` ``(x, weight, eps, profile, dtype, after_add=after_add,
+    weight_offset=weight_offset)`` bit for bit (the same kernel forward, the same reduction), and
+    ``rounded`` is ``x.to(dtype)`` (a copy when ``x`` is already in it). What it is for: a decoder
+    layer's input norm under ``norm_residual='fp32_sum'`` reads the previous layer's fp32 sum s,
+    and the layer's residual is RN(s). As two ops that is a cast kernel (4 bytes read, 2 written
+    per element) beside the norm's read of s, and in backward a cast of RN(s)'s gradient up to
+    fp32 (2 read, 4 written) plus autograd's add of it to the norm's gradient (8 read, 4 written).
+    Here one kernel reads s once and writes both outputs; the backward is the norm's backward
+    kernel with d_rounded as its residual gradient: d_x = d_norm + d_rounded, added in fp32 and
+    rounded once to x's dtype, which for an fp32 x is the fp32 add autograd does for the two ops,
+    bit for bit. Saved for backward: what :func:`rms_norm` keeps (x, the weight, one fp32 rstd
+    per row); ``rounded`` is not kept. ``weight_offset=1.0`` runs the PyTorch reference on every
+    device, as :func:`rms_norm` does.
+    """
+    p = resolve(profile)
+    check_norm(x, None, weight, eps, dtype)
+    if _check_offset(weight_offset):
+        return reference.rms_norm_and_round(x, weight, eps, p, dtype, bool(after_add), 1.0)
+    return backend(x, weight).rms_norm_and_round(x, weight, eps, p, dtype, bool(after_add))
+
+
 def add_rms_norm(x, residual, weight, eps: float, profile: str | RoundingProfile, weight_offset: float = 0.0,
-                 residual_source: torch.Tensor | None = None):
-    """Residual add + RMSNorm -> ``(normed, new_residual)``.
+                 residual_source: torch.Tensor | None = None, new_residual: bool = True):
+    """Residual add + RMSNorm -> ``(normed, new_residual)``; ``normed`` alone when
+    ``new_residual=False``.
 
     ``new_residual`` is RN(x + residual) under every profile; the norm reads that rounded sum or
     the fp32 sum, as ``profile.norm_residual`` says. ``weight_offset`` as for :func:`rms_norm`.
@@ -174,14 +203,21 @@ def add_rms_norm(x, residual, weight, eps: float, profile: str | RoundingProfile
     Ignored under ``rounded_sum``, which keeps the rounded sum it returns. Saved-tensor hooks that
     copy each saved tensor (``torch.autograd.graph.save_on_cpu``) copy the source once per op that
     keeps it: 4 bytes per element moved where r cost 2.
+
+    ``new_residual=False``: for a caller that never reads RN(x + residual) (an aligned layer under
+    ``residual_stream='fp32_carry'``, whose MLP add rebuilds x + r from x and r). Under
+    ``fp32_sum`` it is then not written (2 bytes per element, and its buffer, less); ``normed``
+    and every gradient are the same bits. Under ``rounded_sum`` the norm reads RN(x + r) and
+    backward keeps it, so it is formed as before and only not returned.
     """
     p = resolve(profile)
     check_norm(x, residual, weight, eps)
     if residual_source is not None:
         check_residual_source(residual, residual_source)
     if _check_offset(weight_offset):
-        return reference.add_rms_norm(x, residual, weight, eps, p, 1.0, residual_source)
-    return backend(x, residual, weight).add_rms_norm(x, residual, weight, eps, p, residual_source=residual_source)
+        return reference.add_rms_norm(x, residual, weight, eps, p, 1.0, residual_source, bool(new_residual))
+    return backend(x, residual, weight).add_rms_norm(x, residual, weight, eps, p, residual_source=residual_source,
+                                                     new_residual=bool(new_residual))
 
 
 def carry_add(x, residual, m, out_dtype: torch.dtype | None = None):

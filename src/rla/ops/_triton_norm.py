@@ -88,8 +88,11 @@ def _norm_fwd_kernel(
     x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, rstd_ptr,
     M, N, inv_n, eps, sx, sr,
     HAS_RES: tl.constexpr, FP32_SUM: tl.constexpr, PER_OP: tl.constexpr, ROUND_W: tl.constexpr,
-    LP: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr,
+    LP: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr, STORE_RES: tl.constexpr,
 ):
+    """``STORE_RES``: write RN of the value before the norm to ``res_ptr``: RN(x + r) with a
+    residual (the residual handed on; off when nothing reads it), RN(x) without one (the rounded
+    copy of an fp32 residual sum, ``rms_norm_and_round``)."""
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     rm = rows < M
@@ -101,11 +104,14 @@ def _norm_fwd_kernel(
         r = tl.load(r_ptr + r2 * sr + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
         total = v + r
         new_res = to_lp(total, LP)
-        tl.store(res_ptr + r2 * N + c2, new_res.to(res_ptr.dtype.element_ty), mask=mask)  # new, contiguous
+        if STORE_RES:
+            tl.store(res_ptr + r2 * N + c2, new_res.to(res_ptr.dtype.element_ty), mask=mask)  # new, contiguous
         if FP32_SUM:
             v = total
         else:
             v = new_res
+    elif STORE_RES:
+        tl.store(res_ptr + r2 * N + c2, to_lp(v, LP).to(res_ptr.dtype.element_ty), mask=mask)
     w = tl.load(w_ptr + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
     if ROUND_W:
         w = to_lp(w, LP)
@@ -194,34 +200,47 @@ def _check_cols(n: int) -> int:
     return next_pow2(max(n, 1))
 
 
-def forward_buffers(x, residual, lp, out_dtype=None):
+def stores_rounded(residual, rounded) -> bool:
+    """Whether a norm forward writes its rounded input: ``rounded`` None means the default, RN(x + r)
+    with a residual and nothing without one."""
+    return residual is not None if rounded is None else bool(rounded)
+
+
+def forward_buffers(x, residual, lp, out_dtype=None, rounded=None):
     """A norm forward's row views and new outputs: (x2, r2, y, new_residual, rstd, block). Without
-    a residual, r2 is x2 and new_residual is y (placeholders the kernel does not touch)."""
+    a residual, r2 is x2; new_residual is RN(x + r) in the residual's dtype, or RN(x) in ``lp``
+    without a residual (``rounded`` True), or y where nothing is written (a placeholder the kernel
+    does not touch; see :func:`stores_rounded`)."""
     block = _check_cols(x.shape[-1])
     x2 = _rows(x)
     y = torch.empty(x.shape, dtype=out_dtype or lp, device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    if residual is None:
-        return x2, x2, y, y, rstd, block
-    return x2, _rows(residual), y, torch.empty(x.shape, dtype=x.dtype, device=x.device), rstd, block
+    r2 = x2 if residual is None else _rows(residual)
+    if not stores_rounded(residual, rounded):
+        return x2, r2, y, y, rstd, block
+    res_dtype = lp if residual is None else x.dtype
+    return x2, r2, y, torch.empty(x.shape, dtype=res_dtype, device=x.device), rstd, block
 
 
-def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, lp=None, out_dtype=None):
+def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, lp=None, out_dtype=None, rounded=None):
     """-> (y, new_residual or None, rstd [M] fp32). ``residual`` None means plain RMSNorm; ``lp``
     (default x's dtype) is the stack dtype, so an fp32 x can be read as an fp32 residual sum;
-    ``out_dtype`` (default lp) is y's: fp32 for a q/k norm whose output RoPE reads unrounded."""
+    ``out_dtype`` (default lp) is y's: fp32 for a q/k norm whose output RoPE reads unrounded.
+    ``rounded`` (:func:`stores_rounded`): False with a residual skips RN(x + r) (None returned in
+    its place); True without one also returns RN(x) in ``lp``, from the same read of x."""
     lp = lp or x.dtype
-    x2, r2, y, new_res, rstd, block = forward_buffers(x, residual, lp, out_dtype)
-    M, N, has_res = x2.shape[0], x.shape[-1], residual is not None
+    x2, r2, y, new_res, rstd, block = forward_buffers(x, residual, lp, out_dtype, rounded)
+    M, N, store = x2.shape[0], x.shape[-1], stores_rounded(residual, rounded)
+    has_res = residual is not None
     if M:
         rows = min(FWD_ROWS, next_pow2(M))
         _norm_fwd_kernel[(cdiv(M, rows),)](
             x2, r2, weight, y, new_res, rstd, M, N, 1.0 / N, eps, x2.stride(0), r2.stride(0),
             HAS_RES=has_res, FP32_SUM=fp32_sum, PER_OP=per_op,
             ROUND_W=weight.dtype == torch.float32 and lp != torch.float32, LP=lp_kind(lp),
-            ROWS=rows, BLOCK=block, EV=EVICT, num_warps=_fwd_warps(block * rows), **LAUNCH_OPTS,
+            ROWS=rows, BLOCK=block, EV=EVICT, STORE_RES=store, num_warps=_fwd_warps(block * rows), **LAUNCH_OPTS,
         )
-    return y, (new_res if has_res else None), rstd
+    return y, (new_res if store else None), rstd
 
 
 def backward_grid(M: int, device) -> tuple[int, int, int]:

@@ -95,8 +95,10 @@ def _tree_fwd_kernel(
     M, N, eps, sx, sr,
     HAS_RES: tl.constexpr, FP32_SUM: tl.constexpr, PER_OP: tl.constexpr, ROUND_W: tl.constexpr, LP: tl.constexpr,
     THREADS: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr, ROUNDS: tl.constexpr,
-    PAIRWISE: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr,
+    PAIRWISE: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr, STORE_RES: tl.constexpr,
 ):
+    """``STORE_RES`` as in ``_triton_norm._norm_fwd_kernel``: RN(x + r) with a residual, RN(x)
+    without one."""
     rows = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
     rm = rows < M
     r2 = rows[:, None]
@@ -113,11 +115,14 @@ def _tree_fwd_kernel(
     if HAS_RES:
         total_v = x + tl.load(r_ptr + r2 * sr + cols, mask=mask, other=0.0).to(tl.float32)
         new_res = to_lp(total_v, LP)
-        tl.store(res_ptr + r2 * N + cols, new_res.to(res_ptr.dtype.element_ty), mask=mask)
+        if STORE_RES:
+            tl.store(res_ptr + r2 * N + cols, new_res.to(res_ptr.dtype.element_ty), mask=mask)
         if FP32_SUM:
             v = total_v
         else:
             v = new_res
+    elif STORE_RES:
+        tl.store(res_ptr + r2 * N + cols, to_lp(x, LP).to(res_ptr.dtype.element_ty), mask=mask)
     w = tl.load(w_ptr + cols, mask=cm, other=0.0).to(tl.float32)
     if ROUND_W:
         w = to_lp(w, LP)
@@ -125,17 +130,19 @@ def _tree_fwd_kernel(
     tl.store(y_ptr + r2 * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, tree: BlockTree, lp=None, out_dtype=None):
+def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, tree: BlockTree, lp=None, out_dtype=None,
+            rounded=None):
     """-> (y, new_residual or None, rstd [M] fp32), the sum of squares added in ``tree``'s order.
-    ``lp``: the stack dtype (x may be an fp32 residual sum); ``out_dtype``: y's dtype (default lp)."""
-    from rla.ops._triton_norm import forward_buffers
+    ``lp``: the stack dtype (x may be an fp32 residual sum); ``out_dtype``: y's dtype (default lp);
+    ``rounded``: as for ``_triton_norm.forward``."""
+    from rla.ops._triton_norm import forward_buffers, stores_rounded
 
     lp = lp or x.dtype
     N = x.shape[-1]
     if N % tree.vec:
         raise ValueError(f"rows of {N} elements cannot be read in vectors of {tree.vec}")
-    x2, r2, y, new_res, rstd, block = forward_buffers(x, residual, lp, out_dtype)
-    M, has_res = x2.shape[0], residual is not None
+    x2, r2, y, new_res, rstd, block = forward_buffers(x, residual, lp, out_dtype, rounded)
+    M, has_res, store = x2.shape[0], residual is not None, stores_rounded(residual, rounded)
     if M:
         lanes = max(WARP, next_pow2(tree.threads))
         _tree_fwd_kernel[(cdiv(M, ROWS),)](
@@ -143,6 +150,6 @@ def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, tree:
             HAS_RES=has_res, FP32_SUM=fp32_sum, PER_OP=per_op,
             ROUND_W=weight.dtype == torch.float32 and lp != torch.float32, LP=lp_kind(lp),
             THREADS=tree.threads, LANES=lanes, VEC=tree.vec, ROUNDS=tree.rounds(N),
-            PAIRWISE=tree.pairwise, R=ROWS, BLOCK=block, num_warps=NUM_WARPS, **LAUNCH_OPTS,
+            PAIRWISE=tree.pairwise, R=ROWS, BLOCK=block, STORE_RES=store, num_warps=NUM_WARPS, **LAUNCH_OPTS,
         )
-    return y, (new_res if has_res else None), rstd
+    return y, (new_res if store else None), rstd

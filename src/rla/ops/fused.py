@@ -50,7 +50,8 @@ from rla.ops._layout import output_like, token_major
 from rla.ops._op_spec import Kernel, Op, OpSpec
 from rla.profiles import RoundingProfile
 
-__all__ = ["available", "rope", "swiglu", "geglu", "swiglu_oai", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope"]
+__all__ = ["available", "rope", "swiglu", "geglu", "swiglu_oai", "rms_norm", "rms_norm_and_round", "add_rms_norm",
+           "carry_add", "qk_norm_rope"]
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
 _ENABLED = os.environ.get("RLA_FUSED", "1") != "0"
@@ -283,19 +284,22 @@ def swiglu_oai(gate, up, alpha: float, limit: float, profile: RoundingProfile):
 # --------------------------------------------------------------------------------------------
 
 
-def _norm_fwd(x, residual, weight, eps, per_op, fp32_sum, lp=None, out_dtype=None, reduction="unpinned", after_add=False):
+def _norm_fwd(x, residual, weight, eps, per_op, fp32_sum, lp=None, out_dtype=None, reduction="unpinned",
+              after_add=False, rounded=None):
     """The forward launcher of ``reduction``'s order: Triton's own tree, or vLLM's block
     reduction (``rla.ops.reduction``) for a norm after a residual add (``residual`` given, or
-    ``after_add``: the sum was formed by the previous layer) or a plain one."""
+    ``after_add``: the sum was formed by the previous layer) or a plain one. ``rounded``: whether
+    RN of the norm's input (x + r, or x) is written too (``_triton_norm.stores_rounded``)."""
     if reduction == "vllm_block":
         from rla.ops import _triton_norm_tree
         from rla.ops.reduction import call_tree
 
         tree = call_tree(x, fused_add=residual is not None or after_add)
-        return _triton_norm_tree.forward(x, residual, weight.contiguous(), eps, per_op, fp32_sum, tree, lp, out_dtype)
+        return _triton_norm_tree.forward(x, residual, weight.contiguous(), eps, per_op, fp32_sum, tree, lp, out_dtype,
+                                         rounded)
     from rla.ops import _triton_norm
 
-    return _triton_norm.forward(x, residual, weight.contiguous(), eps, per_op, fp32_sum, lp, out_dtype)
+    return _triton_norm.forward(x, residual, weight.contiguous(), eps, per_op, fp32_sum, lp, out_dtype, rounded)
 
 
 def _norm_bwd(dy, dresidual, a, b, weight, rstd, need_dw, lp):
@@ -426,6 +430,12 @@ def _add_rms_norm_of_source_grad(ctx, backward, dnormed, dresidual):
     return dv, dv, None, (dw if need_dw else None)
 
 
+_NORM_BWD_OF_SOURCE = Kernel(
+    "rms_norm_backward_of_source",
+    dict(dy=Tensor, dresidual=_OptTensor, a=Tensor, source=Tensor, weight=Tensor, rstd=Tensor, need_dw=bool,
+         lp=torch.dtype),
+    outputs=2, launch=_norm_bwd_of_source, fake=_norm_bwd_of_source_fake,
+)
 _ADD_RMS_NORM_OF_SOURCE = Op(OpSpec(
     Kernel(
         "add_rms_norm_of_source",
@@ -433,12 +443,116 @@ _ADD_RMS_NORM_OF_SOURCE = Op(OpSpec(
         outputs=3, launch=_add_rms_norm_of_source_fwd, fake=_add_rms_norm_of_source_fwd_fake,
     ),
     returns=2, save=_add_rms_norm_of_source_save, grad=_add_rms_norm_of_source_grad, function_name="_AddRMSNormOfSourceFn",
-    backward=Kernel(
-        "rms_norm_backward_of_source",
-        dict(dy=Tensor, dresidual=_OptTensor, a=Tensor, source=Tensor, weight=Tensor, rstd=Tensor, need_dw=bool,
-             lp=torch.dtype),
-        outputs=2, launch=_norm_bwd_of_source, fake=_norm_bwd_of_source_fake,
+    backward=_NORM_BWD_OF_SOURCE,
+))
+
+
+# add + norm without the residual handed on (fp32_sum only: ``add_rms_norm(new_residual=False)``).
+# Under residual_stream='fp32_carry' the MLP's add rebuilds x + r from x and r (carry_add) and
+# nothing reads RN(x + r): the same forward kernels with that store off (2 bytes per element
+# not written, no buffer allocated). fp32_sum keeps x and r (or the source) and not the rounded
+# sum, so the saved tensors and the backward are those of the two ops above, with no residual
+# gradient.
+
+
+def _add_rms_norm_normed_fwd(x, residual, weight, eps, per_op, reduction):
+    y, _, rstd = _norm_fwd(x, residual, weight, eps, per_op, True, reduction=reduction, rounded=False)
+    return y, rstd
+
+
+def _add_rms_norm_normed_fwd_fake(x, residual, weight, eps, per_op, reduction):
+    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+def _add_rms_norm_normed_save(ctx, outputs, x, residual, weight, eps, per_op, reduction):
+    ctx.save_for_backward(x, residual, weight, outputs[1])
+
+
+def _add_rms_norm_normed_grad(ctx, backward, dnormed):
+    a, b, weight, rstd = ctx.saved_tensors
+    need_dw = ctx.needs_input_grad[2]
+    dv, dw = backward(dnormed, None, a, b, weight, rstd, need_dw, a.dtype)
+    return dv, dv, (dw if need_dw else None)
+
+
+_ADD_RMS_NORM_NORMED = Op(OpSpec(
+    Kernel(
+        "add_rms_norm_normed",
+        dict(x=Tensor, residual=Tensor, weight=Tensor, eps=float, per_op=bool, reduction=str),
+        outputs=2, launch=_add_rms_norm_normed_fwd, fake=_add_rms_norm_normed_fwd_fake,
     ),
+    returns=1, save=_add_rms_norm_normed_save, grad=_add_rms_norm_normed_grad, backward=_NORM_BWD,
+    function_name="_AddRMSNormNormedFn",
+))
+
+
+def _add_rms_norm_of_source_normed_fwd(x, residual, source, weight, eps, per_op, reduction):
+    return _add_rms_norm_normed_fwd(x, residual, weight, eps, per_op, reduction)
+
+
+def _add_rms_norm_of_source_normed_fwd_fake(x, residual, source, weight, eps, per_op, reduction):
+    return _add_rms_norm_normed_fwd_fake(x, residual, weight, eps, per_op, reduction)
+
+
+def _add_rms_norm_of_source_normed_save(ctx, outputs, x, residual, source, weight, eps, per_op, reduction):
+    ctx.save_for_backward(x, source, weight, outputs[1])
+
+
+def _add_rms_norm_of_source_normed_grad(ctx, backward, dnormed):
+    a, source, weight, rstd = ctx.saved_tensors
+    need_dw = ctx.needs_input_grad[3]
+    dv, dw = backward(dnormed, None, a, source, weight, rstd, need_dw, a.dtype)
+    return dv, dv, None, (dw if need_dw else None)
+
+
+_ADD_RMS_NORM_OF_SOURCE_NORMED = Op(OpSpec(
+    Kernel(
+        "add_rms_norm_of_source_normed",
+        dict(x=Tensor, residual=Tensor, source=Tensor, weight=Tensor, eps=float, per_op=bool, reduction=str),
+        outputs=2, launch=_add_rms_norm_of_source_normed_fwd, fake=_add_rms_norm_of_source_normed_fwd_fake,
+    ),
+    returns=1, save=_add_rms_norm_of_source_normed_save, grad=_add_rms_norm_of_source_normed_grad,
+    backward=_NORM_BWD_OF_SOURCE, function_name="_AddRMSNormOfSourceNormedFn",
+))
+
+
+# RMSNorm of an fp32 residual sum that also hands on its rounding: (norm(s), RN(s)) from one read
+# of s (``rla.ops.rms_norm_and_round``; a decoder layer's input norm under fp32_sum, whose residual
+# is RN(s)). The forward is the norm kernel with the rounded copy stored beside y; the backward is
+# the norm's backward kernel with RN(s)'s gradient as its residual gradient: d_s = d_norm + d_r
+# in fp32, the one add autograd does for the two ops (rms_norm, s.to(lp)), in the same kernel.
+# Saved: s, the weight, rstd, as rms_norm keeps; RN(s) is not kept.
+
+
+def _rms_norm_and_round_fwd(x, weight, eps, per_op, lp, reduction, after_add):
+    return _norm_fwd(x, None, weight, eps, per_op, False, lp, None, reduction, after_add, rounded=True)
+
+
+def _rms_norm_and_round_fwd_fake(x, weight, eps, per_op, lp, reduction, after_add):
+    return (x.new_empty(x.shape, dtype=lp), x.new_empty(x.shape, dtype=lp),
+            x.new_empty(x.shape[:-1], dtype=torch.float32))
+
+
+def _rms_norm_and_round_save(ctx, outputs, x, weight, eps, per_op, lp, reduction, after_add):
+    ctx.save_for_backward(x, weight, outputs[2])
+    ctx.lp = lp
+
+
+def _rms_norm_and_round_grad(ctx, backward, dy, drounded):
+    x, weight, rstd = ctx.saved_tensors
+    need_dw = ctx.needs_input_grad[1]
+    dx, dw = backward(dy, drounded, x, None, weight, rstd, need_dw, ctx.lp)
+    return dx, (dw if need_dw else None)
+
+
+_RMS_NORM_AND_ROUND = Op(OpSpec(
+    Kernel(
+        "rms_norm_and_round",
+        dict(x=Tensor, weight=Tensor, eps=float, per_op=bool, lp=torch.dtype, reduction=str, after_add=bool),
+        outputs=3, launch=_rms_norm_and_round_fwd, fake=_rms_norm_and_round_fwd_fake,
+    ),
+    returns=2, save=_rms_norm_and_round_save, grad=_rms_norm_and_round_grad, backward=_NORM_BWD,
+    function_name="_RMSNormAndRoundFn",
 ))
 
 
@@ -451,11 +565,31 @@ def rms_norm(x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype
                      out_dtype=out_dtype or lp, reduction=profile.norm_reduction, after_add=after_add)
 
 
-def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile, residual_source=None):
+def rms_norm_and_round(x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype | None = None,
+                       after_add: bool = False):
+    """Fused (RMSNorm(x), RN(x)) from one read of x; see ``rla.ops.rms_norm_and_round``."""
+    lp = x.dtype if dtype is None else dtype
+    return _RMS_NORM_AND_ROUND(x, weight, eps=float(eps), per_op=profile.norm_weight == "per_op", lp=lp,
+                               reduction=profile.norm_reduction, after_add=after_add)
+
+
+def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile, residual_source=None,
+                 new_residual: bool = True):
     """Fused residual add + RMSNorm -> (normed, new_residual); see ``rla.ops.add_rms_norm``
     (``residual_source``: the fp32 tensor ``residual`` was rounded from, kept for backward in
-    its place under ``fp32_sum``; the same numbers, forward and backward)."""
-    if residual_source is not None and profile.norm_residual == "fp32_sum":
+    its place under ``fp32_sum``; the same numbers, forward and backward). ``new_residual``
+    False returns ``normed`` alone; under ``fp32_sum`` RN(x + r) is then not written at all."""
+    fp32_sum = profile.norm_residual == "fp32_sum"
+    if not new_residual:
+        if not fp32_sum:  # the norm read RN(x + r), which is also what backward keeps: written anyway
+            return add_rms_norm(x, residual, weight, eps, profile)[0]
+        per_op = profile.norm_weight == "per_op"
+        if residual_source is not None:
+            return _ADD_RMS_NORM_OF_SOURCE_NORMED(x, residual, residual_source, weight, eps=float(eps), per_op=per_op,
+                                                  reduction=profile.norm_reduction)
+        return _ADD_RMS_NORM_NORMED(x, residual, weight, eps=float(eps), per_op=per_op,
+                                    reduction=profile.norm_reduction)
+    if residual_source is not None and fp32_sum:
         return _ADD_RMS_NORM_OF_SOURCE(x, residual, residual_source, weight, eps=float(eps),
                                        per_op=profile.norm_weight == "per_op", reduction=profile.norm_reduction)
     return _ADD_RMS_NORM(x, residual, weight, eps=float(eps), per_op=profile.norm_weight == "per_op",

@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from rla.ops.reduction import block_sum_squares, call_tree
 from rla.profiles import RoundingProfile
 
-__all__ = ["rope", "swiglu", "geglu", "swiglu_oai", "rms_norm", "add_rms_norm", "carry_add", "qk_norm_rope"]
+__all__ = ["rope", "swiglu", "geglu", "swiglu_oai", "rms_norm", "rms_norm_and_round", "add_rms_norm", "carry_add",
+           "qk_norm_rope"]
 
 
 def _rn(v: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
@@ -306,14 +307,44 @@ class _RMSNorm(torch.autograd.Function):
         return dx, dw, None, None, None, None, None, None, None
 
 
+class _RMSNormAndRound(torch.autograd.Function):
+    """(RMSNorm(x), RN(x)): ``_RMSNorm``'s forward plus the rounded copy of x, and one backward
+    for both outputs, d_x = d_norm + d_rounded in fp32, then rounded once to x's dtype."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps: float, per_op: bool, lp: torch.dtype, tree: bool, after_add: bool,
+                offset: float = 0.0):
+        ctx.set_materialize_grads(False)
+        v = x.float()
+        rstd = _rstd(v, eps, tree, fused_add=after_add)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.lp, ctx.offset = lp, offset
+        normed = _norm_fwd(v, rstd, _engine_weight(weight, lp, offset), lp, per_op)
+        return normed, x.to(lp, copy=True)
+
+    @staticmethod
+    def backward(ctx, dy, drounded):
+        x, weight, rstd = ctx.saved_tensors
+        w = _engine_weight(weight, ctx.lp, ctx.offset)
+        if dy is not None:
+            dv, dw = _norm_bwd(dy, x.float(), rstd, w, ctx.needs_input_grad[1], weight.dtype)
+        else:
+            dv, dw = torch.zeros_like(x, dtype=torch.float32), None
+        if drounded is not None:
+            dv = dv + drounded.float()
+        dx = dv.to(x.dtype) if ctx.needs_input_grad[0] else None
+        return dx, dw, None, None, None, None, None, None
+
+
 class _AddRMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, tree: bool, offset: float = 0.0,
-                source=None):
+                source=None, with_residual: bool = True):
         lp = x.dtype
         ctx.offset = offset
         total = x.float() + residual.float()
-        new_residual = total.to(lp)
+        # fp32_sum without the residual handed on: RN(x + r) is not formed at all
+        new_residual = total.to(lp) if with_residual or not fp32_sum else None
         v = total if fp32_sum else new_residual.float()
         rstd = _rstd(v, eps, tree, fused_add=True)
         # fp32_sum needs x and r to rebuild the fp32 sum (r as RN(source) when the fp32 tensor r was
@@ -327,10 +358,10 @@ class _AddRMSNorm(torch.autograd.Function):
         ctx.fp32_sum = fp32_sum
         ctx.dtypes = (x.dtype, residual.dtype)
         normed = _norm_fwd(v, rstd, _engine_weight(weight, lp, offset), lp, per_op)
-        return normed, new_residual
+        return (normed, new_residual) if with_residual else normed
 
     @staticmethod
-    def backward(ctx, dnormed, dresidual):
+    def backward(ctx, dnormed, dresidual=None):
         x_dtype, r_dtype = ctx.dtypes
         if ctx.fp32_sum:
             x, residual, weight, rstd = ctx.saved_tensors
@@ -349,7 +380,7 @@ class _AddRMSNorm(torch.autograd.Function):
             dv = dv + dresidual.float()
         dx = dv.to(x_dtype) if ctx.needs_input_grad[0] else None
         dr = dv.to(r_dtype) if ctx.needs_input_grad[1] else None
-        return dx, dr, dw, None, None, None, None, None, None
+        return dx, dr, dw, None, None, None, None, None, None, None
 
 
 def rms_norm(
@@ -374,12 +405,30 @@ def rms_norm(
     )
 
 
+def rms_norm_and_round(
+    x, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype | None = None, after_add: bool = False,
+    weight_offset: float = 0.0,
+):
+    """(rms_norm(x, ..., dtype), x.to(dtype)) as one op (inputs already validated): the norm's
+    numbers exactly as :func:`rms_norm` computes them, and RN(x) in the stack dtype. Backward:
+    d_x = RN_x(d_norm + d_rounded), the two summed in fp32; for an fp32 x (a residual sum read by
+    a decoder layer's input norm) that is the fp32 add autograd does for the two separate ops,
+    bit for bit (fp32 addition is commutative, and nothing rounds before or after it). Saved: x,
+    the weight and rstd, what :func:`rms_norm` keeps; RN(x) is not kept."""
+    lp = x.dtype if dtype is None else dtype
+    return _RMSNormAndRound.apply(
+        x, weight, float(eps), profile.norm_weight == "per_op", lp, profile.norm_reduction == "vllm_block",
+        after_add, float(weight_offset),
+    )
+
+
 def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile, weight_offset: float = 0.0,
-                 residual_source=None):
+                 residual_source=None, new_residual: bool = True):
     """(norm(x + residual), RN(x + residual)) under ``profile`` (inputs already validated); the
     norm's reduction is the add + norm kernel's (``after_add``); ``weight_offset`` as for
     :func:`rms_norm`. ``residual_source``: the fp32 tensor ``residual`` was rounded from; under
-    ``fp32_sum`` it is kept for backward instead of ``residual`` (the same numbers)."""
+    ``fp32_sum`` it is kept for backward instead of ``residual`` (the same numbers).
+    ``new_residual`` False: ``normed`` alone (under ``fp32_sum`` RN(x + r) is not formed)."""
     fp32_sum = profile.norm_residual == "fp32_sum"
     return _AddRMSNorm.apply(
         x,
@@ -391,6 +440,7 @@ def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile, weig
         profile.norm_reduction == "vllm_block",
         float(weight_offset),
         residual_source if fp32_sum else None,
+        bool(new_residual),
     )
 
 
