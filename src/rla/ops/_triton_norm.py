@@ -39,6 +39,15 @@ BWD_ROWS = 1  # rows per backward loop step
 BWD_WARPS: int | None = 8
 BWD_PROGRAMS_PER_SM = 4  # persistent backward grid; each keeps a d_weight row in registers
 BWD_STAGES = 2  # software pipelining of the row loop (loads of row i+1 in flight during row i)
+#: Rows of at most NARROW_COLS columns (their power-of-two block: q/k head dims 64-256) take the
+#: narrow backward tile instead of BWD_ROWS/BWD_WARPS: BWD_NARROW_WARPS warps and as many rows as
+#: give each thread one element (32 * warps / block). That is the register layout of a row in the
+#: one-row tile of 8 warps (one element per thread, the row across 32 lanes and block/32 warps),
+#: so each row's ``tl.sum`` adds in the same order and d_x is that tile's bit for bit; the
+#: one-row tile left half its threads idle at block 128 (tests/ops/test_norm_bwd_tiles.py).
+NARROW_COLS = 256
+BWD_NARROW_WARPS = 8
+BWD_UNROLL = 2  # narrow rows: loop steps whose loads the fused q/k backward issues together
 EVICT = ""  # no eviction hint: evict_first was slower in the tuning run
 
 
@@ -243,15 +252,35 @@ def forward(x, residual, weight, eps: float, per_op: bool, fp32_sum: bool, lp=No
     return y, (new_res if store else None), rstd
 
 
-def backward_grid(M: int, device) -> tuple[int, int, int]:
-    """(rows per loop step, programs, rows per program) of the persistent backward over M rows.
-    The partition decides which rows each d_weight partial sums: the fused q/k norm + RoPE
-    backward takes the same one, so its d_weight equals this kernel's bit for bit."""
+def backward_tile(M: int, N: int) -> tuple[int, int, int]:
+    """(rows per loop step, warps, unroll) of the backward over M rows of N columns. Wide rows:
+    ``BWD_ROWS`` rows (at most M's power of two) and ``_bwd_warps``, unroll 1, as tuned at
+    3584. Narrow rows (block <= ``NARROW_COLS``): ``BWD_NARROW_WARPS`` warps, 32 * warps / block
+    rows (at most M's power of two; fewer rows leave threads holding copies, not more elements),
+    unroll ``BWD_UNROLL``. The unroll is the fused q/k backward's (``_triton_qk_norm_rope``): it
+    loads that many tiles per step; the norm kernel steps one tile at a time over the same rows."""
+    block = next_pow2(max(N, 1))
+    if block <= NARROW_COLS:
+        rows = min(max(1, 32 * BWD_NARROW_WARPS // block), next_pow2(max(M, 1)))
+        return rows, BWD_NARROW_WARPS, BWD_UNROLL
     rows = min(BWD_ROWS, next_pow2(max(M, 1)))
-    programs = max(1, min(cdiv(M, rows), sm_count(device) * BWD_PROGRAMS_PER_SM))
-    rows_per_program = max(1, cdiv(cdiv(M, programs), rows)) * rows  # M = 0: no division by 0
+    return rows, _bwd_warps(block * rows), 1
+
+
+def backward_grid(M: int, N: int, device) -> tuple[int, int, int, int, int]:
+    """(rows per loop step, programs, rows per program, warps, unroll) of the persistent backward
+    over M rows of N columns (the tile: :func:`backward_tile`). Rows per program is a multiple of
+    rows * unroll. The partition decides which rows each d_weight partial sums: the fused q/k norm
+    + RoPE backward takes the same one and the same tile, so its d_weight equals this kernel's bit
+    for bit. Each partial adds, in row order, one ``tl.sum`` over a tile's rows per loop step
+    (fp32, Triton's tree across the tile's rows; one row per step for wide rows); the partials are
+    then summed over programs by ``torch.sum(0)``."""
+    rows, warps, unroll = backward_tile(M, N)
+    step = rows * unroll
+    programs = max(1, min(cdiv(M, step), sm_count(device) * BWD_PROGRAMS_PER_SM))
+    rows_per_program = max(1, cdiv(cdiv(M, programs), step)) * step  # M = 0: no division by 0
     programs = max(1, cdiv(M, rows_per_program))
-    return rows, programs, rows_per_program
+    return rows, programs, rows_per_program, warps, unroll
 
 
 def backward(dy, dres, a, b, weight, rstd, need_dw: bool, lp=None, round_b: bool = False):
@@ -268,12 +297,12 @@ def backward(dy, dres, a, b, weight, rstd, need_dw: bool, lp=None, round_b: bool
     dres2 = _rows(dres) if dres is not None else dy2
     M = a2.shape[0]
     dx = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-    rows, programs, rows_per_program = backward_grid(M, a.device)
+    rows, programs, rows_per_program, warps, _ = backward_grid(M, N, a.device)
     dw_partial = torch.empty((programs, N), dtype=torch.float32, device=a.device) if need_dw else dx
     if M:
         flags = dict(HAS_DRES=dres is not None, ROUND_W=weight.dtype == torch.float32 and lp != torch.float32,
                      LP=lp_kind(lp), NEED_DW=need_dw, ROWS=rows, BLOCK=block, EV=EVICT, STAGES=BWD_STAGES,
-                     num_warps=_bwd_warps(block * rows), **LAUNCH_OPTS)
+                     num_warps=warps, **LAUNCH_OPTS)
         if round_b:
             kernel = _norm_bwd_rounded_b_kernel
         else:

@@ -18,10 +18,13 @@ Bit for bit the chain's numbers, by construction rather than by luck:
   (from L1, the row was just read) and normalised with the same rstd and weight, so both halves
   are exactly the values the chain's norm wrote in fp32. Then out = y*c -+ y_partner*s, the
   RoPE kernel's products and one add, rounded once at the store (``rope_rows``).
-- Backward: a persistent grid with ``_triton_norm.backward_grid``'s partition of the rows, so
-  each d_weight partial sums the same rows in the same order as the norm backward, summed over
-  programs by the same ``sum(0)``. Per row: dy = RoPE's backward (g*c +- g_partner*s_partner,
-  fp32, never stored), then the norm's ``row_grad``.
+- Backward: a persistent grid with ``_triton_norm.backward_grid``'s partition of the rows and
+  its tile (rows, warps), so each d_weight partial sums the same rows in the same order as the
+  norm backward (one ``tl.sum`` over a tile's rows per tile, in row order), summed over programs
+  by the same ``sum(0)``. Per row: dy = RoPE's backward (g*c +- g_partner*s_partner, fp32, never
+  stored), then the norm's ``row_grad``. Narrow rows take two tiles per loop step
+  (``_bwd_pair_kernel``, the grid's unroll 2): both tiles' loads are issued before either's math,
+  which changes when bytes are in flight, not what is added to what.
 
 Saved for backward: q, k (the inputs; the chain's norms save them too) and rstd, one fp32 per
 row. Outputs and input gradients are token-major ([B, S, H, D] memory, returned as the caller's
@@ -164,13 +167,48 @@ def _fwd_kernel(
 
 
 @triton.jit
+def _bwd_load(g_ptr, x_ptr, rstd_ptr, cos_ptr, sin_ptr, rows, M, S, H, sgb, sgs, sgh, sxb, sxs, sxh, scb, scs,
+              cm, c2, p2, tcol, tpcol, lo, ROUND_CS: tl.constexpr, LP: tl.constexpr, EV: tl.constexpr):
+    """(dy, v, rstd, mask) of one [ROWS, BLOCK] tile: dy = RoPE's backward of g (fp32, in registers)."""
+    rm = rows < M
+    mask = rm[:, None] & cm[None, :]
+    goff, b, s = _row_offsets(rows, S, H, sgb, sgs, sgh)
+    xoff, _, _ = _row_offsets(rows, S, H, sxb, sxs, sxh)
+    toff = (b * scb + s * scs)[:, None]
+    g = tl.load(g_ptr + goff[:, None] + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
+    gp = tl.load(g_ptr + goff[:, None] + p2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
+    c = _table(cos_ptr, toff + tcol[None, :], mask, ROUND_CS, LP)
+    sp = _table(sin_ptr, toff + tpcol[None, :], mask, ROUND_CS, LP)
+    dy = rope_rows_grad(g, gp, c, sp, lo[None, :])  # the chain's fp32 RoPE gradient, in registers
+    v = tl.load(x_ptr + xoff[:, None] + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
+    rstd = tl.load(rstd_ptr + rows, mask=rm, other=0.0)[:, None]
+    return dy, v, rstd, mask
+
+
+@triton.jit
+def _bwd_store(dy, v, rstd, mask, rows, w, dx_ptr, dw, N, inv_n, c2, NEED_DW: tl.constexpr):
+    """The norm's ``row_grad`` of one tile, d_x stored; returns d_weight's partial plus the
+    tile's column sums of dy*n (``tl.sum`` over its ROWS rows, the norm backward's step)."""
+    dv, n = row_grad(dy, v, rstd, w, inv_n)
+    tl.store(dx_ptr + rows[:, None] * N + c2, dv.to(dx_ptr.dtype.element_ty), mask=mask)  # token-major
+    if NEED_DW:
+        dw += tl.sum(dy * n, axis=0)
+    return dw
+
+
+@triton.jit
 def _bwd_rows(
     g_ptr, x_ptr, w_ptr, rstd_ptr, cos_ptr, sin_ptr, dx_ptr, dw_ptr, p, M, rows_per_program, S, H,
     sgb, sgs, sgh, sxb, sxs, sxh, scb, scs, N, HALF, inv_n,
     ROUND_W: tl.constexpr, ROUND_CS: tl.constexpr, HALF_TABLE: tl.constexpr, LP: tl.constexpr,
     NEED_DW: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, EV: tl.constexpr, STAGES: tl.constexpr,
-    PV: tl.constexpr,
+    PV: tl.constexpr, UNROLL: tl.constexpr,
 ):
+    """One program's slice of rows, ``ROWS * UNROLL`` per loop step: the loads of the step's
+    ``UNROLL`` tiles (1 or 2) are issued before either tile's math, so more bytes are in flight
+    per thread; each tile is then the norm backward's loop step (its [ROWS, BLOCK] tile, its
+    ``row_grad``, its ``tl.sum`` into d_weight), in row order, so d_weight's partial adds the
+    norm backward's column sums of the same rows in the same order."""
     cols = tl.arange(0, BLOCK)
     cm = cols < N
     c2 = cols[None, :]
@@ -182,26 +220,40 @@ def _bwd_rows(
     w = w[None, :]
     dw = tl.zeros([BLOCK], dtype=tl.float32)
     first = p.to(tl.int64) * rows_per_program
-    for i in tl.range(0, rows_per_program, ROWS, num_stages=STAGES):
+    for i in tl.range(0, rows_per_program, ROWS * UNROLL, num_stages=STAGES):
         rows = first + i + tl.arange(0, ROWS)
-        rm = rows < M
-        mask = rm[:, None] & cm[None, :]
-        goff, b, s = _row_offsets(rows, S, H, sgb, sgs, sgh)
-        xoff, _, _ = _row_offsets(rows, S, H, sxb, sxs, sxh)
-        toff = (b * scb + s * scs)[:, None]
-        g = tl.load(g_ptr + goff[:, None] + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
-        gp = tl.load(g_ptr + goff[:, None] + p2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
-        c = _table(cos_ptr, toff + tcol[None, :], mask, ROUND_CS, LP)
-        sp = _table(sin_ptr, toff + tpcol[None, :], mask, ROUND_CS, LP)
-        dy = rope_rows_grad(g, gp, c, sp, lo[None, :])  # the chain's fp32 RoPE gradient, in registers
-        v = tl.load(x_ptr + xoff[:, None] + c2, mask=mask, other=0.0, eviction_policy=EV).to(tl.float32)
-        rstd = tl.load(rstd_ptr + rows, mask=rm, other=0.0)[:, None]
-        dv, n = row_grad(dy, v, rstd, w, inv_n)
-        tl.store(dx_ptr + rows[:, None] * N + c2, dv.to(dx_ptr.dtype.element_ty), mask=mask)  # token-major
-        if NEED_DW:
-            dw += tl.sum(dy * n, axis=0)
+        dy, v, rstd, mask = _bwd_load(g_ptr, x_ptr, rstd_ptr, cos_ptr, sin_ptr, rows, M, S, H, sgb, sgs, sgh,
+                                      sxb, sxs, sxh, scb, scs, cm, c2, p2, tcol, tpcol, lo, ROUND_CS, LP, EV)
+        if UNROLL == 2:
+            dy1, v1, rstd1, mask1 = _bwd_load(g_ptr, x_ptr, rstd_ptr, cos_ptr, sin_ptr, rows + ROWS, M, S, H,
+                                              sgb, sgs, sgh, sxb, sxs, sxh, scb, scs, cm, c2, p2, tcol, tpcol, lo,
+                                              ROUND_CS, LP, EV)
+        dw = _bwd_store(dy, v, rstd, mask, rows, w, dx_ptr, dw, N, inv_n, c2, NEED_DW)
+        if UNROLL == 2:
+            dw = _bwd_store(dy1, v1, rstd1, mask1, rows + ROWS, w, dx_ptr, dw, N, inv_n, c2, NEED_DW)
     if NEED_DW:
         tl.store(dw_ptr + p * N + cols, dw, mask=cm)
+
+
+@triton.jit
+def _bwd_launch(
+    ga_ptr, xa_ptr, wa_ptr, ra_ptr, dxa_ptr, dwa_ptr, gb_ptr, xb_ptr, wb_ptr, rb_ptr, dxb_ptr, dwb_ptr,
+    cos_ptr, sin_ptr, PA, MA, MB, RPA, RPB, HA, HB, gab, gas, gah, xab, xas, xah, gbb, gbs, gbh, xbb, xbs, xbh,
+    S, scb, scs, N, HALF, inv_n,
+    ROUND_WA: tl.constexpr, ROUND_WB: tl.constexpr, ROUND_CS: tl.constexpr, HALF_TABLE: tl.constexpr,
+    LP: tl.constexpr, NEED_DWA: tl.constexpr, NEED_DWB: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    EV: tl.constexpr, STAGES: tl.constexpr, PV: tl.constexpr, UNROLL: tl.constexpr,
+):
+    """Programs [0, PA) take the first call's rows (q), the rest the second's (k)."""
+    pid = tl.program_id(0)
+    if pid < PA:
+        _bwd_rows(ga_ptr, xa_ptr, wa_ptr, ra_ptr, cos_ptr, sin_ptr, dxa_ptr, dwa_ptr, pid, MA, RPA, S, HA,
+                  gab, gas, gah, xab, xas, xah, scb, scs, N, HALF, inv_n,
+                  ROUND_WA, ROUND_CS, HALF_TABLE, LP, NEED_DWA, ROWS, BLOCK, EV, STAGES, PV, UNROLL)
+    else:
+        _bwd_rows(gb_ptr, xb_ptr, wb_ptr, rb_ptr, cos_ptr, sin_ptr, dxb_ptr, dwb_ptr, pid - PA, MB, RPB, S, HB,
+                  gbb, gbs, gbh, xbb, xbs, xbh, scb, scs, N, HALF, inv_n,
+                  ROUND_WB, ROUND_CS, HALF_TABLE, LP, NEED_DWB, ROWS, BLOCK, EV, STAGES, PV, UNROLL)
 
 
 @triton.jit
@@ -213,15 +265,27 @@ def _bwd_kernel(
     LP: tl.constexpr, NEED_DWA: tl.constexpr, NEED_DWB: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
     EV: tl.constexpr, STAGES: tl.constexpr, PV: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    if pid < PA:
-        _bwd_rows(ga_ptr, xa_ptr, wa_ptr, ra_ptr, cos_ptr, sin_ptr, dxa_ptr, dwa_ptr, pid, MA, RPA, S, HA,
-                  gab, gas, gah, xab, xas, xah, scb, scs, N, HALF, inv_n,
-                  ROUND_WA, ROUND_CS, HALF_TABLE, LP, NEED_DWA, ROWS, BLOCK, EV, STAGES, PV)
-    else:
-        _bwd_rows(gb_ptr, xb_ptr, wb_ptr, rb_ptr, cos_ptr, sin_ptr, dxb_ptr, dwb_ptr, pid - PA, MB, RPB, S, HB,
-                  gbb, gbs, gbh, xbb, xbs, xbh, scb, scs, N, HALF, inv_n,
-                  ROUND_WB, ROUND_CS, HALF_TABLE, LP, NEED_DWB, ROWS, BLOCK, EV, STAGES, PV)
+    """One tile per loop step (``backward_tile``'s unroll 1: wide rows)."""
+    _bwd_launch(ga_ptr, xa_ptr, wa_ptr, ra_ptr, dxa_ptr, dwa_ptr, gb_ptr, xb_ptr, wb_ptr, rb_ptr, dxb_ptr, dwb_ptr,
+                cos_ptr, sin_ptr, PA, MA, MB, RPA, RPB, HA, HB, gab, gas, gah, xab, xas, xah, gbb, gbs, gbh,
+                xbb, xbs, xbh, S, scb, scs, N, HALF, inv_n, ROUND_WA, ROUND_WB, ROUND_CS, HALF_TABLE, LP,
+                NEED_DWA, NEED_DWB, ROWS, BLOCK, EV, STAGES, PV, 1)
+
+
+@triton.jit
+def _bwd_pair_kernel(
+    ga_ptr, xa_ptr, wa_ptr, ra_ptr, dxa_ptr, dwa_ptr, gb_ptr, xb_ptr, wb_ptr, rb_ptr, dxb_ptr, dwb_ptr,
+    cos_ptr, sin_ptr, PA, MA, MB, RPA, RPB, HA, HB, gab, gas, gah, xab, xas, xah, gbb, gbs, gbh, xbb, xbs, xbh,
+    S, scb, scs, N, HALF, inv_n,
+    ROUND_WA: tl.constexpr, ROUND_WB: tl.constexpr, ROUND_CS: tl.constexpr, HALF_TABLE: tl.constexpr,
+    LP: tl.constexpr, NEED_DWA: tl.constexpr, NEED_DWB: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    EV: tl.constexpr, STAGES: tl.constexpr, PV: tl.constexpr,
+):
+    """Two tiles per loop step, their loads issued together (unroll 2: narrow rows)."""
+    _bwd_launch(ga_ptr, xa_ptr, wa_ptr, ra_ptr, dxa_ptr, dwa_ptr, gb_ptr, xb_ptr, wb_ptr, rb_ptr, dxb_ptr, dwb_ptr,
+                cos_ptr, sin_ptr, PA, MA, MB, RPA, RPB, HA, HB, gab, gas, gah, xab, xas, xah, gbb, gbs, gbh,
+                xbb, xbs, xbh, S, scb, scs, N, HALF, inv_n, ROUND_WA, ROUND_WB, ROUND_CS, HALF_TABLE, LP,
+                NEED_DWA, NEED_DWB, ROWS, BLOCK, EV, STAGES, PV, 2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -323,26 +387,29 @@ def backward(gq, gk, q, k, wq, wk, cos, sin, rq, rk, round_cos_sin: bool, head_a
     block = _triton_norm._check_cols(N)
     dq, dk = token_major(q, head_axis), token_major(k, head_axis)
     MQ, MK = B * S * HQ, B * S * HK
-    gridq, gridk = backward_grid(MQ, q.device), backward_grid(MK, q.device)
+    gridq, gridk = backward_grid(MQ, N, q.device), backward_grid(MK, N, q.device)
     dwq_p = torch.empty((gridq[1], N), dtype=torch.float32, device=q.device) if need_dwq else rq
     dwk_p = torch.empty((gridk[1], N), dtype=torch.float32, device=q.device) if need_dwk else rk
     scb, scs = _table_strides(cos, B, S) if MQ + MK else (0, 0)
     common = dict(ROUND_CS=round_cos_sin, HALF_TABLE=cos.shape[-1] != N, LP=lp_kind(lp), BLOCK=block,
                   EV=_triton_norm.EVICT, STAGES=_triton_norm.BWD_STAGES, PV=_pv(N))
     parts = [(gq, q, wq, rq, dq, dwq_p, MQ, gridq, HQ, need_dwq), (gk, k, wk, rk, dk, dwk_p, MK, gridk, HK, need_dwk)]
-    same = gridq[0] == gridk[0]
-    groups = [parts] if same else [[parts[0], parts[0][:6] + (0, (gridq[0], 0, 1)) + parts[0][8:]],
-                                   [parts[1], parts[1][:6] + (0, (gridk[0], 0, 1)) + parts[1][8:]]]
-    for (ga, xa, wa, ra, dxa, dwa, ma, (rows, pa, rpa), ha, nda), (gb, xb, wb, rb, dxb, dwb, mb, (_, pb, rpb), hb, ndb) in groups:
+    # one launch when q's and k's calls take the same tile (rows, warps, unroll), else two
+    same = gridq[:1] + gridq[3:] == gridk[:1] + gridk[3:]
+    groups = [parts] if same else [[parts[0], parts[0][:6] + (0, gridq[:1] + (0, 1) + gridq[3:]) + parts[0][8:]],
+                                   [parts[1], parts[1][:6] + (0, gridk[:1] + (0, 1) + gridk[3:]) + parts[1][8:]]]
+    for (ga, xa, wa, ra, dxa, dwa, ma, (rows, pa, rpa, warps, unroll), ha, nda), \
+            (gb, xb, wb, rb, dxb, dwb, mb, (_, pb, rpb, _, _), hb, ndb) in groups:
         pa, pb = (pa if ma else 0), (pb if mb else 0)
         if pa + pb == 0:
             continue
-        _bwd_kernel[(pa + pb,)](
+        kernel = {1: _bwd_kernel, 2: _bwd_pair_kernel}[unroll]
+        kernel[(pa + pb,)](
             ga, xa, wa, ra, dxa, dwa, gb, xb, wb, rb, dxb, dwb, cos, sin,
             pa, ma, mb, rpa, rpb, ha, hb, *_strides(ga, head_axis), *_strides(xa, head_axis),
             *_strides(gb, head_axis), *_strides(xb, head_axis), S, scb, scs, N, N // 2, 1.0 / N,
             ROUND_WA=_round_w(wa, lp), ROUND_WB=_round_w(wb, lp), NEED_DWA=nda, NEED_DWB=ndb, ROWS=rows,
-            num_warps=_triton_norm._bwd_warps(block * rows), **common, **LAUNCH_OPTS,
+            num_warps=warps, **common, **LAUNCH_OPTS,
         )
     dwq = dwk = None
     if need_dwq:

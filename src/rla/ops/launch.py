@@ -2,7 +2,11 @@
 
 The kernels' block sizes, warps and grid shapes change their speed, never their numbers (each
 program computes whole rows or whole elements; the GPU tests check every launch shape bit for
-bit against the reference). The defaults are the values ``lab/bench/tune_fused.py`` picked on an
+bit against the reference), with one exception: the norm's ``norm.*`` tile decides the register
+layout a row's ``tl.sum`` reduces over (so the order of the sum under
+``norm_reduction='unpinned'`` and of the backward's per-row sum), and its backward grid the rows
+each d_weight partial adds; the defaults keep the per-row layouts of the tiles tuned before
+(``_triton_norm.NARROW_COLS``). The defaults are the values ``lab/bench/tune_fused.py`` picked on an
 H200; another GPU may want others, so benchmarks stamp the parameters in effect into every results
 file (:func:`launch_config`) and ``rla bench --config tuned.json`` applies a tuned set
 (:func:`set_launch_config`). Keys are ``<kernel>.<parameter>``, e.g. ``"rope.num_warps"``; the
@@ -41,6 +45,9 @@ PARAMETERS: dict[str, tuple[str, str, tuple[type, ...]]] = {
     "norm.bwd_warps": ("rla.ops._triton_norm", "BWD_WARPS", (int, type(None))),
     "norm.bwd_programs_per_sm": ("rla.ops._triton_norm", "BWD_PROGRAMS_PER_SM", (int,)),
     "norm.bwd_stages": ("rla.ops._triton_norm", "BWD_STAGES", (int,)),
+    "norm.narrow_cols": ("rla.ops._triton_norm", "NARROW_COLS", (int,)),
+    "norm.bwd_narrow_warps": ("rla.ops._triton_norm", "BWD_NARROW_WARPS", (int,)),
+    "norm.bwd_unroll": ("rla.ops._triton_norm", "BWD_UNROLL", (int,)),
     "norm.evict": ("rla.ops._triton_norm", "EVICT", (str,)),
 }
 
@@ -65,8 +72,8 @@ def set_launch_config(config: dict) -> None:
     Every key and value is checked before anything is set, so a bad entry changes nothing: an
     unknown key, a value of the wrong type (``bool`` is not an ``int`` here), a count that is not a
     positive integer, a block, row, token or warp count that is not a power of two (Triton's
-    ``tl.arange`` and ``num_warps`` need one), or an unknown eviction policy is a ``ValueError``
-    naming it.
+    ``tl.arange`` and ``num_warps`` need one), an unroll other than 1 or 2, or an unknown eviction
+    policy is a ``ValueError`` naming it.
     """
     if not isinstance(config, dict):
         raise ValueError(f"launch config must be a mapping of parameter -> value, got {type(config).__name__}")
@@ -81,6 +88,8 @@ def set_launch_config(config: dict) -> None:
             raise ValueError(f"launch config: {key} must be a positive integer, got {value}")
         if isinstance(value, int) and key.endswith(_POW2) and value & (value - 1):
             raise ValueError(f"launch config: {key} must be a power of two (a tl.arange extent or a warp count), got {value}")
+        if key == "norm.bwd_unroll" and value not in (1, 2):
+            raise ValueError(f"launch config: norm.bwd_unroll must be 1 or 2 (tiles per loop step), got {value}")
         if key == "norm.evict" and value not in _EVICT:
             raise ValueError(f"launch config: norm.evict must be one of {_EVICT}, got {value!r}")
     if config and not _has_triton():
