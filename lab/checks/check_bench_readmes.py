@@ -510,14 +510,17 @@ BRK = "results/benchmarks/e2e_breakdown_h200_2026-12-02"
 _BRK_SHAPES = {"qwen2.5-1.5b": "Qwen2.5-1.5B, 4 x 4096", "qwen3-1.7b": "Qwen3-1.7B, 2 x 4096", "qwen2.5-7b": "Qwen2.5-7B, 1 x 4096"}
 
 
-def _brk_rows(root):
-    return {(r["model"], r["variant"]): r for r in _json(root, f"{BRK}/e2e_breakdown/e2e_breakdown.json")["results"]}
+BRK2 = "results/benchmarks/e2e_breakdown_after_h200_2026-12-02"
 
 
-def breakdown_speed_memory(root):
+def _brk_rows(root, folder=BRK):
+    return {(r["model"], r["variant"]): r for r in _json(root, f"{folder}/e2e_breakdown/e2e_breakdown.json")["results"]}
+
+
+def breakdown_speed_memory(root, folder=BRK):
     """e2e_breakdown.json per shape and variant: tok_s, gpu_ms_median, step_peak_gib; tok_s / liger's,
     step_peak_gib / liger's."""
-    rows, out = _brk_rows(root), {}
+    rows, out = _brk_rows(root, folder), {}
     for m, shape in _BRK_SHAPES.items():
         lg = rows[(m, "liger")]
         for v in ("hf-bf16", "liger", "rla-vllm", "rla-vllm-eager", "liger-flce", "rla-vllm+liger-flce"):
@@ -527,10 +530,10 @@ def breakdown_speed_memory(root):
     return out
 
 
-def breakdown_memory_gap(root):
+def breakdown_memory_gap(root, folder=BRK):
     """per shape: rla-vllm's step peak - liger's (GiB), and that in bytes per token, layer and hidden element; the
     same for rla-vllm-eager."""
-    rows, out = _brk_rows(root), {}
+    rows, out = _brk_rows(root, folder), {}
     for m, shape in _BRK_SHAPES.items():
         lg = rows[(m, "liger")]
         per = lambda r: (r["peaks"]["step_peak_gib"] - lg["peaks"]["step_peak_gib"]) * 2 ** 30 / (  # noqa: E731
@@ -541,14 +544,38 @@ def breakdown_memory_gap(root):
     return out
 
 
-def breakdown_kernels(root):
+def breakdown_kernels(root, folder=BRK):
     """per shape and variant (rla-vllm, rla-vllm-eager, liger), kernel ms of one profiled step: norm, copies/casts,
     other, total."""
-    rows, out = _brk_rows(root), {}
+    rows, out = _brk_rows(root, folder), {}
     for m, shape in _BRK_SHAPES.items():
         for v in ("rla-vllm", "rla-vllm-eager", "liger"):
             us = rows[(m, v)]["kernels"]["us"]
             out[(shape, v)] = [us["norm"] / 1e3, us["copies/casts"] / 1e3, us["other"] / 1e3, sum(us.values()) / 1e3]
+    return out
+
+
+def breakdown_after_vs_before(root):
+    """per shape: rla-vllm's and rla-vllm-eager's gpu_ms_median before (BRK) and after (BRK2), and tok_s / liger's
+    tok_s of the same run, before and after."""
+    b, a, out = _brk_rows(root, BRK), _brk_rows(root, BRK2), {}
+    for m, shape in _BRK_SHAPES.items():
+        for v in ("rla-vllm", "rla-vllm-eager", "liger"):
+            rel = lambda rows: rows[(m, v)]["time"]["tok_s"] / rows[(m, "liger")]["time"]["tok_s"]  # noqa: E731
+            out[(shape, v)] = [b[(m, v)]["time"]["gpu_ms_median"], a[(m, v)]["time"]["gpu_ms_median"], rel(b), rel(a)]
+    return out
+
+
+def qk_bwd_tiles(root):
+    """qk_bwd_tiles.txt per tile and kernel: ms per call, ms per step (28 layers), d_x equal to the one-row tile's."""
+    import re
+    out = {}
+    for line in (root / BRK2 / "qk_bwd_tiles.txt").read_text().splitlines():
+        m = re.match(r"(\S+)\s+rows/warps/unroll \(([^)]*)\)\s+(.+?)\s{2,}([\d.]+) ms/call\s+([\d.]+) ms/step\s+d_x (==|!=) one-row", line)
+        if m:
+            kernel = "fused q/k norm + RoPE" if m.group(3).startswith("fused") else "norm (q and k)"
+            out[(m.group(1), kernel)] = [m.group(2).replace(", ", " x "), float(m.group(4)), float(m.group(5)),
+                                         "yes" if m.group(6) == "==" else "no"]
     return out
 
 
@@ -576,6 +603,15 @@ TABLES: list[TableCheck] = [
                breakdown_memory_gap),
     TableCheck("breakdown kernels", R(BRK), f"{BRK}/e2e_breakdown/e2e_breakdown.json",
                "kernel ms: norm, copies/casts, other, total", breakdown_kernels),
+    TableCheck("after speed and memory", R(BRK2), f"{BRK2}/e2e_breakdown/e2e_breakdown.json",
+               "tok_s, gpu_ms_median, step_peak_gib; tok_s / liger's, step_peak_gib / liger's",
+               lambda root: breakdown_speed_memory(root, BRK2)),
+    TableCheck("after vs before", R(BRK2), f"{BRK}/e2e_breakdown/e2e_breakdown.json, {BRK2}/e2e_breakdown/e2e_breakdown.json",
+               "gpu_ms_median before, after; tok_s / liger's before, after", breakdown_after_vs_before),
+    TableCheck("after kernels", R(BRK2), f"{BRK2}/e2e_breakdown/e2e_breakdown.json", "kernel ms: norm, copies/casts, other, total",
+               lambda root: breakdown_kernels(root, BRK2)),
+    TableCheck("q/k backward tiles", R(BRK2), f"{BRK2}/qk_bwd_tiles.txt", "tile, ms per call, ms per step, d_x equal",
+               qk_bwd_tiles),
     TableCheck("breakdown GPU tests", R(BRK), f"{BRK}/gpu_tests.log", "passed, failed, skipped", breakdown_gpu_tests),
     TableCheck("moe decode syncs", R(MOE_SYNCS), f"{MOE_SYNCS}/before.json, after.json",
                "per decode step: ops before, after; syncs before (total, nonzero, item, copies), after (the same)",

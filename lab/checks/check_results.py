@@ -620,13 +620,13 @@ MICRO_CPU = "results/benchmarks/microbatch_bundled_cpu_2026-12-02"
 HOUSE = "results/benchmarks/house_and_liger_h200_2026-12-02"
 
 
-BRK = "results/benchmarks/e2e_breakdown_h200_2026-12-02"
+BRK = "results/benchmarks/e2e_breakdown_after_h200_2026-12-02"  # the second round; the first is its "before"
 TRLV = "results/benchmarks/trl_verl_gpu_h200_2026-12-02"
 _BRK_MODELS = ("qwen2.5-1.5b", "qwen3-1.7b", "qwen2.5-7b")
 
 
 def breakdown_vs_liger(root):
-    """e2e_breakdown.json (one run, alternating passes): per shape (1.5B, Qwen3-1.7B, 7B) tok_s / liger's of
+    """e2e_breakdown.json of the second round (one run, alternating passes): per shape (1.5B, Qwen3-1.7B, 7B) tok_s / liger's of
     rla-vllm-eager, then of rla-vllm; step_peak_gib / liger's of rla-vllm; rla-vllm's peak above liger's in bytes
     per token, layer and hidden element (the three shapes: min, max)."""
     rows = {(r["model"], r["variant"]): r for r in _json(root, f"{BRK}/e2e_breakdown/e2e_breakdown.json")["results"]}
