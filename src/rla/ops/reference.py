@@ -34,6 +34,13 @@ def _rn(v: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
     return v if lp == torch.float32 else v.to(lp).float()
 
 
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype``, ``t`` itself when it already is: a Function's output must not be a no-op
+    ``.to``, which torch 2.11's torch.compile (AOT autograd) treats as an alias of an intermediate
+    and differentiates to zero (2.13 does not); the numbers are the same either way."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def _rot(x: torch.Tensor) -> torch.Tensor:
     """HF's ``rotate_half``: cat(-x2, x1) on the halves of the last dim (exact)."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -64,12 +71,12 @@ def _rope_fwd(x, c, s, per_op, lp):
         out = _rn(xf * c, lp) + _rn(_rot(xf) * s, lp)
     else:
         out = xf * c + _rot(xf) * s
-    return out.to(lp)
+    return _as(out, lp)
 
 
 def _rope_bwd(g, c, s, dtype):
     gf = g.float()
-    return (gf * c + _rot_t(gf * s)).to(dtype)
+    return _as(gf * c + _rot_t(gf * s), dtype)
 
 
 def _full(c: torch.Tensor, half: bool) -> torch.Tensor:
@@ -130,7 +137,7 @@ class _SwiGLU(torch.autograd.Function):
         if per_op:
             a = _rn(a, lp)
         ctx.save_for_backward(gate, up)
-        return (a * up.float()).to(lp)
+        return _as(a * up.float(), lp)
 
     @staticmethod
     def backward(ctx, dy):
@@ -168,7 +175,7 @@ class _GeGLU(torch.autograd.Function):
         if per_op:
             a = _rn(a, lp)
         ctx.save_for_backward(gate, up)
-        return (a * up.float()).to(lp)
+        return _as(a * up.float(), lp)
 
     @staticmethod
     def backward(ctx, dy):
@@ -217,7 +224,7 @@ class _SwiGLUOAI(torch.autograd.Function):
             out = (u + 1.0) * (g * torch.sigmoid(g * alpha))
         ctx.save_for_backward(gate, up)
         ctx.alpha, ctx.limit = alpha, limit
-        return out.to(lp)
+        return _as(out, lp)
 
     @staticmethod
     def backward(ctx, dy):
@@ -275,7 +282,7 @@ def _rstd(v: torch.Tensor, eps: float, tree: bool = False, fused_add: bool = Fal
 def _norm_fwd(v, rstd, w, lp, per_op, out_dtype=None):
     n = v * rstd
     out = w * _rn(n, lp) if per_op else n * w
-    return out.to(out_dtype or lp)
+    return _as(out, out_dtype or lp)
 
 
 def _norm_bwd(dy, v, rstd, w, need_w, w_dtype):
@@ -453,7 +460,8 @@ class _CarryAdd(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, m, out_dtype: torch.dtype):
         ctx.dtypes = (x.dtype, residual.dtype, m.dtype)
-        return ((x.float() + residual.float()) + m.float()).to(out_dtype)
+        s = (x.float() + residual.float()) + m.float()
+        return _as(s, out_dtype)
 
     @staticmethod
     def backward(ctx, g):
