@@ -14,6 +14,7 @@ Rules (they are why aligning one model never changes another):
 
 from __future__ import annotations
 
+import itertools
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,8 +146,7 @@ def with_globals(
     mutated: ``fn``, its class and the module keep their objects. ``code`` replaces the inner
     function's code object (a rewrite of its own source, see ``rla.alignment.qk_chain``).
     """
-    new_globals = dict(module_globals)
-    new_globals.update(replacements)
+    new_globals = _module_globals(module_globals, replacements)
     rebuilt = _rebuild(fn, module_globals, new_globals, code)
     if rebuilt is fn:
         raise RuntimeError(
@@ -155,6 +155,26 @@ def with_globals(
             "this forward is decorated (see src/rla/alignment/compat.py)"
         )
     return rebuilt
+
+
+def _module_globals(module_globals: dict, replacements: dict) -> dict:
+    """A copy of ``module_globals`` with ``replacements``, as the ``__dict__`` of a module of its own
+    (``rla._aligned.<module>.<n>`` in ``sys.modules``): torch.compile resolves an inlined function's
+    globals through ``sys.modules[globals['__name__']]``, so with the original name its guards read the
+    transformers module's ``apply_rotary_pos_emb`` while the trace used the replacement, and guard
+    building failed (``regions=("rope",)`` under torch.compile, torch 2.11 and 2.13)."""
+    import sys
+
+    name = f"rla._aligned.{module_globals.get('__name__', 'module')}.{next(_COUNTER)}"
+    mod = types.ModuleType(name)
+    mod.__dict__.update(module_globals)
+    mod.__dict__.update(replacements)
+    mod.__dict__["__name__"] = name
+    sys.modules[name] = mod
+    return mod.__dict__
+
+
+_COUNTER = itertools.count()
 
 
 def defined_in(fn, module_globals):
