@@ -451,7 +451,7 @@ R = lambda folder: f"{folder}/README.md"  # noqa: E731
 
 # ---------------------------------------------------------------- 2026-12-02, this session's H200 calls
 
-TRLV = "results/benchmarks/trl_verl_gpu_h200_2026-12-02"
+TRLV, FAM524, BRK, BRK2 = _cr.TRLV, _cr.FAM524, _cr.BRK, _cr.BRK2
 
 
 def trl_colocate_steps(root):
@@ -487,10 +487,7 @@ def verl_gpu_cases(root):
     return out
 
 
-def _pytest_counts(text: str) -> list:
-    import re
-    last = [ln for ln in text.splitlines() if re.search(r"\d+ (passed|failed|skipped)", ln)][-1]
-    return [int(m.group(1)) if (m := re.search(rf"(\d+) {w}", last)) else 0 for w in ("passed", "failed", "skipped")]
+_pytest_counts = _cr.pytest_counts
 
 
 def verl_gpu_pytest(root):
@@ -498,19 +495,12 @@ def verl_gpu_pytest(root):
     return {("verl 0.9.1 FSDPEngine, 1 GPU",): _pytest_counts((root / TRLV / "verl" / "pytest.txt").read_text())}
 
 
-FAM524 = "results/benchmarks/families_tf524_gpu_tests_h200_2026-12-02"
-
-
 def families_tf524_tests(root):
     """tests_families_tf524.txt's summary line: passed, failed, skipped."""
     return {("transformers 5.24.0",): _pytest_counts((root / FAM524 / "tests_families_tf524.txt").read_text())}
 
 
-BRK = "results/benchmarks/e2e_breakdown_h200_2026-12-02"
 _BRK_SHAPES = {"qwen2.5-1.5b": "Qwen2.5-1.5B, 4 x 4096", "qwen3-1.7b": "Qwen3-1.7B, 2 x 4096", "qwen2.5-7b": "Qwen2.5-7B, 1 x 4096"}
-
-
-BRK2 = "results/benchmarks/e2e_breakdown_after_h200_2026-12-02"
 
 
 def _brk_rows(root, folder=BRK):
@@ -536,11 +526,9 @@ def breakdown_memory_gap(root, folder=BRK):
     rows, out = _brk_rows(root, folder), {}
     for m, shape in _BRK_SHAPES.items():
         lg = rows[(m, "liger")]
-        per = lambda r: (r["peaks"]["step_peak_gib"] - lg["peaks"]["step_peak_gib"]) * 2 ** 30 / (  # noqa: E731
-            r["batch"] * r["seq"] * r["layers"] * r["hidden"])
         a, e = rows[(m, "rla-vllm")], rows[(m, "rla-vllm-eager")]
-        out[(shape,)] = [a["peaks"]["step_peak_gib"] - lg["peaks"]["step_peak_gib"], per(a),
-                         e["peaks"]["step_peak_gib"] - lg["peaks"]["step_peak_gib"], per(e)]
+        out[(shape,)] = [a["peaks"]["step_peak_gib"] - lg["peaks"]["step_peak_gib"], _cr.excess_bytes_per_element(a, lg),
+                         e["peaks"]["step_peak_gib"] - lg["peaks"]["step_peak_gib"], _cr.excess_bytes_per_element(e, lg)]
     return out
 
 

@@ -620,31 +620,43 @@ MICRO_CPU = "results/benchmarks/microbatch_bundled_cpu_2026-12-02"
 HOUSE = "results/benchmarks/house_and_liger_h200_2026-12-02"
 
 
-BRK = "results/benchmarks/e2e_breakdown_after_h200_2026-12-02"  # the second round; the first is its "before"
+BRK = "results/benchmarks/e2e_breakdown_h200_2026-12-02"  # issue #36, the first round's run (the "before")
+BRK2 = "results/benchmarks/e2e_breakdown_after_h200_2026-12-02"  # the second round's
 TRLV = "results/benchmarks/trl_verl_gpu_h200_2026-12-02"
-_BRK_MODELS = ("qwen2.5-1.5b", "qwen3-1.7b", "qwen2.5-7b")
+FAM524 = "results/benchmarks/families_tf524_gpu_tests_h200_2026-12-02"
+BRK_MODELS = ("qwen2.5-1.5b", "qwen3-1.7b", "qwen2.5-7b")
+
+
+def pytest_counts(text: str) -> list:
+    """passed, failed, skipped of the last pytest summary line in ``text`` (0 where it names none)."""
+    last = [ln for ln in text.splitlines() if re.search(r"\d+ (passed|failed|skipped)", ln)][-1]
+    return [int(m.group(1)) if (m := re.search(rf"(\d+) {w}", last)) else 0 for w in ("passed", "failed", "skipped")]
+
+
+def excess_bytes_per_element(row: dict, liger: dict) -> float:
+    """``row``'s step peak above ``liger``'s (e2e_breakdown.json rows of one model), in bytes per token, layer and
+    hidden element."""
+    return (row["peaks"]["step_peak_gib"] - liger["peaks"]["step_peak_gib"]) * 2 ** 30 / (
+        row["batch"] * row["seq"] * row["layers"] * row["hidden"])
 
 
 def breakdown_vs_liger(root):
-    """e2e_breakdown.json of the second round (one run, alternating passes): per shape (1.5B, Qwen3-1.7B, 7B) tok_s / liger's of
-    rla-vllm-eager, then of rla-vllm; step_peak_gib / liger's of rla-vllm; rla-vllm's peak above liger's in bytes
-    per token, layer and hidden element (the three shapes: min, max)."""
-    rows = {(r["model"], r["variant"]): r for r in _json(root, f"{BRK}/e2e_breakdown/e2e_breakdown.json")["results"]}
+    """e2e_breakdown.json of the second round (one run, alternating passes): per shape (1.5B, Qwen3-1.7B, 7B)
+    tok_s / liger's of rla-vllm-eager, then of rla-vllm; step_peak_gib / liger's of rla-vllm; rla-vllm's peak above
+    liger's in bytes per token, layer and hidden element (the three shapes: min, max)."""
+    rows = {(r["model"], r["variant"]): r for r in _json(root, f"{BRK2}/e2e_breakdown/e2e_breakdown.json")["results"]}
     tok = lambda m, v: rows[(m, v)]["time"]["tok_s"] / rows[(m, "liger")]["time"]["tok_s"]  # noqa: E731
     peak = lambda m, v: rows[(m, v)]["peaks"]["step_peak_gib"]  # noqa: E731
-    per = [(peak(m, "rla-vllm") - peak(m, "liger")) * 2 ** 30 / (r["batch"] * r["seq"] * r["layers"] * r["hidden"])
-           for m in _BRK_MODELS for r in [rows[(m, "rla-vllm")]]]
-    return ([tok(m, "rla-vllm-eager") for m in _BRK_MODELS] + [tok(m, "rla-vllm") for m in _BRK_MODELS]
-            + [peak(m, "rla-vllm") / peak(m, "liger") for m in _BRK_MODELS] + [min(per), max(per)])
+    per = [excess_bytes_per_element(rows[(m, "rla-vllm")], rows[(m, "liger")]) for m in BRK_MODELS]
+    return ([tok(m, "rla-vllm-eager") for m in BRK_MODELS] + [tok(m, "rla-vllm") for m in BRK_MODELS]
+            + [peak(m, "rla-vllm") / peak(m, "liger") for m in BRK_MODELS] + [min(per), max(per)])
 
 
 def trl_verl_gpu(root):
     """trl_vllm_colocate.json: the vLLM version, step 1's kl, the largest mismatch/k3 over the steps; verl's
     pytest.txt: passed, skipped."""
-    import re
     d = _json(root, f"{TRLV}/trl/trl_vllm_colocate.json")
-    last = (root / TRLV / "verl" / "pytest.txt").read_text()
-    passed, skipped = (int(re.search(rf"(\d+) {w}", last).group(1)) for w in ("passed", "skipped"))
+    passed, _, skipped = pytest_counts((root / TRLV / "verl" / "pytest.txt").read_text())
     return [d["vllm"], d["steps"][0]["kl"], max(x["mismatch/k3"] for x in d["steps"]), passed, skipped]
 
 
@@ -722,7 +734,7 @@ CHECKS: list[Check] = [
           "HF k3 micro-batch 4/8 vs alone, min and max; HF bf16 vs fp32", microbatch_variance),
     Check("liger flce", "README", f"{HOUSE}/e2e*/e2e_NVIDIA_H200_2026-12-02.json",
           "rla+FLCE / FLCE tok_s and peak (1.5B, 7B); aligned step tok_s new vs old, min-max %", liger_flce),
-    Check("aligned step vs Liger", "README", f"{BRK}/e2e_breakdown/e2e_breakdown.json",
+    Check("aligned step vs Liger", "README", f"{BRK2}/e2e_breakdown/e2e_breakdown.json",
           "tok_s / liger's: vllm-eager, vllm (1.5B, Qwen3, 7B); vllm peak / liger's; its excess bytes per token, "
           "layer and hidden element min, max", breakdown_vs_liger),
     Check("TRL colocate and verl FSDP1 on GPU", "README", f"{TRLV}/trl/trl_vllm_colocate.json, {TRLV}/verl/pytest.txt",

@@ -33,6 +33,11 @@ def _pct(v: float) -> float:
     return 100 * v
 
 
+def _collapsed(table: dict) -> int:
+    """Runs collapsed by either criterion (signal, reward) over the arms of a ``moe_table``."""
+    return sum(table[(a,)][5][0] + table[(a,)][6][0] for a in ARMS)
+
+
 def _ms(v):
     return [v["mean"], v["std"]]
 
@@ -213,7 +218,7 @@ def moe_index(root: Path) -> list:
     step-0 k3 ratio bf16 / router-replay; seeds collapsed by either criterion over all runs; median step seconds."""
     t, calls = moe_table(root), moe_calls(root)
     rt = moe_routing_table(root)
-    collapsed = sum(t[(a,)][5][0] + t[(a,)][6][0] for a in ARMS)
+    collapsed = _collapsed(t)
     return [calls[7], calls[8], rt[("bf16",)][7][0], rt[("aligned",)][7][0], rt[("router",)][7][0],
             moe_k3_ratios(root)[3], collapsed, moe_step_time(root)[0]]
 
@@ -229,7 +234,7 @@ def moe_predictions(root: Path) -> list:
     layers = lambda a: rt[(a,)][:7]  # noqa: E731
     replay = [x for a in ("replay", "router-replay") for r in _arm(root, a) for x in r["records"]]
     k3 = [_k3(root, a) for a in ARMS]
-    collapsed = sum(t[(a,)][5][0] + t[(a,)][6][0] for a in ARMS)
+    collapsed = _collapsed(t)
     reward = moe_reward(root)
     return [min(layers("bf16")), max(layers("bf16")), rt[("bf16",)][8][0],
             _route(root, "bf16") / _route(root, "aligned"), min(layers("aligned")), max(layers("aligned")),
@@ -268,7 +273,7 @@ def moe60_predictions(root: Path) -> list:
     replay = [x for a in ("replay", "router-replay") for r in _arm(root, a, MOE60) for x in r["records"]]
     reward = moe_reward(root, MOE60)
     return [moe60_call(root)[2] / 60, moe60_warm_start(root)[1],
-            sum(t[(a,)][5][0] + t[(a,)][6][0] for a in ARMS), len(runs(root, MOE60)),
+            _collapsed(t), len(runs(root, MOE60)),
             *[_k3(root, a, folder=MOE60) for a in ARMS], *[rt[(a,)][9] for a in ARMS],
             _pct(max(v for x in replay for v in x["routing/set_differs"])), len(replay), reward[2], reward[3]]
 
@@ -279,7 +284,7 @@ def moe60_index(root: Path) -> list:
     router-replay; runs collapsed by either criterion; median step seconds."""
     t, rt = moe_table(root, MOE60), moe_routing_table(root, MOE60)
     k3 = moe_k3_ratios(root, MOE60)
-    collapsed = sum(t[(a,)][5][0] + t[(a,)][6][0] for a in ARMS)
+    collapsed = _collapsed(t)
     call = moe60_call(root)
     return [call[6], call[7], *[rt[(a,)][7][0] for a in ARMS[:3]], *[rt[(a,)][9] for a in ARMS[:3]],
             k3[1], k3[3], k3[7], collapsed, moe_step_time(root, MOE60)[0]]
