@@ -336,10 +336,12 @@ def _rms_norm_save(ctx, outputs, x, weight, eps, per_op, lp, out_dtype, reductio
     ctx.lp = lp
 
 
-def _rms_norm_grad(ctx, backward, dy):
+def _rms_norm_grad(ctx, backward, dy, drounded=None):
+    """The norm's backward; ``drounded``: the gradient of RN(x) beside it (``rms_norm_and_round``), added to d_x
+    in the same kernel (its residual-gradient input)."""
     x, weight, rstd = ctx.saved_tensors
     need_dw = ctx.needs_input_grad[1]
-    dx, dw = backward(dy, None, x, None, weight, rstd, need_dw, ctx.lp)
+    dx, dw = backward(dy, drounded, x, None, weight, rstd, need_dw, ctx.lp)
     return dx, (dw if need_dw else None)
 
 
@@ -538,20 +540,13 @@ def _rms_norm_and_round_save(ctx, outputs, x, weight, eps, per_op, lp, reduction
     ctx.lp = lp
 
 
-def _rms_norm_and_round_grad(ctx, backward, dy, drounded):
-    x, weight, rstd = ctx.saved_tensors
-    need_dw = ctx.needs_input_grad[1]
-    dx, dw = backward(dy, drounded, x, None, weight, rstd, need_dw, ctx.lp)
-    return dx, (dw if need_dw else None)
-
-
 _RMS_NORM_AND_ROUND = Op(OpSpec(
     Kernel(
         "rms_norm_and_round",
         dict(x=Tensor, weight=Tensor, eps=float, per_op=bool, lp=torch.dtype, reduction=str, after_add=bool),
         outputs=3, launch=_rms_norm_and_round_fwd, fake=_rms_norm_and_round_fwd_fake,
     ),
-    returns=2, save=_rms_norm_and_round_save, grad=_rms_norm_and_round_grad, backward=_NORM_BWD,
+    returns=2, save=_rms_norm_and_round_save, grad=_rms_norm_grad, backward=_NORM_BWD,
     function_name="_RMSNormAndRoundFn",
 ))
 
