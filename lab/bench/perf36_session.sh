@@ -3,7 +3,8 @@
 # from the repository root, carrying .whl (Liger's wheel); everything lands in $OUT/perf36b.tgz.
 #   STAGES="tests tiles e2e saved" bash lab/bench/perf36_session.sh
 #   tests  the GPU tests of the new ops and of every kernel they touch (compiled vs the code they replace, opcheck,
-#          aligned Qwen2/Qwen3 on CUDA with the changes on and off)
+#          aligned Qwen2/Qwen3 on CUDA with the changes on and off; torch.compile of the reference ops and of each
+#          region alone, the two torch-2.11 compile bugs); -v, so the log names every test
 #   tiles  lab/bench/qk_bwd_tiles.py: the q/k norm backward under the one-row, narrow and tall tiles
 #   e2e    lab/bench/e2e_breakdown.py parts b-d (peaks, kernels, host/GPU time, alternating passes), HF eager,
 #          Liger, rla's vllm and vllm-eager rows, and both with Liger's fused linear cross-entropy
@@ -19,10 +20,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 
 export PYTHONPATH=$PWD/src:$PWD/tests:$PWD
 if has tests; then
   stamp tests
-  run timeout ${TESTS_TIMEOUT:-260} python3 -m pytest -q -p no:cacheprovider -rs tests/ops/test_rms_norm_and_round.py \
+  run timeout ${TESTS_TIMEOUT:-330} python3 -m pytest -v -p no:cacheprovider -rs tests/ops/test_rms_norm_and_round.py \
     tests/ops/test_add_rms_norm_normed.py tests/alignment/test_align_residual_traffic.py tests/ops/test_norm_bwd_tiles.py \
     tests/ops/test_residual_source.py tests/ops/test_carry_add_grad.py tests/ops/test_qk_norm_rope_triton.py \
-    tests/ops/test_fused_gpu.py > "$P/gpu_tests.log" 2>&1
+    tests/ops/test_fused_gpu.py tests/ops/test_reference_compile.py tests/alignment/test_align_compile_regions.py > "$P/gpu_tests.log" 2>&1
   echo "tests rc=$?" | tee -a "$P/gpu_tests.log"; tail -4 "$P/gpu_tests.log" | cut -c1-300
 fi
 if has tiles; then

@@ -21,13 +21,18 @@ def _step(model, ids, compile_: bool):
     return out.logits.detach(), [p.grad.clone() for p in model.parameters()]
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("regions", [("rope",), ("swiglu",), ("rmsnorm",)])
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_one_region_compiled_equals_eager(family, regions):
+def test_one_region_compiled_equals_eager(family, regions, dev):
+    """On CUDA the regions are rla's Triton kernels (torch.library ops) inside the compiled graph."""
     torch.manual_seed(0)
-    model = tiny_model(family, num_hidden_layers=2).train()
+    model = tiny_model(family, num_hidden_layers=2).to(dev).train()
     rla.align(model, "vllm", regions=regions)
-    ids = tokens(batch=2, seq=16)
+    ids = tokens(batch=2, seq=16).to(dev)
     logits, grads = _step(model, ids, False)
     c_logits, c_grads = _step(model, ids, True)
     assert torch.equal(c_logits, logits)
