@@ -71,9 +71,9 @@ def configs() -> dict:
     }
 
 
-def random_model(cfg, seed=0):
+def random_model(cfg, seed=0, attention="sdpa"):
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=BF16, attn_implementation="sdpa").to(DEV).eval()
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=BF16, attn_implementation=attention).to(DEV).eval()
     g = torch.Generator(device=DEV).manual_seed(seed + 1)
     with torch.no_grad():  # HF initialises norm weights to 1, where per_op and fused coincide
         for name, p in model.named_parameters():

@@ -11,7 +11,8 @@
 #   .carry/w1, .carry/w2          cp312 wheels of the pure-Python packages the offline LLM path imports
 #                                 and the device lacks (resolved on CPU; installed --no-deps), in halves
 # One piece per call: on 2026-12-02 the device refused a call carrying two 18.6 MB pieces (its count of
-# the tree is larger than git's). Calls: part a | part b | part c1 | assemble (carry c2 and w1) | deps w2.
+# the tree is larger than git's). Calls: part a | part b | part c1 | assemble (carry c2 and w1) | deps w2,
+# and for MoE models moe a | moe b (carry .carry/moe/a, .carry/moe/b), for the 5.24-only families tf (.carry/tf).
 # The pieces are made by lab/bench/vllm026_pack.sh.
 # Then `source lab/bench/vllm026_device.sh env`.
 set -o pipefail
@@ -32,7 +33,19 @@ case "${1:-}" in
   deps)
     for d in .carry/w1 .carry/w2; do [ -d $d ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/deps $d/*.whl 2>&1 | tail -2; done
     ls /tmp/deps | wc -l ;;
+  moe)  # the MoE kernel library (MoE models, the router probe): `moe a`, then `moe b` (carry .carry/moe/$2) assembles it
+    mkdir -p /tmp/vpm && cp .carry/moe/$2/part* /tmp/vpm/ && ls -la /tmp/vpm
+    if [ "$2" = b ]; then
+      set -e; m=_moe_C_stable_libtorch.abi3.so
+      cat /tmp/vpm/partaa /tmp/vpm/partab > /tmp/vpm/$m.xz && xz -dc /tmp/vpm/$m.xz > /tmp/vpm/$m
+      (cd /tmp/vpm && sha256sum -c "$OLDPWD/.carry/moe/b/sha256.txt")
+      cp /tmp/vpm/$m /tmp/site/vllm/$m && ls -la /tmp/site/vllm/$m
+    fi ;;
+  tf)  # transformers 5.24 (carry .carry/tf), ahead of the image's 5.17 on the path: the families rla.align reads in 5.24's layout
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/tf .carry/tf/*.whl 2>&1 | tail -2
+    PYTHONPATH=/tmp/tf python3 -c "import transformers; print('transformers', transformers.__version__)" ;;
   env)
-    export PYTHONPATH=/tmp/site:/tmp/deps:$PWD/src:$PWD/lab/bench VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0 ;;
-  *) echo "usage: $0 part a|b|c1 | assemble | deps | env" >&2; exit 2 ;;
+    # /tmp/tf only exists after `tf`: the image's transformers otherwise
+    export PYTHONPATH=/tmp/tf:/tmp/site:/tmp/deps:$PWD/src:$PWD/lab/bench VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0 ;;
+  *) echo "usage: $0 part a|b|c1 | assemble | deps | moe a|b | tf | env" >&2; exit 2 ;;
 esac

@@ -5,6 +5,9 @@
 #                            random-init checkpoint (q/k norms: every point has a say), that mode
 #   gemma3-eager / gemma3-default  `rla verify --live --train-attention engine` on the Gemma 3 h2560
 #                            4-layer random-init checkpoint (3 sliding-window layers, 1 full), that mode
+#   fam-eager / fam-default  `rla verify --live` on the MoE families of live_family_configs (FAMS: name:attention:
+#                            regions:env, e.g. deepseekv3-h2048:model:swiglu,router:VLLM_MLA_DISABLE=1), that mode;
+#                            needs `vllm026_device.sh moe a|b` and `tf` first
 #   solo                     vllm_live_attribution.py engine-solo (each prompt alone, no chunked prefill)
 #   attr                     vllm_live_attribution.py compare (the interventions, batched and solo)
 #   twin                     vllm_live_attribution.py twin (the twin with the engine's attention vs live)
@@ -36,6 +39,19 @@ for mode in eager default; do
     --train-attention engine --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 \
     --out "$OUT/verify-gemma3-$mode" > "$OUT/verify-gemma3-$mode.log" 2>&1
   echo "verify gemma3 rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/verify-gemma3-$mode.log" | tail -25 | cut -c1-220
+done
+FAMS=${FAMS:-"glm4moe-h2048:engine:: gptoss-h2880:engine:: deepseekv3-h2048:model:swiglu,router:VLLM_MLA_DISABLE=1"}
+for mode in eager default; do
+  has fam-$mode || continue
+  for spec in $FAMS; do
+    IFS=: read -r name att regions envs <<< "$spec"
+    stamp "fam-$mode $name"
+    python3 lab/bench/vllm_live_h200.py checkpoint --out "$OUT/ckpt" --models $M --families $name --layers 4 > "$OUT/checkpoint-$name.log" 2>&1 || tail -5 "$OUT/checkpoint-$name.log"
+    env $envs timeout $(cap ${FAM_CAP:-240}) python3 -m rla.cli verify --engine vllm --live --model $M/$name-L4 --mode $mode \
+      --train-attention $att ${regions:+--regions $regions} --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 \
+      --out "$OUT/verify-$name-$mode" > "$OUT/verify-$name-$mode.log" 2>&1
+    echo "verify $name $mode rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/verify-$name-$mode.log" | tail -14 | cut -c1-220
+  done
 done
 A="python3 lab/bench/vllm_live_attribution.py --out /tmp/attr --models $M --names ${NAMES:-qwen2-h1536-L4} --modes ${MODES:-eager,default}"
 if has solo; then stamp solo; timeout $(cap 300) $A engine-solo > "$OUT/solo.log" 2>&1; echo "rc=$?"; grep -E "solo:|Error|error" "$OUT/solo.log" | tail -8; fi

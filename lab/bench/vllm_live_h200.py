@@ -16,10 +16,9 @@ Stages (each writes JSON into ``--out``):
   position bucket.
 - ``checkpoint``: only builds the random-init checkpoints (for ``rla verify --live`` /
   ``rla calibrate --live`` on the device). Besides the twin's three families it builds
-  ``gemma3-h2560`` (:func:`gemma3_config`: Gemma 3 4B's width, sliding and full layers); Qwen3.5
-  dense is not offered: vLLM 0.26 registers only its multimodal ``Qwen3_5ForConditionalGeneration``
-  (``vllm/model_executor/models/registry.py``), not the text-only ``Qwen3_5ForCausalLM`` an HF text
-  checkpoint names.
+  ``gemma3-h2560`` (:func:`gemma3_config`: Gemma 3 4B's width, sliding and full layers) and the MoE
+  families of ``live_family_configs`` (GPT-OSS, GLM-4 MoE, DeepSeek-V3; why Qwen3.5 is not among
+  them is said there).
 
 Needs CUDA and the real vLLM (0.26 on torch 2.11). Random-init weights: norm weights are drawn
 around 1 (as the twin runs do) so per_op and fused norms differ.
@@ -41,6 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import live_family_configs  # noqa: E402
 from rla.engines.live_calibration import search  # noqa: E402
 from rla.engines.live_verify import EngineData, candidates, compare, random_prompts  # noqa: E402
 
@@ -98,6 +98,7 @@ def model_configs(layers: int) -> dict:
     twin.LAYERS = layers
     cfgs = twin.configs()
     cfgs["gemma3-h2560"] = gemma3_config(layers)
+    cfgs.update({name: make(layers) for name, make in live_family_configs.CONFIGS.items()})
     for cfg in cfgs.values():  # room for the long prompt on every family
         cfg.max_position_embeddings = max(cfg.max_position_embeddings, 40960)
     return cfgs
@@ -113,7 +114,7 @@ def build_checkpoint(name: str, layers: int, root: Path) -> Path:
     if name not in cfgs:
         raise ValueError(f"no checkpoint {name!r}; the families are {', '.join(cfgs)}")
     twin.DEV = "cuda"
-    model = twin.random_model(cfgs[name])
+    model = twin.random_model(cfgs[name], attention=live_family_configs.ATTENTION.get(name, "sdpa"))
     if name.startswith(ZERO_CENTRED):
         g = torch.Generator(device=twin.DEV).manual_seed(2)
         with torch.no_grad():

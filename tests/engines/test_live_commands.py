@@ -206,7 +206,21 @@ def test_every_refusal_comes_before_the_engine(tmp_path, monkeypatch, capsys):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
     (tmp_path / "row.json").write_text("{}")
+    import moe_models
+
+    deepseek = str(tmp_path / "deepseek")
+    ds = moe_models.model("deepseek_v3")
+    ds.config.max_position_embeddings = 8192  # room for the default prompts: the regions are what is refused
+    ds.save_pretrained(deepseek)
+    capsys.readouterr()
     cases = [
+        # rla.align supports DeepSeek-V3's MoE regions only: refused before the engine, not after its run
+        (["verify", "--live", "--model", deepseek], "supports the regions swiglu, router for deepseek_v3, not rope, "
+         "rmsnorm (the default); pass --regions swiglu,router"),
+        (["verify", "--live", "--model", deepseek, "--regions", "swiglu,rope"], "not rope; pass --regions swiglu,router"),
+        (["verify", "--live", "--model", bundled, "--regions", "swiglu,attention"], "--regions 'swiglu,attention': "
+         "expected a comma-separated subset of rope, swiglu, rmsnorm, router"),
+        (["verify", "--model", bundled, "--regions", "swiglu"], "--regions: only used with --live"),
         (["verify", "--live", "--model", bundled, "--mode", "native"], "runs vLLM's own modes, default"),
         (["verify", "--live", "--model", bundled, "--tokens", "8"], "--tokens: sets up the twin, not the live"),
         (["verify", "--model", bundled, "--responses", "2"], "--responses: only used with --live"),
@@ -230,9 +244,11 @@ def test_every_refusal_comes_before_the_engine(tmp_path, monkeypatch, capsys):
         # everything above fine: vLLM is what is missing here, named before it is imported
         (["verify", "--live", "--model", bundled, "--out", str(tmp_path / "new")], "vLLM is not installed"),
         (["calibrate", "--live", "--model", bundled, "--mode", "default"], "pip install vllm==0.26.0"),
+        (["verify", "--live", "--model", deepseek, "--regions", "swiglu,router", "--out", str(tmp_path / "new")],
+         "vLLM is not installed"),
     ]
     if vllm_installed() is not None:
-        cases = cases[:-2]
+        cases = cases[:-3]
     guard = _NoVllm()
     monkeypatch.setattr(sys, "meta_path", [guard, *sys.meta_path])
     monkeypatch.chdir(tmp_path)

@@ -159,7 +159,8 @@ def test_prompt_logprobs_refuse_what_they_cannot_read(vlp, flat):
         prompt_logprobs_of(_request(c))
 
 
-META = {"engine": engine_metadata("0.26.0", LiveSettings(mode="eager")), "run": "cpu-test"}
+META = {"engine": engine_metadata("0.26.0", LiveSettings(mode="eager"), environ={"VLLM_MLA_DISABLE": "1", "PATH": "/x"}),
+        "run": "cpu-test"}
 
 
 @pytest.mark.parametrize("flat", [True, False], ids=["flat", "lists"])
@@ -179,7 +180,8 @@ def test_records_of_vllm_outputs(vlp, flat, tmp_path):
     assert a.metadata == dict(META, finish_reason="length", completion=0)
     assert b.metadata == dict(META, finish_reason="stop", completion=1)
     assert a.metadata["engine"] == {"name": "vllm", "version": "0.26.0", "mode": "eager",
-                                    "settings": LiveSettings(mode="eager").as_dict()}
+                                    "settings": LiveSettings(mode="eager").as_dict(),
+                                    "environment": {"VLLM_MLA_DISABLE": "1"}}  # vLLM's variables only
     assert META == {"engine": META["engine"], "run": "cpu-test"}  # the caller's dict is not changed
     # the records are valid rla.rollout/1 lines and come back bit for bit
     path = tmp_path / "r.jsonl"

@@ -43,6 +43,9 @@ def add_arguments(parser) -> None:
                         help="exit 1 unless the logits equal the twin's bit for bit: the engine-backed side's "
                         "with --engine-forward, else the aligned model's (the message names the side judged)")
     add_live_arguments(parser, "512,2048")
+    parser.add_argument("--regions", default=None,
+                        help="--live: the regions each row's side aligns, comma-separated (default rope,swiglu,rmsnorm; "
+                        "'router' too for MoE models; DeepSeek-V3 supports swiglu,router only: docs/families.md)")
     parser.add_argument("--out", default=None,
                         help="--live: report folder (report.json, report.md, the engine's logprobs and records); "
                         "default rla-verify-live/vllm-<mode>")
@@ -108,7 +111,7 @@ def run(args) -> int:
         from rla.commands.verify_live import run as run_live
 
         return run_live(args)
-    for dest, flag in (("out", "--out"), ("overwrite", "--overwrite")):
+    for dest, flag in (("out", "--out"), ("overwrite", "--overwrite"), ("regions", "--regions")):
         if getattr(args, dest):
             raise ValueError(f"{flag}: only used with --live (the twin's report goes to --json); add --live or drop it")
     return _run_twin(args)

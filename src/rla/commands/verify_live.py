@@ -36,6 +36,27 @@ def publish(rep: dict, data, out, *, overwrite: bool, inputs=()) -> None:
         rollouts.save(tmp / "rollouts.jsonl", data.records)
 
 
+def _regions(value: str | None, family: str, model: str) -> tuple[str, ...] | None:
+    """``--regions`` as a tuple (None: rla.align's default), checked against what rla.align supports
+    for the model's family before the engine starts (a refusal after the engine's run would waste it)."""
+    from rla.alignment import ALIGN_REGIONS
+    from rla.alignment.families import get_family
+    from rla.profiles import REGIONS
+
+    regions = None if value is None else tuple(x.strip() for x in value.split(",") if x.strip())
+    if regions is not None:
+        unknown = [r for r in regions if r not in ALIGN_REGIONS]
+        if unknown or not regions:
+            raise ValueError(f"--regions {value!r}: expected a comma-separated subset of {', '.join(ALIGN_REGIONS)}")
+    supported = get_family(family, f"--model {model}").regions
+    wanted = regions or REGIONS
+    if supported is not None and not set(wanted) <= set(supported):
+        raise ValueError(f"--model {model}: rla.align supports the regions {', '.join(supported)} for {family}, not "
+                         f"{', '.join(r for r in wanted if r not in supported)}"
+                         f"{'' if regions else ' (the default)'}; pass --regions {','.join(supported)} (docs/families.md)")
+    return regions
+
+
 def _extra(args) -> dict:
     """The sides ``--profile`` adds: comma-separated names or profile JSON files."""
     from pathlib import Path
@@ -71,6 +92,7 @@ def run(args) -> int:
     check_out_dir(out, overwrite=args.overwrite, inputs=inputs)
     longest = run_length(args, saved)
     info = check_model(args.model, longest)
+    regions = _regions(args.regions, info["family"], args.model)
     extra = _extra(args)
     settings, attention, attending, version, device = engine_side(args, saved, longest, "model")
     # the sides are named before the engine starts: a --profile clashing with a row of the report is
@@ -93,7 +115,7 @@ def run(args) -> int:
         ops = engine_backed_forward(code, args.mode, args.library)
         sides[ENGINE_SIDE], backed[ENGINE_SIDE] = ops.profile, ops
     with attending(model):  # aligned inside: the engine-backed forward attends with this attention too
-        rows = compare(model, sides, data, log=say, backed=backed)
+        rows = compare(model, sides, data, log=say, backed=backed, regions=regions)
     data = dataclasses.replace(data, engine={**data.engine, "settings": {**data.engine.get("settings", {}),
                                                                          "train_attention": attention}})
     rep = report(data, rows, info, environment(torch.device(device)))

@@ -74,11 +74,13 @@ def stats(train: list[torch.Tensor], engine: list[torch.Tensor], offsets: list[i
     return row
 
 
-def score(model, profile, prompts, pre, records, ops=None) -> dict:
+def score(model, profile, prompts, pre, records, ops=None, regions=None) -> dict:
     """Prefill and decode statistics of ``model`` under ``profile`` (None: as it is) against the
     engine's prompt logprobs ``pre`` (one list per prompt, tokens 1..n-1) and ``records``;
-    ``ops``: aligned with those ops (``rla.align``'s ``ops``, e.g. an engine-backed forward)."""
-    ctx = aligned(model, profile, ops=ops) if profile is not None else contextlib.nullcontext()
+    ``ops``: aligned with those ops (``rla.align``'s ``ops``, e.g. an engine-backed forward);
+    ``regions``: the regions aligned (None: ``rla.align``'s default)."""
+    kw = {} if regions is None else {"regions": tuple(regions)}
+    ctx = aligned(model, profile, ops=ops, **kw) if profile is not None else contextlib.nullcontext()
     with ctx:
         tp = [train_logprobs(model, p) for p in prompts]
         td = [train_logprobs(model, r.prompt_ids + r.response_ids)[len(r.prompt_ids) - 1:] for r in records]

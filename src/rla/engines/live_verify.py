@@ -201,12 +201,17 @@ def collect(engine, prompts, decode_prompts, *, max_new_tokens: int, seed: int =
 
 
 def compare(model, sides: dict[str, RoundingProfile | None], data: EngineData,
-            log: Callable[[str], None] | None = None, backed: dict | None = None) -> list[dict]:
+            log: Callable[[str], None] | None = None, backed: dict | None = None,
+            regions: tuple[str, ...] | None = None) -> list[dict]:
     """One row per side: ``side``, ``forward`` (what computes it), ``points`` (the row's; None for
-    ``hf`` and for an engine-backed side, whose values are the engine's code), ``prefill`` and
-    ``decode`` statistics against the engine (see the module docstring), ``seconds``. ``backed``
-    maps a side's name to the engine-backed ops (:func:`engine_backed_forward`) it is aligned
-    with; its row is then only the backward's (``gradient_row``)."""
+    ``hf`` and for an engine-backed side, whose values are the engine's code), ``regions`` (what a
+    row's side aligned), ``prefill`` and ``decode`` statistics against the engine (see the module
+    docstring), ``seconds``. ``backed`` maps a side's name to the engine-backed ops
+    (:func:`engine_backed_forward`) it is aligned with; its row is then only the backward's
+    (``gradient_row``). ``regions``: the regions each row's side aligns (None: ``rla.align``'s
+    default; DeepSeek-V3 supports only its MoE regions, docs/families.md)."""
+    from rla.profiles import REGIONS
+
     rows = []
     backed = backed or {}
     unknown = set(backed) - set(sides)
@@ -217,10 +222,12 @@ def compare(model, sides: dict[str, RoundingProfile | None], data: EngineData,
         ops = backed.get(side)
         if ops is not None and row is None:
             raise ValueError(f"side {side!r}: engine-backed ops need the row of their backward, got None")
-        s = score(model, row, data.prompts, data.prompt_logprobs, data.records, ops=ops)
+        s = score(model, row, data.prompts, data.prompt_logprobs, data.records, ops=ops,
+                  regions=None if ops is not None else regions)
         if ops is None:
             about = {"forward": "HF eager" if row is None else "rla.ops",
-                     "points": row.points() if row is not None else None}
+                     "points": row.points() if row is not None else None,
+                     "regions": None if row is None else list(regions or REGIONS)}
         else:
             about = {"forward": ops.name, "points": None, "gradient_row": row.name}
         rows.append({"side": side, **about, **s, "seconds": round(time.monotonic() - t0, 3)})

@@ -21,10 +21,11 @@ What an HF attention module hands the interface is passed on as vLLM's attention
 as ``softmax_scale`` (Gemma 3's ``query_pre_attn_scalar ** -0.5`` included); a sliding window
 of ``W`` keys (HF's ``module.sliding_window``, Gemma 3's sliding layers) as
 ``window_size=(W - 1, 0)``, which the kernel reads as ``dist < W`` -- the same ``W`` keys, the
-query's own among them, as HF's sliding mask; a logit ``softcap`` as is (0: none). Attention
-sinks (GPT-OSS's ``s_aux``) are refused: vLLM's kernel takes them, but how its GPT-OSS layer
-hands them over was not checked against a live engine here, so a side scored with them would
-claim what nobody measured.
+query's own among them, as HF's sliding mask; a logit ``softcap`` as is (0: none); attention
+sinks (GPT-OSS's ``s_aux``, one logit per query head that joins each row's softmax denominator)
+as ``sinks``, the tensor itself: vLLM's ``GptOssAttention`` (``models/gpt_oss.py``) hands its
+``sinks`` parameter (one per head, the model's dtype) to the layer, which passes it to the kernel
+unchanged (``TritonAttentionImpl.forward``), and HF's module holds the same checkpoint values.
 
 Forward only (no backward; vLLM's kernel has none): it scores, it does not train.
 
@@ -84,10 +85,11 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     kvh = key.shape[1]
     if b != 1:
         raise ValueError(f"the engine's attention scores one sequence per forward, got a batch of {b}")
-    if kwargs.get("s_aux") is not None or getattr(module, "sinks", None) is not None:
-        raise NotImplementedError(
-            f"{type(module).__name__} has attention sinks (GPT-OSS): the engine's attention is not wired for them "
-            "(module docstring); score with --train-attention model")
+    sinks = kwargs.get("s_aux")
+    if sinks is None:
+        sinks = getattr(module, "sinks", None)
+    if sinks is not None and tuple(sinks.shape) != (query.shape[1],):
+        raise ValueError(f"attention sinks of shape {tuple(sinks.shape)}: expected one per query head ({query.shape[1]})")
     window = window_of(module, kwargs)
     softcap = kwargs.get("softcap") or 0
     if scaling is None:
@@ -107,7 +109,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         seqused_k=torch.tensor([s], dtype=torch.int32, device=dev), max_seqlen_k=s,
         softmax_scale=scaling, causal=True, window_size=window,
         block_table=torch.arange(nb, dtype=torch.int32, device=dev)[None], softcap=softcap,
-        q_descale=None, k_descale=ones, v_descale=ones)
+        q_descale=None, k_descale=ones, v_descale=ones, sinks=sinks)
     return out[None], None
 
 

@@ -125,9 +125,13 @@ def preflight(model_path: str) -> str:
     return version
 
 
-def engine_metadata(version: str, settings: LiveSettings) -> dict[str, Any]:
-    """What each record says of the engine that made it (``metadata["engine"]``)."""
-    return {"name": "vllm", "version": version, "mode": settings.mode, "settings": settings.as_dict()}
+def engine_metadata(version: str, settings: LiveSettings, environ=os.environ) -> dict[str, Any]:
+    """What each record says of the engine that made it (``metadata["engine"]``): its settings and
+    the ``VLLM_*`` environment variables it started under (e.g. ``VLLM_MLA_DISABLE=1``, which runs a
+    DeepSeek model's attention as plain multi-head attention), so a result says what ran."""
+    env = {k: v for k, v in sorted(environ.items()) if k.startswith("VLLM_")}
+    return {"name": "vllm", "version": version, "mode": settings.mode, "settings": settings.as_dict(),
+            "environment": env}
 
 
 def engine_environment(settings: LiveSettings, environ=os.environ) -> None:

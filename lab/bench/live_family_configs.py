@@ -1,0 +1,68 @@
+"""Random-init checkpoints of issue #33's MoE families at realistic widths, for the live vLLM 0.26 engine.
+
+Each is a real family's layer at a width its released models use (hidden >= 2048), four layers, a
+32000-token vocabulary (the other live checkpoints' size; the vocabulary does not change where the
+regions round), and fewer experts than the released models (the experts' count changes the GEMMs'
+cost, not the points):
+
+- ``gptoss-h2880``: GPT-OSS 20B's layer: hidden 2880, 64 query heads of 64 and 8 KV heads, attention
+  sinks, a 128-token sliding window on every other layer, YaRN (theta 150k, x32 from 4096), clamped
+  SwiGLU experts 2880 wide (8 experts, top 4; the 20B has 32).
+- ``glm4moe-h2048``: GLM-4.5's layer shape at 2048: 16 query heads of 128 and 4 KV heads with bias,
+  q/k norms, partial RoPE (half of each head), a dense first layer (5632) and MoE layers of 16
+  experts of 1024 (top 4) with a shared expert, the sigmoid router with its correction bias.
+- ``deepseekv3-h2048``: DeepSeek-V3's layer at 2048: MLA (q LoRA 768, KV LoRA 512, nope 128 + rope
+  64, v 128), a dense first layer, then 16 experts of 1024 (top 4, 4 groups, top 2 groups) with a
+  shared expert and the sigmoid grouped router (routed scaling 2.5). Default RoPE: rla does not
+  align MLA's attention or its RoPE (docs/families.md), so its scaling would not be what is measured.
+
+Qwen3.5 is not offered: vLLM 0.26 registers only the multimodal ``Qwen3_5ForConditionalGeneration``
+(``vllm/model_executor/models/registry.py``); its text class ``Qwen3_5ForCausalLM`` is not
+registered and is not marked hybrid (``IsHybrid``), so the engine would not give its linear-attention
+layers their state.
+"""
+
+from __future__ import annotations
+
+import transformers
+
+__all__ = ["CONFIGS", "ATTENTION"]
+
+
+def gpt_oss(layers: int):
+    return transformers.GptOssConfig(
+        vocab_size=32000, hidden_size=2880, intermediate_size=2880, num_hidden_layers=layers,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=8, num_experts_per_tok=4,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        sliding_window=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                         "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "truncate": False},
+        tie_word_embeddings=False)
+
+
+def glm4_moe(layers: int):
+    return transformers.Glm4MoeConfig(
+        vocab_size=32000, hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1024,
+        num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4, head_dim=128, attention_bias=True,
+        use_qk_norm=True, n_routed_experts=16, num_experts_per_tok=4, n_shared_experts=1, first_k_dense_replace=1,
+        norm_topk_prob=True, routed_scaling_factor=1.0, n_group=1, topk_group=1, max_position_embeddings=40960,
+        rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+        tie_word_embeddings=False)
+
+
+def deepseek_v3(layers: int):
+    return transformers.DeepseekV3Config(
+        vocab_size=32000, hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1024,
+        num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=16, q_lora_rank=768,
+        kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=16,
+        num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1, first_k_dense_replace=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, max_position_embeddings=40960, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False)
+
+
+#: checkpoint name -> config builder (layers -> config)
+CONFIGS = {"gptoss-h2880": gpt_oss, "glm4moe-h2048": glm4_moe, "deepseekv3-h2048": deepseek_v3}
+
+#: HF attention the checkpoint is built with where SDPA is not offered (GPT-OSS: eager or flash only)
+ATTENTION = {"gptoss-h2880": "eager"}
