@@ -91,7 +91,7 @@ def _norm_bwd(block, rows, warps, dy):
         warps)
 
 
-def _fused_bwd(kernel, block, rows, warps):
+def _fused_bwd(block, rows, warps, unroll):
     from rla.ops import _triton_norm as N
     from rla.ops import _triton_qk_norm_rope as F
 
@@ -102,9 +102,9 @@ def _fused_bwd(kernel, block, rows, warps):
     strides = ("gab", "gas", "gah", "xab", "xas", "xah", "gbb", "gbs", "gbh", "xbb", "xbs", "xbh", "scs", "N", "HALF")
     sig.update({n: i32 for n in ("PA", "MA", "MB", "RPA", "RPB", "HA", "HB", "S", "scb", *strides)})
     return _reduces(
-        kernel, sig,
+        F._bwd_kernel, sig,
         dict(ROUND_WA=False, ROUND_WB=False, ROUND_CS=True, HALF_TABLE=True, LP=1, NEED_DWA=True, NEED_DWB=True,
-             ROWS=rows, BLOCK=block, EV=N.EVICT, STAGES=N.BWD_STAGES, PV=F._pv(block)),
+             ROWS=rows, BLOCK=block, EV=N.EVICT, STAGES=N.BWD_STAGES, PV=F._pv(block), UNROLL=unroll),
         [n for n in sig if n.endswith("_ptr")] + list(strides), warps)
 
 
@@ -113,7 +113,6 @@ def _fused_bwd(kernel, block, rows, warps):
 def test_narrow_tile_keeps_the_row_layout_of_the_one_row_tile(block):
     """The old tile is the wide one (BWD_ROWS, BWD_WARPS: one row, 8 warps) at these widths."""
     from rla.ops import _triton_norm as N
-    from rla.ops import _triton_qk_norm_rope as F
 
     M = 1 << 17  # as many rows as a Qwen3 q call at 2 x 4096 tokens
     rows, warps, unroll = N.backward_tile(M, block)
@@ -130,7 +129,7 @@ def test_narrow_tile_keeps_the_row_layout_of_the_one_row_tile(block):
     taller = _norm_bwd(block, 4 * rows, warps, "*bf16")
     assert _along_row(taller[0][2]) != _along_row(old[0][2]), taller[0]
     norm = _norm_bwd(block, rows, warps, "*fp32")
-    pair = _fused_bwd(F._bwd_pair_kernel, block, rows, warps)
+    pair = _fused_bwd(block, rows, warps, unroll)
     # q's two tiles per step, then k's: each tile's row sum and d_weight sum, the norm's layouts
     assert pair == norm * 4, (pair, norm)
 

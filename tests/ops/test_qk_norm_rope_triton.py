@@ -172,6 +172,6 @@ def test_fused_reductions_take_the_norm_kernels_layouts(block):
     fused_bwd = _reduce_layouts(
         F._bwd_kernel, sig,
         dict(ROUND_WA=False, ROUND_WB=False, ROUND_CS=True, HALF_TABLE=True, LP=1, NEED_DWA=True, NEED_DWB=True,
-             ROWS=N.BWD_ROWS, BLOCK=block, EV=N.EVICT, STAGES=N.BWD_STAGES, PV=F._pv(block)),
+             ROWS=N.BWD_ROWS, BLOCK=block, EV=N.EVICT, STAGES=N.BWD_STAGES, PV=F._pv(block), UNROLL=1),
         [n for n in sig if n.endswith("_ptr")] + list(strides), bwd_warps)
     assert fused_bwd == norm_bwd * 2, (fused_bwd, norm_bwd)  # row_grad's sum and d_weight's, for q and k
