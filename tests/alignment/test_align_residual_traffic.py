@@ -27,6 +27,7 @@ from align_spec import tiny_model, tokens
 from gemma_spec import tiny_gemma3
 from rla import ops, profiles
 from rla.alignment import rmsnorm
+from saved_memory import kept_storages
 
 FP32_SUM = [n for n in ("vllm", "rla", "sglang") if profiles.get(n).norm_residual == "fp32_sum"]
 CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
@@ -55,21 +56,12 @@ def _step(model_fn, profile, on, monkeypatch, device="cpu", checkpointing=False,
         calls[1] += k.get("new_residual", True) is False
         return plain_add(*a, **k)
 
-    held = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    kept = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in held:
-            kept[ptr] = t.untyped_storage().nbytes()
-        return t
-
     if not compile_:  # the layers look the ops up at call time
         monkeypatch.setattr(ops, "rms_norm_and_round", rms_norm_and_round)
         monkeypatch.setattr(ops, "add_rms_norm", add_rms_norm)
     run = torch.compile(model, backend="aot_eager", fullgraph=True) if compile_ else model
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with kept_storages(model.parameters()) as kept:
             out = run(ids, labels=ids)
     finally:
         monkeypatch.setattr(ops, "rms_norm_and_round", plain_round)

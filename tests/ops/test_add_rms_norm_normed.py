@@ -13,20 +13,16 @@ op whose residual output is left unused (what the layer ran before), with and wi
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
-import interpreter_compat
+from interpreted_scripts import leaf, needs_cuda, needs_triton, run_script, source_inputs, tail
 from rla import ops, profiles
 
 BF16 = torch.bfloat16
 FP32_SUM = [n for n in ("vllm", "rla", "sglang") if profiles.get(n).norm_residual == "fp32_sum"]
-CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 
 
 def _run(new, profile, dtype=BF16, wdtype=BF16, offset=0.0, source=False, device="cpu", seed=0, rows=6, hidden=64):
@@ -74,17 +70,7 @@ def test_rounded_sum_only_drops_the_output():
 # ------------------------------------------------------------------ the kernels under the interpreter
 
 SCRIPT = textwrap.dedent('''
-    import interpreter_compat
-    interpreter_compat.fix_scalar_index()
-    import torch
     from rla.ops import fused, _triton_norm as N
-
-    def same(a, b):
-        return a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b)
-
-    def below_half(t, g):
-        low = torch.randint(1, 0x8000, t.shape, generator=g, dtype=torch.int32)
-        return ((t.view(torch.int32) & -0x10000) | low).view(torch.float32)
 
     def run(door, tensors, flags, grads, dy):
         leaves = [t.detach().clone().requires_grad_(i in grads) for i, t in enumerate(tensors)]
@@ -123,18 +109,17 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)")
+@needs_triton
 def test_fused_ops_equal_the_two_output_ops_under_the_interpreter():
-    env = interpreter_compat.subprocess_env()
-    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and run.stdout.startswith("ok 4"), run.stdout[-2000:] + run.stderr[-4000:]
+    run = run_script(SCRIPT)
+    assert run.returncode == 0 and run.stdout.startswith("ok 4"), tail(run)
 
 
 # ------------------------------------------------------------------ on the GPU
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and Triton")
+@needs_cuda
 @pytest.mark.parametrize("name", FP32_SUM)
 @pytest.mark.parametrize("source", [False, True], ids=["r", "source"])
 @pytest.mark.parametrize("dtype,wdtype", [(BF16, BF16), (BF16, torch.float32), (torch.float16, torch.float32)])
@@ -148,17 +133,13 @@ def test_fused_equals_the_two_output_op_bitwise_gpu(name, source, dtype, wdtype,
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and Triton")
+@needs_cuda
 @pytest.mark.parametrize("per_op,reduction,wdtype", [(False, "unpinned", BF16), (True, "vllm_block", torch.float32)])
 def test_opcheck_gpu(per_op, reduction, wdtype):
     from rla.ops import fused  # noqa: F401  (registers the ops)
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    s = torch.randn(16, 96, device="cuda", generator=g) * 3
-    x = torch.randn(16, 96, device="cuda", generator=g).to(BF16)
-    w = (1 + 0.2 * torch.randn(96, device="cuda", generator=g)).to(wdtype)
-    rq = lambda t: t.detach().clone().requires_grad_(True)  # noqa: E731
+    s, x, w, _ = source_inputs(wdtype)
     torch.library.opcheck(torch.ops.rla.add_rms_norm_normed.default,
-                          (rq(x), rq(s.to(BF16)), rq(w), 1e-6, per_op, reduction))
+                          (leaf(x), leaf(s.to(BF16)), leaf(w), 1e-6, per_op, reduction))
     torch.library.opcheck(torch.ops.rla.add_rms_norm_of_source_normed.default,
-                          (rq(x), rq(s.to(BF16)), s, rq(w), 1e-6, per_op, reduction))
+                          (leaf(x), leaf(s.to(BF16)), s, leaf(w), 1e-6, per_op, reduction))

@@ -23,7 +23,6 @@ layout of the [ROWS, BLOCK] operand along the row. So:
 from __future__ import annotations
 
 import importlib.util
-import re
 import subprocess
 import sys
 import textwrap
@@ -32,42 +31,24 @@ import pytest
 import torch
 
 import interpreter_compat
+import reduce_layouts
+from reduce_layouts import fields
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs Triton (its compiler and interpreter)")
 
 # ------------------------------------------------------------------ layouts (CPU)
 
-_LAYOUT = re.compile(r"sizePerThread = \[(\d+), (\d+)\], threadsPerWarp = \[(\d+), (\d+)\], "
-                     r"warpsPerCTA = \[(\d+), (\d+)\], order = \[(\d+), (\d+)\]")
+
+def _norm_bwd(block, rows, warps, dy):
+    """(axis, operand shape, layout fields) of the norm backward's reductions at this tile."""
+    return [(axis, shape, fields(layout)) for axis, shape, layout in reduce_layouts.norm_bwd(block, rows, warps, dy)]
 
 
-def _reduces(fn, sig, consts, divisible, num_warps):
-    """(axis, operand shape, blocked layout fields) of every tt.reduce in ``fn`` compiled for sm_90."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    names = list(fn.arg_names)
-    try:
-        src = ASTSource(fn, {n: ("constexpr" if n in consts else sig[n]) for n in names},
-                        constexprs={(names.index(k),): v for k, v in consts.items()},
-                        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in divisible})
-    except TypeError as e:  # another Triton release's ASTSource
-        pytest.skip(f"this Triton's ASTSource takes other arguments: {e}")
-    ttgir = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": num_warps, "enable_fp_fusion": False}).asm["ttgir"]
-    layouts = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*?>)$", ttgir, re.M))
-    found = re.findall(r'"tt\.reduce"\(%[\w#]+\) <\{axis = (\d) : i32\}>.*?\}\) : \(tensor<([^>]*), (#\w+)>',
-                       ttgir, re.S)
-    assert found, "no tt.reduce in the compiled kernel"
-    out = []
-    for axis, shape, name in found:
-        m = _LAYOUT.search(layouts[name])
-        assert m, layouts[name]
-        spt0, spt1, tpw0, tpw1, wpc0, wpc1, o0, o1 = map(int, m.groups())
-        out.append((int(axis), shape, dict(spt=(spt0, spt1), tpw=(tpw0, tpw1), wpc=(wpc0, wpc1), order=(o0, o1))))
-    return out
+def _fused_bwd(block, rows, warps, unroll):
+    """The same of the fused q/k norm + RoPE backward's."""
+    return [(axis, shape, fields(layout)) for axis, shape, layout in
+            reduce_layouts.fused_bwd(block, rows, warps, unroll)]
 
 
 def _along_row(layout):
@@ -75,45 +56,11 @@ def _along_row(layout):
     return layout["spt"][1], layout["tpw"][1], layout["wpc"][1], layout["order"]
 
 
-def _norm_bwd(block, rows, warps, dy):
-    from rla.ops import _triton_norm as N
-
-    i32 = "i32"
-    return _reduces(
-        N._norm_bwd_kernel,
-        dict(dy_ptr=dy, dres_ptr="*fp32", a_ptr="*bf16", b_ptr="*bf16", w_ptr="*bf16", rstd_ptr="*fp32",
-             dx_ptr="*bf16", dw_ptr="*fp32", M=i32, N=i32, inv_n="fp32", rows_per_program=i32,
-             sdy=i32, sdres=i32, sa=i32, sb=i32),
-        dict(HAS_DRES=False, HAS_B=False, ROUND_W=False, LP=1, NEED_DW=True, ROWS=rows, BLOCK=block, EV=N.EVICT,
-             STAGES=N.BWD_STAGES),
-        ["dy_ptr", "dres_ptr", "a_ptr", "b_ptr", "w_ptr", "rstd_ptr", "dx_ptr", "dw_ptr",
-         "N", "sdy", "sdres", "sa", "sb"],
-        warps)
-
-
-def _fused_bwd(kernel, block, rows, warps):
-    from rla.ops import _triton_norm as N
-    from rla.ops import _triton_qk_norm_rope as F
-
-    i32 = "i32"
-    sig = {n: "*bf16" for n in ("ga_ptr", "xa_ptr", "wa_ptr", "dxa_ptr", "gb_ptr", "xb_ptr", "wb_ptr", "dxb_ptr",
-                                "cos_ptr", "sin_ptr")}
-    sig.update(ra_ptr="*fp32", rb_ptr="*fp32", dwa_ptr="*fp32", dwb_ptr="*fp32", inv_n="fp32")
-    strides = ("gab", "gas", "gah", "xab", "xas", "xah", "gbb", "gbs", "gbh", "xbb", "xbs", "xbh", "scs", "N", "HALF")
-    sig.update({n: i32 for n in ("PA", "MA", "MB", "RPA", "RPB", "HA", "HB", "S", "scb", *strides)})
-    return _reduces(
-        kernel, sig,
-        dict(ROUND_WA=False, ROUND_WB=False, ROUND_CS=True, HALF_TABLE=True, LP=1, NEED_DWA=True, NEED_DWB=True,
-             ROWS=rows, BLOCK=block, EV=N.EVICT, STAGES=N.BWD_STAGES, PV=F._pv(block)),
-        [n for n in sig if n.endswith("_ptr")] + list(strides), warps)
-
-
 @needs_triton
 @pytest.mark.parametrize("block", [32, 64, 128, 256])
 def test_narrow_tile_keeps_the_row_layout_of_the_one_row_tile(block):
     """The old tile is the wide one (BWD_ROWS, BWD_WARPS: one row, 8 warps) at these widths."""
     from rla.ops import _triton_norm as N
-    from rla.ops import _triton_qk_norm_rope as F
 
     M = 1 << 17  # as many rows as a Qwen3 q call at 2 x 4096 tokens
     rows, warps, unroll = N.backward_tile(M, block)
@@ -130,7 +77,7 @@ def test_narrow_tile_keeps_the_row_layout_of_the_one_row_tile(block):
     taller = _norm_bwd(block, 4 * rows, warps, "*bf16")
     assert _along_row(taller[0][2]) != _along_row(old[0][2]), taller[0]
     norm = _norm_bwd(block, rows, warps, "*fp32")
-    pair = _fused_bwd(F._bwd_pair_kernel, block, rows, warps)
+    pair = _fused_bwd(block, rows, warps, unroll)
     # q's two tiles per step, then k's: each tile's row sum and d_weight sum, the norm's layouts
     assert pair == norm * 4, (pair, norm)
 

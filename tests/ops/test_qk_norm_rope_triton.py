@@ -28,6 +28,8 @@ import textwrap
 import pytest
 
 import interpreter_compat
+import reduce_layouts
+from reduce_layouts import reduces
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)")
 
@@ -106,27 +108,9 @@ def test_fused_kernel_logic_equals_the_chain_kernels_under_the_interpreter():
     assert run.returncode == 0 and "ok 5" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]
 
 
-def _reduce_layouts(fn, sig, consts, divisible, num_warps):
-    """The operand layouts of every tt.reduce in ``fn`` compiled for sm_90."""
-    import re
-
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    names = list(fn.arg_names)
-    try:
-        src = ASTSource(fn, {n: ("constexpr" if n in consts else sig[n]) for n in names},
-                        constexprs={(names.index(k),): v for k, v in consts.items()},
-                        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in divisible})
-    except TypeError as e:  # another Triton release's ASTSource
-        pytest.skip(f"this Triton's ASTSource takes other arguments: {e}")
-    ttgir = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": num_warps, "enable_fp_fusion": False}).asm["ttgir"]
-    layouts = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*?>)$", ttgir, re.M))
-    found = re.findall(r'"tt\.reduce"\(%[\w#]+\).*?\}\) : \(tensor<([^>]*), (#\w+)>', ttgir, re.S)
-    assert found, "no tt.reduce in the compiled kernel"
-    return [(shape, layouts[name]) for shape, name in found]
+def _reduce_layouts(found):
+    """(operand shape, operand layout) of every tt.reduce in a ``reduce_layouts`` compile."""
+    return [(shape, layout) for _, shape, layout in found]
 
 
 @pytest.mark.parametrize("block", [64, 128, 256])
@@ -137,41 +121,24 @@ def test_fused_reductions_take_the_norm_kernels_layouts(block):
     rows = N.FWD_ROWS
     fwd_warps, bwd_warps = N._fwd_warps(block * rows), N._bwd_warps(block * N.BWD_ROWS)
     i32 = "i32"
-    norm_fwd = _reduce_layouts(
+    norm_fwd = _reduce_layouts(reduces(
         N._norm_fwd_kernel,
         dict(x_ptr="*bf16", r_ptr="*bf16", w_ptr="*bf16", y_ptr="*fp32", res_ptr="*fp32", rstd_ptr="*fp32",
              M=i32, N=i32, inv_n="fp32", eps="fp32", sx=i32, sr=i32),
         dict(HAS_RES=False, FP32_SUM=False, PER_OP=False, ROUND_W=False, LP=1, ROWS=rows, BLOCK=block, EV=N.EVICT,
              STORE_RES=False),
-        ["x_ptr", "r_ptr", "w_ptr", "y_ptr", "res_ptr", "rstd_ptr", "N", "sx", "sr"], fwd_warps)
+        ["x_ptr", "r_ptr", "w_ptr", "y_ptr", "res_ptr", "rstd_ptr", "N", "sx", "sr"], fwd_warps))
     sig = {n: "*bf16" for n in ("qa_ptr", "wa_ptr", "oa_ptr", "qb_ptr", "wb_ptr", "ob_ptr", "cos_ptr", "sin_ptr")}
     sig.update(ra_ptr="*fp32", rb_ptr="*fp32", inv_n="fp32", eps_a="fp32", eps_b="fp32")
     strides = ("sab", "sas", "sah", "sbb", "sbs", "sbh", "scs", "N", "HALF")
     sig.update({n: i32 for n in ("PA", "MA", "MB", "HA", "HB", "S", "scb", *strides)})
-    fused_fwd = _reduce_layouts(
+    fused_fwd = _reduce_layouts(reduces(
         F._fwd_kernel, sig,
         dict(TREE=False, PER_OP_NORM=False, PER_OP_ROPE=False, ROUND_WA=False, ROUND_WB=False, ROUND_CS=True,
              HALF_TABLE=True, LP=1, ROWS=rows, BLOCK=block, EV=N.EVICT, THREADS=1, LANES=32, VEC=1, ROUNDS=1,
              PAIRWISE=False, PV=F._pv(block)),
-        [n for n in sig if n.endswith("_ptr")] + list(strides), fwd_warps)
+        [n for n in sig if n.endswith("_ptr")] + list(strides), fwd_warps))
     assert fused_fwd == norm_fwd * 2, (fused_fwd, norm_fwd)  # q's and k's rows, each the norm's tile
-    norm_bwd = _reduce_layouts(
-        N._norm_bwd_kernel,
-        dict(dy_ptr="*fp32", dres_ptr="*fp32", a_ptr="*bf16", b_ptr="*bf16", w_ptr="*bf16", rstd_ptr="*fp32",
-             dx_ptr="*bf16", dw_ptr="*fp32", M=i32, N=i32, inv_n="fp32", rows_per_program=i32,
-             sdy=i32, sdres=i32, sa=i32, sb=i32),
-        dict(HAS_DRES=False, HAS_B=False, ROUND_W=False, LP=1, NEED_DW=True, ROWS=N.BWD_ROWS, BLOCK=block, EV=N.EVICT,
-             STAGES=N.BWD_STAGES),
-        ["dy_ptr", "dres_ptr", "a_ptr", "b_ptr", "w_ptr", "rstd_ptr", "dx_ptr", "dw_ptr", "N", "sdy", "sdres", "sa", "sb"],
-        bwd_warps)
-    sig = {n: "*bf16" for n in ("ga_ptr", "xa_ptr", "wa_ptr", "dxa_ptr", "gb_ptr", "xb_ptr", "wb_ptr", "dxb_ptr",
-                                "cos_ptr", "sin_ptr")}
-    sig.update(ra_ptr="*fp32", rb_ptr="*fp32", dwa_ptr="*fp32", dwb_ptr="*fp32", inv_n="fp32")
-    strides = ("gab", "gas", "gah", "xab", "xas", "xah", "gbb", "gbs", "gbh", "xbb", "xbs", "xbh", "scs", "N", "HALF")
-    sig.update({n: i32 for n in ("PA", "MA", "MB", "RPA", "RPB", "HA", "HB", "S", "scb", *strides)})
-    fused_bwd = _reduce_layouts(
-        F._bwd_kernel, sig,
-        dict(ROUND_WA=False, ROUND_WB=False, ROUND_CS=True, HALF_TABLE=True, LP=1, NEED_DWA=True, NEED_DWB=True,
-             ROWS=N.BWD_ROWS, BLOCK=block, EV=N.EVICT, STAGES=N.BWD_STAGES, PV=F._pv(block)),
-        [n for n in sig if n.endswith("_ptr")] + list(strides), bwd_warps)
+    norm_bwd = _reduce_layouts(reduce_layouts.norm_bwd(block, N.BWD_ROWS, bwd_warps))  # the one-row tile
+    fused_bwd = _reduce_layouts(reduce_layouts.fused_bwd(block, N.BWD_ROWS, bwd_warps, 1))
     assert fused_bwd == norm_bwd * 2, (fused_bwd, norm_bwd)  # row_grad's sum and d_weight's, for q and k

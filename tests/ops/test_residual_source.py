@@ -15,23 +15,20 @@ save rule (keeping r), bit for bit, which is what every test here compares again
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
-import interpreter_compat
 import rla
 from align_spec import tiny_model, tokens
 from gemma_spec import tiny_gemma3
+from interpreted_scripts import leaf, needs_cuda, needs_triton, run_script, source_inputs, tail
 from rla import ops, profiles
+from saved_memory import kept_storages
 
 BF16 = torch.bfloat16
 FP32_SUM = [n for n in ("vllm", "rla", "sglang") if profiles.get(n).norm_residual == "fp32_sum"]
-CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 
 
 def _chain(use_source, profile, dtype=BF16, wdtype=BF16, offset=0.0, device="cpu", seed=0, rows=6, hidden=64):
@@ -113,18 +110,9 @@ def _model_run(family, profile, use_source, device="cpu", batch=2, seq=16):
         calls.append(residual_source is not None)
         return plain(*a, **k, **(dict(residual_source=residual_source) if use_source else {}))
 
-    held = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    kept = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in held:
-            kept[ptr] = t.untyped_storage().nbytes()
-        return t
-
     ops.add_rms_norm = add_rms_norm  # the layer looks rla.ops.add_rms_norm up at call time
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with kept_storages(model.parameters()) as kept:
             out = model(ids, labels=ids)
     finally:
         ops.add_rms_norm = plain
@@ -155,15 +143,9 @@ def test_residual_source_aligned_model_bitwise_and_two_bytes_lighter(family):
 # ------------------------------------------------------------------ the kernels under the interpreter
 
 SCRIPT = textwrap.dedent('''
-    import interpreter_compat
-    interpreter_compat.fix_scalar_index()
-    import torch
     from rla.ops import fused, _triton_norm as N
 
     LP = torch.bfloat16
-
-    def same(a, b):
-        return a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b)
 
     def run(door, tensors, flags, grads, seed):
         leaves = [t.detach().clone().requires_grad_(i in grads) for i, t in enumerate(tensors)]
@@ -171,12 +153,6 @@ SCRIPT = textwrap.dedent('''
         g = torch.Generator().manual_seed(seed)
         torch.autograd.backward(out, [torch.randn(o.shape, generator=g).to(o.dtype) for o in out])
         return [o.detach() for o in out], [t.grad for t in leaves]
-
-    def below_half(t, g):
-        """fp32 values whose bits below bf16's are under half a bf16 ulp (and not zero): the
-        interpreter's fp32 -> bf16 cast truncates, which is RN(t) on these, and RN(t) != t."""
-        low = torch.randint(1, 0x8000, t.shape, generator=g, dtype=torch.int32)
-        return ((t.view(torch.int32) & -0x10000) | low).view(torch.float32)
 
     n = 0
     for rows, hidden, lp, wdt, per_op, reduction, need_dw, seed in (
@@ -213,18 +189,17 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)")
+@needs_triton
 def test_residual_source_kernels_equal_the_old_rule_under_the_interpreter():
-    env = interpreter_compat.subprocess_env()
-    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and run.stdout.startswith("ok 5"), run.stdout[-2000:] + run.stderr[-4000:]
+    run = run_script(SCRIPT)
+    assert run.returncode == 0 and run.stdout.startswith("ok 5"), tail(run)
 
 
 # ------------------------------------------------------------------ on the GPU
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and Triton")
+@needs_cuda
 @pytest.mark.parametrize("name", FP32_SUM)
 @pytest.mark.parametrize("dtype,wdtype", [(BF16, BF16), (BF16, torch.float32), (torch.float16, torch.float32)])
 @pytest.mark.parametrize("rows,hidden", [(1, 64), (777, 1536), (4096, 3584)], ids=str)
@@ -237,18 +212,14 @@ def test_residual_source_fused_equals_the_old_rule_bitwise_gpu(name, dtype, wdty
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and Triton")
+@needs_cuda
 @pytest.mark.parametrize("per_op,reduction,wdtype", [(False, "unpinned", BF16), (True, "vllm_block", torch.float32)])
 def test_residual_source_opcheck_gpu(per_op, reduction, wdtype):
     from rla.ops import fused  # noqa: F401  (registers the ops)
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    s = torch.randn(16, 96, device="cuda", generator=g) * 3
-    x = torch.randn(16, 96, device="cuda", generator=g).to(BF16)
-    w = (1 + 0.2 * torch.randn(96, device="cuda", generator=g)).to(wdtype)
-    rq = lambda t: t.detach().clone().requires_grad_(True)  # noqa: E731
+    s, x, w, g = source_inputs(wdtype)
     torch.library.opcheck(torch.ops.rla.add_rms_norm_of_source.default,
-                          (rq(x), rq(s.to(BF16)), s, rq(w), 1e-6, per_op, reduction))
+                          (leaf(x), leaf(s.to(BF16)), s, leaf(w), 1e-6, per_op, reduction))
     rstd = torch.rand(16, device="cuda", generator=g) + 0.5
     torch.library.opcheck(torch.ops.rla.rms_norm_backward_of_source.default,
                           (x, x, x, s, w, rstd, True, BF16))
@@ -257,7 +228,7 @@ def test_residual_source_opcheck_gpu(per_op, reduction, wdtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and Triton")
+@needs_cuda
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_residual_source_aligned_model_bitwise_and_two_bytes_lighter_gpu(family):
     _model_equal_and_smaller(family, "vllm", "cuda")

@@ -15,21 +15,17 @@ what the layer ran before (autograd adds the two gradients of s in fp32):
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
-import interpreter_compat
+from interpreted_scripts import leaf, needs_cuda, needs_triton, run_script, tail
 from profile_rows import DISTINCT
 from rla import ops, profiles
 from saved_memory import saved_bytes
 
 BF16 = torch.bfloat16
-CUDA = torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 ROWS = sorted(set(DISTINCT) | {n for n in ("vllm", "rla", "sglang") if profiles.get(n).norm_residual == "fp32_sum"})
 
 
@@ -111,19 +107,7 @@ def test_bad_inputs_are_refused_by_name():
 # ------------------------------------------------------------------ the kernels under the interpreter
 
 SCRIPT = textwrap.dedent('''
-    import interpreter_compat
-    interpreter_compat.fix_scalar_index()
-    import torch
     from rla.ops import fused
-
-    def same(a, b):
-        return a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b)
-
-    def below_half(t, g):
-        """fp32 values whose bits below bf16's are under half a bf16 ulp (and not zero): the
-        interpreter's fp32 -> bf16 cast truncates, which is RN(t) on these, and RN(t) != t."""
-        low = torch.randint(1, 0x8000, t.shape, generator=g, dtype=torch.int32)
-        return ((t.view(torch.int32) & -0x10000) | low).view(torch.float32)
 
     def run(new, s, w, flags, dh, dr, need_dw):
         s, w = s.clone().requires_grad_(True), w.clone().requires_grad_(need_dw)
@@ -157,18 +141,17 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)")
+@needs_triton
 def test_fused_op_equals_the_two_fused_ops_under_the_interpreter():
-    env = interpreter_compat.subprocess_env()
-    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and run.stdout.startswith("ok 5"), run.stdout[-2000:] + run.stderr[-4000:]
+    run = run_script(SCRIPT)
+    assert run.returncode == 0 and run.stdout.startswith("ok 5"), tail(run)
 
 
 # ------------------------------------------------------------------ on the GPU
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and Triton")
+@needs_cuda
 @pytest.mark.parametrize("name", ROWS)
 @pytest.mark.parametrize("dtype,wdtype", [(BF16, BF16), (BF16, torch.float32), (torch.float16, torch.float32)])
 @pytest.mark.parametrize("rows,hidden", [(1, 64), (777, 1536), (4096, 3584)], ids=str)
@@ -184,7 +167,7 @@ def test_fused_equals_the_two_ops_bitwise_gpu(name, dtype, wdtype, rows, hidden)
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and Triton")
+@needs_cuda
 @pytest.mark.parametrize("per_op,reduction,wdtype,after_add",
                          [(False, "unpinned", BF16, True), (True, "vllm_block", torch.float32, True),
                           (False, "vllm_block", BF16, False)])
@@ -192,6 +175,5 @@ def test_opcheck_gpu(per_op, reduction, wdtype, after_add):
     from rla.ops import fused  # noqa: F401  (registers the ops)
 
     s, w, _, _ = _inputs(BF16, wdtype, "cuda", rows=16, hidden=96)
-    rq = lambda t: t.detach().clone().requires_grad_(True)  # noqa: E731
     torch.library.opcheck(torch.ops.rla.rms_norm_and_round.default,
-                          (rq(s), rq(w), 1e-6, per_op, BF16, reduction, after_add))
+                          (leaf(s), leaf(w), 1e-6, per_op, BF16, reduction, after_add))

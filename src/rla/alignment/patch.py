@@ -15,7 +15,9 @@ Rules (they are why aligning one model never changes another):
 from __future__ import annotations
 
 import itertools
+import sys
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,12 +150,17 @@ def with_globals(
     """
     new_globals = _module_globals(module_globals, replacements)
     rebuilt = _rebuild(fn, module_globals, new_globals, code)
+    name = new_globals["__name__"]
     if rebuilt is fn:
+        sys.modules.pop(name, None)
         raise RuntimeError(
             f"{getattr(fn, '__qualname__', fn)!r}: no function in its __wrapped__ chain is defined "
             "in the module whose globals rla.align replaces; transformers may have changed how "
             "this forward is decorated (see src/rla/alignment/compat.py)"
         )
+    # the module stays in sys.modules while the function defined in it lives (every wrapper and
+    # installed forward holds it); rla.unalign's uninstall drops the last of them, and so the entry
+    weakref.finalize(defined_in(rebuilt, new_globals), sys.modules.pop, name, None)
     return rebuilt
 
 
@@ -163,8 +170,6 @@ def _module_globals(module_globals: dict, replacements: dict) -> dict:
     globals through ``sys.modules[globals['__name__']]``, so with the original name its guards read the
     transformers module's ``apply_rotary_pos_emb`` while the trace used the replacement, and guard
     building failed (``regions=("rope",)`` under torch.compile, torch 2.11 and 2.13)."""
-    import sys
-
     name = f"rla._aligned.{module_globals.get('__name__', 'module')}.{next(_COUNTER)}"
     mod = types.ModuleType(name)
     mod.__dict__.update(module_globals)

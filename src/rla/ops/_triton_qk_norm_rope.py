@@ -23,7 +23,7 @@ Bit for bit the chain's numbers, by construction rather than by luck:
   norm backward (one ``tl.sum`` over a tile's rows per tile, in row order), summed over programs
   by the same ``sum(0)``. Per row: dy = RoPE's backward (g*c +- g_partner*s_partner, fp32, never
   stored), then the norm's ``row_grad``. Narrow rows take two tiles per loop step
-  (``_bwd_pair_kernel``, the grid's unroll 2): both tiles' loads are issued before either's math,
+  (``_bwd_kernel``'s ``UNROLL=2``, the grid's unroll 2): both tiles' loads are issued before either's math,
   which changes when bytes are in flight, not what is added to what.
 
 Saved for backward: q, k (the inputs; the chain's norms save them too) and rstd, one fp32 per
@@ -236,7 +236,7 @@ def _bwd_rows(
 
 
 @triton.jit
-def _bwd_launch(
+def _bwd_kernel(
     ga_ptr, xa_ptr, wa_ptr, ra_ptr, dxa_ptr, dwa_ptr, gb_ptr, xb_ptr, wb_ptr, rb_ptr, dxb_ptr, dwb_ptr,
     cos_ptr, sin_ptr, PA, MA, MB, RPA, RPB, HA, HB, gab, gas, gah, xab, xas, xah, gbb, gbs, gbh, xbb, xbs, xbh,
     S, scb, scs, N, HALF, inv_n,
@@ -244,7 +244,9 @@ def _bwd_launch(
     LP: tl.constexpr, NEED_DWA: tl.constexpr, NEED_DWB: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
     EV: tl.constexpr, STAGES: tl.constexpr, PV: tl.constexpr, UNROLL: tl.constexpr,
 ):
-    """Programs [0, PA) take the first call's rows (q), the rest the second's (k)."""
+    """Programs [0, PA) take the first call's rows (q), the rest the second's (k); ``UNROLL``
+    tiles per loop step (``backward_tile``'s unroll: 1 for wide rows, 2 for narrow ones, whose
+    two tiles' loads are issued together)."""
     pid = tl.program_id(0)
     if pid < PA:
         _bwd_rows(ga_ptr, xa_ptr, wa_ptr, ra_ptr, cos_ptr, sin_ptr, dxa_ptr, dwa_ptr, pid, MA, RPA, S, HA,
@@ -254,38 +256,6 @@ def _bwd_launch(
         _bwd_rows(gb_ptr, xb_ptr, wb_ptr, rb_ptr, cos_ptr, sin_ptr, dxb_ptr, dwb_ptr, pid - PA, MB, RPB, S, HB,
                   gbb, gbs, gbh, xbb, xbs, xbh, scb, scs, N, HALF, inv_n,
                   ROUND_WB, ROUND_CS, HALF_TABLE, LP, NEED_DWB, ROWS, BLOCK, EV, STAGES, PV, UNROLL)
-
-
-@triton.jit
-def _bwd_kernel(
-    ga_ptr, xa_ptr, wa_ptr, ra_ptr, dxa_ptr, dwa_ptr, gb_ptr, xb_ptr, wb_ptr, rb_ptr, dxb_ptr, dwb_ptr,
-    cos_ptr, sin_ptr, PA, MA, MB, RPA, RPB, HA, HB, gab, gas, gah, xab, xas, xah, gbb, gbs, gbh, xbb, xbs, xbh,
-    S, scb, scs, N, HALF, inv_n,
-    ROUND_WA: tl.constexpr, ROUND_WB: tl.constexpr, ROUND_CS: tl.constexpr, HALF_TABLE: tl.constexpr,
-    LP: tl.constexpr, NEED_DWA: tl.constexpr, NEED_DWB: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-    EV: tl.constexpr, STAGES: tl.constexpr, PV: tl.constexpr,
-):
-    """One tile per loop step (``backward_tile``'s unroll 1: wide rows)."""
-    _bwd_launch(ga_ptr, xa_ptr, wa_ptr, ra_ptr, dxa_ptr, dwa_ptr, gb_ptr, xb_ptr, wb_ptr, rb_ptr, dxb_ptr, dwb_ptr,
-                cos_ptr, sin_ptr, PA, MA, MB, RPA, RPB, HA, HB, gab, gas, gah, xab, xas, xah, gbb, gbs, gbh,
-                xbb, xbs, xbh, S, scb, scs, N, HALF, inv_n, ROUND_WA, ROUND_WB, ROUND_CS, HALF_TABLE, LP,
-                NEED_DWA, NEED_DWB, ROWS, BLOCK, EV, STAGES, PV, 1)
-
-
-@triton.jit
-def _bwd_pair_kernel(
-    ga_ptr, xa_ptr, wa_ptr, ra_ptr, dxa_ptr, dwa_ptr, gb_ptr, xb_ptr, wb_ptr, rb_ptr, dxb_ptr, dwb_ptr,
-    cos_ptr, sin_ptr, PA, MA, MB, RPA, RPB, HA, HB, gab, gas, gah, xab, xas, xah, gbb, gbs, gbh, xbb, xbs, xbh,
-    S, scb, scs, N, HALF, inv_n,
-    ROUND_WA: tl.constexpr, ROUND_WB: tl.constexpr, ROUND_CS: tl.constexpr, HALF_TABLE: tl.constexpr,
-    LP: tl.constexpr, NEED_DWA: tl.constexpr, NEED_DWB: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-    EV: tl.constexpr, STAGES: tl.constexpr, PV: tl.constexpr,
-):
-    """Two tiles per loop step, their loads issued together (unroll 2: narrow rows)."""
-    _bwd_launch(ga_ptr, xa_ptr, wa_ptr, ra_ptr, dxa_ptr, dwa_ptr, gb_ptr, xb_ptr, wb_ptr, rb_ptr, dxb_ptr, dwb_ptr,
-                cos_ptr, sin_ptr, PA, MA, MB, RPA, RPB, HA, HB, gab, gas, gah, xab, xas, xah, gbb, gbs, gbh,
-                xbb, xbs, xbh, S, scb, scs, N, HALF, inv_n, ROUND_WA, ROUND_WB, ROUND_CS, HALF_TABLE, LP,
-                NEED_DWA, NEED_DWB, ROWS, BLOCK, EV, STAGES, PV, 2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -403,13 +373,12 @@ def backward(gq, gk, q, k, wq, wk, cos, sin, rq, rk, round_cos_sin: bool, head_a
         pa, pb = (pa if ma else 0), (pb if mb else 0)
         if pa + pb == 0:
             continue
-        kernel = {1: _bwd_kernel, 2: _bwd_pair_kernel}[unroll]
-        kernel[(pa + pb,)](
+        _bwd_kernel[(pa + pb,)](
             ga, xa, wa, ra, dxa, dwa, gb, xb, wb, rb, dxb, dwb, cos, sin,
             pa, ma, mb, rpa, rpb, ha, hb, *_strides(ga, head_axis), *_strides(xa, head_axis),
             *_strides(gb, head_axis), *_strides(xb, head_axis), S, scb, scs, N, N // 2, 1.0 / N,
             ROUND_WA=_round_w(wa, lp), ROUND_WB=_round_w(wb, lp), NEED_DWA=nda, NEED_DWB=ndb, ROWS=rows,
-            num_warps=warps, **common, **LAUNCH_OPTS,
+            UNROLL=unroll, num_warps=warps, **common, **LAUNCH_OPTS,
         )
     dwq = dwk = None
     if need_dwq:
