@@ -17,6 +17,14 @@ pieces themselves in the training forward:
   as in HF. The recomputation is a forward of the piece's GEMMs, as activation checkpointing
   does; only the two [tokens, hidden] tensors entering each piece are saved.
 
+``compile_backward`` (default None: the recomputation runs eagerly) names a ``torch.compile``
+backend for the recomputed reference pieces (one graph per piece, forward and backward by
+AOTAutograd, the token dimension dynamic). ``'aot_eager'`` runs the same aten ops and keeps the
+gradient bit for bit (tested on CPU); it saves host time only. ``'inductor'`` also fuses the glue
+between rla's ops (which stay opaque custom ops on CUDA): the gradients' accumulations and the
+bias gradients' reductions may then round or sum in another order, so it is not guaranteed to be
+exact; ``lab/bench/engine_forward_breakdown.py`` measures both, and whether the bits hold.
+
 Use: ``rla.align(model, "vllm-0.33", ops=rla.engines.vllm_forward.engine_forward(vllm.load()))``. The
 decoder body's forward is replaced (per instance, reversible by ``rla.unalign``); the lm_head and
 the loss stay HF's. It is a forward over whole sequences (training, scoring): no KV cache, no
@@ -34,7 +42,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from rla import ops as rla_ops
 from rla import profiles
 from rla.engines.backed import calibrated_profile, engine_backed
-from rla.engines.vllm_twin import MODES, SUPPORTED_FAMILIES, VllmTwin, attention_inputs
+from rla.engines.vllm_twin import MODES, SUPPORTED_FAMILIES, VllmTwin, _compiled, attention_inputs
 
 __all__ = ["EngineForward", "engine_forward", "recording_streams"]
 
@@ -52,12 +60,24 @@ class _Reference:
     (so the fp32_carry chain is ``carry_add`` of the attention sum and the MLP output, and the
     q/k norms hand RoPE fp32 under ``qk_norm_out='fp32'``)."""
 
-    def __init__(self, profile: profiles.RoundingProfile, twin: VllmTwin):
+    def __init__(self, profile: profiles.RoundingProfile, twin: VllmTwin, compile_backend: str | None = None):
         self.p, self.eps, self.d = profile, twin.eps, twin.head_dim
         self.cache = twin.cos_sin_cache
         self.fp32_sum = profile.norm_residual == "fp32_sum"
         self.carry = profile.residual_stream == "fp32_carry"
         self.chain = profile.qk_norm_out == "fp32"
+        self.compiled = {}
+        if compile_backend is not None:  # each piece on a code object of its own, as the twin's
+            self.compiled = {n: _compiled(getattr(self, n), backend=compile_backend) for n in ("first", "middle", "last")}
+
+    def run(self, name, args, dynamic):
+        """Piece ``name`` on ``args`` (the recomputation in the backward): compiled if asked for,
+        the token dimension of ``args[:dynamic]`` dynamic as in the forward's pieces."""
+        fn = self.compiled.get(name)
+        if fn is None:
+            return getattr(self, name)(*args)
+        VllmTwin.mark_tokens(*args[:dynamic])
+        return fn(*args)
 
     def _qkv(self, x, residual, w, positions, lp, after_add):
         """Input norm (``x`` is what the norm reads), q/k/v, q/k norms, rotary -> (q, k, v, residual)."""
@@ -118,7 +138,7 @@ def _piece(twin, reference, name, args, dynamic):
 
     return engine_backed(
         lambda *ts: twin.run_piece(name, rebuild(ts), dynamic),  # compiled pieces fail loudly, never run eagerly
-        lambda *ts: getattr(reference, name)(*rebuild(ts)),
+        lambda *ts: reference.run(name, rebuild(ts), dynamic),
         *[flat[i] for i in where],
     )
 
@@ -129,12 +149,18 @@ class EngineForward:
     ``rla.align(model, profile, ops=this)`` installs it; ``profile`` must be the row the pieces
     realise (the calibrated row of the engine version and mode)."""
 
-    def __init__(self, engine, mode: str, profile: profiles.RoundingProfile, library: str | None = None):
+    def __init__(self, engine, mode: str, profile: profiles.RoundingProfile, library: str | None = None,
+                 compile_backward: str | None = None):
         if mode not in MODES or mode == "native":
             raise ValueError(f"engine-backed forward modes are 'default' and 'eager', got {mode!r}")
+        if compile_backward is not None and not isinstance(compile_backward, str):
+            raise TypeError(f"compile_backward names a torch.compile backend ('aot_eager', 'inductor') or is None, "
+                            f"got {compile_backward!r}")
         self.engine, self.mode, self.profile, self.library = engine, mode, profile, library
+        self.compile_backward = compile_backward
         self.name = f"vLLM {engine.version} {mode}-mode pieces"
         self._twins: dict[str, VllmTwin] = {}
+        self._references: dict[int, _Reference] = {}
 
     def _twin(self, causal_lm, body) -> VllmTwin:
         """One twin (one set of compiled pieces) per model shape, device and dtype: aligning
@@ -171,7 +197,9 @@ class EngineForward:
         twin = self._twin(causal_lm, body)
         if twin.cos_sin_cache.shape[-1] != twin.head_dim:
             raise NotImplementedError(f"{self.name}: partial rotary (rotary_dim < head_dim) is not covered")
-        reference = _Reference(self.profile, twin)
+        if id(twin) not in self._references:  # one per twin: its compiled recomputation is reused too
+            self._references[id(twin)] = _Reference(self.profile, twin, self.compile_backward)
+        reference = self._references[id(twin)]
         name = self.name
 
         def forward(self, input_ids=None, attention_mask=None, position_ids=None, **kwargs):
@@ -279,10 +307,12 @@ def recording_streams(body):
         body.__dict__.pop(_RECORD, None)
 
 
-def engine_forward(engine, mode: str = "default", library: str | None = None, profile=None) -> EngineForward:
+def engine_forward(engine, mode: str = "default", library: str | None = None, profile=None,
+                   compile_backward: str | None = None) -> EngineForward:
     """An engine-backed body forward for ``rla.align(..., ops=...)``: ``engine``'s pieces in the
     forward (``mode`` 'default': vLLM's native ops compiled by Inductor in pieces; 'eager': its
     CUDA kernels), ``rla.ops``' gradient of ``profile`` in the backward (default: the calibrated
-    row of this engine version and mode)."""
+    row of this engine version and mode), recomputed eagerly or, with ``compile_backward`` (a
+    ``torch.compile`` backend: see the module doc), compiled."""
     p = profiles.resolve(profile) if profile is not None else calibrated_profile("vllm", engine.version, mode)
-    return EngineForward(engine, mode, p, library)
+    return EngineForward(engine, mode, p, library, compile_backward)

@@ -315,9 +315,9 @@ class VllmTwin:
 _PIECE_CODES = itertools.count()
 
 
-def _compiled(method, options: dict | None = None):
+def _compiled(method, options: dict | None = None, backend: str = "inductor"):
     """``method`` compiled as vLLM compiles a piece, on a code object of its own (Inductor
-    configured by ``options``, stock when None).
+    configured by ``options``, stock when None; ``backend`` another torch.compile backend).
 
     Dynamo keeps its compiled graphs per code object, at most ``recompile_limit`` (8) of them; past
     that it runs the function *eagerly*, which here would silently be another rounding (the native
@@ -327,7 +327,7 @@ def _compiled(method, options: dict | None = None):
     fn = method.__func__
     code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_{next(_PIECE_CODES)}")  # distinct by value too
     own = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    compiled = torch.compile(types.MethodType(own, method.__self__), backend="inductor", fullgraph=True,
+    compiled = torch.compile(types.MethodType(own, method.__self__), backend=backend, fullgraph=True,
                              options=dict(options) if options else None)
 
     def run(*args):
