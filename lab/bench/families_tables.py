@@ -8,6 +8,8 @@
   ``e2e_align_ops_isolated_h200_2026-11-29/call{3,5}_ops_isolated.json``.
 - ``results/benchmarks/vllm026_gemma3_h200_2026-12-02/`` (``lab/bench/vllm026_session.sh``, stages
   ``gemma3-eager gemma3-default``): the live vLLM 0.26 runs' ``report.json`` per mode.
+- ``results/benchmarks/vllm026_families_h200_2026-12-02/`` (stages ``fam-eager fam-default``): the live
+  runs on GLM-4 MoE, GPT-OSS and DeepSeek-V3 (``runs/<call>/verify-<model>-<mode>/report.json``).
 
 ``python lab/bench/families_tables.py [--write]`` prints every block; ``--write`` puts each into its
 README between ``<!-- NAME -->`` and ``<!-- /NAME -->``. ``tests/lab/test_families_tables.py`` checks
@@ -25,6 +27,11 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = Path("results/benchmarks")
 KERNELS = BENCH / "families_kernels_h200_2026-12-02"
 LIVE = BENCH / "vllm026_gemma3_h200_2026-12-02"
+MOE_LIVE = BENCH / "vllm026_families_h200_2026-12-02"
+#: (model, mode, the call's folder under runs/) of MOE_LIVE, in the table's order
+MOE_RUNS = (("glm4moe-h2048", "eager", "eager"), ("glm4moe-h2048", "default", "default"),
+            ("gptoss-h2880", "eager", "eager"), ("gptoss-h2880", "default", "default"),
+            ("deepseekv3-h2048", "eager", "deepseek-eager-rerun"))
 #: The H200 timings of rla bench ops' add_rms_norm case (16384 x 3584, forward + backward) that turn
 #: bytes into milliseconds: PyTorch's eager ops ("hf") and rla's fused kernel ("rla").
 OPS_TIMINGS = (BENCH / "h200_2026-11-29_ops.json", BENCH / "e2e_align_ops_isolated_h200_2026-11-29/call3_ops_isolated.json",
@@ -211,11 +218,30 @@ def live_table(root: Path, folder: Path = LIVE) -> str:
                    "decode k3 removed"], rows)
 
 
+def moe_live_table(root: Path, folder: Path = MOE_LIVE) -> str:
+    rows = []
+    for model, mode, call in MOE_RUNS:
+        rep = _json(root, folder / "runs" / call / f"verify-{model}-{mode}" / "report.json")
+        hf = next(r for r in rep["rows"] if r["side"] == "hf")
+        attn = rep["engine"]["settings"]["train_attention"].split(" ")[0]
+        mla = rep["engine"].get("environment", {}).get("VLLM_MLA_DISABLE")
+        for r in rep["rows"]:
+            removed = lambda part: "-" if r is hf else f"{1 - r[part]['k3'] / hf[part]['k3']:.0%}"  # noqa: E731
+            regions = "-" if r.get("regions") is None else ",".join(r["regions"])
+            rows.append([rep["model"]["family"], rep["engine"]["mode"] + (" (MLA off)" if mla == "1" else ""), attn,
+                         f"`{r['side']}`", regions, f"{r['prefill']['equal']:.3%}", f"{r['prefill']['k3']:.2e}",
+                         removed("prefill"), f"{r['prefill']['max_abs']:.3g}", f"{r['decode']['k3']:.2e}",
+                         removed("decode")])
+    return _table(["family", "engine mode", "training attention", "side", "regions", "prefill bit-equal", "prefill k3",
+                   "prefill k3 removed", "prefill max abs dlogp", "decode k3", "decode k3 removed"], rows)
+
+
 BLOCKS = {
     KERNELS / "README.md": {"tests-table": tests_table, "gelu-table": gelu_table, "e2e-table": e2e_table,
                             "dispatch-table": dispatch_table, "traffic-table": traffic_table,
                             "prediction": prediction_text},
     LIVE / "README.md": {"live-table": live_table},
+    MOE_LIVE / "README.md": {"moe-live-table": moe_live_table},
 }
 
 

@@ -15,6 +15,12 @@ cost, not the points):
   64, v 128), a dense first layer, then 16 experts of 1024 (top 4, 4 groups, top 2 groups) with a
   shared expert and the sigmoid grouped router (routed scaling 2.5). Default RoPE: rla does not
   align MLA's attention or its RoPE (docs/families.md), so its scaling would not be what is measured.
+  The config names ``scoring_func='sigmoid'`` and ``topk_method='noaux_tc'``, as DeepSeek-V3's released
+  ``config.json`` does: HF's ``DeepseekV3TopkRouter`` always routes that way and its config does not
+  write them, while vLLM's ``DeepseekV2MoE`` (``models/deepseek_v2.py``) reads both, defaulting to a
+  softmax router without the correction bias. Without them the engine refused the checkpoint on the
+  H200 (``KeyError: 'layers.1.mlp.gate.e_score_correction_bias'``, 2026-12-02); with only the bias it
+  would have routed by softmax, a plumbing difference that reads as numerics.
 
 Qwen3.5 is not offered: vLLM 0.26 registers only the multimodal ``Qwen3_5ForConditionalGeneration``
 (``vllm/model_executor/models/registry.py``); its text class ``Qwen3_5ForCausalLM`` is not
@@ -58,7 +64,8 @@ def deepseek_v3(layers: int):
         kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=16,
         num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1, first_k_dense_replace=1,
         routed_scaling_factor=2.5, norm_topk_prob=True, max_position_embeddings=40960, rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False)
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+        scoring_func="sigmoid", topk_method="noaux_tc")
 
 
 #: checkpoint name -> config builder (layers -> config)
