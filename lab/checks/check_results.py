@@ -704,6 +704,7 @@ def liger_flce(root):
 
 FAMILIES = "results/benchmarks/families_kernels_h200_2026-12-02"
 GEMMA_LIVE = "results/benchmarks/vllm026_gemma3_h200_2026-12-02"
+MOE_LIVE = "results/benchmarks/vllm026_families_h200_2026-12-02"
 
 
 def gemma3_live(root):
@@ -714,6 +715,20 @@ def gemma3_live(root):
         return {r["side"]: r["prefill"] for r in rep["rows"]}
     eager, default = rows("eager"), rows("default")
     return [100 * eager["vllm-0.26-eager"]["equal"], 100 * (1 - default["vllm-0.26"]["k3"] / default["hf"]["k3"])]
+
+
+def moe_families_live(root):
+    """GLM-4 MoE, GPT-OSS and DeepSeek-V3 (MoE regions) against live vLLM 0.26: the % of HF eager's prefill k3
+    removed by the running mode's row: GLM-4 MoE eager, default; GPT-OSS eager, default; DeepSeek-V3 eager."""
+    def removed(call, model, mode, side):
+        rep = _json(root, f"{MOE_LIVE}/runs/{call}/verify-{model}-{mode}/report.json")
+        rows = {r["side"]: r["prefill"] for r in rep["rows"]}
+        return 100 * (1 - rows[side]["k3"] / rows["hf"]["k3"])
+    return [removed("eager", "glm4moe-h2048", "eager", "vllm-0.26-eager"),
+            removed("default", "glm4moe-h2048", "default", "vllm-0.26"),
+            removed("eager", "gptoss-h2880", "eager", "vllm-0.26-eager"),
+            removed("default", "gptoss-h2880", "default", "vllm-0.26"),
+            removed("deepseek-eager-rerun", "deepseekv3-h2048", "eager", "vllm-0.26-eager")]
 
 
 def gemma3_e2e(root):
@@ -741,6 +756,9 @@ CHECKS: list[Check] = [
           "vllm version; step-1 kl; max mismatch/k3; verl passed, skipped", trl_verl_gpu),
     Check("Gemma 3 live", "README", f"{GEMMA_LIVE}/runs/*/engine-attention/report.json",
           "eager row's prefill bit-equal % (eager mode); default row's prefill k3 removed % (default mode)", gemma3_live),
+    Check("MoE families live", "README", f"{MOE_LIVE}/runs/*/verify-*/report.json",
+          "prefill k3 removed % by the running mode's row: GLM-4 MoE eager, default; GPT-OSS eager, default; "
+          "DeepSeek-V3 (MoE regions) eager", moe_families_live),
     Check("Gemma 3 e2e", "README", f"{FAMILIES}/e2e/e2e_NVIDIA_H200_2026-12-02.json",
           "rla-vllm / hf-bf16 tok_s and peak; liger / hf-bf16 tok_s", gemma3_e2e),
     # ---- README: engine calibration and twin
