@@ -1,6 +1,7 @@
 """``rla doctor`` on the zero-centred families: 1 + w formed in bf16, per-layer-type RoPE buffers
 rounded by a cast, fp32 zero-centred weights; a clean tiny Gemma 3 has none of them. And GPT-OSS's
-MXFP4 checkpoint, which an engine runs with kernels no row describes."""
+MXFP4 checkpoint, which an engine runs with kernels no row describes; a DeepSeek-V3 config that does not
+name its router as vLLM reads it."""
 
 from __future__ import annotations
 
@@ -71,3 +72,19 @@ def test_gpt_oss_mxfp4_checkpoint_is_named():
         assert not any(h.name == "MXFP4 experts" for h in rla.doctor(model, external_engine=False))
     finally:
         del model.config.quantization_config
+
+
+def test_deepseek_v3_router_config_as_vllm_reads_it():
+    import moe_models
+
+    model = moe_models.model("deepseek_v3")  # a config made with transformers: neither key written
+    hazard = next(h for h in rla.doctor(model) if h.name == "DeepSeek-V3 router config")
+    assert hazard.severity == "error"
+    assert "scoring_func absent (vLLM: 'softmax'), topk_method absent (vLLM: None)" in hazard.detail
+    assert not any(h.name == "DeepSeek-V3 router config" for h in rla.doctor(model, external_engine=False))
+    model.config.scoring_func, model.config.topk_method = "sigmoid", "noaux_tc"  # as the released config.json
+    assert "DeepSeek-V3 router config" not in _names(model)
+    model.config.scoring_func = "softmax"
+    assert "scoring_func='softmax'" in next(h.detail for h in rla.doctor(model) if h.name == "DeepSeek-V3 router config")
+    qwen = tiny_gemma3(layers=2)  # another family: never
+    assert "DeepSeek-V3 router config" not in _names(qwen)

@@ -9,7 +9,10 @@ alignment makes equal). For the zero-centred norms of Gemma 3 and Qwen3.5 (``x *
 a norm whose ``1 + w`` is formed or applied in bf16 (transformers' own Gemma norm before PR 29402,
 remote code copied from it), found by running each such norm on a probe, and the per-layer-type
 RoPE buffers (``sliding_attention_inv_freq``, ...) that ``model.to(bf16)`` rounds. For GPT-OSS: an
-MXFP4 checkpoint, which an engine runs with quantized MoE kernels the rows do not describe.
+MXFP4 checkpoint, which an engine runs with quantized MoE kernels the rows do not describe. For
+DeepSeek-V3: a config that does not name its router as HF computes it (``scoring_func='sigmoid'``,
+``topk_method='noaux_tc'``), which vLLM reads and otherwise takes to be a softmax router without the
+correction bias.
 """
 
 from __future__ import annotations
@@ -99,6 +102,26 @@ def _unmerged_lora(model) -> list[tuple[str, torch.nn.Module]]:
     return [(n, m) for n, m in model.named_modules()
             if isinstance(getattr(m, "lora_A", None), torch.nn.ModuleDict) and len(m.lora_A) > 0
             and not getattr(m, "merged", False)]
+
+
+#: DeepSeek-V3's router as HF computes it, in the config keys vLLM's DeepseekV2MoE reads
+#: (``vllm/model_executor/models/deepseek_v2.py``, 0.26 and 0.33), with vLLM's defaults for absent keys.
+DEEPSEEK_ROUTER = {"scoring_func": ("sigmoid", "softmax"), "topk_method": ("noaux_tc", None)}
+
+
+def _engine_router_mismatch(cfg) -> str | None:
+    """For a DeepSeek-V3 config: the router keys whose value (or vLLM's default for an absent key) is not
+    HF's router, as ``"scoring_func absent (vLLM: 'softmax'), ..."``; None otherwise."""
+    if getattr(cfg, "model_type", None) != "deepseek_v3":
+        return None
+    bad = []
+    for key, (hf, default) in DEEPSEEK_ROUTER.items():
+        value = getattr(cfg, key, None)
+        if value is None and default != hf:
+            bad.append(f"{key} absent (vLLM: {default!r})")
+        elif value is not None and value != hf:
+            bad.append(f"{key}={value!r}")
+    return ", ".join(bad) or None
 
 
 def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16,
@@ -196,6 +219,20 @@ def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16
                 "which no rounding profile makes equal.",
                 "send the engine the bf16 weights the trainer holds (a weight sync does), or measure the mismatch "
                 "(rla.metrics.mismatch); docs/families.md, GPT-OSS.",
+            )
+        )
+    router = _engine_router_mismatch(cfg)
+    if router and external_engine:
+        hazards.append(
+            Hazard(
+                "DeepSeek-V3 router config",
+                "error",
+                f"this DeepSeek-V3 config has {router}: HF's DeepseekV3TopkRouter always routes by sigmoid scores "
+                "with the correction bias (e_score_correction_bias), while vLLM's DeepseekV2MoE reads scoring_func "
+                "(default 'softmax') and topk_method (the bias only under 'noaux_tc'): the engine routes other "
+                "tokens to other experts, or refuses the checkpoint's bias. A plumbing difference, not rounding.",
+                "write scoring_func='sigmoid' and topk_method='noaux_tc' into the config.json the engine loads, as "
+                "DeepSeek-V3's released config does; docs/families.md, DeepSeek-V3.",
             )
         )
     if torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest":
