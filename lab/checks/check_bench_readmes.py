@@ -572,7 +572,31 @@ def breakdown_gpu_tests(root):
     return {("the H200 call",): _pytest_counts((root / BRK / "gpu_tests.log").read_text())}
 
 
+P36 = "results/benchmarks/perf36_gpu_tests_h200_2026-12-02"  # issue #36: the GPU tests by name
+EFB = "results/benchmarks/engine_forward_breakdown_h200_2026-12-02"  # issue #36 item 3
+
+
+def perf36_gpu_tests(root):
+    """gpu_tests.log's summary line: passed, failed, skipped."""
+    return {("the H200 call",): _pytest_counts((root / P36 / "gpu_tests.log").read_text())}
+
+
+def engine_forward_steps(root):
+    """one_variant_per_process/<variant>/engine_forward_breakdown.json (Qwen3-1.7B 2 x 4096): per variant the median
+    step GPU ms, host ms, step peak GiB, saved MiB per layer, saved bytes per token, layer and hidden element."""
+    out = {}
+    for variant in ("rla-vllm", "pieces"):
+        (r,) = _json(root, f"{EFB}/one_variant_per_process/{variant}/engine_forward_breakdown.json")["results"]
+        out[(f"`{variant}`",)] = [r["time"]["gpu_ms"], r["time"]["host_ms"], r["peaks"]["step_peak_gib"],
+                                  r["saved"]["per_layer_bytes"] / 2**20, r["saved"]["per_layer_per_token_hidden"]]
+    return out
+
+
 TABLES: list[TableCheck] = [
+    TableCheck("perf36 GPU tests", R(P36), f"{P36}/gpu_tests.log", "passed, failed, skipped", perf36_gpu_tests),
+    TableCheck("engine forward steps", R(EFB), f"{EFB}/one_variant_per_process/*/engine_forward_breakdown.json",
+               "per variant: step GPU ms, host ms, peak GiB, saved MiB per layer, saved B per token/layer/hidden",
+               engine_forward_steps),
     TableCheck("TRL colocate steps", R(TRLV), f"{TRLV}/trl/trl_vllm_colocate.json",
                "per step: kl, reward, mismatch/k3, mismatch/n_tokens, 100 x mismatch/bitwise/equal, IS ratio max",
                trl_colocate_steps),

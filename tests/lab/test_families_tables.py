@@ -1,4 +1,4 @@
-"""Issue #33's two H200 results READMEs of 2026-12-02: every rendered block equals a fresh render of
+"""Issue #33's three H200 results READMEs of 2026-12-02: every rendered block equals a fresh render of
 the folders' files (``lab/bench/families_tables.py``), and a changed number is seen."""
 
 import json
@@ -10,13 +10,13 @@ from repo_root import ROOT
 
 def test_the_committed_blocks_are_the_render_of_the_data():
     rendered = T.render(ROOT)
-    assert sum(len(b) for b in rendered.values()) == 7
+    assert sum(len(b) for b in rendered.values()) == 8
     for readme, new in rendered.items():
         assert T.blocks((ROOT / readme).read_text()) == new, readme
 
 
 def _copy(tmp_path):
-    for rel in (T.KERNELS, T.LIVE, *T.OPS_TIMINGS):
+    for rel in (T.KERNELS, T.LIVE, T.MOE_LIVE, *T.OPS_TIMINGS):
         src, dst = ROOT / rel, tmp_path / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
@@ -33,7 +33,14 @@ def test_a_changed_number_is_seen(tmp_path):
     data = json.loads(e2e.read_text())
     data["results"][1]["step_ms"] += 10
     e2e.write_text(json.dumps(data))
+    g = root / T.MOE_LIVE / "runs" / "default" / "verify-gptoss-h2880-default" / "report.json"
+    data = json.loads(g.read_text())
+    data["rows"][1]["prefill"]["k3"] *= 1.5
+    g.write_text(json.dumps(data))
     new = T.render(root)
+    moe = T.MOE_LIVE / "README.md"
+    assert new[moe]["moe-live-table"] != T.render(ROOT)[moe]["moe-live-table"]
+    assert T.render(ROOT)[moe]["moe-live-table"].count("\n") == new[moe]["moe-live-table"].count("\n")
     assert new[T.LIVE / "README.md"]["live-table"] != T.render(ROOT)[T.LIVE / "README.md"]["live-table"]
     old = T.render(ROOT)[T.KERNELS / "README.md"]
     assert new[T.KERNELS / "README.md"]["e2e-table"] != old["e2e-table"]
