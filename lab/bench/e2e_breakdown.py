@@ -269,7 +269,12 @@ def saved_tensors(model, ids) -> dict:
         records.append(dict(module=path, module_class=cls, dtype=str(t.dtype).replace("torch.", ""),
                             shape=list(t.shape), view_bytes=t.numel() * t.element_size(), key=_storage_key(t),
                             node=None))
-        return len(records) - 1, t
+        # detached: the pack hook gets the live tensor, grad_fn and all; keeping that of a saved
+        # output makes a cycle through C++ (the node owns the packed object, which owns the output,
+        # whose grad_fn is the node) that gc.collect() cannot see, so without a backward the whole
+        # graph below it stayed alive: part a leaked one step's saved tensors per variant (H200,
+        # 2026-12-02: rla-vllm OOM after hf-bf16 and liger). Unpacking re-attaches the grad_fn.
+        return len(records) - 1, t.detach()
 
     def unpack(packed):
         i, t = packed
@@ -302,11 +307,12 @@ def saved_tensors(model, ids) -> dict:
                 pass
         todo.extend(fn for fn, _ in node.next_functions)
     current[0] = None
+    node = None  # the last node walked
     # The walk's sets hold every node, and through them every saved tensor; rla's and Liger's
     # autograd.Function contexts can sit in reference cycles that only the collector frees. Drop
     # both here: on the H200 the next part (peaks) ran out of memory with a whole step's saved
     # tensors still held (2026-12-02, Qwen2.5-1.5B at 4 x 4096).
-    del loss, seen, todo
+    del loss, seen, todo, node
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -394,14 +400,79 @@ def peaks(model, ids) -> dict:
             "held_after_forward_above_start_gib": (held - start) / gib}
 
 
+def attribute_kernels(cpu: list[dict], device: list[dict]) -> list[tuple[str, float, list]]:
+    """Each device kernel -> (name, us, chain of its launching CPU op and that op's enclosing ranges,
+    innermost first, as (name, sequence_nr)). Pure: over plain records (``_profile_records``).
+
+    ``cpu``: dicts with corr (the event's correlation id), name, seq, start, end, parent (index in
+    ``cpu`` of the enclosing event, or None), frontend (a PyTorch op or record_function range, not a
+    CUDA runtime call: its linked id is 0), annotation (a record_function range).
+    ``device``: dicts with name, start, end, linked (the correlation id of the frontend op that was
+    innermost when it was launched; 0 when unknown), annotation.
+
+    A device event that is a range's GPU-side span (a ``gpu_user_annotation``: flagged, or named as a
+    CPU range) is no kernel: it is skipped, and only used to place a kernel with no known launching
+    op (time containment, innermost span first). Each kernel is counted once."""
+    ops: dict[int, int] = {}
+    for i, r in enumerate(cpu):
+        if r["frontend"]:
+            ops.setdefault(r["corr"], i)
+    range_names = {r["name"] for r in cpu if r.get("annotation")}
+    spans = sorted(((d["start"], d["end"], d["name"]) for d in device
+                    if d.get("annotation") or d["name"] in range_names), key=lambda s: s[1] - s[0])
+
+    def chain(i):
+        names = []
+        while i is not None:
+            names.append((cpu[i]["name"], cpu[i]["seq"]))
+            i = cpu[i]["parent"]
+        return names
+
+    out, seen = [], set()
+    for d in device:
+        key = (d["name"], d["start"], d["end"])
+        if d.get("annotation") or d["name"] in range_names or key in seen:
+            continue
+        seen.add(key)
+        i = ops.get(d["linked"]) if d["linked"] else None
+        ch = chain(i) if i is not None else [(n, None) for s, e, n in spans if s <= d["start"] and d["end"] <= e]
+        out.append((d["name"], d["end"] - d["start"], ch))
+    return out
+
+
+_USER_SCOPE = 7  # at::RecordScope::USER_SCOPE: a record_function range
+
+
+def _profile_records(prof) -> tuple[list[dict], list[dict]]:
+    """``attribute_kernels``' records of a CUDA profile. The device events and their links come from
+    the raw Kineto events: ``FunctionEvent.linked_correlation_id`` only exists in recent torch (2.13
+    has it, 2.11 does not: there every kernel read 0, found no op, and all kernel time fell into the
+    last category; the ``gpu_user_annotation`` spans of the ranges were counted as kernels too)."""
+    from torch.autograd.profiler_util import _filter_name
+
+    cpu_type = torch.autograd.DeviceType.CPU
+    res = prof.profiler.kineto_results
+    t0 = res.trace_start_ns()
+    raw = [k for k in res.events() if not _filter_name(k.name())]
+    front = {(k.correlation_id(), round((k.start_ns() - t0) / 1000, 1)) for k in raw
+             if k.device_type() == cpu_type and k.linked_correlation_id() == 0}
+    events = [e for e in prof.events() if e.device_type == cpu_type]
+    index = {id(e): i for i, e in enumerate(events)}
+    cpu = [dict(corr=e.id, name=e.name, seq=e.sequence_nr, start=e.time_range.start, end=e.time_range.end,
+                parent=index.get(id(e.cpu_parent)) if e.cpu_parent is not None else None,
+                frontend=(e.id, round(e.time_range.start, 1)) in front,
+                annotation=bool(getattr(e, "is_user_annotation", False)) or e.scope == _USER_SCOPE) for e in events]
+    device = [dict(name=k.name(), start=(k.start_ns() - t0) / 1000, end=(k.end_ns() - t0) / 1000,
+                   linked=k.linked_correlation_id(), annotation=bool(k.is_user_annotation()))
+              for k in raw if k.device_type() != cpu_type]
+    return cpu, device
+
+
 def _kernel_records(prof, cuda: bool) -> list[tuple[str, float, list]]:
     """(kernel name, us, chain of enclosing CPU events' names innermost first). On CPU the leaf
     aten ops (self time) stand in for kernels."""
-    events = prof.events()
-    # a kernel's linked correlation id is the id of the frontend op (aten op or record_function
-    # range) that was innermost when it was launched
-    by_id = {e.id: e for e in events if e.device_type == torch.autograd.DeviceType.CPU
-             and getattr(e, "linked_correlation_id", 0) == 0}
+    if cuda:
+        return attribute_kernels(*_profile_records(prof))
 
     def chain(e):
         names = []
@@ -410,15 +481,9 @@ def _kernel_records(prof, cuda: bool) -> list[tuple[str, float, list]]:
             e = e.cpu_parent
         return names
 
-    out = []
-    for e in events:
-        if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
-            parent = by_id.get(getattr(e, "linked_correlation_id", 0))
-            out.append((e.name, e.time_range.elapsed_us(), chain(parent)))
-        elif not cuda and e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("aten::") \
-                and not any(c.name.startswith("aten::") for c in e.cpu_children):
-            out.append((e.name, e.self_cpu_time_total, chain(e.cpu_parent)))
-    return out
+    return [(e.name, e.self_cpu_time_total, chain(e.cpu_parent)) for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("aten::")
+            and not any(c.name.startswith("aten::") for c in e.cpu_children)]
 
 
 def _module_of(chain) -> tuple[str | None, str]:

@@ -27,6 +27,9 @@ recomputed reference) and ``VllmTwin.attend``, plus a hook on the decoder body; 
   fwd lm_head+loss  outside the decoder body              bwd body other       other nodes whose forward ran in the body
                                                           bwd lm_head+loss     nodes whose forward ran outside it
   gaps = step GPU ms (unprofiled) - the profiled step's kernel sum: host and launch idle time.
+  Each kernel is put in the range of the op that launched it (its linked correlation id, read from the
+  raw Kineto events: e2e_breakdown.attribute_kernels); the ranges' own GPU spans are not kernels. A
+  kernel with no known launching op is 'unattributed' (in busy, shown beside it).
 
 The pieces+X variants' parameter gradients are compared with ``pieces``' bit for bit (same ids,
 same weights): ``exact`` is the fraction of parameters whose gradient is equal, with the max abs diff.
@@ -144,20 +147,30 @@ class Ranges:
 
 def categorize(prof, cuda: bool) -> dict:
     """Kernel microseconds per category (module doc) of one profiled step."""
-    in_body = set()  # sequence numbers of the forward ops that ran in the body
+    ops = []  # (sequence number, names of the op and its enclosing events) of the CPU ops
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CPU and e.sequence_nr is not None and e.sequence_nr >= 0:
             chain, p = [], e
             while p is not None:
                 chain.append(p.name)
                 p = p.cpu_parent
-            if R + "body" in chain and not any(n.startswith(NODE) for n in chain):
-                in_body.add(e.sequence_nr)
+            ops.append((e.sequence_nr, chain))
+    return categorize_records(_kernel_records(prof, cuda), ops, cuda)
+
+
+def categorize_records(kernels, ops, cuda: bool) -> dict:
+    """Pure: kernels are (name, us, chain of (name, sequence_nr) innermost first), as
+    ``e2e_breakdown.attribute_kernels`` gives them; ops (sequence_nr, chain of names) of the CPU ops,
+    to tell which forward ops ran in the body. On CUDA a kernel with an empty chain found no launching
+    op: it goes to ``unattributed`` (in busy, in no range), not silently to the last category."""
+    in_body = {seq for seq, chain in ops if R + "body" in chain and not any(n.startswith(NODE) for n in chain)}
     us = defaultdict(float)
-    for kname, t, chain in _kernel_records(prof, cuda):
+    for kname, t, chain in kernels:
         names = [n for n, _ in chain]
         nodes = [(n, s) for n, s in chain if n.startswith(NODE)]
-        if R + "recompute" in names:
+        if cuda and not chain:
+            cat = "unattributed"
+        elif R + "recompute" in names:
             cat = "bwd recompute"
         elif any(n == NODE + "_BackedBackward" for n, _ in nodes):
             cat = "bwd through pieces"
@@ -177,7 +190,10 @@ def categorize(prof, cuda: bool) -> dict:
         else:
             cat = "fwd lm_head+loss"
         us[cat] += t
-    return {c: us.get(c, 0.0) for c in CATS}
+    out = {c: us.get(c, 0.0) for c in CATS}
+    if us.get("unattributed"):
+        out["unattributed"] = us["unattributed"]
+    return out
 
 
 def saved_bytes(model, ids, ranges: Ranges) -> dict:
@@ -190,7 +206,10 @@ def saved_bytes(model, ids, ranges: Ranges) -> dict:
         if key not in seen and key not in params:
             seen.add(key)
             by[ranges.labels[-1]] += key[2]
-        return t
+        # detached, as e2e_breakdown.saved_tensors' pack: the live tensor of a saved output would
+        # make a cycle through C++ that gc cannot free (no backward runs on this graph), and the
+        # whole forward's saved set stayed allocated into the next variants (H200, 2026-12-02)
+        return t.detach()
 
     with ranges.on(model), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = model(input_ids=ids, labels=ids).loss
@@ -263,7 +282,10 @@ def run_shape(name, variants, engine, device, layers, tiny, reps, warmup) -> lis
                 elif base is not None:
                     row["vs_pieces"] = compare(g, base)
                 del g
+            before = torch.cuda.memory_allocated() if cuda else 0
             sb = saved_bytes(model, ids, ranges)
+            if cuda:  # 0 unless something still holds the saved-bytes forward's graph
+                row["left_allocated_gib"] = (torch.cuda.memory_allocated() - before) / 2**30
             act = sum(sb.values()) - sb.get("outside", 0)
             scale = batch * seq * cfg.hidden_size
             row["saved"] = {"by_label_bytes": sb, "per_layer_bytes": act / cfg.num_hidden_layers,
@@ -289,7 +311,11 @@ def run_shape(name, variants, engine, device, layers, tiny, reps, warmup) -> lis
                 torch.cuda.empty_cache()
         rows.append(row)
         print(f"{name} {v}: " + (row.get("error") or f"busy {row['busy_ms']:.1f} ms"
-                                  + (f", step {row['time']['gpu_ms']:.1f} ms" if cuda else "")), flush=True)
+                                  + (f", step {row['time']['gpu_ms']:.1f} ms" if cuda else "")
+                                  + (f", unattributed {row['kernels_us']['unattributed'] / 1e3:.1f} ms"
+                                     if "unattributed" in row["kernels_us"] else "")
+                                  + (f", left allocated {row['left_allocated_gib']:.2f} GiB"
+                                     if "left_allocated_gib" in row else "")), flush=True)
     del model, base
     gc.collect()
     if cuda:
@@ -316,7 +342,9 @@ def markdown(payload: dict) -> str:
         k, t = r["kernels_us"], r.get("time")
         b = hf.get(r["model"])
         lines.append(f"| {r['model']} | {r['variant']} | " + " | ".join(f"{k[c] / 1e3:.1f}" for c in CATS)
-                     + f" | {r['busy_ms']:.1f} | " + (f"{t['gpu_ms']:.1f} | {t['host_ms']:.1f} | {r['gaps_ms']:.1f} | "
+                     + f" | {r['busy_ms']:.1f}"
+                     + (f" ({k['unattributed'] / 1e3:.1f} in no range)" if k.get("unattributed") else "") + " | "
+                     + (f"{t['gpu_ms']:.1f} | {t['host_ms']:.1f} | {r['gaps_ms']:.1f} | "
                                                       + (f"{t['gpu_ms'] / b['time']['gpu_ms']:.3f} |" if b else " |")
                                                       if t else " | | | |"))
     lines += ["", "## Memory and exactness\n",
