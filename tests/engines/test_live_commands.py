@@ -109,6 +109,21 @@ def test_the_report_shows_the_row_that_made_the_engine_bit_equal(model, data, tm
     publish(rep, data, out, overwrite=True)  # a folder rla wrote may be replaced
 
 
+def test_regions_reach_every_rows_alignment(model, data):
+    """``compare(..., regions=)`` aligns each row's side with those regions only: the truth row aligned in RoPE alone
+    is no longer the engine (its norms and SwiGLU are HF's), and equals a side aligned so by hand."""
+    sides = {"hf": None, TRUTH: profiles.get(TRUTH)}
+    rows = {r["side"]: r for r in V.compare(model, sides, data, regions=("rope",))}
+    assert rows[TRUTH]["regions"] == ["rope"] and rows["hf"]["regions"] is None
+    assert rows[TRUTH]["prefill"]["equal"] < 1.0
+    with aligned(model, TRUTH, regions=("rope",)):
+        by_hand = torch.cat([train_logprobs(model, p) for p in data.prompts])
+    d = by_hand - torch.tensor(sum(data.prompt_logprobs, []), dtype=torch.float64)
+    assert rows[TRUTH]["prefill"]["k3"] == pytest.approx(float((d.exp() - 1 - d).mean()), rel=1e-12)
+    full = {r["side"]: r for r in V.compare(model, sides, data)}
+    assert full[TRUTH]["regions"] == ["rope", "swiglu", "rmsnorm"] and full[TRUTH]["prefill"]["equal"] == 1.0
+
+
 @pytest.fixture(scope="module")
 def saved(model, data, tmp_path_factory):
     """The stand-in engine's run as ``rla verify --live`` leaves it (its engine.json and

@@ -42,7 +42,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from rla import ops as rla_ops
 from rla import profiles
 from rla.engines.backed import calibrated_profile, engine_backed
-from rla.engines.vllm_twin import MODES, SUPPORTED_FAMILIES, VllmTwin, _compiled, attention_inputs
+from rla.engines.vllm_twin import MODES, SUPPORTED_FAMILIES, VllmTwin, attention_inputs, compiled_piece
 
 __all__ = ["EngineForward", "engine_forward", "recording_streams"]
 
@@ -68,7 +68,7 @@ class _Reference:
         self.chain = profile.qk_norm_out == "fp32"
         self.compiled = {}
         if compile_backend is not None:  # each piece on a code object of its own, as the twin's
-            self.compiled = {n: _compiled(getattr(self, n), backend=compile_backend) for n in ("first", "middle", "last")}
+            self.compiled = {n: compiled_piece(getattr(self, n), backend=compile_backend) for n in ("first", "middle", "last")}
 
     def run(self, name, args, dynamic):
         """Piece ``name`` on ``args`` (the recomputation in the backward): compiled if asked for,

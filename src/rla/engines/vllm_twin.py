@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-__all__ = ["VllmTwin", "TwinOutput", "MODES", "SUPPORTED_FAMILIES", "attention_inputs"]
+__all__ = ["VllmTwin", "TwinOutput", "MODES", "SUPPORTED_FAMILIES", "attention_inputs", "compiled_piece"]
 
 MODES = ("default", "eager", "native")
 SUPPORTED_FAMILIES = ("qwen2", "qwen3", "llama")
@@ -151,8 +151,8 @@ class VllmTwin:
         self.first, self.middle, self.last = self._first_piece, self._middle_piece, self._last_piece
         if mode == "default":
             self.first, self.middle, self.last = (
-                _compiled(self._first_piece, inductor_options), _compiled(self._middle_piece, inductor_options),
-                _compiled(self._last_piece, inductor_options),
+                compiled_piece(self._first_piece, inductor_options), compiled_piece(self._middle_piece, inductor_options),
+                compiled_piece(self._last_piece, inductor_options),
             )
 
     @staticmethod
@@ -315,7 +315,7 @@ class VllmTwin:
 _PIECE_CODES = itertools.count()
 
 
-def _compiled(method, options: dict | None = None, backend: str = "inductor"):
+def compiled_piece(method, options: dict | None = None, backend: str = "inductor"):
     """``method`` compiled as vLLM compiles a piece, on a code object of its own (Inductor
     configured by ``options``, stock when None; ``backend`` another torch.compile backend).
 
