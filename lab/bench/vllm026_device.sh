@@ -29,7 +29,7 @@ case "${1:-}" in
     sed -i 's/^if not (FA2_AVAILABLE or FA3_AVAILABLE):/if False:  # rla live run: FA libraries not carried; TRITON_ATTN backend/' /tmp/site/vllm/vllm_flash_attn/__init__.py
     grep -n "rla live run" /tmp/site/vllm/vllm_flash_attn/__init__.py
     ls -la /tmp/site/vllm/_C_stable_libtorch.abi3.so
-    "$0" deps ;;  # the wheels carried with this call (w1), the rest in the next (deps, carry w2)
+    bash "$0" deps ;;  # the wheels carried with this call (w1), the rest in the next (deps, carry w2); bash: the tree is copied without its mode bits
   deps)
     for d in .carry/w1 .carry/w2; do [ -d $d ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/deps $d/*.whl 2>&1 | tail -2; done
     ls /tmp/deps | wc -l ;;
