@@ -710,17 +710,25 @@ def main(argv=None) -> int:
         ap.error("--device cuda: no CUDA device here (use --device cpu --parts a for the saved bytes)")
     if any(v.startswith("liger") or "liger" in v for v in a.variants):
         importlib.import_module("liger_kernel")  # fails here, before any model is built
-    results, t0 = [], time.perf_counter()
     payload = {"env": environment(), "command": "python lab/bench/e2e_breakdown.py " + " ".join(sys.argv[1:]
-               if argv is None else argv), "args": vars(a), "results": results}
-    for name in a.models:  # written after every shape, so a run cut short keeps the shapes it finished
-        results += run_shape(name, a.variants, a.parts, device, a.layers, a.shape == "tiny", a.reps, a.warmup,
-                             a.tokens, a.vocab)
-        payload["seconds"] = time.perf_counter() - t0
-        write_results(Path(a.out), "e2e_breakdown", payload, markdown(payload))
-        print(f"{name} done at {payload['seconds']:.0f} s", flush=True)
-    print(markdown(payload))
+               if argv is None else argv), "args": vars(a)}
+    run_shapes(payload, a.models, lambda name: run_shape(name, a.variants, a.parts, device, a.layers, a.shape == "tiny",
+                                                        a.reps, a.warmup, a.tokens, a.vocab),
+               Path(a.out), "e2e_breakdown", markdown)
     return 0
+
+
+def run_shapes(payload: dict, names, run_one, out: Path, stem: str, render) -> dict:
+    """``payload["results"]`` += ``run_one(name)`` for each shape, the results (JSON and ``render(payload)``)
+    written after every shape, so a run cut short keeps the shapes it finished; prints the last render."""
+    results, t0 = payload.setdefault("results", []), time.perf_counter()
+    for name in names:
+        results += run_one(name)
+        payload["seconds"] = time.perf_counter() - t0
+        write_results(out, stem, payload, render(payload))
+        print(f"{name} done at {payload['seconds']:.0f} s", flush=True)
+    print(render(payload))
+    return payload
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -85,10 +85,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_breakdown import (  # noqa: E402
-    TINY, TINY_BATCH, _kernel_records, _storage_key, build, host_and_gpu_ms, kind_of_name, peaks,
+    TINY, TINY_BATCH, _kernel_records, _storage_key, build, host_and_gpu_ms, kind_of_name, peaks, run_shapes,
 )
 
-from rla.bench.common import write_results  # noqa: E402
 from rla.bench.e2e import BATCH, training_step  # noqa: E402
 from rla.environment import env_markdown, environment  # noqa: E402
 
@@ -386,17 +385,13 @@ def main(argv=None) -> int:
         from rla.engines import vllm
 
         engine = vllm.load(os.environ.get("RLA_ENGINE_WHEEL"))  # as rla.bench.e2e's -pieces variant
-    results, t0 = [], time.perf_counter()
     payload = {"env": environment(), "vllm": getattr(engine, "version", None),
                "vllm_source": os.environ.get("RLA_ENGINE_WHEEL") or "installed vllm",
                "command": "python lab/bench/engine_forward_breakdown.py "
-               + " ".join(sys.argv[1:] if argv is None else argv), "args": vars(a), "results": results}
-    for name in a.models:
-        results += run_shape(name, a.variants, engine, device, a.layers, a.shape == "tiny", a.reps, a.warmup)
-        payload["seconds"] = time.perf_counter() - t0
-        write_results(Path(a.out), "engine_forward_breakdown", payload, markdown(payload))
-        print(f"{name} done at {payload['seconds']:.0f} s", flush=True)
-    print(markdown(payload))
+               + " ".join(sys.argv[1:] if argv is None else argv), "args": vars(a)}
+    run_shapes(payload, a.models, lambda name: run_shape(name, a.variants, engine, device, a.layers, a.shape == "tiny",
+                                                        a.reps, a.warmup),
+               Path(a.out), "engine_forward_breakdown", markdown)
     return 0
 
 

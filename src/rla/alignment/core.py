@@ -247,10 +247,10 @@ def align(
     family, body = _find(model)
     row = p
     p, head = _at_head_size(p, body.config)
-    if family.regions is not None and not set(regions) <= set(family.regions):
+    if family.unsupported(regions):
         raise NotImplementedError(
             f"rla.align: {family.model_type} supports the regions {family.regions}, not "
-            f"{tuple(r for r in regions if r not in family.regions)} (docs/families.md and docs/rounding.md "
+            f"{family.unsupported(regions)} (docs/families.md and docs/rounding.md "
             f"say what is aligned for it and why); pass regions={family.regions!r}"
         )
     if "router" in regions and compat.TRANSFORMERS_VERSION < Version(ROUTER_MIN_TRANSFORMERS):

@@ -84,6 +84,10 @@ class Family:
     """The regions ``rla.align`` supports for this family (None: all). DeepSeek-V3's attention (MLA,
     with its own RoPE and q/kv norms) is not aligned, so only its MoE regions are."""
 
+    def unsupported(self, regions) -> tuple[str, ...]:
+        """The regions of ``regions`` ``rla.align`` does not support for this family, in their order."""
+        return () if self.regions is None else tuple(r for r in regions if r not in self.regions)
+
     def cls(self, role: str) -> str:
         """Class name of a role: ``rotary`` -> ``Qwen2RotaryEmbedding`` and so on."""
         if role == "body":

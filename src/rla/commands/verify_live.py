@@ -48,11 +48,12 @@ def _regions(value: str | None, family: str, model: str) -> tuple[str, ...] | No
         unknown = [r for r in regions if r not in ALIGN_REGIONS]
         if unknown or not regions:
             raise ValueError(f"--regions {value!r}: expected a comma-separated subset of {', '.join(ALIGN_REGIONS)}")
-    supported = get_family(family, f"--model {model}").regions
-    wanted = regions or REGIONS
-    if supported is not None and not set(wanted) <= set(supported):
+    fam = get_family(family, f"--model {model}")
+    missing = fam.unsupported(regions or REGIONS)
+    if missing:
+        supported = fam.regions
         raise ValueError(f"--model {model}: rla.align supports the regions {', '.join(supported)} for {family}, not "
-                         f"{', '.join(r for r in wanted if r not in supported)}"
+                         f"{', '.join(missing)}"
                          f"{'' if regions else ' (the default)'}; pass --regions {','.join(supported)} (docs/families.md)")
     return regions
 

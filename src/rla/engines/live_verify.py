@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 
 from rla.engines.live_calibration import BUCKETS, score
-from rla.profiles import RoundingProfile, for_engine
+from rla.profiles import REGIONS, RoundingProfile, for_engine
 
 __all__ = ["EngineData", "FORMAT", "candidates", "random_prompts", "collect", "compare", "model_info",
            "report", "render", "load", "with_weights", "check_weights", "longest", "engine_backed_forward",
@@ -210,8 +210,6 @@ def compare(model, sides: dict[str, RoundingProfile | None], data: EngineData,
     (:func:`engine_backed_forward`) it is aligned with; its row is then only the backward's
     (``gradient_row``). ``regions``: the regions each row's side aligns (None: ``rla.align``'s
     default; DeepSeek-V3 supports only its MoE regions, docs/families.md)."""
-    from rla.profiles import REGIONS
-
     rows = []
     backed = backed or {}
     unknown = set(backed) - set(sides)
