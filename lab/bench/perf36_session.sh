@@ -8,6 +8,7 @@
 #   tiles  lab/bench/qk_bwd_tiles.py: the q/k norm backward under the one-row, narrow and tall tiles
 #   e2e    lab/bench/e2e_breakdown.py parts b-d (peaks, kernels, host/GPU time, alternating passes), HF eager,
 #          Liger, rla's vllm and vllm-eager rows, and both with Liger's fused linear cross-entropy
+#   kernels e2e_breakdown.py part c alone (one profiled step per variant: the kernel time by op kind), the same variants
 #   saved  e2e_breakdown.py part a (saved bytes per op, full depth) for hf-bf16, liger, rla-vllm, rla-vllm-eager
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -35,6 +36,11 @@ if has e2e; then
   stamp e2e
   run timeout ${E2E_TIMEOUT:-300} python3 lab/bench/e2e_breakdown.py --warmup 1 --reps 4 --parts bcd --out "$P/e2e_breakdown" \
     > "$P/e2e_breakdown.log" 2>&1; echo "e2e rc=$?"; grep -A22 "^## Host and GPU" "$P/e2e_breakdown.log" | tail -20
+fi
+if has kernels; then
+  stamp kernels
+  run timeout ${KERNELS_TIMEOUT:-300} python3 lab/bench/e2e_breakdown.py --warmup 1 --parts c --out "$P/kernels" \
+    > "$P/kernels.log" 2>&1; echo "kernels rc=$?"; grep -A14 "^## Time per op kind" "$P/kernels.log" | head -16 | cut -c1-200
 fi
 if has saved; then
   stamp saved
