@@ -8,6 +8,9 @@
 #   fam-eager / fam-default  `rla verify --live` on the MoE families of live_family_configs (FAMS: name:attention:
 #                            regions:env, e.g. deepseekv3-h2048:model:swiglu,router:VLLM_MLA_DISABLE=1), that mode;
 #                            needs `vllm026_device.sh moe a|b` and `tf` first
+#   famcal-eager / famcal-default  `rla calibrate --live` on the same FAMS (attention and env as fam-*; calibrate
+#                            searches the default regions, so a family's regions field must be empty),
+#                            that mode: the search from the mode's row, for a family whose row leaves much unremoved
 #   solo                     vllm_live_attribution.py engine-solo (each prompt alone, no chunked prefill)
 #   attr                     vllm_live_attribution.py compare (the interventions, batched and solo)
 #   twin                     vllm_live_attribution.py twin (the twin with the engine's attention vs live)
@@ -51,6 +54,18 @@ for mode in eager default; do
       --train-attention $att ${regions:+--regions $regions} --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 \
       --out "$OUT/verify-$name-$mode" > "$OUT/verify-$name-$mode.log" 2>&1
     echo "verify $name $mode rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/verify-$name-$mode.log" | tail -14 | cut -c1-220
+  done
+done
+for mode in eager default; do
+  has famcal-$mode || continue
+  for spec in $FAMS; do
+    IFS=: read -r name att regions envs <<< "$spec"
+    stamp "famcal-$mode $name"
+    [ -d $M/$name-L4 ] || python3 lab/bench/vllm_live_h200.py checkpoint --out "$OUT/ckpt" --models $M --families $name --layers 4 > "$OUT/checkpoint-$name.log" 2>&1 || tail -5 "$OUT/checkpoint-$name.log"
+    env $envs timeout $(cap ${FAM_CAP:-400}) python3 -m rla.cli calibrate --engine vllm --live --model $M/$name-L4 --mode $mode \
+      --train-attention $att --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 \
+      --out "$OUT/calibrate-$name-$mode.json" > "$OUT/calibrate-$name-$mode.log" 2>&1
+    echo "calibrate $name $mode rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/calibrate-$name-$mode.log" | tail -20 | cut -c1-220
   done
 done
 A="python3 lab/bench/vllm_live_attribution.py --out /tmp/attr --models $M --names ${NAMES:-qwen2-h1536-L4} --modes ${MODES:-eager,default}"
