@@ -64,7 +64,7 @@ for mode in eager default; do
     [ -d $M/$name-L4 ] || python3 lab/bench/vllm_live_h200.py checkpoint --out "$OUT/ckpt" --models $M --families $name --layers 4 > "$OUT/checkpoint-$name.log" 2>&1 || tail -5 "$OUT/checkpoint-$name.log"
     env $envs timeout $(cap ${FAM_CAP:-400}) python3 -m rla.cli calibrate --engine vllm --live --model $M/$name-L4 --mode $mode \
       --train-attention $att --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 \
-      --out "$OUT/calibrate-$name-$mode.json" > "$OUT/calibrate-$name-$mode.log" 2>&1
+      --name "live-$name-$mode" --out "$OUT/calibrate-$name-$mode.json" > "$OUT/calibrate-$name-$mode.log" 2>&1
     echo "calibrate $name $mode rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/calibrate-$name-$mode.log" | tail -20 | cut -c1-220
   done
 done
