@@ -278,6 +278,9 @@ def run_shape(name, variants, engine, device, layers, tiny, reps, warmup) -> lis
                 g = grads(model, ids)
                 if v == "pieces":
                     base = g
+                    # the control: the same variant's gradient again; where it is not equal to itself (SDPA's
+                    # CUDA backwards accumulate dq with atomics) no other variant's can be judged by equality
+                    row["repeat"] = compare(grads(model, ids), base)
                 elif base is not None:
                     row["vs_pieces"] = compare(g, base)
                 del g
@@ -348,8 +351,9 @@ def markdown(payload: dict) -> str:
                                                       if t else " | | | |"))
     lines += ["", "## Memory and exactness\n",
               "| model | variant | peak GiB (step) | saved / layer MiB | saved B / token / layer / hidden | of which "
-              "pieces / attention MiB per layer | grads equal to pieces' | max abs diff | warm-up s |",
+              "pieces / attention MiB per layer | grads equal to pieces' (pieces: its own second step) | max abs diff | warm-up s |",
               "|---|---|---|---|---|---|---|---|---|"]
+    # pieces' own row: its gradient against itself, a second step (the control for the others' equality)
     for r in rows:
         if "error" in r:
             continue
@@ -357,7 +361,7 @@ def markdown(payload: dict) -> str:
         lab = s["by_label_bytes"]
         split = (f"{lab.get('pieces', 0) / L / 2**20:.1f} / {lab.get('attention', 0) / L / 2**20:.1f}"
                  if r["variant"].startswith("pieces") else "")
-        vs = r.get("vs_pieces")
+        vs = r.get("vs_pieces") or r.get("repeat")
         lines.append(f"| {r['model']} | {r['variant']} | "
                      + (f"{r['peaks']['step_peak_gib']:.2f}" if "peaks" in r else "") + " | "
                      f"{s['per_layer_bytes'] / 2**20:.1f} | {s['per_layer_per_token_hidden']:.2f} | {split} | "
@@ -375,6 +379,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--reps", type=int, default=3, help="timed steps per variant")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--sdpa", choices=("default", "math"), default="default",
+                    help="math: SDPA's math backend only (deterministic backward, so gradients can be compared by "
+                    "equality; slower and heavier, its times are not the default's)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     device = torch.device(a.device)
@@ -389,10 +396,20 @@ def main(argv=None) -> int:
                "vllm_source": os.environ.get("RLA_ENGINE_WHEEL") or "installed vllm",
                "command": "python lab/bench/engine_forward_breakdown.py "
                + " ".join(sys.argv[1:] if argv is None else argv), "args": vars(a)}
+    backends = contextlib.nullcontext()
+    if a.sdpa == "math":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backends = sdpa_kernel(SDPBackend.MATH)
+    with backends:
+        _run(payload, a, engine, device)
+    return 0
+
+
+def _run(payload, a, engine, device) -> None:
     run_shapes(payload, a.models, lambda name: run_shape(name, a.variants, engine, device, a.layers, a.shape == "tiny",
                                                         a.reps, a.warmup),
                Path(a.out), "engine_forward_breakdown", markdown)
-    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

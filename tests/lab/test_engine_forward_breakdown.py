@@ -29,7 +29,7 @@ def test_cpu_wiring(tmp_path, monkeypatch):
         pytest.skip("no vLLM wheel (RLA_ENGINE_WHEEL, or the engine cache's)")
     monkeypatch.setenv("RLA_ENGINE_WHEEL", str(wheel))
     B.main(["--device", "cpu", "--shape", "tiny", "--models", "qwen3-1.7b", "--layers", "2", "--warmup", "1",
-            "--variants", "hf-bf16", "pieces", "pieces+aot_eager", "--out", str(tmp_path)])
+            "--variants", "hf-bf16", "pieces", "pieces+aot_eager", "--sdpa", "math", "--out", str(tmp_path)])
     rows = {r["variant"]: r for r in json.loads((tmp_path / "engine_forward_breakdown.json").read_text())["results"]}
     assert not any("error" in r for r in rows.values())
     for v in ("pieces", "pieces+aot_eager"):
@@ -40,6 +40,7 @@ def test_cpu_wiring(tmp_path, monkeypatch):
     assert rows["pieces"]["saved"]["per_layer_bytes"] < rows["hf-bf16"]["saved"]["per_layer_bytes"] / 3
     vs = rows["pieces+aot_eager"]["vs_pieces"]
     assert vs["exact"] == 1.0 and vs["max_abs_diff"] == 0
+    assert rows["pieces"]["repeat"]["exact"] == 1.0  # the control: on CPU a step's gradient equals its repeat's
     assert (tmp_path / "engine_forward_breakdown.md").read_text().count("| qwen3-1.7b |") == 6
 
 
