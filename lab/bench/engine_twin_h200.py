@@ -71,9 +71,12 @@ def configs() -> dict:
     }
 
 
-def random_model(cfg, seed=0, attention="sdpa"):
+def random_model(cfg, seed=0, attention="sdpa", model_class=None):
+    """A random-init bf16 model of ``cfg`` (``model_class``: a transformers class name to build instead of
+    what AutoModelForCausalLM builds, e.g. a multimodal checkpoint's own class)."""
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=BF16, attn_implementation=attention).to(DEV).eval()
+    build = transformers.AutoModelForCausalLM.from_config if model_class is None else getattr(transformers, model_class)._from_config
+    model = build(cfg, dtype=BF16, attn_implementation=attention).to(DEV).eval()
     g = torch.Generator(device=DEV).manual_seed(seed + 1)
     with torch.no_grad():  # HF initialises norm weights to 1, where per_op and fused coincide
         for name, p in model.named_parameters():

@@ -22,10 +22,13 @@ cost, not the points):
   H200 (``KeyError: 'layers.1.mlp.gate.e_score_correction_bias'``, 2026-12-02); with only the bias it
   would have routed by softmax, a plumbing difference that reads as numerics.
 
-Qwen3.5 is not offered: vLLM 0.26 registers only the multimodal ``Qwen3_5ForConditionalGeneration``
-(``vllm/model_executor/models/registry.py``); its text class ``Qwen3_5ForCausalLM`` is not
-registered and is not marked hybrid (``IsHybrid``), so the engine would not give its linear-attention
-layers their state.
+- ``qwen35-h2048``: Qwen3.5 dense at 2048 as the released checkpoints are saved, the multimodal
+  ``Qwen3_5ForConditionalGeneration`` (vLLM 0.26 registers only that class: its text class
+  ``Qwen3_5ForCausalLM`` is neither registered nor marked hybrid), with a one-block vision tower (its
+  weights are in the checkpoint; the engine runs with ``language_model_only`` and does not build it):
+  16 query heads of 256 with the output gate, 2 KV heads, q/k norms, partial mRoPE (a quarter of each
+  head), three Gated DeltaNet layers then one full-attention layer. The training side loads its text
+  model through ``AutoModelForCausalLM`` (``rla.hf.causal_lm_config``), as a text RL trainer does.
 """
 
 from __future__ import annotations
@@ -68,8 +71,25 @@ def deepseek_v3(layers: int):
         scoring_func="sigmoid", topk_method="noaux_tc")
 
 
+def qwen3_5(layers: int):
+    text = dict(vocab_size=32000, hidden_size=2048, intermediate_size=6144, num_hidden_layers=layers,
+                num_attention_heads=16, num_key_value_heads=2, head_dim=256, max_position_embeddings=40960,
+                rms_norm_eps=1e-6, layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                                                for i in range(layers)],
+                linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+                linear_conv_kernel_dim=4, tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                 "mrope_section": [11, 11, 10], "mrope_interleaved": True})
+    vision = dict(depth=1, hidden_size=256, intermediate_size=512, num_heads=4, out_hidden_size=2048)
+    return transformers.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+
+
 #: checkpoint name -> config builder (layers -> config)
-CONFIGS = {"gptoss-h2880": gpt_oss, "glm4moe-h2048": glm4_moe, "deepseekv3-h2048": deepseek_v3}
+CONFIGS = {"gptoss-h2880": gpt_oss, "glm4moe-h2048": glm4_moe, "deepseekv3-h2048": deepseek_v3,
+           "qwen35-h2048": qwen3_5}
+
+#: checkpoints saved as another class than AutoModelForCausalLM builds (the released layout)
+MODEL_CLASS = {"qwen35-h2048": "Qwen3_5ForConditionalGeneration"}
 
 #: HF attention the checkpoint is built with where SDPA is not offered (GPT-OSS: eager or flash only)
 ATTENTION = {"gptoss-h2880": "eager"}

@@ -17,8 +17,8 @@ Stages (each writes JSON into ``--out``):
 - ``checkpoint``: only builds the random-init checkpoints (for ``rla verify --live`` /
   ``rla calibrate --live`` on the device). Besides the twin's three families it builds
   ``gemma3-h2560`` (:func:`gemma3_config`: Gemma 3 4B's width, sliding and full layers) and the MoE
-  families of ``live_family_configs`` (GPT-OSS, GLM-4 MoE, DeepSeek-V3; why Qwen3.5 is not among
-  them is said there).
+  families of ``live_family_configs`` (GPT-OSS, GLM-4 MoE, DeepSeek-V3, and Qwen3.5 saved as its
+  multimodal class, ``MODEL_CLASS``).
 
 Needs CUDA and the real vLLM (0.26 on torch 2.11). Random-init weights: norm weights are drawn
 around 1 (as the twin runs do) so per_op and fused norms differ.
@@ -89,7 +89,9 @@ def gemma3_config(layers: int):
 
 #: Families whose norms are zero-centred, ``x * (1 + w)``: their random norm weights are drawn
 #: around 0 (HF initialises them to 0, where ``1 + w`` is exact), the others' around 1.
-ZERO_CENTRED = ("gemma3-",)
+ZERO_CENTRED = ("gemma3-", "qwen35-")
+#: ... except these norms of theirs, which are plain (Qwen3.5's gated norm in its linear attention: weight * x)
+PLAIN_NORMS = ("linear_attn.norm.weight",)
 
 
 def model_configs(layers: int) -> dict:
@@ -99,8 +101,9 @@ def model_configs(layers: int) -> dict:
     cfgs = twin.configs()
     cfgs["gemma3-h2560"] = gemma3_config(layers)
     cfgs.update({name: make(layers) for name, make in live_family_configs.CONFIGS.items()})
-    for cfg in cfgs.values():  # room for the long prompt on every family
-        cfg.max_position_embeddings = max(cfg.max_position_embeddings, 40960)
+    for cfg in cfgs.values():  # room for the long prompt on every family (a multimodal config's text model's)
+        text = cfg.get_text_config()
+        text.max_position_embeddings = max(text.max_position_embeddings, 40960)
     return cfgs
 
 
@@ -114,12 +117,13 @@ def build_checkpoint(name: str, layers: int, root: Path) -> Path:
     if name not in cfgs:
         raise ValueError(f"no checkpoint {name!r}; the families are {', '.join(cfgs)}")
     twin.DEV = "cuda"
-    model = twin.random_model(cfgs[name], attention=live_family_configs.ATTENTION.get(name, "sdpa"))
+    model = twin.random_model(cfgs[name], attention=live_family_configs.ATTENTION.get(name, "sdpa"),
+                              model_class=live_family_configs.MODEL_CLASS.get(name))
     if name.startswith(ZERO_CENTRED):
         g = torch.Generator(device=twin.DEV).manual_seed(2)
         with torch.no_grad():
             for pname, p in model.named_parameters():
-                if pname.endswith("norm.weight"):
+                if pname.endswith("norm.weight") and not pname.endswith(PLAIN_NORMS):
                     p.copy_(0.2 * torch.randn(p.shape, generator=g, device=twin.DEV))
     model.save_pretrained(str(path), safe_serialization=True)
     del model

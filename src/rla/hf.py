@@ -6,11 +6,30 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["load_model", "check_safetensors", "ModelFilesError"]
+__all__ = ["load_model", "check_safetensors", "causal_lm_config", "ModelFilesError"]
 
 
 class ModelFilesError(ValueError):
     """A checkpoint folder's weight files are damaged or do not fit its config (the message names the file)."""
+
+
+def causal_lm_config(config):
+    """The config of the model ``AutoModelForCausalLM`` builds from ``config``: for a multimodal
+    checkpoint that transformers maps to its text model (its "VLM compatibility" entries: Qwen3.5's
+    ``qwen3_5`` -> ``Qwen3_5ForCausalLM``, whose config is the ``qwen3_5_text`` one), the text config;
+    for every other config, ``config`` itself. What a text RL trainer loads from a released
+    multimodal checkpoint is that text model, so it is what rla aligns and scores."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        return config
+    want = getattr(cls, "config_class", None)
+    if want is None or isinstance(config, want):
+        return config
+    text = config.get_text_config()
+    return text if isinstance(text, want) else config
 
 
 def check_safetensors(folder, config=None) -> None:

@@ -44,3 +44,17 @@ def test_a_final_logit_cap_is_refused_before_the_engine(tmp_path):
     cfg.save_pretrained(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors weights"):  # past the cap: the next check
         check_model(str(tmp_path), 64)
+
+
+def test_the_qwen3_5_checkpoint_is_saved_as_released_and_scores_its_text_model():
+    """``qwen35-h2048``: the multimodal class vLLM 0.26 registers, a realistic width, three linear-attention
+    layers and one full-attention layer; its text model is a family rla aligns."""
+    cfg = live.model_configs(4)["qwen35-h2048"]
+    text = cfg.get_text_config()
+    assert cfg.model_type == "qwen3_5" and text.model_type == "qwen3_5_text"
+    assert text.hidden_size >= 1536 and text.layer_types == ["linear_attention"] * 3 + ["full_attention"]
+    assert text.max_position_embeddings >= 4096 + 64 and get_family(text.model_type, "qwen35").layout == "qwen3_5"
+    assert live.live_family_configs.MODEL_CLASS["qwen35-h2048"] == "Qwen3_5ForConditionalGeneration"
+    with torch.device("meta"):
+        model = getattr(transformers, "Qwen3_5ForConditionalGeneration")._from_config(cfg)
+    assert sum(p.numel() for p in model.model.visual.parameters()) < 0.02 * sum(p.numel() for p in model.parameters())

@@ -98,7 +98,7 @@ def check_model(path: str, longest: int) -> dict:
 
     from rla.alignment.families import get_family
     from rla.engines.live_verify import model_info
-    from rla.hf import check_safetensors
+    from rla.hf import causal_lm_config, check_safetensors
 
     p = Path(path)
     if not (p / "config.json").is_file():
@@ -115,21 +115,27 @@ def check_model(path: str, longest: int) -> dict:
     if not any(p.glob("*.safetensors")):
         raise FileNotFoundError(f"--model {path}: no *.safetensors weights (vLLM and rla both read safetensors)")
     check_safetensors(p, config)
+    checkpoint, config = config, causal_lm_config(config)  # a multimodal checkpoint's text model, as a trainer loads it
     get_family(getattr(config, "model_type", None), f"--model {path}")
     limit = getattr(config, "max_position_embeddings", None)
     if limit is not None and longest > limit:
         raise ValueError(f"--model {path}: sequences of {longest} tokens pass its max_position_embeddings ({limit}); "
                          "lower --prompt-tokens or --max-new-tokens")
-    return model_info(config)
+    info = model_info(config)
+    if config is not checkpoint:  # the engine runs the checkpoint's language model alone (vLLM's language_model_only)
+        info["checkpoint"] = {"model_type": checkpoint.model_type, "architectures": getattr(checkpoint, "architectures", None)}
+        info["language_model_only"] = True
+    return info
 
 
-def settings_of(args, longest: int):
+def settings_of(args, longest: int, info: dict | None = None):
     from rla.engines.vllm_live import LiveSettings
 
     backend = args.attention_backend or "TRITON_ATTN"
     return LiveSettings(mode=args.mode, attention_backend=None if backend == "auto" else backend,
                         max_model_len=max(longest + 64, 1024), seed=args.seed,
-                        gpu_memory_utilization=args.gpu_memory_utilization or 0.5)
+                        gpu_memory_utilization=args.gpu_memory_utilization or 0.5,
+                        language_model_only=bool((info or {}).get("language_model_only")))
 
 
 def run_engine(args, settings, vocab: int, say):
@@ -179,14 +185,14 @@ def run_length(args, saved) -> int:
     return max(max(args.prompt_tokens), DECODE_PROMPT_TOKENS + args.max_new_tokens)
 
 
-def engine_side(args, saved, longest: int, default_attention: str):
+def engine_side(args, saved, longest: int, default_attention: str, info: dict | None = None):
     """``(settings, attention, attending, version, device)`` of a live run (``saved`` None) or of a
     saved one, each refusal before the engine starts: the engine's settings, the training side's
     attention (:func:`train_attention`), the engine's version (:func:`rla.engines.vllm_live.preflight`
     for a run to come; the saved run's, with :func:`check_saved_kernel`), and the training device."""
     from rla.engines.vllm_live import preflight
 
-    settings = saved.engine.get("settings", {}) if saved is not None else settings_of(args, longest)
+    settings = saved.engine.get("settings", {}) if saved is not None else settings_of(args, longest, info)
     attention, attending = train_attention(args, settings, default_attention)
     if saved is None:
         version = preflight(args.model)  # vLLM installed, a version the adapter ran, a GPU: still not imported

@@ -92,7 +92,7 @@ def run(args) -> int:
         check_out(args.out, args.overwrite)
     longest = run_length(args, saved)
     info = check_model(args.model, longest)
-    settings, attention, attending, version, device = engine_side(args, saved, longest, "engine")
+    settings, attention, attending, version, device = engine_side(args, saved, longest, "engine", info)
     name = args.name or live_name(args.engine, version, args.mode)
     if name in profiles.names():
         raise ValueError(f"a built-in row is named {name!r}: give this live row another name (--name)")

@@ -95,7 +95,7 @@ def run(args) -> int:
     info = check_model(args.model, longest)
     regions = _regions(args.regions, info["family"], args.model)
     extra = _extra(args)
-    settings, attention, attending, version, device = engine_side(args, saved, longest, "model")
+    settings, attention, attending, version, device = engine_side(args, saved, longest, "model", info)
     # the sides are named before the engine starts: a --profile clashing with a row of the report is
     # refused now, not after the engine's run (the engine's name and version are known already)
     sides = candidates(saved.engine["name"] if saved is not None else args.engine, version, args.mode, MODES, extra)

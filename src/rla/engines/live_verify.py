@@ -28,6 +28,7 @@ from typing import Callable
 
 import torch
 
+from rla.alignment.families import FAMILIES
 from rla.engines.live_calibration import BUCKETS, score
 from rla.profiles import REGIONS, RoundingProfile, for_engine
 
@@ -241,7 +242,8 @@ def model_info(config) -> dict:
     d = config.to_dict()
     out = {"family": d.get("model_type")}
     out.update({k: d[k] for k in _SHAPE_KEYS[1:] if k in d})
-    out["qk_norm"] = d.get("model_type") in ("qwen3", "qwen3_moe")
+    family = FAMILIES.get(d.get("model_type"))
+    out["qk_norm"] = bool(family and family.qk_norm and not (family.qk_norm_optional and not d.get("use_qk_norm")))
     out["attention_bias"] = bool(d.get("attention_bias", d.get("model_type") in ("qwen2", "qwen2_moe")))
     return out
 

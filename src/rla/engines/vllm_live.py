@@ -70,6 +70,11 @@ class LiveSettings:
     """The scheduler's token budget per step (``None``: vLLM's default); it sets the GEMMs' M."""
     logprobs_mode: str = "raw_logprobs"
     seed: int = 0
+    language_model_only: bool = False
+    """vLLM's ``language_model_only``: a multimodal checkpoint's language model alone, its vision tower
+    not built (the commands set it for a checkpoint whose text model is what rla scores: Qwen3.5's).
+    It changes the engine's code, not only its inputs: vLLM 0.26's Qwen3.5 attention fuses the gated
+    q/k norm and RoPE into one Triton kernel only when it is set (``models/qwen3_next.py``)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -245,6 +250,8 @@ class LiveVllm:
             kwargs["compilation_config"] = s.compilation_config
         if s.max_num_batched_tokens:
             kwargs["max_num_batched_tokens"] = s.max_num_batched_tokens
+        if s.language_model_only:
+            kwargs["language_model_only"] = True
         self._llm = LLM(**kwargs)
 
     @property

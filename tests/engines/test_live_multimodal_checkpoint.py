@@ -1,0 +1,72 @@
+"""A released-style multimodal Qwen3.5 checkpoint (``Qwen3_5ForConditionalGeneration``, model_type
+``qwen3_5``) on the live path: transformers' ``AutoModelForCausalLM`` loads its text model (the
+``qwen3_5_text`` config), which is what a text RL trainer trains and rla aligns, so the live checks
+resolve the family from that config (:func:`rla.hf.causal_lm_config`) and start the engine on the
+language model alone (vLLM's ``language_model_only``). Configs transformers maps to themselves are
+left as they are; a multimodal model whose CausalLM class is the multimodal one (Gemma 3) is still
+refused by name."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+import transformers
+
+from rla.commands._live import check_model, settings_of
+from rla.hf import causal_lm_config, load_model
+
+pytest.importorskip("transformers.models.qwen3_5")
+
+
+def _qwen3_5(layers=2):
+    text = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, layer_types=["linear_attention"] * (layers - 1) + ["full_attention"],
+                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                max_position_embeddings=512, tie_word_embeddings=False)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    return transformers.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+
+
+def test_causal_lm_config_is_the_text_model_for_vlm_compatible_checkpoints():
+    cfg = _qwen3_5()
+    assert cfg.model_type == "qwen3_5" and causal_lm_config(cfg).model_type == "qwen3_5_text"
+    assert causal_lm_config(cfg) is cfg.get_text_config()
+    plain = transformers.Qwen3Config(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                     num_key_value_heads=1, vocab_size=64)
+    assert causal_lm_config(plain) is plain
+    gemma = transformers.Gemma3Config()  # AutoModelForCausalLM builds the multimodal class itself: unchanged
+    assert causal_lm_config(gemma) is gemma
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForConditionalGeneration._from_config(_qwen3_5(), dtype=torch.bfloat16)
+    path = tmp_path_factory.mktemp("qwen3_5_vlm")
+    model.save_pretrained(str(path))
+    return path, model
+
+
+def test_check_model_scores_the_text_model_and_asks_for_it_alone(folder):
+    path, _ = folder
+    info = check_model(str(path), 64)
+    assert info["family"] == "qwen3_5_text" and info["hidden_size"] == 64 and info["qk_norm"] is True
+    assert info["checkpoint"] == {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"]}
+    assert info["language_model_only"] is True
+    args = argparse.Namespace(attention_backend=None, mode="eager", seed=0, gpu_memory_utilization=None)
+    assert settings_of(args, 64, info).language_model_only is True
+    assert settings_of(args, 64, {"family": "qwen3"}).language_model_only is False
+    with pytest.raises(ValueError, match="max_position_embeddings \\(512\\)"):  # the text config's limit
+        check_model(str(path), 4096)
+
+
+def test_the_loaded_text_model_is_the_checkpoints_language_model(folder):
+    path, vlm = folder
+    lm = load_model(str(path))
+    assert type(lm).__name__ == "Qwen3_5ForCausalLM" and lm.config.model_type == "qwen3_5_text"
+    want = {k.replace("model.language_model.", "model."): v for k, v in vlm.state_dict().items()
+            if not k.startswith("model.visual.")}
+    got = lm.state_dict()
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in got)
