@@ -4,7 +4,7 @@ each family's oracle run on the same GPU.
 
 Gemma 3 and Qwen3.5 under every row: their norms run the reference, and the fused RoPE / SwiGLU /
 GeGLU kernels equal the reference bit for bit (tests/ops/test_gated_triton.py for GeGLU), so the
-logits must be bit-equal. GPT-OSS and GLM-4 MoE
+logits must be bit-equal. GPT-OSS, GLM-4 MoE and Gemma 4
 under ``vllm-0.33-eager``: their plain norms run the fused kernel in vLLM's block order, which the
 oracle's ``vllm_mean_square`` reproduces; under the ``unpinned`` rows the fused norm's tree and
 PyTorch's mean differ by an ulp now and then, so those rows are not compared here.
@@ -28,6 +28,9 @@ def _case(name):
     if name == "gemma3":
         from gemma_spec import gemma_points, spec_forward, tiny_gemma3
         return tiny_gemma3(), gemma_points, spec_forward
+    if name == "gemma4":
+        from gemma4_spec import gemma4_points, spec_forward, tiny_gemma4
+        return tiny_gemma4(), gemma4_points, spec_forward
     if name == "qwen3_5":
         from qwen3_5_spec import qwen3_5_points, spec_forward, tiny_qwen3_5
         return tiny_qwen3_5(), qwen3_5_points, spec_forward
@@ -40,6 +43,7 @@ def _case(name):
 
 @pytest.mark.parametrize("name, profiles", [
     ("gemma3", PROFILES), ("qwen3_5", PROFILES), ("gpt_oss", ("vllm-0.33-eager",)), ("glm4_moe", ("vllm-0.33-eager",)),
+    ("gemma4", ("vllm-0.33-eager",)),
 ])
 def test_aligned_on_cuda_equals_the_oracle_on_cuda(name, profiles):
     if name != "gemma3" and compat.TRANSFORMERS_VERSION < Version("5.24"):

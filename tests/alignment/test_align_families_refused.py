@@ -70,3 +70,35 @@ def test_the_router_region_is_refused_on_older_transformers(monkeypatch):
                        rf"{ROUTER_MIN_TRANSFORMERS}; transformers 5.5.3"):
         rla.align(model, "vllm", regions=("rope", "swiglu", "rmsnorm", "router"))
     assert all(m.__dict__.keys() == before[id(m)].keys() for m in model.modules())
+
+
+@pytest.mark.skipif(not hasattr(transformers, "Gemma4Config"), reason="this transformers has no Gemma 4")
+def test_gemma4_multimodal_wrapper_is_refused_by_name():
+    """Gemma 4's text model is aligned (``gemma4_text``); the multimodal ``Gemma4ForConditionalGeneration``
+    (``model_type='gemma4'``) holds the same text model but is refused by name: nothing tests its
+    vision and audio towers' way into the decoder."""
+    text = dict(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=16, global_head_dim=16, hidden_size_per_layer_input=0,
+                layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    model = transformers.Gemma4ForConditionalGeneration(
+        transformers.Gemma4Config(text_config=text, vision_config=None, audio_config=None))
+    before = {id(m): dict(m.__dict__) for m in model.modules()}
+    with pytest.raises(NotImplementedError, match=r"Gemma4ForConditionalGeneration \(config.model_type='gemma4'\).*"
+                       r"docs/families.md"):
+        rla.align(model, "vllm")
+    assert all(m.__dict__.keys() == before[id(m)].keys() for m in model.modules())
+
+
+@pytest.mark.skipif(not hasattr(transformers, "Gemma4TextConfig"), reason="this transformers has no Gemma 4")
+def test_gemma4_is_refused_below_the_transformers_it_was_read_from(monkeypatch):
+    from packaging.version import Version
+
+    from gemma4_spec import tiny_gemma4
+    from rla.alignment import compat
+
+    model = tiny_gemma4(layers=2, kv_shared=0)
+    monkeypatch.setattr(compat, "TRANSFORMERS_VERSION", Version("5.17.0"))
+    with pytest.raises(NotImplementedError, match=r"gemma4_text is aligned on transformers >= 5.24.*5.17.0 lays it out"):
+        rla.align(model, "vllm")
+    assert not any("_rla_patch" in m.__dict__ for m in model.modules())

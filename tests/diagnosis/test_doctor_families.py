@@ -88,3 +88,32 @@ def test_deepseek_v3_router_config_as_vllm_reads_it():
     assert "scoring_func='softmax'" in next(h.detail for h in rla.doctor(model) if h.name == "DeepSeek-V3 router config")
     qwen = tiny_gemma3(layers=2)  # another family: never
     assert "DeepSeek-V3 router config" not in _names(qwen)
+
+
+def test_gemma4_scale_constants_are_named_and_the_engines_ones_clear_them():
+    import pytest
+    from packaging.version import Version
+
+    from rla.alignment import compat
+
+    if compat.TRANSFORMERS_VERSION < Version("5.24"):
+        pytest.skip("Gemma 4 is read from transformers 5.24")
+    from gemma4_spec import tiny_gemma4
+
+    model = tiny_gemma4(layers=3, kv_shared=0)  # hidden 64: hidden**-0.5 and sqrt(hidden) are bf16 numbers
+    hazard = next(h for h in rla.doctor(model) if h.name == "Gemma 4 scale constants")
+    assert hazard.severity == "warning"
+    assert "per_layer_input_scale 0.70710678 (engines: 0.70703125)" in hazard.detail
+    assert "per_layer_model_projection_scale" not in hazard.detail and "embeddings" not in hazard.detail
+    assert not any(h.name == "Gemma 4 scale constants" for h in rla.doctor(model, external_engine=False))
+    assert not _names(model) & NEW  # a clean Gemma 4: its norms are not zero-centred, its RoPE buffers fp32
+    model.model.per_layer_input_scale = float(torch.tensor(2 ** -0.5, dtype=torch.bfloat16))  # the fix
+    assert "Gemma 4 scale constants" not in _names(model)
+    moe = tiny_gemma4(layers=2, kv_shared=0, ple=False, moe=True, hidden_size=48)
+    detail = next(h.detail for h in rla.doctor(moe) if h.name == "Gemma 4 scale constants")
+    assert "sqrt(hidden) = 6.9282032 as a Python float" in detail and "MoE router" in detail
+    assert "per-layer" not in detail
+    cast = tiny_gemma4(layers=2, kv_shared=0, dtype=torch.float32).to(torch.bfloat16)
+    assert "per-layer-type RoPE buffers are torch.bfloat16" in next(
+        h.detail for h in rla.doctor(cast) if h.name == "low-precision inv_freq")
+    assert "Gemma 4 scale constants" not in _names(tiny_gemma3(layers=2))

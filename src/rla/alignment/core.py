@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from packaging.version import Version
 
-from rla.alignment import compat, gemma, liger, qwen3_5
+from rla.alignment import compat, gemma, gemma4, liger, qwen3_5
 from rla.alignment.alignment_report import AlignmentReport
 from rla.alignment.families import FAMILIES, Family, class_named, get_family
 from rla.alignment.patch import foreign_wrapper, install, patch_of, uninstall
@@ -275,7 +275,7 @@ def align(
             "weights are loaded. Align after loading them (from_pretrained, or to_empty + load_state_dict), or pass "
             "allow_meta=True when the weights and buffers are filled in later from a copy aligned the same way"
         )
-    if family.layout in ("gemma3", "qwen3_5"):
+    if family.layout in _OWN_LAYOUTS:
         return _align_own_layout(model, body, family, row, p, head, regions, impl, match)
     found = _scan(body, family)
     if "swiglu" in regions:
@@ -380,7 +380,11 @@ def align(
 
 def head_size(config) -> int:
     """The attention head size of a decoder config, as HF's attention modules take it:
-    ``config.head_dim`` where set, else ``hidden_size // num_attention_heads``."""
+    ``config.head_dim`` where set, else ``hidden_size // num_attention_heads``. A heterogeneous
+    config (transformers' per-layer configs: Gemma 4's head size per layer type) gives its first
+    layer's; a family with several checks the others itself (``rla.alignment.gemma4``)."""
+    if getattr(config, "is_heterogeneous", False):
+        config = config.per_layer_config[0]
     size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return int(size)
 
@@ -404,9 +408,14 @@ def _note_head_size(report: AlignmentReport, row: RoundingProfile, at: RoundingP
                         "the engine runs another kernel for it; docs/rounding.md)")
 
 
+#: The layer shapes aligned by their own module (``Family.layout``), each ``(body, family, profile,
+#: regions, report)``.
+_OWN_LAYOUTS = {"gemma3": gemma.align_gemma3, "gemma4": gemma4.align_gemma4, "qwen3_5": qwen3_5.align_qwen3_5}
+
+
 def _align_own_layout(model, body, family, row, p, head, regions, impl, match) -> AlignmentReport:
-    """Gemma 3's and Qwen3.5's layer shapes (``rla.alignment.gemma``, ``rla.alignment.qwen3_5``):
-    rla.ops only, no Liger, no ``ops=`` plug."""
+    """Gemma 3's, Gemma 4's and Qwen3.5's layer shapes (``rla.alignment.gemma``, ``gemma4``,
+    ``qwen3_5``): rla.ops only, no Liger, no ``ops=`` plug."""
     if impl is not None:
         raise NotImplementedError(
             f"rla.align: ops={impl!r} on {family.model_type}: engine-backed ops cover the Llama-shaped "
@@ -423,7 +432,7 @@ def _align_own_layout(model, body, family, row, p, head, regions, impl, match) -
     if match is not None:
         report.profile_choice = match.message()
     _note_head_size(report, row, p, head)
-    (gemma.align_gemma3 if family.layout == "gemma3" else qwen3_5.align_qwen3_5)(body, family, p, regions, report)
+    _OWN_LAYOUTS[family.layout](body, family, p, regions, report)
     report.notes.extend(_nothing_to_round(model))
     _guard(body, report)
     return report

@@ -11,7 +11,8 @@ DeepSeek-V3, ``shared_experts``, whose MLA attention is outside what ``rla.align
 MoE regions are).
 
 Gemma 3's text model (``gemma3_text``; the multimodal ``gemma3`` is not registered) has another layer shape
-(``layout='gemma3'``, aligned by ``rla.alignment.gemma``).
+(``layout='gemma3'``, aligned by ``rla.alignment.gemma``); Gemma 4's (``gemma4_text``; the multimodal
+``gemma4`` is not registered) its own (``layout='gemma4'``, ``rla.alignment.gemma4``).
 
 Modules are recognised by class name anywhere in their MRO, so FSDP2's ``FSDP<Class>`` subclasses
 and PEFT-wrapped models are found too. A new family of the same skeleton is one row here.
@@ -51,7 +52,9 @@ class Family:
     layout: str = "llama"
     """The decoder layer's shape: ``llama`` (input norm, attention, add, post-attention norm, MLP,
     add) or ``gemma3`` (zero-centred norms before *and* after each sub-block, a GeGLU MLP, one
-    rotary module with a table per layer type; ``rla.alignment.gemma``)."""
+    rotary module with a table per layer type; ``rla.alignment.gemma``) or ``gemma4`` (Gemma 3's
+    sandwich with plain ``x * w`` norms, a value norm, per-layer inputs, a layer scalar;
+    ``rla.alignment.gemma4``)."""
 
     moe_block: str | None = None
     """Class-name suffix of the MoE block when it is not ``SparseMoeBlock`` (GPT-OSS: ``MLP``,
@@ -129,6 +132,8 @@ FAMILIES: dict[str, Family] = {
                shared_expert="shared_experts", partial_rotary=True, min_transformers="5.24",
                regions=("rope", "swiglu", "rmsnorm")),
         Family("gemma3_text", "Gemma3", qk_norm=True, body="Gemma3TextModel", layout="gemma3"),
+        Family("gemma4_text", "Gemma4Text", qk_norm=True, body="Gemma4TextModel", layout="gemma4", variant="gemma4",
+               regions=("rope", "swiglu", "rmsnorm"), min_transformers="5.24"),
         Family("qwen3_5_text", "Qwen3_5", qk_norm=True, body="Qwen3_5TextModel", layout="qwen3_5",
                min_transformers="5.24"),
         Family("deepseek_v3", "DeepseekV3", moe=True, shared_expert="shared_experts", moe_block="MoE",
@@ -144,7 +149,7 @@ def get_family(model_type: str | None, what: str = "this model") -> Family:
         raise NotImplementedError(
             f"rla.align does not support {what} (config.model_type={model_type!r}). Supported "
             f"families: {', '.join(FAMILIES)} (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, "
-            "Mixtral, GPT-OSS, GLM-4 MoE, Gemma 3's and Qwen3.5's text models; DeepSeek-V3's MoE regions). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
+            "Mixtral, GPT-OSS, GLM-4 MoE, Gemma 3's, Gemma 4's and Qwen3.5's text models; DeepSeek-V3's MoE regions). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
             "models; docs/families.md says what each newer family needs."
         ) from None
 

@@ -12,7 +12,8 @@ RoPE buffers (``sliding_attention_inv_freq``, ...) that ``model.to(bf16)`` round
 MXFP4 checkpoint, which an engine runs with quantized MoE kernels the rows do not describe. For
 DeepSeek-V3: a config that does not name its router as HF computes it (``scoring_func='sigmoid'``,
 ``topk_method='noaux_tc'``), which vLLM reads and otherwise takes to be a softmax router without the
-correction bias.
+correction bias. For Gemma 4: the scale constants HF holds as Python floats and the engines in bf16
+(or the other way round), which no rounding point covers (``rla.diagnosis.gemma4_constants``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from rla.diagnosis.gemma4_constants import gemma4_constants
 
 __all__ = ["Hazard", "doctor", "inv_freq_angle_error", "ZERO_CENTRED_FAMILIES"]
 
@@ -219,6 +222,20 @@ def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16
                 "which no rounding profile makes equal.",
                 "send the engine the bf16 weights the trainer holds (a weight sync does), or measure the mismatch "
                 "(rla.metrics.mismatch); docs/families.md, GPT-OSS.",
+            )
+        )
+    constants = gemma4_constants(model)
+    if constants and external_engine:
+        hazards.append(
+            Hazard(
+                "Gemma 4 scale constants",
+                "warning",
+                "; ".join(constants) + ". Other numbers in the same place, not another rounding location: rla.align "
+                "leaves them as HF has them.",
+                "for vLLM or SGLang, set the per-layer-input scales to the engine's (model.model."
+                "per_layer_model_projection_scale and .per_layer_input_scale = float(torch.tensor(v, "
+                "dtype=torch.bfloat16))): HF then multiplies by the engine's number. Measure the rest "
+                "(rla.metrics.mismatch); docs/families.md, Gemma 4.",
             )
         )
     router = _engine_router_mismatch(cfg)

@@ -56,10 +56,12 @@ REGION_POINTS: dict[str, tuple[str, ...]] = {
 #: measured on, so a row can say, as data, which points differ for them (``RoundingProfile.variants``).
 #: ``zero_centred_norm``: the RMSNorm of Gemma and Qwen3.5/Qwen3-Next, ``x * rstd * (1 + w)``,
 #: and the decoder layers built around it (Gemma's norms before and after each sub-block).
-#: ``gpt_oss``: GPT-OSS's norms and its experts' clamped SwiGLU (docs/families.md).
+#: ``gpt_oss``: GPT-OSS's norms and its experts' clamped SwiGLU; ``gemma4``, ``gemma4_ple``: Gemma 4's (docs/families.md).
 VARIANTS: dict[str, str] = {
     "zero_centred_norm": "RMSNorm computing x * rstd * (1 + w) (Gemma 3, Qwen3.5/Qwen3-Next) and its layers' adds",
     "gpt_oss": "GPT-OSS's RMSNorm (HF: (w * x * rstd) rounded once) and its experts' clamped SwiGLU",
+    "gemma4": "Gemma 4's RMSNorm (HF: x * rstd * w rounded once) and its layers' adds",
+    "gemma4_ple": "Gemma 4's per-layer-input gate gelu_tanh(g) * p, written as two PyTorch ops (the swiglu point)",
 }
 
 #: What a row's :class:`PointCondition` may test, and how: a model property and the test on it.
