@@ -1,7 +1,8 @@
 """The built-in rows that round differently, for the tests that run an op or a model under every row.
 
-Two rows can round identically: ``vllm-0.26`` and ``vllm-0.33`` (and their eager rows) were
-calibrated on different vLLM versions and found the same at every point. A test parametrized over
+Two rows can round identically: ``vllm-0.26-eager`` and ``vllm-0.33-eager`` were calibrated on
+different vLLM versions and found the same at every point (``vllm-0.26`` and ``vllm-0.33`` too, but
+for the GPT-OSS variant the live 0.26 engine gave the default row). A test parametrized over
 the rows gains nothing from the second of such a pair but its time, so those tests take
 :data:`DISTINCT`: each set of rows with the same points, router points, variants and conditions once,
 by the newest name (the one the aliases resolve to). ``tests/profiles/test_profiles.py`` checks that
