@@ -592,7 +592,81 @@ def engine_forward_steps(root):
     return out
 
 
+P36R3 = "results/benchmarks/perf36_round3_h200_2026-12-02"  # issue #36, third round: the fixed tools on the GPU
+_R3_VARIANTS = ("hf-bf16", "liger", "rla-vllm", "rla-vllm-eager")
+
+
+def _r3_rows(root, part):
+    return {(r["model"], r["variant"]): r for r in _json(root, f"{P36R3}/{part}/e2e_breakdown.json")["results"]}
+
+
+def _per_element(r, kinds=None):
+    """Saved bytes per token, layer and hidden element, averaged over the decoder layers (outside: the rest)."""
+    layers = {k: v for k, v in r["saved"]["per_layer"].items() if k != "outside"}
+    scale = r["batch"] * r["seq"] * r["hidden"] * len(layers)
+    return sum(b for kind in layers.values() for k, b in kind.items() if kinds is None or k in kinds) / scale
+
+
+def round3_saved(root):
+    """saved/e2e_breakdown.json per shape and variant: bytes per token, layer and hidden element over all layers,
+    and of them norm (+ rope: Qwen3's fused q/k norm + RoPE), swiglu/act, attention; MiB kept outside the layers."""
+    rows, out = _r3_rows(root, "saved"), {}
+    for m, shape in _BRK_SHAPES.items():
+        for v in _R3_VARIANTS:
+            r = rows[(m, v)]
+            out[(shape, v)] = [_per_element(r), _per_element(r, ("norm", "rope", "residual add")),
+                               _per_element(r, ("swiglu/act",)), _per_element(r, ("attention",)),
+                               sum(r["saved"]["per_layer"]["outside"].values()) / 2**20]
+    return out
+
+
+def round3_memory_gap(root):
+    """per shape: rla-vllm's saved bytes minus liger's (saved/, GiB: every layer's and outside the layers) beside
+    the step peaks' difference of the same variants in the second round's run (BRK2), and their ratio."""
+    saved, peaks, out = _r3_rows(root, "saved"), _brk_rows(root, BRK2), {}
+    for m, shape in _BRK_SHAPES.items():
+        a, b = saved[(m, "rla-vllm")]["saved"], saved[(m, "liger")]["saved"]
+        gap = (a["activation_bytes"] - b["activation_bytes"]) / 2**30
+        peak = peaks[(m, "rla-vllm")]["peaks"]["step_peak_gib"] - peaks[(m, "liger")]["peaks"]["step_peak_gib"]
+        out[(shape,)] = [gap, peak, peak / gap]
+    return out
+
+
+def round3_kernels(root):
+    """kernels/e2e_breakdown.json per shape and variant (liger, rla-vllm, rla-vllm-eager): kernel ms of one profiled
+    step by kind (rope, norm, residual add, swiglu/act, gemm, copies/casts) and the total."""
+    rows, out = _r3_rows(root, "kernels"), {}
+    for m, shape in _BRK_SHAPES.items():
+        for v in ("liger", "rla-vllm", "rla-vllm-eager"):
+            us = rows[(m, v)]["kernels"]["us"]
+            out[(shape, v)] = [us[k] / 1e3 for k in ("rope", "norm", "residual add", "swiglu/act", "gemm", "copies/casts")] \
+                + [sum(us.values()) / 1e3, sum(us.values()) / sum(rows[(m, "liger")]["kernels"]["us"].values())]
+    return out
+
+
+def engine_forward_round2(root):
+    """round2/engine_forward_breakdown.json (Qwen3-1.7B 2 x 4096, one process): per variant step GPU ms, host ms,
+    bwd recompute ms, gaps ms, step peak GiB, saved B per token/layer/hidden, parameters whose gradient equals
+    pieces' (pieces: its own second step's), of all."""
+    out = {}
+    for r in _json(root, f"{EFB}/round2/engine_forward_breakdown.json")["results"]:
+        vs = r.get("vs_pieces") or r.get("repeat")
+        out[(f"`{r['variant']}`",)] = [r["time"]["gpu_ms"], r["time"]["host_ms"], r["kernels_us"]["bwd recompute"] / 1e3,
+                                       r["gaps_ms"], r["peaks"]["step_peak_gib"], r["saved"]["per_layer_per_token_hidden"],
+                                       f"{vs['equal_params']}/{vs['params']}" if vs else "-"]
+    return out
+
+
 TABLES: list[TableCheck] = [
+    TableCheck("round3 saved", R(P36R3), f"{P36R3}/saved/e2e_breakdown.json",
+               "B per token/layer/hidden: all, norm+rope, swiglu/act, attention; MiB outside the layers", round3_saved),
+    TableCheck("round3 memory gap", R(P36R3), f"{P36R3}/saved/e2e_breakdown.json, {BRK2}/e2e_breakdown/e2e_breakdown.json",
+               "saved GiB rla-vllm - liger, step peak GiB rla-vllm - liger, ratio", round3_memory_gap),
+    TableCheck("engine forward round2", R(EFB), f"{EFB}/round2/engine_forward_breakdown.json",
+               "step GPU ms, host ms, bwd recompute ms, gaps ms, peak GiB, saved B per token/layer/hidden, grads equal",
+               engine_forward_round2),
+    TableCheck("round3 kernels", R(P36R3), f"{P36R3}/kernels/e2e_breakdown.json",
+               "kernel ms by kind, total, total / liger's", round3_kernels),
     TableCheck("perf36 GPU tests", R(P36), f"{P36}/gpu_tests.log", "passed, failed, skipped", perf36_gpu_tests),
     TableCheck("engine forward steps", R(EFB), f"{EFB}/one_variant_per_process/*/engine_forward_breakdown.json",
                "per variant: step GPU ms, host ms, peak GiB, saved MiB per layer, saved B per token/layer/hidden",
