@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 import transformers
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from align_spec import BF16, _dense_mlp, _experts, _linear, at_head_size, head_size_of, rn, spec_cos_sin, spec_norm, \
     spec_rope, spec_rope_params
@@ -124,6 +125,20 @@ def _mlp(mlp, h, pts):
     return out + _dense_mlp(mlp.shared_experts, h, pts)
 
 
+def _rope_params(cfg, where: torch.device):
+    """fp32 frequencies of the rope half and the attention factor, evaluated on ``where``: the default
+    formula written out, a scaled type's from transformers' own definition (align_spec.spec_rope_params,
+    with the device)."""
+    if where.type == "cpu":
+        return spec_rope_params(cfg)
+    rp = cfg.rope_parameters
+    if rp["rope_type"] == "default":
+        exponent = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).to(device=where, dtype=torch.float) / cfg.head_dim
+        return 1.0 / (rp["rope_theta"] ** exponent), 1.0
+    inv_freq, scale = ROPE_INIT_FUNCTIONS[rp["rope_type"]](cfg, device=where)
+    return inv_freq.float(), float(scale)
+
+
 def spec_forward(model, input_ids, pts) -> torch.Tensor:
     """Logits of the DeepSeek-V3 ``model`` under the rounding points ``pts`` (docs/rounding.md)."""
     body, cfg = model.model, model.config
@@ -131,12 +146,14 @@ def spec_forward(model, input_ids, pts) -> torch.Tensor:
     lp = body.embed_tokens.weight.dtype
     eps = cfg.rms_norm_eps
     b, s = input_ids.shape
-    inv_freq, scale = spec_rope_params(cfg)  # YaRN: HF's own definition, and its attention factor
-    cos, sin = spec_cos_sin(inv_freq, torch.arange(s)[None].expand(b, s))
+    device = input_ids.device
+    where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")
+    inv_freq, scale = _rope_params(cfg, where)  # YaRN: HF's own definition, and its attention factor
+    cos, sin = spec_cos_sin(inv_freq.to(device), torch.arange(s, device=device)[None].expand(b, s))
     if scale != 1.0:  # the fp32 tables scaled, then rounded where the points say
         cos, sin = cos * scale, sin * scale
-    future = torch.arange(s)[None, :] > torch.arange(s)[:, None]
-    mask = torch.zeros(s, s, dtype=lp).masked_fill(future, torch.finfo(lp).min)[None, None]
+    future = torch.arange(s, device=device)[None, :] > torch.arange(s, device=device)[:, None]
+    mask = torch.zeros(s, s, dtype=lp, device=device).masked_fill(future, torch.finfo(lp).min)[None, None]
     fp32_sum = pts["norm_residual"] == "fp32_sum"
     carry = pts["residual_stream"] == "fp32_carry"
     residual = F.embedding(input_ids, body.embed_tokens.weight)
