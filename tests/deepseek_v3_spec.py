@@ -89,7 +89,7 @@ def spec_rope_interleaved(x, cos, sin, pts, lp):
     return torch.cat([first, second], dim=-1).to(lp)
 
 
-def _attention(attn, h, cos, sin, mask, pts, lp, interleave):
+def _attention(attn, h, cos, sin, mask, pts, lp, interleave, cache=None, idx=0):
     b, s, _ = h.shape
     nope, rope, vdim, rank = attn.qk_nope_head_dim, attn.qk_rope_head_dim, attn.v_head_dim, attn.kv_lora_rank
     if attn.q_lora_rank is None:
@@ -105,7 +105,13 @@ def _attention(attn, h, cos, sin, mask, pts, lp, interleave):
     k_rot = latent[..., rank:].reshape(b, 1, s, rope)
     rotate = spec_rope_interleaved if interleave else spec_rope
     q_rot, k_rot = rotate(q_rot, cos, sin, pts, lp), rotate(k_rot, cos, sin, pts, lp)
-    kv = _linear(attn.kv_b_proj, kv_nope).view(b, s, -1, nope + vdim).transpose(1, 2)
+    kv_nope = kv_nope.reshape(b, 1, s, rank)
+    if cache is not None:  # HF's cache holds the latents: the normed kv_nope and the rotated k_rot
+        if idx in cache:
+            kv_nope, k_rot = torch.cat([cache[idx][0], kv_nope], dim=2), torch.cat([cache[idx][1], k_rot], dim=2)
+        cache[idx] = (kv_nope, k_rot)
+    kv_nope = kv_nope[:, 0]
+    kv = _linear(attn.kv_b_proj, kv_nope).view(b, kv_nope.shape[1], -1, nope + vdim).transpose(1, 2)
     k_nope, v = kv[..., :nope], kv[..., nope:]
     query = torch.cat([q_pass, q_rot], dim=-1)
     key = torch.cat([k_nope, k_rot.expand(-1, k_nope.shape[1], -1, -1)], dim=-1)
@@ -139,8 +145,9 @@ def _rope_params(cfg, where: torch.device):
     return inv_freq.float(), float(scale)
 
 
-def spec_forward(model, input_ids, pts) -> torch.Tensor:
-    """Logits of the DeepSeek-V3 ``model`` under the rounding points ``pts`` (docs/rounding.md)."""
+def spec_forward(model, input_ids, pts, cache: dict | None = None) -> torch.Tensor:
+    """Logits of the DeepSeek-V3 ``model`` under the rounding points ``pts`` (docs/rounding.md);
+    ``cache`` (a dict, empty at the prefill): each layer's latents, the tokens continuing after them."""
     body, cfg = model.model, model.config
     pts = at_head_size(pts, head_size_of(cfg))  # config.head_dim is the rope head (align_spec.Row)
     lp = body.embed_tokens.weight.dtype
@@ -149,18 +156,19 @@ def spec_forward(model, input_ids, pts) -> torch.Tensor:
     device = input_ids.device
     where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")
     inv_freq, scale = _rope_params(cfg, where)  # YaRN: HF's own definition, and its attention factor
-    cos, sin = spec_cos_sin(inv_freq.to(device), torch.arange(s, device=device)[None].expand(b, s))
+    past = 0 if not cache else cache[0][0].shape[2]
+    cos, sin = spec_cos_sin(inv_freq.to(device), torch.arange(past, past + s, device=device)[None].expand(b, s))
     if scale != 1.0:  # the fp32 tables scaled, then rounded where the points say
         cos, sin = cos * scale, sin * scale
-    future = torch.arange(s, device=device)[None, :] > torch.arange(s, device=device)[:, None]
-    mask = torch.zeros(s, s, dtype=lp, device=device).masked_fill(future, torch.finfo(lp).min)[None, None]
+    future = torch.arange(past + s, device=device)[None, :] > torch.arange(past, past + s, device=device)[:, None]
+    mask = torch.zeros(s, past + s, dtype=lp, device=device).masked_fill(future, torch.finfo(lp).min)[None, None]
     fp32_sum = pts["norm_residual"] == "fp32_sum"
     carry = pts["residual_stream"] == "fp32_carry"
     residual = F.embedding(input_ids, body.embed_tokens.weight)
     read = residual.float()
     for i, layer in enumerate(body.layers):
         h = spec_norm(read, layer.input_layernorm.weight, eps, pts, lp, after_add=i > 0)
-        x = _attention(layer.self_attn, h, cos, sin, mask, pts, lp, cfg.rope_interleave)
+        x = _attention(layer.self_attn, h, cos, sin, mask, pts, lp, cfg.rope_interleave, cache, i)
         total = x.float() + residual.float()
         residual = rn(total, lp).to(lp)
         read = total if fp32_sum else residual.float()

@@ -2,7 +2,8 @@
 equals the oracle bit for bit (tests/deepseek_v3_spec.py), with the interleaved and the half-split rotary,
 with and without a q LoRA, with default RoPE and YaRN as the released config has it; each region alone
 too; unalign restores HF's modules; the interleaved layout's forward and backward are the half-split
-layout's with the weights' rows permuted; the report says what is left as is."""
+layout's with the weights' rows permuted; generate's decode steps against HF's latent cache follow the row;
+torch.compile and gradient checkpointing change nothing; the report says what is left as is."""
 
 from __future__ import annotations
 
@@ -194,3 +195,53 @@ def test_rope_region_compiled_equals_eager():
     (logits, grads), (c_logits, c_grads) = runs
     assert torch.equal(c_logits, logits)
     assert all(torch.equal(c, g) for c, g in zip(c_grads, grads))
+
+
+@pytest.mark.parametrize("name", ["interleaved", "yarn_attention_factor_halves"])
+def test_decode_steps_against_the_latent_cache_follow_the_row(name):
+    """``model.generate``'s steps on the aligned model: the prefill and each one-token step against HF's
+    cache of the latents (the normed kv_nope, the rotated k_rot) equal the oracle run with its own cache
+    of them, bit for bit, and the tokens are those of the uncached forward."""
+    model = tiny_deepseek_v3(name)
+    prompt = _ids(8)
+    rla.align(model, "vllm-0.33")
+    try:
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=4, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True)
+            uncached = model.generate(prompt, max_new_tokens=4, do_sample=False, use_cache=False)
+    finally:
+        rla.unalign(model)
+    assert torch.equal(out.sequences, uncached)
+
+    def steps(pts):
+        cache: dict = {}
+        with torch.no_grad():
+            logits = [spec_forward(model, prompt, pts, cache=cache)[:, -1]]
+            for t in range(prompt.shape[1], out.sequences.shape[1] - 1):
+                logits.append(spec_forward(model, out.sequences[:, t:t + 1], pts, cache=cache)[:, -1])
+        return logits
+
+    got = [g.to(torch.bfloat16) for g in out.logits]
+    assert all(torch.equal(g, w) for g, w in zip(got, steps(SPEC["vllm-0.33"])))
+    assert not any(torch.equal(g, w) for g, w in zip(got, steps(SPEC["hf"])))
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model = tiny_deepseek_v3("yarn_released").train()
+    rla.align(model, "vllm", regions=("rope", "swiglu", "rmsnorm", "router"))
+    ids = _ids()
+
+    def grads():
+        model.zero_grad(set_to_none=True)
+        model(ids, labels=ids).loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    plain = grads()
+    model.gradient_checkpointing_enable()
+    try:
+        checkpointed = grads()
+    finally:
+        model.gradient_checkpointing_disable()
+        rla.unalign(model)
+    assert all(torch.equal(a, b) for a, b in zip(plain, checkpointed))
