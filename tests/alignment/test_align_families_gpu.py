@@ -4,7 +4,7 @@ each family's oracle run on the same GPU.
 
 Gemma 3 and Qwen3.5 under every row: their norms run the reference, and the fused RoPE / SwiGLU /
 GeGLU kernels equal the reference bit for bit (tests/ops/test_gated_triton.py for GeGLU), so the
-logits must be bit-equal. GPT-OSS, GLM-4 MoE and Gemma 4
+logits must be bit-equal. GPT-OSS, GLM-4 MoE, Gemma 4 and DeepSeek-V3 (its MLA's latent norms and rope half too)
 under ``vllm-0.33-eager``: their plain norms run the fused kernel in vLLM's block order, which the
 oracle's ``vllm_mean_square`` reproduces; under the ``unpinned`` rows the fused norm's tree and
 PyTorch's mean differ by an ulp now and then, so those rows are not compared here.
@@ -37,6 +37,9 @@ def _case(name):
     if name == "gpt_oss":
         from gpt_oss_spec import gpt_oss_points, spec_forward, tiny_gpt_oss
         return tiny_gpt_oss(), gpt_oss_points, spec_forward
+    if name.startswith("deepseek_v3"):  # deepseek_v3:<config of deepseek_v3_spec.CONFIGS>
+        from deepseek_v3_spec import spec_forward, tiny_deepseek_v3
+        return tiny_deepseek_v3(name.split(":")[1]), lambda p: SPEC[p], spec_forward
     from glm4_moe_spec import spec_forward, tiny_glm4_moe
     return tiny_glm4_moe(), lambda p: SPEC[p], spec_forward
 
@@ -44,6 +47,7 @@ def _case(name):
 @pytest.mark.parametrize("name, profiles", [
     ("gemma3", PROFILES), ("qwen3_5", PROFILES), ("gpt_oss", ("vllm-0.33-eager",)), ("glm4_moe", ("vllm-0.33-eager",)),
     ("gemma4", ("vllm-0.33-eager",)),
+    ("deepseek_v3:interleaved", ("vllm-0.33-eager",)), ("deepseek_v3:yarn_released", ("vllm-0.33-eager",)),
 ])
 def test_aligned_on_cuda_equals_the_oracle_on_cuda(name, profiles):
     if name != "gemma3" and compat.TRANSFORMERS_VERSION < Version("5.24"):

@@ -5,6 +5,7 @@ believing an unaligned region aligned."""
 import pytest
 import torch
 import transformers
+from packaging.version import Version
 
 import rla
 
@@ -24,13 +25,11 @@ def _qwen3_5_moe():
 
 
 @pytest.mark.parametrize("make, refusal", [
-    (_deepseek_v3, r"deepseek_v3 supports the regions \('swiglu', 'router'\).*\('rope', 'rmsnorm'\).*docs/families.md"
-     r"|deepseek_v3 is aligned on transformers >= 5.24"),  # the latter below 5.24, where its experts differ
     (_qwen3_5_moe, r"model_type='qwen3_5_moe_text'.*docs/families.md"),
-], ids=["deepseek_v3", "qwen3_5_moe_text"])
+], ids=["qwen3_5_moe_text"])
 def test_not_yet_aligned_families_are_refused_by_name(make, refusal):
-    """Qwen3.5 MoE is not aligned at all; DeepSeek-V3 only in its MoE regions (MLA's attention is
-    not aligned), so the default three regions are refused naming the ones it supports."""
+    """Qwen3.5 MoE is not aligned at all (DeepSeek-V3, refused here until its MLA was aligned, is
+    tests/alignment/test_align_deepseek_v3.py's now)."""
     cfg = make()
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
@@ -40,15 +39,31 @@ def test_not_yet_aligned_families_are_refused_by_name(make, refusal):
     assert all(m.__dict__.keys() == before[id(m)].keys() for m in model.modules())
 
 
-def test_families_read_from_a_newer_layout_are_refused_on_older_transformers(monkeypatch):
-    from packaging.version import Version
-
+def test_a_region_a_family_does_not_support_is_refused_naming_the_ones_it_does():
+    """GPT-OSS's router is left as is: asking for it is refused before anything changes, naming the
+    regions GPT-OSS supports."""
     from gpt_oss_spec import tiny_gpt_oss
     from rla.alignment import compat
 
+    if compat.TRANSFORMERS_VERSION < Version("5.24"):
+        pytest.skip("GPT-OSS is refused by version below 5.24 (the test below)")
     model = tiny_gpt_oss()
+    before = {id(m): dict(m.__dict__) for m in model.modules()}
+    with pytest.raises(NotImplementedError, match=r"gpt_oss supports the regions \('rope', 'swiglu', 'rmsnorm'\), "
+                       r"not \('router',\).*docs/families.md.*pass regions=\('rope', 'swiglu', 'rmsnorm'\)"):
+        rla.align(model, "vllm", regions=("rope", "swiglu", "rmsnorm", "router"))
+    assert all(m.__dict__.keys() == before[id(m)].keys() for m in model.modules())
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "deepseek_v3"])
+def test_families_read_from_a_newer_layout_are_refused_on_older_transformers(monkeypatch, family):
+    """GPT-OSS and DeepSeek-V3 (5.5.3's experts are a DeepseekV3NaiveMoe) were read from 5.24's layout."""
+    from gpt_oss_spec import tiny_gpt_oss
+    from rla.alignment import compat
+
+    model = tiny_gpt_oss() if family == "gpt_oss" else transformers.AutoModelForCausalLM.from_config(_deepseek_v3())
     monkeypatch.setattr(compat, "TRANSFORMERS_VERSION", Version("5.5.3"))
-    with pytest.raises(NotImplementedError, match=r"gpt_oss is aligned on transformers >= 5.24.*5.5.3 lays it out"):
+    with pytest.raises(NotImplementedError, match=rf"{family} is aligned on transformers >= 5.24.*5.5.3 lays it out"):
         rla.align(model, "vllm")
     assert model.model.__dict__.get("_rla_alignment") is None and not any(
         "_rla_patch" in m.__dict__ for m in model.modules())

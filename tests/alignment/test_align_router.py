@@ -169,8 +169,10 @@ def test_gradient_reaches_the_gate_through_the_aligned_router():
 
 def test_router_region_errors():
     dense = M.model("qwen3_moe")
-    with pytest.raises(NotImplementedError, match="deepseek_v3 supports the regions"):
-        rla.align(M.model("deepseek_v3"), "vllm")
+    from glm4_moe_spec import tiny_glm4_moe
+    with pytest.raises(NotImplementedError, match=r"glm4_moe supports the regions \('rope', 'swiglu', 'rmsnorm'\), "
+                       r"not \('router',\)"):
+        rla.align(tiny_glm4_moe(), "vllm", regions=("rope", "swiglu", "rmsnorm", "router"))
     from align_spec import tiny_model
     with pytest.raises(ValueError, match="no MoE block"):
         rla.align(tiny_model("qwen2"), "vllm", regions=("router",))

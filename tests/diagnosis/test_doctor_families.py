@@ -1,7 +1,7 @@
 """``rla doctor`` on the zero-centred families: 1 + w formed in bf16, per-layer-type RoPE buffers
 rounded by a cast, fp32 zero-centred weights; a clean tiny Gemma 3 has none of them. And GPT-OSS's
 MXFP4 checkpoint, which an engine runs with kernels no row describes; a DeepSeek-V3 config that does not
-name its router as vLLM reads it."""
+name its router as vLLM reads it, or whose MLA the engines build as another function."""
 
 from __future__ import annotations
 
@@ -117,3 +117,29 @@ def test_gemma4_scale_constants_are_named_and_the_engines_ones_clear_them():
     assert "per-layer-type RoPE buffers are torch.bfloat16" in next(
         h.detail for h in rla.doctor(cast) if h.name == "low-precision inv_freq")
     assert "Gemma 4 scale constants" not in _names(tiny_gemma3(layers=2))
+
+
+def test_deepseek_v3_attention_as_the_engines_build_it():
+    """Three places where DeepSeek-V3's MLA is another function in the engines (vLLM's and SGLang's
+    deepseek_v2.py) than in HF: each named, none on a config laid out as the released one."""
+    from deepseek_v3_spec import RELEASED_YARN, tiny_deepseek_v3
+
+    names = {"DeepSeek-V3 rope layout", "DeepSeek-V3 softmax scale", "DeepSeek-V3 latent norm eps"}
+    model = tiny_deepseek_v3("yarn_released")
+    assert not names & _names(model)  # the released rope parameters, rope_interleave, rms_norm_eps 1e-6
+    model.config.rope_interleave = False
+    hazard = next(h for h in rla.doctor(model) if h.name == "DeepSeek-V3 rope layout")
+    assert "is_neox_style=False whatever the config says" in hazard.detail and hazard.severity == "error"
+    assert not names & {h.name for h in rla.doctor(model, external_engine=False)}
+    model.config.rope_interleave = True
+    model.config.rope_parameters = {**RELEASED_YARN, "attention_factor": 1.0}
+    hazard = next(h for h in rla.doctor(model) if h.name == "DeepSeek-V3 softmax scale")
+    assert "attention_factor=1.0 (vLLM 0.33: 'deepseek_llama_scaling')" in hazard.detail
+    assert "mscale(factor, mscale_all_dim)**2 = 1.874" in hazard.detail  # (0.1 ln 40 + 1)**2
+    model.config.rope_parameters = {**RELEASED_YARN, "apply_yarn_scaling": False, "mscale_all_dim": 0}
+    assert "DeepSeek-V3 softmax scale" not in _names(model)  # no mscale_all_dim: HF does not scale either
+    model.config.rope_parameters = dict(RELEASED_YARN)
+    model.config.rms_norm_eps = 1e-5
+    hazard = next(h for h in rla.doctor(model) if h.name == "DeepSeek-V3 latent norm eps")
+    assert "4 MLA latent norms (e.g. model.layers.0.self_attn.q_a_layernorm) use eps 1e-06" in hazard.detail
+    assert "DeepSeek-V3 rope layout" not in _names(tiny_gemma3(layers=2))

@@ -41,6 +41,7 @@ __all__ = [
     "rope_init",
     "dynamic_rope_update",
     "check_apply_rotary_signature",
+    "check_apply_rotary_interleave_signature",
     "experts_function",
     "GATE_CALLING_EXPERTS",
 ]
@@ -173,6 +174,17 @@ def check_apply_rotary_signature(fn) -> None:
         raise RuntimeError(
             f"transformers {TRANSFORMERS_VERSION}: apply_rotary_pos_emb{tuple(params)} no longer has "
             "the signature (q, k, cos, sin, unsqueeze_dim) that rla.align replaces; update "
+            "src/rla/alignment/compat.py"
+        )
+
+
+def check_apply_rotary_interleave_signature(fn) -> None:
+    """DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` as transformers 5.24 has it; fail loudly if it moved."""
+    params = list(inspect.signature(fn).parameters)
+    if params != ["q", "k", "cos", "sin", "position_ids", "unsqueeze_dim"]:
+        raise RuntimeError(
+            f"transformers {TRANSFORMERS_VERSION}: apply_rotary_pos_emb_interleave{tuple(params)} no longer has "
+            "the signature (q, k, cos, sin, position_ids, unsqueeze_dim) that rla.align replaces; update "
             "src/rla/alignment/compat.py"
         )
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from packaging.version import Version
 
-from rla.alignment import compat, gemma, gemma4, liger, qwen3_5
+from rla.alignment import compat, gemma, gemma4, liger, mla, qwen3_5
 from rla.alignment.alignment_report import AlignmentReport
 from rla.alignment.families import FAMILIES, Family, class_named, get_family
 from rla.alignment.patch import foreign_wrapper, install, patch_of, uninstall
@@ -66,6 +66,7 @@ class _Modules:
     attentions: list[torch.nn.Module] = field(default_factory=list)
     norms: list[torch.nn.Module] = field(default_factory=list)
     qk_norms: list[torch.nn.Module] = field(default_factory=list)
+    latent_norms: list[torch.nn.Module] = field(default_factory=list)  # MLA's q_a/kv_a_layernorm
     mlps: list[torch.nn.Module] = field(default_factory=list)
     shared_experts: list[torch.nn.Module] = field(default_factory=list)
     experts: list[torch.nn.Module] = field(default_factory=list)
@@ -169,6 +170,11 @@ def _scan(body: torch.nn.Module, family: Family) -> _Modules:
         found.attentions.append(attn)
         for name in ("input_layernorm", "post_attention_layernorm"):
             found.norms.append(_expect(getattr(layer, name, None), family, "norm", f"{where}.{name}"))
+        if family.mla:  # q_a_layernorm is None without a q LoRA (q_proj instead)
+            for name in mla.LATENT_NORMS:
+                if name == "kv_a_layernorm" or getattr(attn, name, None) is not None:
+                    found.latent_norms.append(
+                        _expect(getattr(attn, name, None), family, "norm", f"{where}.self_attn.{name}"))
         if family.qk_norm and not (family.qk_norm_optional and getattr(attn, "q_norm", None) is None):
             for name in ("q_norm", "k_norm"):
                 found.qk_norms.append(
@@ -268,6 +274,10 @@ def align(
         )
     if "router" in regions and impl is not None:
         raise NotImplementedError(f"rla.align 'router' region with ops={impl!r}: the router runs rla.ops.routing only")
+    if family.mla and impl is not None and {"rope", "rmsnorm"} & set(regions):
+        raise NotImplementedError(
+            f"rla.align: ops={impl!r} on {family.model_type}: engine-backed ops cover the Llama-shaped attention, not "
+            "MLA's latent norms and rope half; align it with rla.ops (ops=None), or with ops= in 'swiglu' only")
     meta = next((n for n, t in (*body.named_parameters(), *body.named_buffers()) if t.is_meta), None)
     if meta is not None and not allow_meta:
         raise ValueError(
@@ -325,6 +335,8 @@ def align(
         p = pv
         report.variant = family.variant
     report.notes.extend(family_notes(family))
+    if family.mla:
+        report.notes.extend(mla.notes(body.config, regions))
     try:
         if "rope" in regions:
             report.hazards.extend(align_rotary(found.rotary, p, report, round_tables=chain))
@@ -333,7 +345,8 @@ def align(
                                           "not rotate part of a head; align it with rla.ops (ops=None)")
             fused, notes = align_attention(found.attentions, family, p, impl, qk_chain=chain,
                                            partial=family.partial_rotary)
-            report.counts["rope"] = {"rotary_emb": 1, "self_attn": len(found.attentions)}
+            report.counts["rope"] = {"rotary_emb": 1,
+                                     "MLA self_attn (rope half)" if family.mla else "self_attn": len(found.attentions)}
             if fused:  # the q/k norms run inside RoPE's op (rla.alignment.qk_chain)
                 report.counts["rope"]["fused q/k norm + RoPE"] = fused
             report.notes.extend(notes)
@@ -355,9 +368,12 @@ def align(
             align_norms([n for n in found.norms if id(n) in after_add], p, False, impl, after_add=True)
             align_norms([n for n in found.norms if id(n) not in after_add], p, False, impl)
             align_norms(found.qk_norms, p, chain, impl)
+            align_norms(found.latent_norms, p, False, impl)  # MLA's: no add before them, a GEMM reads them
             counts = {"decoder layers": len(found.layers), "RMSNorm": len(found.norms)}
             if found.qk_norms:
                 counts["q_norm/k_norm"] = len(found.qk_norms)
+            if found.latent_norms:
+                counts["q_a/kv_a_layernorm (MLA)"] = len(found.latent_norms)
             report.counts["rmsnorm"] = counts
         if "router" in regions:
             own = align_routers(routers, family, p)

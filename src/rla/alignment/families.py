@@ -7,8 +7,9 @@ attention calls the module-global ``apply_rotary_pos_emb``; norms are ``<Prefix>
 ``variance_epsilon``. What differs is the class-name prefix, whether attention has ``q_norm`` /
 ``k_norm`` (Qwen3), and whether ``mlp`` is a dense SwiGLU MLP or a sparse MoE block whose
 ``experts`` hold a 3-D ``gate_up_proj`` (plus, for Qwen2-MoE, a dense ``shared_expert``; for
-DeepSeek-V3, ``shared_experts``, whose MLA attention is outside what ``rla.align`` aligns: only its
-MoE regions are).
+DeepSeek-V3, ``shared_experts``). DeepSeek-V3's attention is MLA (``mla``): two more RMSNorms inside
+it (``q_a_layernorm``, ``kv_a_layernorm``) and RoPE on the rope half of q/k, interleaved or not
+(``rla.alignment.mla``).
 
 Gemma 3's text model (``gemma3_text``; the multimodal ``gemma3`` is not registered) has another layer shape
 (``layout='gemma3'``, aligned by ``rla.alignment.gemma``); Gemma 4's (``gemma4_text``; the multimodal
@@ -83,9 +84,14 @@ class Family:
     ``sigmoid_grouped`` (DeepSeek-V3: sigmoid scores, ``e_score_correction_bias``, grouped top-k,
     ``routed_scaling_factor``)."""
 
+    mla: bool = False
+    """Attention is DeepSeek's multi-head latent attention (``rla.alignment.mla``): ``q_a_layernorm``
+    (absent without a q LoRA) and ``kv_a_layernorm`` RMSNorms inside it, RoPE on the last
+    ``qk_rope_head_dim`` dims of q and the shared k, HF's ``apply_rotary_pos_emb_interleave`` when
+    ``config.rope_interleave``."""
+
     regions: tuple[str, ...] | None = None
-    """The regions ``rla.align`` supports for this family (None: all). DeepSeek-V3's attention (MLA,
-    with its own RoPE and q/kv norms) is not aligned, so only its MoE regions are."""
+    """The regions ``rla.align`` supports for this family (None: all)."""
 
     def unsupported(self, regions) -> tuple[str, ...]:
         """The regions of ``regions`` ``rla.align`` does not support for this family, in their order."""
@@ -137,7 +143,7 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3_5_text", "Qwen3_5", qk_norm=True, body="Qwen3_5TextModel", layout="qwen3_5",
                min_transformers="5.24"),
         Family("deepseek_v3", "DeepseekV3", moe=True, shared_expert="shared_experts", moe_block="MoE",
-               router="sigmoid_grouped", regions=("swiglu", "router"), min_transformers="5.24"),
+               router="sigmoid_grouped", mla=True, min_transformers="5.24"),
     )
 }
 
@@ -149,7 +155,7 @@ def get_family(model_type: str | None, what: str = "this model") -> Family:
         raise NotImplementedError(
             f"rla.align does not support {what} (config.model_type={model_type!r}). Supported "
             f"families: {', '.join(FAMILIES)} (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, "
-            "Mixtral, GPT-OSS, GLM-4 MoE, Gemma 3's, Gemma 4's and Qwen3.5's text models; DeepSeek-V3's MoE regions). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
+            "Mixtral, GPT-OSS, GLM-4 MoE, Gemma 3's, Gemma 4's and Qwen3.5's text models, DeepSeek-V3). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
             "models; docs/families.md says what each newer family needs."
         ) from None
 

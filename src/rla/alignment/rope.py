@@ -33,7 +33,7 @@ from rla.alignment.alignment_report import FixedHazard
 from rla.profiles import RoundingProfile
 
 __all__ = ["align_rotary", "align_attention", "make_apply_rotary", "make_apply_partial_rotary",
-           "make_apply_qk_norm_rope", "fp32_inv_freq", "angle_error"]
+           "make_apply_interleaved_rotary", "make_apply_qk_norm_rope", "fp32_inv_freq", "angle_error"]
 
 
 #: Rope types whose frequencies HF's ``dynamic_rope_update`` recomputes during the forward.
@@ -149,6 +149,30 @@ def make_apply_partial_rotary(profile: RoundingProfile, half_tables: bool):
 
     apply_rotary_pos_emb.__doc__ = f"partial rla.ops.rope under profile {profile.name!r} (installed by rla.align)."
     return apply_rotary_pos_emb
+
+
+def make_apply_interleaved_rotary(profile: RoundingProfile):
+    """HF's ``apply_rotary_pos_emb_interleave`` (DeepSeek-V3 with ``config.rope_interleave``), same
+    signature, running ``rla.ops.rope`` under ``profile``.
+
+    HF rotates the pairs (x0, x1), (x2, x3), ... by one frequency each and returns them
+    de-interleaved, ``cat(x_even*c - x_odd*s, x_odd*c + x_even*s)``: rotate-half RoPE of
+    ``cat(x_even, x_odd)`` (HF's docstring says so; its cos/sin are ``cat(freqs, freqs)``). So q
+    and k are de-interleaved here (an exact copy, as HF's own slices are) and rotated by the
+    rotate-half op, forward and backward; each element is the per-pair product a GPT-J-style
+    kernel computes (vLLM's ``is_neox_style=False``), in HF's layout. No other op layout is needed.
+    Closes over the profile alone and reads ``ops`` as a module global (see :func:`make_apply_rotary`).
+    """
+    def apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        q = torch.cat((q[..., 0::2], q[..., 1::2]), dim=-1)
+        k = torch.cat((k[..., 0::2], k[..., 1::2]), dim=-1)
+        dtype = cos.dtype if q.dtype == torch.float32 and cos.dtype != torch.float32 else None
+        return ops.rope(q, k, cos, sin, profile, unsqueeze_dim=unsqueeze_dim, dtype=dtype)
+
+    apply_rotary_pos_emb_interleave.__doc__ = (
+        f"interleaved rla.ops.rope under profile {profile.name!r} (installed by rla.align)."
+    )
+    return apply_rotary_pos_emb_interleave
 
 
 def make_apply_qk_norm_rope(profile: RoundingProfile, impl=None):
@@ -276,6 +300,9 @@ def align_attention(
             if not liger.is_liger(modeling.apply_rotary_pos_emb):  # Liger's replaces HF's process-wide;
                 compat.check_apply_rotary_signature(modeling.apply_rotary_pos_emb)  # the forward calls it as HF's
             replacements = {"apply_rotary_pos_emb": apply_rotary}
+            if family.mla:  # DeepSeek-V3 calls one of the two, as config.rope_interleave says
+                compat.check_apply_rotary_interleave_signature(modeling.apply_rotary_pos_emb_interleave)
+                replacements["apply_rotary_pos_emb_interleave"] = make_apply_interleaved_rotary(profile)
             forward, why = None, ""
             if fuse:
                 forward, why = fuse_qk_norm_into_rope(

@@ -45,7 +45,7 @@ def add_arguments(parser) -> None:
     add_live_arguments(parser, "512,2048")
     parser.add_argument("--regions", default=None,
                         help="--live: the regions each row's side aligns, comma-separated (default rope,swiglu,rmsnorm; "
-                        "'router' too for MoE models; DeepSeek-V3 supports swiglu,router only: docs/families.md)")
+                        "'router' too for MoE models but GPT-OSS and GLM-4 MoE: docs/families.md)")
     parser.add_argument("--out", default=None,
                         help="--live: report folder (report.json, report.md, the engine's logprobs and records); "
                         "default rla-verify-live/vllm-<mode>")

@@ -12,7 +12,10 @@ RoPE buffers (``sliding_attention_inv_freq``, ...) that ``model.to(bf16)`` round
 MXFP4 checkpoint, which an engine runs with quantized MoE kernels the rows do not describe. For
 DeepSeek-V3: a config that does not name its router as HF computes it (``scoring_func='sigmoid'``,
 ``topk_method='noaux_tc'``), which vLLM reads and otherwise takes to be a softmax router without the
-correction bias. For Gemma 4: the scale constants HF holds as Python floats and the engines in bf16
+correction bias; and three places where its MLA attention is another function in the engines than in
+HF: ``rope_interleave=False`` (vLLM rotates interleaved pairs whatever the config says), a YaRN config
+whose keys make an engine drop the softmax scale's ``mscale**2`` that HF applies, latent norms whose
+eps is not ``config.rms_norm_eps`` (HF builds them with 1e-6, the engines with the config's). For Gemma 4: the scale constants HF holds as Python floats and the engines in bf16
 (or the other way round), which no rounding point covers (``rla.diagnosis.gemma4_constants``).
 """
 
@@ -125,6 +128,57 @@ def _engine_router_mismatch(cfg) -> str | None:
         elif value is not None and value != hf:
             bad.append(f"{key}={value!r}")
     return ", ".join(bad) or None
+
+
+def _deepseek_attention(model, cfg) -> list[Hazard]:
+    """DeepSeek-V3's MLA as the engines build it from the config (vLLM 0.26 / 0.33
+    ``models/deepseek_v2.py`` ``DeepseekV2MLAAttention.__init__``, SGLang 0.5.23
+    ``srt/models/deepseek_v2.py``), where it is another function than HF 5.24's ``DeepseekV3Attention``."""
+    if getattr(cfg, "model_type", None) != "deepseek_v3":
+        return []
+    hazards = []
+    if getattr(cfg, "rope_interleave", True) is False:
+        hazards.append(Hazard(
+            "DeepSeek-V3 rope layout", "error",
+            "this DeepSeek-V3 config has rope_interleave=False: HF (apply_rotary_pos_emb) and SGLang "
+            "(is_neox_style = not rope_interleave) rotate the rope half by halves, (x[i], x[i + d/2]), while vLLM "
+            "0.26 and 0.33 build the rotary with is_neox_style=False whatever the config says and rotate "
+            "interleaved pairs, (x[2i], x[2i+1]): another function of the same weights, not a rounding.",
+            "keep rope_interleave=True (the default; DeepSeek's released weights are laid out for interleaved "
+            "pairs), or roll out with an engine that reads the key; docs/families.md, DeepSeek-V3."))
+    rp = getattr(cfg, "rope_parameters", None) or {}
+    mscale_all_dim, factor = rp.get("mscale_all_dim"), rp.get("factor") or 1.0
+    if rp.get("rope_type", "default") != "default" and mscale_all_dim and factor > 1:
+        drops = [what for what, hit in (
+            ("attention_factor=1.0 (vLLM 0.33: 'deepseek_llama_scaling')", rp.get("attention_factor") == 1.0),
+            ("apply_yarn_scaling=False (vLLM 0.26, SGLang)", rp.get("apply_yarn_scaling", True) is False),
+            ("apply_scale=False (SGLang)", rp.get("apply_scale", True) is False)) if hit]
+        if drops:
+            import math
+
+            m2 = (0.1 * float(mscale_all_dim) * math.log(factor) + 1.0) ** 2
+            hazards.append(Hazard(
+                "DeepSeek-V3 softmax scale", "error",
+                f"this DeepSeek-V3 config's rope parameters have {', '.join(drops)}: HF's yarn_apply_mscale "
+                f"multiplies the softmax scale by mscale(factor, mscale_all_dim)**2 = {m2:.4g} whatever those keys "
+                "say, while that engine then leaves it at qk_head_dim**-0.5: attention logits scaled differently, "
+                "not a rounding.",
+                "remove the key from the config.json the engine loads (DeepSeek-V3's released config has none of "
+                "them); docs/families.md, DeepSeek-V3."))
+    eps = getattr(cfg, "rms_norm_eps", None)
+    latent = [f"{n}.{k}" for n, m in model.named_modules() if type(m).__name__.endswith("Attention")
+              for k in ("q_a_layernorm", "kv_a_layernorm")
+              if getattr(getattr(m, k, None), "variance_epsilon", eps) != eps]
+    if latent:
+        got = getattr(model.get_submodule(latent[0]), "variance_epsilon")
+        hazards.append(Hazard(
+            "DeepSeek-V3 latent norm eps", "error",
+            f"{len(latent)} MLA latent norms (e.g. {latent[0]}) use eps {got:g} while config.rms_norm_eps is {eps:g}: "
+            "HF 5.24 builds q_a_layernorm and kv_a_layernorm as DeepseekV3RMSNorm(rank) with its default eps "
+            "1e-6, vLLM and SGLang with config.rms_norm_eps: another rstd in every token, not a rounding.",
+            "set rms_norm_eps=1e-6 (DeepSeek-V3's released value), or the latent norms' variance_epsilon to "
+            "config.rms_norm_eps; docs/families.md, DeepSeek-V3."))
+    return hazards
 
 
 def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16,
@@ -252,6 +306,8 @@ def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16
                 "DeepSeek-V3's released config does; docs/families.md, DeepSeek-V3.",
             )
         )
+    if external_engine:
+        hazards.extend(_deepseek_attention(model, cfg))
     if torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest":
         hazards.append(
             Hazard(

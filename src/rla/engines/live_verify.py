@@ -210,7 +210,7 @@ def compare(model, sides: dict[str, RoundingProfile | None], data: EngineData,
     docstring), ``seconds``. ``backed`` maps a side's name to the engine-backed ops
     (:func:`engine_backed_forward`) it is aligned with; its row is then only the backward's
     (``gradient_row``). ``regions``: the regions each row's side aligns (None: ``rla.align``'s
-    default; DeepSeek-V3 supports only its MoE regions, docs/families.md)."""
+    default; GPT-OSS and GLM-4 MoE leave out the router, docs/families.md)."""
     rows = []
     backed = backed or {}
     unknown = set(backed) - set(sides)

@@ -58,6 +58,7 @@ _ACTIVATION = "vllm/model_executor/layers/activation.py"
 _ROPE_COMMON = "vllm/model_executor/layers/rotary_embedding/common.py"
 _ROPE_BASE = "vllm/model_executor/layers/rotary_embedding/base.py"
 _ROPE_LLAMA3 = "vllm/model_executor/layers/rotary_embedding/llama3_rope.py"
+_ROPE_DEEPSEEK = "vllm/model_executor/layers/rotary_embedding/deepseek_scaling_rope.py"
 
 #: The stable-ABI kernel library inside the wheel (loads into torches other than vLLM's pin).
 LIBRARY = "vllm/_C_stable_libtorch.abi3.so"
@@ -170,6 +171,40 @@ class VllmEngine:
             obj.cos_sin_cache = obj._compute_cos_sin_cache()
         query = torch.empty(0, dtype=dtype, device=device)
         return obj._match_cos_sin_cache_dtype(query)
+
+    def deepseek_yarn_cache(self, rotary_dim: int, max_position: int, base: float, rope_parameters: dict,
+                            device="cpu") -> torch.Tensor:
+        """DeepSeek's YaRN cos/sin cache, fp32 [max_position * factor, rotary_dim] = cat(cos, sin):
+        ``DeepseekScalingRotaryEmbedding._compute_cos_sin_cache`` (``rotary_embedding/deepseek_scaling_rope.py``;
+        MLA's rotary for a YaRN config), built under ``with torch.device(device)``, on an instance with
+        the attributes its ``__init__`` sets from ``rope_parameters`` (``factor``, ``beta_fast``,
+        ``beta_slow``, ``mscale``, ``mscale_all_dim``, with ``__init__``'s defaults; ``self.mscale`` by the
+        file's own ``yarn_get_mscale``). ``max_position`` is the original length, as ``get_rope`` passes
+        it. Before any cast: vLLM casts it to the model's dtype unless FlashInfer's kernel reads it.
+        What ran is in ``deepseek_provenance`` (extracted on the first call; ``provenance`` stays the
+        region functions')."""
+        if not hasattr(self, "_DeepseekYarn"):
+            pkg, ns, provenance = self.package, _base_namespace(), {}
+            for name in ("yarn_find_correction_dim", "yarn_find_correction_range", "yarn_linear_ramp_mask"):
+                ns[name], prov = extract_function(pkg, _ROPE_COMMON, name, ns)
+                provenance[name] = prov.as_dict()
+            self._deepseek_mscale, prov = extract_function(pkg, _ROPE_DEEPSEEK, "yarn_get_mscale", ns)
+            provenance["deepseek_scaling_rope.yarn_get_mscale"] = prov.as_dict()
+            self._DeepseekYarn, provs = extract_class(pkg, _ROPE_DEEPSEEK, "DeepseekScalingRotaryEmbedding",
+                                                      ["_compute_inv_freq", "_compute_cos_sin_cache"], ns)
+            self.deepseek_provenance = {**provenance, **{k: v.as_dict() for k, v in provs.items()}}
+        rp = rope_parameters
+        obj = object.__new__(self._DeepseekYarn)
+        obj.head_size = obj.rotary_dim = rotary_dim
+        obj.max_position_embeddings, obj.base, obj.is_neox_style = max_position, base, False
+        obj.scaling_factor = rp["factor"]
+        obj.beta_fast, obj.beta_slow = rp.get("beta_fast", 32), rp.get("beta_slow", 1)
+        obj.extrapolation_factor = obj.attn_factor = 1  # 0.26's __init__ arguments, at their defaults
+        mscale = self._deepseek_mscale
+        obj.mscale = float(mscale(obj.scaling_factor, float(rp.get("mscale", 1)))
+                           / mscale(obj.scaling_factor, float(rp.get("mscale_all_dim", 0))))
+        with torch.device(device):
+            return obj._compute_cos_sin_cache()
 
     def rope_cache(self, head_size, rotary_dim, max_position, base, rope_scaling, query_dtype, device):
         """The cos/sin cache as vLLM's rope code reads it: in the query's dtype (see
