@@ -83,7 +83,10 @@ def load_model(path: str, dtype: torch.dtype = torch.bfloat16, device: str = "cp
         raise ValueError(f"{p / 'config.json'} could not be read as an HF config: {e}") from e
     check_safetensors(p, config)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(p), config=config, dtype=dtype, local_files_only=True)
+        # a multimodal checkpoint's text model gets its text config: what AutoModelForCausalLM builds (on the H200,
+        # transformers 5.24 built Qwen3_5ForCausalLM from the multimodal Qwen3_5Config as given, and failed)
+        model = AutoModelForCausalLM.from_pretrained(str(p), config=causal_lm_config(config), dtype=dtype,
+                                                     local_files_only=True)
     except OSError as e:
         raise FileNotFoundError(f"{path!r}: no loadable weights ({e})") from e
     return model.to(device).eval()
