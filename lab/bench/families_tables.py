@@ -32,6 +32,10 @@ MOE_LIVE = BENCH / "vllm026_families_h200_2026-12-02"
 MOE_RUNS = (("glm4moe-h2048", "eager", "eager"), ("glm4moe-h2048", "default", "default"),
             ("gptoss-h2880", "eager", "eager"), ("gptoss-h2880", "default", "default"),
             ("deepseekv3-h2048", "eager", "deepseek-eager-rerun"))
+EVENING = BENCH / "vllm026_qwen35_gptoss_h200_2026-12-02"
+#: the evening's verify runs (after the gpt_oss variant of vllm-0.26 and the MLA alignment), as MOE_RUNS
+EVENING_RUNS = (("gptoss-h2880", "default", "gptoss-default-variant"), ("deepseekv3-h2048", "default", "deepseekv3-default"),
+                ("deepseekv3-h2048", "eager", "deepseekv3-eager-mla"))
 #: The H200 timings of rla bench ops' add_rms_norm case (16384 x 3584, forward + backward) that turn
 #: bytes into milliseconds: PyTorch's eager ops ("hf") and rla's fused kernel ("rla").
 OPS_TIMINGS = (BENCH / "h200_2026-11-29_ops.json", BENCH / "e2e_align_ops_isolated_h200_2026-11-29/call3_ops_isolated.json",
@@ -218,9 +222,9 @@ def live_table(root: Path, folder: Path = LIVE) -> str:
                    "decode k3 removed"], rows)
 
 
-def moe_live_table(root: Path, folder: Path = MOE_LIVE) -> str:
+def moe_live_table(root: Path, folder: Path = MOE_LIVE, runs=MOE_RUNS) -> str:
     rows = []
-    for model, mode, call in MOE_RUNS:
+    for model, mode, call in runs:
         rep = _json(root, folder / "runs" / call / f"verify-{model}-{mode}" / "report.json")
         hf = next(r for r in rep["rows"] if r["side"] == "hf")
         attn = rep["engine"]["settings"]["train_attention"].split(" ")[0]
@@ -242,6 +246,7 @@ BLOCKS = {
                             "prediction": prediction_text},
     LIVE / "README.md": {"live-table": live_table},
     MOE_LIVE / "README.md": {"moe-live-table": moe_live_table},
+    EVENING / "README.md": {"evening-live-table": lambda root: moe_live_table(root, EVENING, EVENING_RUNS)},
 }
 
 

@@ -657,7 +657,21 @@ def engine_forward_round2(root):
     return out
 
 
+def engine_forward_control(root):
+    """round2_control/efb_{math,default}/engine_forward_breakdown.json (Qwen3-1.7B, 4 layers): per SDPA backend and
+    variant, the parameters whose gradient equals pieces' (pieces: its own second step's), of all, and the max abs
+    difference."""
+    out = {}
+    for sdpa in ("math", "default"):
+        for r in _json(root, f"{EFB}/round2_control/efb_{sdpa}/engine_forward_breakdown.json")["results"]:
+            vs = r.get("vs_pieces") or r["repeat"]
+            out[(sdpa, f"`{r['variant']}`")] = [f"{vs['equal_params']}/{vs['params']}", vs["max_abs_diff"]]
+    return out
+
+
 TABLES: list[TableCheck] = [
+    TableCheck("engine forward control", R(EFB), f"{EFB}/round2_control/efb_*/engine_forward_breakdown.json",
+               "grads equal to pieces' (pieces: its second step), max abs diff", engine_forward_control),
     TableCheck("round3 saved", R(P36R3), f"{P36R3}/saved/e2e_breakdown.json",
                "B per token/layer/hidden: all, norm+rope, swiglu/act, attention; MiB outside the layers", round3_saved),
     TableCheck("round3 memory gap", R(P36R3), f"{P36R3}/saved/e2e_breakdown.json, {BRK2}/e2e_breakdown/e2e_breakdown.json",
