@@ -731,6 +731,20 @@ def moe_families_live(root):
             removed("deepseek-eager-rerun", "deepseekv3-h2048", "eager", "vllm-0.26-eager")]
 
 
+EVENING_LIVE = "results/benchmarks/vllm026_qwen35_gptoss_h200_2026-12-02"
+
+
+def evening_live(root):
+    """The evening's live runs: % of HF eager's prefill k3 removed by GPT-OSS's default row with its gpt_oss variant
+    (default mode) and by DeepSeek-V3's eager row with its MLA aligned (eager mode)."""
+    def removed(call, model, mode, side):
+        rep = _json(root, f"{EVENING_LIVE}/runs/{call}/verify-{model}-{mode}/report.json")
+        rows = {r["side"]: r["prefill"] for r in rep["rows"]}
+        return 100 * (1 - rows[side]["k3"] / rows["hf"]["k3"])
+    return [removed("gptoss-default-variant", "gptoss-h2880", "default", "vllm-0.26"),
+            removed("deepseekv3-eager-mla", "deepseekv3-h2048", "eager", "vllm-0.26-eager")]
+
+
 def gemma3_e2e(root):
     """Gemma 3 4B training step: rla-vllm / hf-bf16 tok_s, its peak / hf-bf16's, liger / hf-bf16 tok_s."""
     (rel,) = [p.relative_to(root).as_posix() for p in (root / FAMILIES / "e2e").glob("*.json")]
@@ -759,6 +773,8 @@ CHECKS: list[Check] = [
     Check("MoE families live", "README", f"{MOE_LIVE}/runs/*/verify-*/report.json",
           "prefill k3 removed % by the running mode's row: GLM-4 MoE eager, default; GPT-OSS eager, default; "
           "DeepSeek-V3 (MoE regions) eager", moe_families_live),
+    Check("evening live", "README", f"{EVENING_LIVE}/runs/*/verify-*/report.json",
+          "% prefill k3 removed: GPT-OSS default (gpt_oss variant), DeepSeek-V3 eager (MLA aligned)", evening_live),
     Check("Gemma 3 e2e", "README", f"{FAMILIES}/e2e/e2e_NVIDIA_H200_2026-12-02.json",
           "rla-vllm / hf-bf16 tok_s and peak; liger / hf-bf16 tok_s", gemma3_e2e),
     # ---- README: engine calibration and twin
