@@ -240,13 +240,26 @@ def moe_live_table(root: Path, folder: Path = MOE_LIVE, runs=MOE_RUNS) -> str:
                    "prefill k3 removed", "prefill max abs dlogp", "decode k3", "decode k3 removed"], rows)
 
 
+def calibration_table(root: Path, folder: Path = EVENING, call: str = "gptoss-default",
+                      stem: str = "calibrate-gptoss-h2880-default") -> str:
+    """The points ``rla calibrate --live`` changed from its start row: start, found, and the found row's prefill k3
+    with that point flipped back (the report's ``flips``); then the two rows' scores."""
+    rep = _json(root, folder / "runs" / call / f"{stem}.report.json")
+    start, best = rep["start_score"]["points"], rep["best"]
+    rows = [[f"`{p}`", start[p], f"**{best[p]}**", f"{rep['flips'][p]['prefill_k3']:.2e}"]
+            for p in best if best[p] != start[p]]
+    rows.append(["(the whole row)", f"{rep['start_score']['prefill']['k3']:.2e}", f"**{rep['score']['prefill']['k3']:.2e}**", "-"])
+    return _table(["point", f"`{rep['start']}`", "found", "found row with this point flipped back (prefill k3)"], rows)
+
+
 BLOCKS = {
     KERNELS / "README.md": {"tests-table": tests_table, "gelu-table": gelu_table, "e2e-table": e2e_table,
                             "dispatch-table": dispatch_table, "traffic-table": traffic_table,
                             "prediction": prediction_text},
     LIVE / "README.md": {"live-table": live_table},
     MOE_LIVE / "README.md": {"moe-live-table": moe_live_table},
-    EVENING / "README.md": {"evening-live-table": lambda root: moe_live_table(root, EVENING, EVENING_RUNS)},
+    EVENING / "README.md": {"evening-live-table": lambda root: moe_live_table(root, EVENING, EVENING_RUNS),
+                            "evening-calibration-table": calibration_table},
 }
 
 

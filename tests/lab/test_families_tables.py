@@ -1,4 +1,4 @@
-"""Issue #33's three H200 results READMEs of 2026-12-02: every rendered block equals a fresh render of
+"""Issue #33's four H200 results READMEs of 2026-12-02: every rendered block equals a fresh render of
 the folders' files (``lab/bench/families_tables.py``), and a changed number is seen."""
 
 import json
@@ -10,13 +10,13 @@ from repo_root import ROOT
 
 def test_the_committed_blocks_are_the_render_of_the_data():
     rendered = T.render(ROOT)
-    assert sum(len(b) for b in rendered.values()) == 8
+    assert sum(len(b) for b in rendered.values()) == 10
     for readme, new in rendered.items():
         assert T.blocks((ROOT / readme).read_text()) == new, readme
 
 
 def _copy(tmp_path):
-    for rel in (T.KERNELS, T.LIVE, T.MOE_LIVE, *T.OPS_TIMINGS):
+    for rel in (T.KERNELS, T.LIVE, T.MOE_LIVE, T.EVENING, *T.OPS_TIMINGS):
         src, dst = ROOT / rel, tmp_path / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
@@ -37,7 +37,13 @@ def test_a_changed_number_is_seen(tmp_path):
     data = json.loads(g.read_text())
     data["rows"][1]["prefill"]["k3"] *= 1.5
     g.write_text(json.dumps(data))
+    c = root / T.EVENING / "runs" / "gptoss-default" / "calibrate-gptoss-h2880-default.report.json"
+    data = json.loads(c.read_text())
+    data["flips"]["rope_cos_sin"]["prefill_k3"] *= 1.5
+    c.write_text(json.dumps(data))
     new = T.render(root)
+    ev = T.EVENING / "README.md"
+    assert new[ev]["evening-calibration-table"] != T.render(ROOT)[ev]["evening-calibration-table"]
     moe = T.MOE_LIVE / "README.md"
     assert new[moe]["moe-live-table"] != T.render(ROOT)[moe]["moe-live-table"]
     assert T.render(ROOT)[moe]["moe-live-table"].count("\n") == new[moe]["moe-live-table"].count("\n")
