@@ -29,6 +29,12 @@ cost, not the points):
   16 query heads of 256 with the output gate, 2 KV heads, q/k norms, partial mRoPE (a quarter of each
   head), three Gated DeltaNet layers then one full-attention layer. The training side loads its text
   model through ``AutoModelForCausalLM`` (``rla.hf.causal_lm_config``), as a text RL trainer does.
+- ``gemma4-h2560``: Gemma 4 E4B's text layer (``Gemma4ForCausalLM``, which vLLM 0.26 registers): hidden 2560,
+  8 query heads and 2 KV heads, sliding layers with heads of 256 (theta 10k, a 512-token window) and a full layer
+  with heads of 512 (``proportional`` RoPE, a quarter of the angles, theta 1M), GeGLU 10240 wide, per-layer
+  inputs of 256, three sliding layers then one full. No K/V sharing, keys not reused as values, no MoE block,
+  no final logit softcap (the live path scores uncapped logprobs: ``rla.commands._live.check_model``). The layer
+  scalars are random (``vllm_live_h200.build_checkpoint``): HF initialises them to 1, where the multiply is exact.
 """
 
 from __future__ import annotations
@@ -84,9 +90,23 @@ def qwen3_5(layers: int):
     return transformers.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
 
 
+def gemma4(layers: int):
+    if layers < 2:
+        raise ValueError(f"gemma4-h2560 needs >= 2 layers (sliding and full), got {layers}")
+    return transformers.Gemma4TextConfig(
+        vocab_size=32000, hidden_size=2560, intermediate_size=10240, num_hidden_layers=layers,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=256, global_head_dim=512, sliding_window=512,
+        layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"], hidden_size_per_layer_input=256,
+        vocab_size_per_layer_input=32000, num_kv_shared_layers=0, attention_k_eq_v=False, enable_moe_block=False,
+        final_logit_softcapping=None, max_position_embeddings=131072, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1e6}})
+
+
 #: checkpoint name -> config builder (layers -> config)
 CONFIGS = {"gptoss-h2880": gpt_oss, "glm4moe-h2048": glm4_moe, "deepseekv3-h2048": deepseek_v3,
-           "qwen35-h2048": qwen3_5}
+           "qwen35-h2048": qwen3_5, "gemma4-h2560": gemma4}
 
 #: checkpoints saved as another class than AutoModelForCausalLM builds (the released layout)
 MODEL_CLASS = {"qwen35-h2048": "Qwen3_5ForConditionalGeneration"}

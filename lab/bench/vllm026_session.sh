@@ -6,7 +6,8 @@
 #   gemma3-eager / gemma3-default  `rla verify --live --train-attention engine` on the Gemma 3 h2560
 #                            4-layer random-init checkpoint (3 sliding-window layers, 1 full), that mode
 #   fam-eager / fam-default  `rla verify --live` on the MoE families of live_family_configs (FAMS: name:attention:
-#                            regions:env, e.g. deepseekv3-h2048:model:swiglu,router:VLLM_MLA_DISABLE=1), that mode;
+#                            regions:env[:flags], e.g. deepseekv3-h2048:model:swiglu,router:VLLM_MLA_DISABLE=1, or
+#                            qwen35-h2048:engine:::--gdn-prefill-backend+triton: flags with + for spaces), that mode;
 #                            needs `vllm026_device.sh moe a|b` and `tf` first
 #   famcal-eager / famcal-default  `rla calibrate --live` on the same FAMS (attention and env as fam-*; calibrate
 #                            searches the default regions, so a family's regions field must be empty),
@@ -47,11 +48,11 @@ FAMS=${FAMS:-"glm4moe-h2048:engine:: gptoss-h2880:engine:: deepseekv3-h2048:mode
 for mode in eager default; do
   has fam-$mode || continue
   for spec in $FAMS; do
-    IFS=: read -r name att regions envs <<< "$spec"
+    IFS=: read -r name att regions envs flags <<< "$spec"; flags=${flags//+/ }
     stamp "fam-$mode $name"
     python3 lab/bench/vllm_live_h200.py checkpoint --out "$OUT/ckpt" --models $M --families $name --layers 4 > "$OUT/checkpoint-$name.log" 2>&1 || tail -5 "$OUT/checkpoint-$name.log"
     env $envs timeout $(cap ${FAM_CAP:-240}) python3 -m rla.cli verify --engine vllm --live --model $M/$name-L4 --mode $mode \
-      --train-attention $att ${regions:+--regions $regions} --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 \
+      --train-attention $att ${regions:+--regions $regions} $flags --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 \
       --out "$OUT/verify-$name-$mode" > "$OUT/verify-$name-$mode.log" 2>&1
     echo "verify $name $mode rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/verify-$name-$mode.log" | tail -14 | cut -c1-220
   done
@@ -59,11 +60,11 @@ done
 for mode in eager default; do
   has famcal-$mode || continue
   for spec in $FAMS; do
-    IFS=: read -r name att regions envs <<< "$spec"
+    IFS=: read -r name att regions envs flags <<< "$spec"; flags=${flags//+/ }
     stamp "famcal-$mode $name"
     [ -d $M/$name-L4 ] || python3 lab/bench/vllm_live_h200.py checkpoint --out "$OUT/ckpt" --models $M --families $name --layers 4 > "$OUT/checkpoint-$name.log" 2>&1 || tail -5 "$OUT/checkpoint-$name.log"
     env $envs timeout $(cap ${FAM_CAP:-400}) python3 -m rla.cli calibrate --engine vllm --live --model $M/$name-L4 --mode $mode \
-      --train-attention $att --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 \
+      --train-attention $att $flags --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 \
       --name "live-$name-$mode" --out "$OUT/calibrate-$name-$mode.json" > "$OUT/calibrate-$name-$mode.log" 2>&1
     echo "calibrate $name $mode rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/calibrate-$name-$mode.log" | tail -20 | cut -c1-220
   done

@@ -92,6 +92,8 @@ def gemma3_config(layers: int):
 ZERO_CENTRED = ("gemma3-", "qwen35-")
 #: ... except these norms of theirs, which are plain (Qwen3.5's gated norm in its linear attention: weight * x)
 PLAIN_NORMS = ("linear_attn.norm.weight",)
+#: Families whose layers end with a layer scalar (Gemma 4's bf16 buffer, HF's init 1: exact): drawn in [0.5, 1.5)
+RANDOM_LAYER_SCALAR = ("gemma4-",)
 
 
 def model_configs(layers: int) -> dict:
@@ -125,6 +127,11 @@ def build_checkpoint(name: str, layers: int, root: Path) -> Path:
             for pname, p in model.named_parameters():
                 if pname.endswith("norm.weight") and not pname.endswith(PLAIN_NORMS):
                     p.copy_(0.2 * torch.randn(p.shape, generator=g, device=twin.DEV))
+    if name.startswith(RANDOM_LAYER_SCALAR):
+        g = torch.Generator(device=twin.DEV).manual_seed(3)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.layer_scalar.copy_(0.5 + torch.rand(1, generator=g, device=twin.DEV))
     model.save_pretrained(str(path), safe_serialization=True)
     del model
     torch.cuda.empty_cache()

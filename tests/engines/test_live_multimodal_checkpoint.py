@@ -15,6 +15,7 @@ import torch
 import transformers
 
 from rla.commands._live import check_model, settings_of
+from rla.engines.vllm_live import GDN_PREFILL_BACKENDS, LiveSettings
 from rla.hf import causal_lm_config, load_model
 
 pytest.importorskip("transformers.models.qwen3_5")
@@ -70,3 +71,30 @@ def test_the_loaded_text_model_is_the_checkpoints_language_model(folder):
             if not k.startswith("model.visual.")}
     got = lm.state_dict()
     assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in got)
+
+
+def test_gdn_prefill_backend_reaches_the_engine_only_for_gated_deltanet_models(folder):
+    path, _ = folder
+    info = check_model(str(path), 64)
+    args = argparse.Namespace(attention_backend=None, mode="default", seed=0, gpu_memory_utilization=None,
+                              gdn_prefill_backend="triton")
+    assert settings_of(args, 64, info).gdn_prefill_backend == "triton"
+    with pytest.raises(ValueError, match="no Gated DeltaNet layers"):  # vLLM would ignore it: refused, named
+        settings_of(args, 64, {"family": "qwen3"})
+    args.gdn_prefill_backend = None
+    assert settings_of(args, 64, info).gdn_prefill_backend is None
+    with pytest.raises(ValueError, match="gdn_prefill_backend must be one of"):
+        LiveSettings(gdn_prefill_backend="fla")
+
+
+def test_gdn_prefill_backends_are_vllm_026s_own(vllm_uncalibrated_wheel):
+    """The values and the keyword are vLLM 0.26's ``EngineArgs.gdn_prefill_backend`` (read from its wheel)."""
+    import ast
+    from rla.engines.source import locate
+
+    tree = ast.parse(locate("vllm", vllm_uncalibrated_wheel).read_text("vllm/engine/arg_utils.py"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EngineArgs")
+    field = next(n for n in cls.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "gdn_prefill_backend")
+    literal = next(n for n in ast.walk(field.annotation) if isinstance(n, ast.Subscript) and getattr(n.value, "id", "") == "Literal")
+    values = tuple(e.value for e in literal.slice.elts)
+    assert set(values) == set(GDN_PREFILL_BACKENDS), values

@@ -24,12 +24,13 @@ DECODE_PROMPT_TOKENS = 256
 #: The flags only the live path reads (dest -> flag), None unless given.
 LIVE_FLAGS = {"prompt_tokens": "--prompt-tokens", "responses": "--responses", "max_new_tokens": "--max-new-tokens",
               "attention_backend": "--attention-backend", "gpu_memory_utilization": "--gpu-memory-utilization",
-              "train_attention": "--train-attention", "engine_outputs": "--engine-outputs"}
+              "train_attention": "--train-attention", "engine_outputs": "--engine-outputs",
+              "gdn_prefill_backend": "--gdn-prefill-backend"}
 
 #: The flags that configure an engine run (dest -> flag): refused with --engine-outputs, whose run is over.
 ENGINE_RUN_FLAGS = {dest: flag for dest, flag in LIVE_FLAGS.items()
                     if dest in ("prompt_tokens", "responses", "max_new_tokens", "attention_backend",
-                                "gpu_memory_utilization")}
+                                "gpu_memory_utilization", "gdn_prefill_backend")}
 
 
 def token_list(text: str) -> list[int]:
@@ -66,6 +67,9 @@ def add_live_arguments(parser, default_prompts: str) -> None:
                         "(engine.json, rollouts.jsonl) instead of starting vLLM: the engine runs once, the training "
                         "side as often as needed, on any device (vLLM is then needed only for --train-attention "
                         "engine); --model must be the checkpoint the engine ran (checked by its weights)")
+    parser.add_argument("--gdn-prefill-backend", default=None, choices=("triton", "flashinfer", "cutedsl"),
+                        help="--live: vLLM's kernels for a Gated DeltaNet layer's prefill (Qwen3.5's linear "
+                        "attention; default: vLLM's choice, FlashInfer's on Hopper, which compiles at start)")
     parser.add_argument("--gpu-memory-utilization", type=positive_float, default=None,
                         help="--live: the share of GPU memory vLLM may take (default 0.5; the training side "
                         "loads after the engine is closed)")
@@ -135,7 +139,22 @@ def settings_of(args, longest: int, info: dict | None = None):
     return LiveSettings(mode=args.mode, attention_backend=None if backend == "auto" else backend,
                         max_model_len=max(longest + 64, 1024), seed=args.seed,
                         gpu_memory_utilization=args.gpu_memory_utilization or 0.5,
-                        language_model_only=bool((info or {}).get("language_model_only")))
+                        language_model_only=bool((info or {}).get("language_model_only")),
+                        gdn_prefill_backend=gdn_backend(args, info))
+
+
+#: families with Gated DeltaNet layers (the only layers --gdn-prefill-backend reaches)
+GDN_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+
+
+def gdn_backend(args, info: dict | None) -> str | None:
+    """``--gdn-prefill-backend``, refused for a model without Gated DeltaNet layers (vLLM would ignore it)."""
+    backend = getattr(args, "gdn_prefill_backend", None)
+    family = (info or {}).get("family")
+    if backend is not None and info is not None and family not in GDN_FAMILIES:
+        raise ValueError(f"--gdn-prefill-backend {backend}: the model ({family}) has no Gated DeltaNet layers; "
+                         f"the flag reaches only {', '.join(GDN_FAMILIES)}")
+    return backend
 
 
 def run_engine(args, settings, vocab: int, say):

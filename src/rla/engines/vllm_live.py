@@ -51,6 +51,10 @@ output objects). vLLM pins torch exactly; 0.26 is the release that pins the torc
 machine (2.11)."""
 
 
+#: vLLM 0.26's values of ``--gdn-prefill-backend`` (``engine/arg_utils.py``, ``EngineArgs.gdn_prefill_backend``).
+GDN_PREFILL_BACKENDS = ("triton", "flashinfer", "cutedsl")
+
+
 @dataclass(frozen=True)
 class LiveSettings:
     """How the engine is started; every field ends up in each record's metadata."""
@@ -75,12 +79,20 @@ class LiveSettings:
     not built (the commands set it for a checkpoint whose text model is what rla scores: Qwen3.5's).
     It changes the engine's code, not only its inputs: vLLM 0.26's Qwen3.5 attention fuses the gated
     q/k norm and RoPE into one Triton kernel only when it is set (``models/qwen3_next.py``)."""
+    gdn_prefill_backend: str | None = None
+    """vLLM's ``gdn_prefill_backend`` (``--gdn-prefill-backend``): the kernels of a Gated DeltaNet layer's
+    prefill (Qwen3.5, Qwen3-Next), one of :data:`GDN_PREFILL_BACKENDS`; ``None``: vLLM's own choice
+    (``layers/mamba/gdn/qwen_gdn_linear_attn.py`` ``_resolve_gdn_prefill_backend``: FlashInfer's on Hopper, which
+    JIT-compiles; ``triton`` runs the FLA Triton kernels vLLM ships)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.mode == "eager" and self.compilation_config:
             raise ValueError("compilation_config has no effect with mode='eager' (enforce_eager): drop one")
+        if self.gdn_prefill_backend is not None and self.gdn_prefill_backend not in GDN_PREFILL_BACKENDS:
+            raise ValueError(f"gdn_prefill_backend must be one of {GDN_PREFILL_BACKENDS} or None, "
+                             f"got {self.gdn_prefill_backend!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
@@ -252,6 +264,8 @@ class LiveVllm:
             kwargs["max_num_batched_tokens"] = s.max_num_batched_tokens
         if s.language_model_only:
             kwargs["language_model_only"] = True
+        if s.gdn_prefill_backend:
+            kwargs["gdn_prefill_backend"] = s.gdn_prefill_backend
         self._llm = LLM(**kwargs)
 
     @property
