@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["load_model", "check_safetensors", "causal_lm_config", "ModelFilesError"]
+__all__ = ["load_model", "read_config", "check_safetensors", "causal_lm_config", "ModelFilesError"]
 
 
 class ModelFilesError(ValueError):
@@ -30,6 +30,31 @@ def causal_lm_config(config):
         return config
     text = config.get_text_config()
     return text if isinstance(text, want) else config
+
+
+def read_config(folder):
+    """The HF config of a checkpoint folder, as transformers' own class for its ``model_type``.
+
+    ``AutoConfig`` returns whatever class was registered last for a model type, and an engine imported
+    in the same process registers its own: vLLM 0.26 registers its ``Qwen3_5Config`` for ``qwen3_5``
+    (``vllm/transformers_utils/config.py``), which transformers' model mapping does not know, so after
+    a live engine run the text model was built from the multimodal config and failed (on the H200,
+    2026-12-03: ``'Qwen3_5Config' object has no attribute 'vocab_size'``). The folder is then read again
+    with transformers' class. A model type transformers does not have keeps the registered class.
+    Errors name the file."""
+    import transformers
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    path = Path(folder) / "config.json"
+    try:
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        own = getattr(transformers, CONFIG_MAPPING_NAMES.get(config.model_type, ""), None)
+        if own is not None and type(config) is not own:
+            config = own.from_pretrained(str(folder), local_files_only=True)
+    except Exception as e:  # transformers raises several types for a bad config; name the file
+        raise ValueError(f"{path} could not be read as an HF config: {e}") from e
+    return config
 
 
 def check_safetensors(folder, config=None) -> None:
@@ -70,17 +95,14 @@ def load_model(path: str, dtype: torch.dtype = torch.bfloat16, device: str = "cp
 
     ``dtype=`` (not a later ``.to()``) keeps RoPE's inv_freq in fp32, as the engine has it.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"model folder {path!r} does not exist (rla never downloads from a hub)")
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"{path!r} has no config.json; expected an HF checkpoint folder")
-    try:
-        config = AutoConfig.from_pretrained(str(p), local_files_only=True)
-    except Exception as e:  # transformers raises several types for a bad config; name the file
-        raise ValueError(f"{p / 'config.json'} could not be read as an HF config: {e}") from e
+    config = read_config(p)
     check_safetensors(p, config)
     try:
         # a multimodal checkpoint's text model gets its text config: what AutoModelForCausalLM builds (on the H200,

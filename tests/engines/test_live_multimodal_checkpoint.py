@@ -98,3 +98,25 @@ def test_gdn_prefill_backends_are_vllm_026s_own(vllm_uncalibrated_wheel):
     literal = next(n for n in ast.walk(field.annotation) if isinstance(n, ast.Subscript) and getattr(n.value, "id", "") == "Literal")
     values = tuple(e.value for e in literal.slice.elts)
     assert set(values) == set(GDN_PREFILL_BACKENDS), values
+
+
+def test_an_engines_config_class_registered_for_the_model_type_does_not_change_what_loads(folder, monkeypatch):
+    """vLLM 0.26 registers its own ``Qwen3_5Config`` for ``qwen3_5`` with AutoConfig when it is imported
+    (its ``transformers_utils/config.py``); after a live engine run in the same process the text model
+    was built from the multimodal config and failed (H200, 2026-12-03). A class of another library
+    registered the same way must not change the config rla reads nor the model it loads."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from rla.hf import read_config
+
+    class EngineQwen3_5Config(transformers.PretrainedConfig):  # what an engine registers: not transformers' class
+        model_type = "qwen3_5"
+
+    path, vlm = folder
+    monkeypatch.setitem(CONFIG_MAPPING._extra_content, "qwen3_5", EngineQwen3_5Config)
+    assert type(transformers.AutoConfig.from_pretrained(str(path))) is EngineQwen3_5Config  # the failure's cause
+    assert type(read_config(path)) is transformers.Qwen3_5Config
+    assert check_model(str(path), 64)["family"] == "qwen3_5_text"
+    lm = load_model(str(path))
+    assert type(lm).__name__ == "Qwen3_5ForCausalLM"
+    torch.testing.assert_close(lm.lm_head.weight, vlm.lm_head.weight, rtol=0, atol=0)

@@ -98,19 +98,14 @@ def check_model(path: str, longest: int) -> dict:
     family rla aligns, and room for ``longest`` positions. Returns its family and shape."""
     from pathlib import Path
 
-    from transformers import AutoConfig
-
     from rla.alignment.families import get_family
     from rla.engines.live_verify import model_info
-    from rla.hf import causal_lm_config, check_safetensors
+    from rla.hf import causal_lm_config, check_safetensors, read_config
 
     p = Path(path)
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"--model {path}: not an HF checkpoint folder (no config.json)")
-    try:
-        config = AutoConfig.from_pretrained(str(p), local_files_only=True)
-    except Exception as e:  # transformers raises several types for a bad config; name the file
-        raise ValueError(f"{p / 'config.json'} could not be read as an HF config: {e}") from e
+    config = read_config(p)
     cap = getattr(config, "final_logit_softcapping", None)
     if cap:
         raise ValueError(f"--model {path}: final_logit_softcapping={cap}: the training side's logprobs are "

@@ -25,15 +25,12 @@ def publish(rep: dict, data, out, *, overwrite: bool, inputs=()) -> None:
     """The report folder (module docstring), written whole or not at all; a non-empty ``out`` is
     refused unless ``overwrite`` (and then only a folder rla wrote: ``rla.diagnosis.output``)."""
     from rla.diagnosis.output import staged
-    from rla.engines.live_verify import render
-    from rla.rollout import rollouts
+    from rla.engines.live_verify import render, save
 
     with staged(out, overwrite=overwrite, inputs=inputs) as tmp:
         (tmp / "report.json").write_text(json.dumps(rep, indent=1) + "\n")
         (tmp / "report.md").write_text(render(rep))
-        (tmp / "engine.json").write_text(json.dumps({"engine": data.engine, "prompts": data.prompts,
-                                                     "prompt_logprobs": data.prompt_logprobs}) + "\n")
-        rollouts.save(tmp / "rollouts.jsonl", data.records)
+        save(tmp, data)
 
 
 def _regions(value: str | None, family: str, model: str) -> tuple[str, ...] | None:

@@ -33,7 +33,7 @@ from rla.engines.live_calibration import BUCKETS, score
 from rla.profiles import REGIONS, RoundingProfile, for_engine
 
 __all__ = ["EngineData", "FORMAT", "candidates", "random_prompts", "collect", "compare", "model_info",
-           "report", "render", "load", "with_weights", "check_weights", "longest", "engine_backed_forward",
+           "report", "render", "save", "load", "with_weights", "check_weights", "longest", "engine_backed_forward",
            "ENGINE_SIDE"]
 
 ENGINE_SIDE = "engine-forward"
@@ -69,6 +69,20 @@ class EngineData:
         for key in ("name", "version", "mode"):
             if not isinstance(self.engine.get(key), str):
                 raise ValueError(f"engine metadata lacks {key!r} (it has {sorted(self.engine)})")
+
+
+def save(folder, data: EngineData) -> None:
+    """Write ``data`` as :func:`load` reads it (``engine.json``, ``rollouts.jsonl``) into ``folder``,
+    which the caller stages (``rla.diagnosis.output.staged``): nothing here checks for old files."""
+    import json
+    from pathlib import Path
+
+    from rla.rollout import rollouts
+
+    p = Path(folder)
+    (p / "engine.json").write_text(json.dumps({"engine": data.engine, "prompts": data.prompts,
+                                               "prompt_logprobs": data.prompt_logprobs}) + "\n")
+    rollouts.save(p / "rollouts.jsonl", data.records)
 
 
 def load(folder) -> EngineData:
