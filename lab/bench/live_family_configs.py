@@ -30,9 +30,15 @@ cost, not the points):
   head), three Gated DeltaNet layers then one full-attention layer. The training side loads its text
   model through ``AutoModelForCausalLM`` (``rla.hf.causal_lm_config``), as a text RL trainer does.
 - ``gemma4-h2560``: Gemma 4 E4B's text layer (``Gemma4ForCausalLM``, which vLLM 0.26 registers): hidden 2560,
-  8 query heads and 2 KV heads, sliding layers with heads of 256 (theta 10k, a 512-token window) and a full layer
-  with heads of 512 (``proportional`` RoPE, a quarter of the angles, theta 1M), GeGLU 10240 wide, per-layer
-  inputs of 256, three sliding layers then one full. No K/V sharing, keys not reused as values, no MoE block,
+  8 query heads and 2 KV heads of 256, sliding layers (theta 10k, a 512-token window) and a full layer
+  (``proportional`` RoPE, a quarter of the angles, theta 1M), GeGLU 10240 wide, per-layer inputs of 256, three
+  sliding layers then one full. **The full layer's heads are 256, not E4B's 512** (``per_layer_config={}``):
+  from transformers 5.17 on, ``Gemma4TextConfig`` keeps a ``global_head_dim`` as a per-layer ``head_dim``
+  (``per_layer_config``) and reading ``head_dim`` from the whole config raises, which vLLM 0.26's
+  ``Gemma4ModelArchConfigConvertor.get_head_size`` (``transformers_utils/model_arch_config_convertor.py``) does:
+  vLLM 0.26 refused the E4B-shaped checkpoint under 5.24 on the H200 (2026-12-03,
+  ``AmbiguousGlobalPerLayerAttributeError``), and rla reads Gemma 4 from 5.24. One head size keeps every rounding
+  point of the family (the two RoPE tables, the per-layer inputs, the sandwich norms, the layer scalar). No K/V sharing, keys not reused as values, no MoE block,
   no final logit softcap (the live path scores uncapped logprobs: ``rla.commands._live.check_model``). The layer
   scalars are random (``vllm_live_h200.build_checkpoint``): HF initialises them to 1, where the multiply is exact.
 """
@@ -95,8 +101,9 @@ def gemma4(layers: int):
         raise ValueError(f"gemma4-h2560 needs >= 2 layers (sliding and full), got {layers}")
     return transformers.Gemma4TextConfig(
         vocab_size=32000, hidden_size=2560, intermediate_size=10240, num_hidden_layers=layers,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=256, global_head_dim=512, sliding_window=512,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=256, sliding_window=512,
         layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"], hidden_size_per_layer_input=256,
+        per_layer_config={},  # one head size: vLLM 0.26 cannot read a per-layer head_dim (docstring)
         vocab_size_per_layer_input=32000, num_kv_shared_layers=0, attention_k_eq_v=False, enable_moe_block=False,
         final_logit_softcapping=None, max_position_embeddings=131072, rms_norm_eps=1e-6, tie_word_embeddings=False,
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},

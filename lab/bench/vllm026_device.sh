@@ -14,7 +14,7 @@
 # (the tree had grown to 52.7 MB of disk blocks; the limit is 64 MiB): pieces of at most ~13 MB now
 # (five, so each call carries one). Calls: part p1 .. part p5 | assemble (carry c2) | deps (carry w1) | deps (w2),
 # for MoE models moe a | moe b (carry .carry/moe/a, .carry/moe/b: see vllm026_moe_halves.sh for halves of these),
-# for the 5.24-only families tf (.carry/tf), for Gemma 4's engine process tfold (.carry/tfold: transformers 5.5.3).
+# for the 5.24-only families tf (.carry/tf).
 # The pieces are made by lab/bench/vllm026_pack.sh.
 # Then `source lab/bench/vllm026_device.sh env`.
 set -o pipefail
@@ -46,11 +46,8 @@ case "${1:-}" in
   tf)  # transformers 5.24 (carry .carry/tf), ahead of the image's 5.17 on the path: the families rla.align reads in 5.24's layout
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/tf .carry/tf/*.whl 2>&1 | tail -2
     PYTHONPATH=/tmp/tf python3 -c "import transformers; print('transformers', transformers.__version__)" ;;
-  tfold)  # an older transformers for the engine's process only (carry .carry/tfold): lab/bench/live_engine_dump.py
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/tfold .carry/tfold/*.whl 2>&1 | tail -2
-    PYTHONPATH=/tmp/tfold python3 -c "import transformers; print('transformers', transformers.__version__)" ;;
   env)
     # /tmp/tf only exists after `tf`: the image's transformers otherwise
     export PYTHONPATH=/tmp/tf:/tmp/site:/tmp/deps:$PWD/src:$PWD/lab/bench VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0 ;;
-  *) echo "usage: $0 part p1..p5 | assemble | deps | moe a|b | tf | tfold | env" >&2; exit 2 ;;
+  *) echo "usage: $0 part p1..p5 | assemble | deps | moe a|b | tf | env" >&2; exit 2 ;;
 esac

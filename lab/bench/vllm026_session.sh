@@ -11,11 +11,9 @@
 #                            needs `vllm026_device.sh moe a|b` and `tf` first
 #   famcal-eager / famcal-default  `rla calibrate --live` on the same FAMS (attention and env as fam-*; calibrate
 #                            searches the default regions, so a family's regions field must be empty),
-#                            that mode: the search from the mode's row, for a family whose row leaves much unremoved
-#   split-eager / split-default  for SPLIT's families (name:attention), the engine and the training side in two
-#                            processes: lab/bench/live_engine_dump.py under the transformers of /tmp/tfold (`vllm026_device.sh
-#                            tfold`, carry .carry/tfold: Gemma 4 needs 5.5.3 on vLLM 0.26's side), then
-#                            `rla verify --live --engine-outputs` under the session's (5.24)
+#                            that mode: the search from the mode's row, for a family whose row leaves much unremoved;
+#                            with SAVED=<an earlier call's OUT on this warm machine>, from its verify-<name>-<mode> engine
+#                            outputs (no engine started)
 #   solo                     vllm_live_attribution.py engine-solo (each prompt alone, no chunked prefill)
 #   attr                     vllm_live_attribution.py compare (the interventions, batched and solo)
 #   twin                     vllm_live_attribution.py twin (the twin with the engine's attention vs live)
@@ -67,25 +65,12 @@ for mode in eager default; do
     IFS=: read -r name att regions envs flags <<< "$spec"; flags=${flags//+/ }
     stamp "famcal-$mode $name"
     [ -d $M/$name-L4 ] || python3 lab/bench/vllm_live_h200.py checkpoint --out "$OUT/ckpt" --models $M --families $name --layers 4 > "$OUT/checkpoint-$name.log" 2>&1 || tail -5 "$OUT/checkpoint-$name.log"
-    env $envs timeout $(cap ${FAM_CAP:-400}) python3 -m rla.cli calibrate --engine vllm --live --model $M/$name-L4 --mode $mode \
-      --train-attention $att $flags --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 \
-      --name "live-$name-$mode" --out "$OUT/calibrate-$name-$mode.json" > "$OUT/calibrate-$name-$mode.log" 2>&1
+    saved=${SAVED:+$SAVED/verify-$name-$mode}  # SAVED: an earlier call's $OUT (this warm machine's /tmp): its engine outputs
+    if [ -n "$saved" ] && [ -f "$saved/engine.json" ]; then run="--engine-outputs $saved"
+    else run="$flags --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 --mode $mode"; fi
+    env $envs timeout $(cap ${FAM_CAP:-400}) python3 -m rla.cli calibrate --engine vllm --live --model $M/$name-L4 \
+      --train-attention $att $run --name "live-$name-$mode" --out "$OUT/calibrate-$name-$mode.json" > "$OUT/calibrate-$name-$mode.log" 2>&1
     echo "calibrate $name $mode rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/calibrate-$name-$mode.log" | tail -20 | cut -c1-220
-  done
-done
-for mode in eager default; do
-  has split-$mode || continue
-  for spec in ${SPLIT:-gemma4-h2560:engine}; do
-    IFS=: read -r name att <<< "$spec"
-    stamp "split-$mode $name"
-    [ -d $M/$name-L4 ] || python3 lab/bench/vllm_live_h200.py checkpoint --out "$OUT/ckpt" --models $M --families $name --layers 4 > "$OUT/checkpoint-$name.log" 2>&1 || tail -5 "$OUT/checkpoint-$name.log"
-    rm -rf /tmp/engine-$name-$mode
-    PYTHONPATH=/tmp/tfold:${PYTHONPATH#/tmp/tf:} timeout $(cap 240) python3 lab/bench/live_engine_dump.py --model $M/$name-L4 --mode $mode \
-      --out /tmp/engine-$name-$mode > "$OUT/engine-$name-$mode.log" 2>&1
-    echo "engine $name $mode rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/engine-$name-$mode.log" | tail -6 | cut -c1-220
-    timeout $(cap 240) python3 -m rla.cli verify --engine vllm --live --model $M/$name-L4 --engine-outputs /tmp/engine-$name-$mode \
-      --train-attention $att --out "$OUT/verify-$name-$mode" > "$OUT/verify-$name-$mode.log" 2>&1
-    echo "verify $name $mode rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/verify-$name-$mode.log" | tail -14 | cut -c1-220
   done
 done
 A="python3 lab/bench/vllm_live_attribution.py --out /tmp/attr --models $M --names ${NAMES:-qwen2-h1536-L4} --modes ${MODES:-eager,default}"
