@@ -166,3 +166,20 @@ def test_the_multimodal_checkpoint_aligns_through_its_text_model(tmp_path):
     ids = _ids(8)
     with torch.no_grad():
         assert torch.equal(_aligned(lm, "vllm-0.33-eager", ALL, ids), _want(lm, "vllm-0.33-eager", ALL, ids))
+
+
+def test_route_capture_and_replay_run_through_the_moe_blocks(moe):
+    """capture_routes / replay_routes (rla.alignment.replay) find the three MoE blocks: a captured forward is
+    HF's, bit for bit; replaying its routes gives the same logits, other routes other logits."""
+    ids = _ids()
+    assert rla.alignment.moe_layers(moe) == 3
+    with torch.no_grad():
+        plain = moe(ids).logits
+        with rla.capture_routes(moe) as cap:
+            assert torch.equal(moe(ids).logits, plain)
+        experts = cap.ids().permute(1, 0, 2).reshape(2, ids.shape[1], 3, 3)  # [batch, seq, moe_layers, k]
+        with rla.replay_routes(moe, experts):
+            assert torch.equal(moe(ids).logits, plain)
+        with rla.replay_routes(moe, (experts + 1) % 8):  # other experts: other logits
+            assert not torch.equal(moe(ids).logits, plain)
+    assert cap.ids().shape == (3, 2 * ids.shape[1], 3)
