@@ -1,10 +1,15 @@
-"""The test oracle for ``rla.align`` on Qwen3.5 (dense): its decoder written from docs/families.md.
+"""The test oracle for ``rla.align`` on Qwen3.5, dense and MoE: its decoder written from docs/families.md.
 
 Nothing here calls ``rla.ops`` or ``rla.align``. It reuses the model's weights, HF's own
 linear-attention modules (left as they are), its eager attention function and its output gate
 (outside the regions), and writes the regions with explicit ``.to(lp)``: the zero-centred norms,
 partial RoPE (the tables computed here), SwiGLU, the adds. Under the ``hf`` points it equals the
-unaligned model bit for bit (tests/alignment/test_align_qwen3_5.py).
+unaligned model bit for bit (tests/alignment/test_align_qwen3_5.py, test_align_qwen3_5_moe.py).
+
+The MoE block (:func:`spec_moe`): without router points, HF's own router (the model's ``gate``)
+and the eager experts loop's weighted sum, every expert's gated product and the shared expert's
+written here; with router points, the routes and the weighted sum from their definitions
+(``router_spec``); the shared expert's sigmoid gate and its add as HF computes them (left as is).
 
 A helper module, not a test file (``from qwen3_5_spec import ...``).
 """
@@ -17,36 +22,59 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+import router_spec
 from align_spec import BF16, at_head_size, head_size_of, rn, spec_rope, spec_swiglu
 from gemma_spec import gemma_points as qwen3_5_points  # the zero_centred_norm variant, the same table
 from gemma_spec import spec_norm
 
-__all__ = ["qwen3_5_points", "tiny_qwen3_5", "spec_forward"]
+__all__ = ["qwen3_5_points", "tiny_qwen3_5", "tiny_qwen3_5_moe", "spec_moe", "spec_forward"]
+
+_TEXT = dict(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+             linear_value_head_dim=16, max_position_embeddings=256,
+             layer_types=["linear_attention", "full_attention", "linear_attention"],
+             rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                              "mrope_section": [2, 1, 1], "mrope_interleaved": True})
 
 
-def tiny_qwen3_5(seed: int = 0, dtype=BF16):
-    """A tiny Qwen3.5 text model: a linear-attention layer, a full-attention layer, a linear one;
-    head_dim 32 with partial rotary 0.25 (8 rotated dims), random zero-centred norm weights."""
-    cfg = transformers.Qwen3_5TextConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
-        linear_key_head_dim=16, linear_value_head_dim=16, max_position_embeddings=256,
-        layer_types=["linear_attention", "full_attention", "linear_attention"],
-        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
-                         "mrope_section": [2, 1, 1], "mrope_interleaved": True},
-        attn_implementation="eager",
-    )
-    torch.manual_seed(seed)
-    model = transformers.Qwen3_5ForCausalLM(cfg).eval()
+def _randomise(model, seed: int, dtype, gate_scale: float = 0.0):
+    """Random zero-centred norm weights (HF initialises them to 0, where per_op and fused coincide), MoE
+    router weights scaled to ``gate_scale`` (sharp routing: the choice depends on the logits' last bits)."""
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("layernorm.weight") or name.endswith("q_norm.weight") or name.endswith("k_norm.weight") \
                     or name == "model.norm.weight":
                 p.copy_(0.3 * torch.randn(p.shape, generator=g))
+            elif gate_scale and (name.endswith("mlp.gate.weight") or name.endswith("shared_expert_gate.weight")):
+                p.copy_(gate_scale * torch.randn(p.shape, generator=g))
     for p in model.parameters():
         p.data = p.data.to(dtype)
     return model
+
+
+def tiny_qwen3_5(seed: int = 0, dtype=BF16):
+    """A tiny Qwen3.5 text model: a linear-attention layer, a full-attention layer, a linear one;
+    head_dim 32 with partial rotary 0.25 (8 rotated dims), random zero-centred norm weights."""
+    cfg = transformers.Qwen3_5TextConfig(**_TEXT, intermediate_size=96, attn_implementation="eager")
+    torch.manual_seed(seed)
+    return _randomise(transformers.Qwen3_5ForCausalLM(cfg).eval(), seed, dtype)
+
+
+def text_config_moe(**overrides):
+    """The tiny MoE text config: the dense one's layers, every MLP a block of top-3 of 8 experts (so
+    the three combine orders differ) and a shared expert."""
+    return transformers.Qwen3_5MoeTextConfig(**{**_TEXT, "num_experts": 8, "num_experts_per_tok": 3,
+                                                "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
+                                                **overrides})
+
+
+def tiny_qwen3_5_moe(seed: int = 0, dtype=BF16, experts: str = "eager"):
+    """A tiny Qwen3.5 MoE text model (``qwen3_5_moe_text``): the dense model's three layers (both kinds)
+    with sparse MoE blocks, sharp routers, HF's ``experts`` implementation as given."""
+    cfg = text_config_moe(attn_implementation="eager", experts_implementation=experts)
+    torch.manual_seed(seed)
+    return _randomise(transformers.Qwen3_5MoeForCausalLM(cfg).eval(), seed, dtype, gate_scale=0.5)
 
 
 def _tables(cfg, positions, where):
@@ -82,7 +110,34 @@ def _attention(attn, h, cos, sin, pts, lp):
     return F.linear(o, attn.o_proj.weight)
 
 
-def spec_forward(model, input_ids, pts) -> torch.Tensor:
+def spec_moe(block, h, pts, router=None) -> torch.Tensor:
+    """One sparse MoE block on lp ``h`` [B, S, H]: the experts' and the shared expert's gated products
+    under ``pts``; the routes and their weighted sum HF's (the block's own gate, the eager loop: each
+    expert's weighted term rounded, added into an lp zero in ascending expert id) or, with
+    ``router`` (:class:`rla.profiles.RouterPoints`), the points' definitions (``router_spec``);
+    then routed + RN(RN(sigmoid(RN(h W_s))) * shared), HF's."""
+    b, s, hid = h.shape
+    x = h.reshape(-1, hid)
+    act = lambda g, u: spec_swiglu(g, u, pts)  # noqa: E731
+    if router is not None:
+        ids, weights = router_spec.route(block, x, router, "softmax")
+        return router_spec.block_output(block, x, ids, weights, router, "softmax", "shared_expert", act).reshape(b, s, hid)
+    _, weights, ids = block.gate(x)  # HF's router: not aligned without the router region
+    ex, routed = block.experts, torch.zeros_like(x)
+    for e in range(ex.num_experts):
+        pos, tok = torch.where(ids.t() == e)  # slot, then token: the eager loop's rows
+        if tok.numel():
+            g, u = F.linear(x[tok], ex.gate_up_proj[e]).chunk(2, dim=-1)
+            term = F.linear(act(g, u), ex.down_proj[e]) * weights[tok, pos, None]
+            routed.index_add_(0, tok, term)
+    sh = block.shared_expert
+    shared = F.linear(act(F.linear(x, sh.gate_proj.weight), F.linear(x, sh.up_proj.weight)), sh.down_proj.weight)
+    return (routed + torch.sigmoid(F.linear(x, block.shared_expert_gate.weight)) * shared).reshape(b, s, hid)
+
+
+def spec_forward(model, input_ids, pts, router=None) -> torch.Tensor:
+    """The logits of ``model`` (dense or MoE) under ``pts``; ``router``: the MoE blocks' router points
+    (None: HF's router and weighted sum)."""
     body, cfg = model.model, model.config
     pts = at_head_size(pts, head_size_of(cfg))  # the row's head-size rule (align_spec.Row)
     lp = body.embed_tokens.weight.dtype
@@ -105,8 +160,11 @@ def spec_forward(model, input_ids, pts) -> torch.Tensor:
         n = layer.post_attention_layernorm
         h = spec_norm(s1 if fp32_sum else r1, n.weight, n.eps, pts, lp, after_add=True)
         mlp = layer.mlp
-        m = F.linear(spec_swiglu(F.linear(h, mlp.gate_proj.weight), F.linear(h, mlp.up_proj.weight), pts),
-                     mlp.down_proj.weight)
+        if hasattr(mlp, "experts"):
+            m = spec_moe(mlp, h, pts, router)
+        else:
+            m = F.linear(spec_swiglu(F.linear(h, mlp.gate_proj.weight), F.linear(h, mlp.up_proj.weight), pts),
+                         mlp.down_proj.weight)
         s = (s1 if carry else r1) + m.float()
         if not fp32_sum:
             s = rn(s, lp)

@@ -149,9 +149,16 @@ def route(block, x: torch.Tensor, points, family_router: str, raw: bool = False)
     return torch.tensor(ids), torch.stack(weights)
 
 
+def _dense(mlp, x: torch.Tensor, act) -> torch.Tensor:
+    """A dense gated MLP (a shared expert) with ``act(gate, up)`` for its gated product."""
+    return F.linear(act(F.linear(x, mlp.gate_proj.weight), F.linear(x, mlp.up_proj.weight)), mlp.down_proj.weight)
+
+
 def block_output(block, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, points, family_router: str,
-                 shared: str | None):
-    """The block's output [T, H] from the routes, written from the spec."""
+                 shared: str | None, act=None):
+    """The block's output [T, H] from the routes, written from the spec. ``act(gate, up)``: the lp
+    gated product of every expert, routed and shared (default: the model's own, ``act_fn(gate) * up``
+    on lp tensors, and its shared experts called as modules)."""
     experts, lp = block.experts, x.dtype
     t, k = ids.shape
     y = {}  # (token, expert) -> lp output or fp32 accumulator
@@ -161,7 +168,7 @@ def block_output(block, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tenso
             continue
         gate_up = F.linear(x[toks], experts.gate_up_proj[e])
         g, u = gate_up.chunk(2, dim=-1)
-        h = experts.act_fn(g) * u
+        h = experts.act_fn(g) * u if act is None else act(g, u)
         out = F.linear(h.float(), experts.down_proj[e].float()) if points.expert_out == "fp32" else F.linear(h, experts.down_proj[e])
         for r, i in enumerate(toks):
             y[(i, e)] = out[r]
@@ -192,8 +199,8 @@ def block_output(block, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tenso
             out = (out.float() * torch.tensor(scale, dtype=torch.float32)).to(lp)
         rows.append(out)
     out = torch.stack(rows)
-    if shared == "shared_expert":
-        out = out + F.sigmoid(block.shared_expert_gate(x)) * block.shared_expert(x)
-    elif shared is not None:
-        out = out + getattr(block, shared)(x)
+    if shared is not None:
+        mlp = getattr(block, shared)
+        dense = mlp(x) if act is None else _dense(mlp, x, act)
+        out = out + (F.sigmoid(block.shared_expert_gate(x)) * dense if shared == "shared_expert" else dense)
     return out

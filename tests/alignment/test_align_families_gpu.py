@@ -2,9 +2,10 @@
 the clamped SwiGLU, the plain norms), the PyTorch reference for the zero-centred norms, against
 each family's oracle run on the same GPU.
 
-Gemma 3 and Qwen3.5 under every row: their norms run the reference, and the fused RoPE / SwiGLU /
-GeGLU kernels equal the reference bit for bit (tests/ops/test_gated_triton.py for GeGLU), so the
-logits must be bit-equal. GPT-OSS, GLM-4 MoE, Gemma 4 and DeepSeek-V3 (its MLA's latent norms and rope half too)
+Gemma 3 and Qwen3.5 (dense and MoE) under every row: their norms run the reference, and the fused
+RoPE / SwiGLU / GeGLU kernels equal the reference bit for bit (tests/ops/test_gated_triton.py for
+GeGLU), so the logits must be bit-equal; Qwen3.5 MoE with the router region too (its pinned sums are
+loops of adds in the stated order, tests/alignment/test_align_router.py's GPU case). GPT-OSS, GLM-4 MoE, Gemma 4 and DeepSeek-V3 (its MLA's latent norms and rope half too)
 under ``vllm-0.33-eager``: their plain norms run the fused kernel in vLLM's block order, which the
 oracle's ``vllm_mean_square`` reproduces; under the ``unpinned`` rows the fused norm's tree and
 PyTorch's mean differ by an ulp now and then, so those rows are not compared here.
@@ -34,6 +35,9 @@ def _case(name):
     if name == "qwen3_5":
         from qwen3_5_spec import qwen3_5_points, spec_forward, tiny_qwen3_5
         return tiny_qwen3_5(), qwen3_5_points, spec_forward
+    if name == "qwen3_5_moe":
+        from qwen3_5_spec import qwen3_5_points, spec_forward, tiny_qwen3_5_moe
+        return tiny_qwen3_5_moe(), qwen3_5_points, spec_forward
     if name == "gpt_oss":
         from gpt_oss_spec import gpt_oss_points, spec_forward, tiny_gpt_oss
         return tiny_gpt_oss(), gpt_oss_points, spec_forward
@@ -45,7 +49,8 @@ def _case(name):
 
 
 @pytest.mark.parametrize("name, profiles", [
-    ("gemma3", PROFILES), ("qwen3_5", PROFILES), ("gpt_oss", ("vllm-0.33-eager",)), ("glm4_moe", ("vllm-0.33-eager",)),
+    ("gemma3", PROFILES), ("qwen3_5", PROFILES), ("qwen3_5_moe", PROFILES), ("gpt_oss", ("vllm-0.33-eager",)),
+    ("glm4_moe", ("vllm-0.33-eager",)),
     ("gemma4", ("vllm-0.33-eager",)),
     ("deepseek_v3:interleaved", ("vllm-0.33-eager",)), ("deepseek_v3:yarn_released", ("vllm-0.33-eager",)),
 ])
@@ -66,3 +71,22 @@ def test_aligned_on_cuda_equals_the_oracle_on_cuda(name, profiles):
             want = spec_forward(model, ids, points(profile))
             assert torch.equal(got, want), f"{name} {profile}: {(got == want).float().mean():.4f} of logits equal"
         assert torch.equal(model(ids).logits, before)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_qwen3_5_moe_with_the_router_region_on_cuda_equals_the_oracle_on_cuda(profile):
+    if compat.TRANSFORMERS_VERSION < Version("5.24"):
+        pytest.skip("qwen3_5_moe: rla.align reads its 5.24 layout")
+    from qwen3_5_spec import qwen3_5_points, spec_forward, tiny_qwen3_5_moe
+    from rla.profiles import get
+
+    model = tiny_qwen3_5_moe().cuda()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(5)).cuda()
+    with torch.no_grad():
+        rla.align(model, profile, regions=("rope", "swiglu", "rmsnorm", "router"))
+        try:
+            got = model(ids).logits
+        finally:
+            rla.unalign(model)
+        want = spec_forward(model, ids, qwen3_5_points(profile), get(profile).router)
+    assert torch.equal(got, want), f"{profile}: {(got == want).float().mean():.4f} of logits equal"

@@ -19,17 +19,18 @@ def _deepseek_v3():
                                          qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1)
 
 
-def _qwen3_5_moe():
-    return transformers.Qwen3_5MoeTextConfig(**_TINY, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
-                                             shared_expert_intermediate_size=16, layer_types=["full_attention"])
+def _qwen3_next():
+    return transformers.Qwen3NextConfig(**_TINY, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                                        shared_expert_intermediate_size=16, layer_types=["full_attention"])
 
 
+@pytest.mark.skipif(not hasattr(transformers, "Qwen3NextConfig"), reason="this transformers has no Qwen3-Next")
 @pytest.mark.parametrize("make, refusal", [
-    (_qwen3_5_moe, r"model_type='qwen3_5_moe_text'.*docs/families.md"),
-], ids=["qwen3_5_moe_text"])
+    (_qwen3_next, r"model_type='qwen3_next'.*docs/families.md"),
+], ids=["qwen3_next"])
 def test_not_yet_aligned_families_are_refused_by_name(make, refusal):
-    """Qwen3.5 MoE is not aligned at all (DeepSeek-V3, refused here until its MLA was aligned, is
-    tests/alignment/test_align_deepseek_v3.py's now)."""
+    """Qwen3-Next is not aligned at all (DeepSeek-V3 and Qwen3.5 MoE, refused here until they were aligned,
+    are tests/alignment/test_align_deepseek_v3.py's and test_align_qwen3_5_moe.py's now)."""
     cfg = make()
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
@@ -55,13 +56,22 @@ def test_a_region_a_family_does_not_support_is_refused_naming_the_ones_it_does()
     assert all(m.__dict__.keys() == before[id(m)].keys() for m in model.modules())
 
 
-@pytest.mark.parametrize("family", ["gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["gpt_oss", "deepseek_v3", "qwen3_5_moe_text"])
 def test_families_read_from_a_newer_layout_are_refused_on_older_transformers(monkeypatch, family):
-    """GPT-OSS and DeepSeek-V3 (5.5.3's experts are a DeepseekV3NaiveMoe) were read from 5.24's layout."""
+    """GPT-OSS, DeepSeek-V3 (5.5.3's experts are a DeepseekV3NaiveMoe) and Qwen3.5 MoE were read from
+    5.24's layout."""
     from gpt_oss_spec import tiny_gpt_oss
     from rla.alignment import compat
 
-    model = tiny_gpt_oss() if family == "gpt_oss" else transformers.AutoModelForCausalLM.from_config(_deepseek_v3())
+    if family == "qwen3_5_moe_text" and not hasattr(transformers, "Qwen3_5MoeTextConfig"):
+        pytest.skip("this transformers has no Qwen3.5 MoE")
+    if family == "gpt_oss":
+        model = tiny_gpt_oss()
+    elif family == "deepseek_v3":
+        model = transformers.AutoModelForCausalLM.from_config(_deepseek_v3())
+    else:
+        from qwen3_5_spec import tiny_qwen3_5_moe
+        model = tiny_qwen3_5_moe()
     monkeypatch.setattr(compat, "TRANSFORMERS_VERSION", Version("5.5.3"))
     with pytest.raises(NotImplementedError, match=rf"{family} is aligned on transformers >= 5.24.*5.5.3 lays it out"):
         rla.align(model, "vllm")

@@ -1,7 +1,8 @@
 """``rla doctor`` on the zero-centred families: 1 + w formed in bf16, per-layer-type RoPE buffers
 rounded by a cast, fp32 zero-centred weights; a clean tiny Gemma 3 has none of them. And GPT-OSS's
 MXFP4 checkpoint, which an engine runs with kernels no row describes; a DeepSeek-V3 config that does not
-name its router as vLLM reads it, or whose MLA the engines build as another function."""
+name its router as vLLM reads it, or whose MLA the engines build as another function; a Qwen3.5 MoE config
+the engines read as a router without renormalisation."""
 
 from __future__ import annotations
 
@@ -88,6 +89,26 @@ def test_deepseek_v3_router_config_as_vllm_reads_it():
     assert "scoring_func='softmax'" in next(h.detail for h in rla.doctor(model) if h.name == "DeepSeek-V3 router config")
     qwen = tiny_gemma3(layers=2)  # another family: never
     assert "DeepSeek-V3 router config" not in _names(qwen)
+
+
+def test_qwen3_5_moe_config_without_renormalisation_is_named():
+    import pytest
+
+    if not hasattr(__import__("transformers"), "Qwen3_5MoeTextConfig"):
+        pytest.skip("this transformers has no Qwen3.5 MoE")
+    from qwen3_5_spec import tiny_qwen3_5_moe
+
+    model = tiny_qwen3_5_moe()
+    assert "Qwen3.5 MoE router config" not in _names(model)  # the key absent: every stack renormalises
+    model.config.norm_topk_prob = False
+    try:
+        hazard = next(h for h in rla.doctor(model) if h.name == "Qwen3.5 MoE router config")
+        assert hazard.severity == "error" and "renormalises the top-k routing weights" in hazard.detail
+        assert not any(h.name == "Qwen3.5 MoE router config" for h in rla.doctor(model, external_engine=False))
+        model.config.norm_topk_prob = True
+        assert "Qwen3.5 MoE router config" not in _names(model)
+    finally:
+        del model.config.norm_topk_prob
 
 
 def test_gemma4_scale_constants_are_named_and_the_engines_ones_clear_them():

@@ -27,7 +27,7 @@ What changes, per region (everything else in the model runs HF's own code):
   has another shape).
 
 Supported families: Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Mixtral, GLM-4 MoE (partial rotary), GPT-OSS
-(its experts' clamped SwiGLU through ``rla.ops.swiglu_oai``), Gemma 3 (``rla.alignment.gemma``), Gemma 4's text model (``rla.alignment.gemma4``; its MoE router and experts left as they are) and Qwen3.5 dense (``rla.alignment.qwen3_5``; its linear-attention mixers left as they are) and
+(its experts' clamped SwiGLU through ``rla.ops.swiglu_oai``), Gemma 3 (``rla.alignment.gemma``), Gemma 4's text model (``rla.alignment.gemma4``; its MoE router and experts left as they are) and Qwen3.5 dense and MoE (``rla.alignment.qwen3_5``; its linear-attention mixers and the MoE's shared-expert gate left as they are) and
 DeepSeek-V3 (its MLA's latent norms and rope half: ``rla.alignment.mla``); transformers 5.17 and 5.24 (``rla.alignment.compat``). Where a
 family's modules run other engine code, the row's variant for them holds (docs/families.md).
 

@@ -30,7 +30,7 @@ from rla.alignment.families import FAMILIES, Family, class_named, get_family
 from rla.alignment.patch import foreign_wrapper, install, patch_of, uninstall
 from rla.alignment.rmsnorm import align_layers, align_norms
 from rla.alignment.rope import align_attention, align_rotary
-from rla.alignment.router import align_routers, moe_blocks
+from rla.alignment.router import align_router_region, moe_blocks
 
 ROUTER_MIN_TRANSFORMERS = "5.24"
 """The oldest transformers the router region was checked on (tests/alignment/test_align_router.py
@@ -376,13 +376,7 @@ def align(
                 counts["q_a/kv_a_layernorm (MLA)"] = len(found.latent_norms)
             report.counts["rmsnorm"] = counts
         if "router" in regions:
-            own = align_routers(routers, family, p)
-            report.counts["router"] = {"MoE blocks": len(routers)}
-            if own:
-                report.notes.append(
-                    f"profile {p.name!r} has no router points: the router region keeps HF's own values "
-                    "(rla.alignment.router.hf_router_points), bit for bit HF's MoE blocks"
-                )
+            align_router_region(routers, family, p, report)
         liger.check_after(body, found, regions)
     except BaseException:
         for m in body.modules():

@@ -1,6 +1,6 @@
 """The model families ``rla.align`` supports, and the little that differs between them.
 
-All eight share one skeleton (transformers 5.x): ``<Prefix>Model`` holds ``embed_tokens``,
+The Llama-shaped ones share one skeleton (transformers 5.x): ``<Prefix>Model`` holds ``embed_tokens``,
 ``layers`` of ``<Prefix>DecoderLayer`` (``input_layernorm`` -> ``self_attn`` -> add ->
 ``post_attention_layernorm`` -> ``mlp`` -> add), a final ``norm`` and one ``rotary_emb``; the
 attention calls the module-global ``apply_rotary_pos_emb``; norms are ``<Prefix>RMSNorm`` with
@@ -13,7 +13,9 @@ it (``q_a_layernorm``, ``kv_a_layernorm``) and RoPE on the rope half of q/k, int
 
 Gemma 3's text model (``gemma3_text``; the multimodal ``gemma3`` is not registered) has another layer shape
 (``layout='gemma3'``, aligned by ``rla.alignment.gemma``); Gemma 4's (``gemma4_text``; the multimodal
-``gemma4`` is not registered) its own (``layout='gemma4'``, ``rla.alignment.gemma4``).
+``gemma4`` is not registered) its own (``layout='gemma4'``, ``rla.alignment.gemma4``); Qwen3.5's dense and
+MoE text models (``qwen3_5_text``, ``qwen3_5_moe_text``; the multimodal ``qwen3_5``, ``qwen3_5_moe`` are not
+registered) theirs (``layout='qwen3_5'``, ``rla.alignment.qwen3_5``).
 
 Modules are recognised by class name anywhere in their MRO, so FSDP2's ``FSDP<Class>`` subclasses
 and PEFT-wrapped models are found too. A new family of the same skeleton is one row here.
@@ -142,6 +144,8 @@ FAMILIES: dict[str, Family] = {
                regions=("rope", "swiglu", "rmsnorm"), min_transformers="5.24"),
         Family("qwen3_5_text", "Qwen3_5", qk_norm=True, body="Qwen3_5TextModel", layout="qwen3_5",
                min_transformers="5.24"),
+        Family("qwen3_5_moe_text", "Qwen3_5Moe", qk_norm=True, moe=True, shared_expert="shared_expert",
+               body="Qwen3_5MoeTextModel", layout="qwen3_5", min_transformers="5.24"),
         Family("deepseek_v3", "DeepseekV3", moe=True, shared_expert="shared_experts", moe_block="MoE",
                router="sigmoid_grouped", mla=True, min_transformers="5.24"),
     )
@@ -155,7 +159,7 @@ def get_family(model_type: str | None, what: str = "this model") -> Family:
         raise NotImplementedError(
             f"rla.align does not support {what} (config.model_type={model_type!r}). Supported "
             f"families: {', '.join(FAMILIES)} (Llama, Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, "
-            "Mixtral, GPT-OSS, GLM-4 MoE, Gemma 3's, Gemma 4's and Qwen3.5's text models, DeepSeek-V3). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
+            "Mixtral, GPT-OSS, GLM-4 MoE, Gemma 3's, Gemma 4's, Qwen3.5's and Qwen3.5 MoE's text models, DeepSeek-V3). rla.ops has the aligned RoPE, SwiGLU and RMSNorm for other "
             "models; docs/families.md says what each newer family needs."
         ) from None
 

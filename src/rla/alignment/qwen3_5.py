@@ -1,5 +1,5 @@
-"""Qwen3.5 dense (``qwen3_5_text``): its full-attention layers aligned, its linear-attention layers
-left as they are.
+"""Qwen3.5, dense (``qwen3_5_text``) and MoE (``qwen3_5_moe_text``): its full-attention layers aligned,
+its linear-attention layers' mixers left as they are.
 
 The layer shape is Llama's (input norm, token mixer, add, post-attention norm, SwiGLU MLP, add),
 with three differences (``docs/families.md``):
@@ -15,6 +15,14 @@ with three differences (``docs/families.md``):
 - **Two token mixers**: ``self_attn`` (gated: ``attn * sigmoid(gate)``, left as HF computes it) or
   ``linear_attn`` (Gated DeltaNet with its own gated norm, left as is: no engine's rounding there
   has been read). The aligned layer calls the one the layer has, with HF's arguments.
+
+The MoE model (``qwen3_5_moe_text``) has the same layers with every ``mlp`` a sparse MoE block of
+Qwen2-MoE's shape: a softmax top-k router that always renormalises, 3-D experts, and a dense
+``shared_expert`` scaled by ``sigmoid(shared_expert_gate(x))`` and added to the routed sum. The
+``swiglu`` region takes the routed experts' and the shared expert's products (``rla.alignment.swiglu``),
+the opt-in ``router`` region the routing and weighted sum (``rla.alignment.router``, which calls the
+shared expert and its gate as HF does); the shared expert's gate and its add are left as HF computes
+them (:data:`MOE_LEFT_AS_IS` says what each engine does there).
 """
 
 from __future__ import annotations
@@ -31,10 +39,11 @@ from rla.alignment.gemma import align_zero_centred_layers, zero_centred_variant
 from rla.alignment.patch import install, uninstall, with_globals
 from rla.alignment.rmsnorm import layer_start, residual_source
 from rla.alignment.rope import make_apply_partial_rotary
-from rla.alignment.swiglu import align_mlps, check_activation
+from rla.alignment.router import align_router_region, moe_blocks
+from rla.alignment.swiglu import align_experts, align_mlps, check_activation, check_experts
 from rla.profiles import RoundingProfile
 
-__all__ = ["align_qwen3_5", "LEFT_AS_IS"]
+__all__ = ["align_qwen3_5", "LEFT_AS_IS", "MOE_LEFT_AS_IS"]
 
 #: What the alignment of a Qwen3.5 model leaves to HF's code, and why (printed in the report).
 LEFT_AS_IS = [
@@ -43,6 +52,17 @@ LEFT_AS_IS = [
     "left as is: the attention output gate attn * sigmoid(gate) (outside the regions)",
     "not read: vLLM's Qwen3-Next attention fuses the gated split, q/k norm and partial RoPE in one kernel "
     "when it can; the row's q/k-norm point is applied as it stands (docs/families.md)",
+]
+
+#: What the alignment of a Qwen3.5 MoE model leaves as it is beyond :data:`LEFT_AS_IS` (docs/families.md).
+MOE_LEFT_AS_IS = [
+    "left as is: the shared expert's gate and add, routed + RN(RN(sigmoid(RN(x W_s))) * shared) on bf16 tensors as HF "
+    "computes them; vLLM 0.26/0.33 compute the same ops (Qwen2MoeMLP.forward with expert_gate, eager inside its opaque "
+    "fused-MoE op in both modes); SGLang 0.5.23 on CUDA fuses the gate's fp32 dot product, sigmoid, product and add "
+    "in one Triton kernel rounded once (fused_gate_sigmoid_mul_add), which no row expresses",
+    "not expressed in the rows: vLLM runs the routed experts' activation inside its fused MoE with the CUDA "
+    "silu_and_mul kernel in both modes (per_op); the aligned experts follow the row's swiglu point, as on Qwen3-MoE "
+    "(under the default-mode rows 'fused')",
 ]
 
 
@@ -56,11 +76,23 @@ def _expect(module, family: Family, role: str, where: str):
     return module
 
 
+def _moe(mlp, family: Family, where: str, found: dict) -> None:
+    """An MoE layer's ``mlp``: its experts and its gated shared expert, for the swiglu region."""
+    _expect(mlp, family, "moe", where)
+    found["experts"].append(_expect(getattr(mlp, "experts", None), family, "experts", f"{where}.experts"))
+    found["shared_experts"].append(_expect(getattr(mlp, "shared_expert", None), family, "mlp", f"{where}.shared_expert"))
+    gate = getattr(mlp, "shared_expert_gate", None)
+    if not isinstance(gate, torch.nn.Linear) or gate.out_features != 1:
+        raise NotImplementedError(f"rla.align: expected a Linear(hidden, 1) at {where}.shared_expert_gate, found "
+                                  f"{type(gate).__name__}; src/rla/alignment/qwen3_5.py reads 5.24's MoE block")
+
+
 def _scan(body, family: Family) -> dict:
     rotary = _expect(getattr(body, "rotary_emb", None), family, "rotary", "model.rotary_emb")
     if getattr(rotary, "rope_type", None) != "default":
         raise NotImplementedError(f"rla.align: Qwen3.5 rope type {rotary.rope_type!r}; the aligned rotary computes 'default'")
     found = {"rotary": rotary, "layers": list(body.layers), "attentions": [], "norms": [], "qk_norms": [], "mlps": [],
+             "experts": [], "shared_experts": [],
              "final": _expect(getattr(body, "norm", None), family, "norm", "model.norm")}
     if not found["layers"]:
         raise NotImplementedError("rla.align: the model has no decoder layers")
@@ -76,7 +108,10 @@ def _scan(body, family: Family) -> dict:
             raise NotImplementedError(f"rla.align: {where} is a {layer.block_type!r} layer")
         for name in ("input_layernorm", "post_attention_layernorm"):
             found["norms"].append(_expect(getattr(layer, name, None), family, "norm", f"{where}.{name}"))
-        found["mlps"].append(_expect(getattr(layer, "mlp", None), family, "mlp", f"{where}.mlp"))
+        if family.moe:  # every layer's mlp is the sparse MoE block
+            _moe(getattr(layer, "mlp", None), family, f"{where}.mlp", found)
+        else:
+            found["mlps"].append(_expect(getattr(layer, "mlp", None), family, "mlp", f"{where}.mlp"))
     return found
 
 
@@ -132,10 +167,13 @@ def _layer_forward(profile: RoundingProfile, index: int, names, defaults):
 
 
 def align_qwen3_5(body, family: Family, profile: RoundingProfile, regions: tuple[str, ...], report) -> None:
-    """Align a Qwen3.5 text body in ``regions`` under ``profile``'s ``zero_centred_norm`` variant."""
+    """Align a Qwen3.5 text body (dense or MoE) in ``regions`` under ``profile``'s ``zero_centred_norm``
+    variant; refuses before patching anything it cannot do."""
     found = _scan(body, family)
     if "swiglu" in regions:
         check_activation(body.config)
+        for experts in found["experts"]:
+            check_experts(experts)
     p, chain = zero_centred_variant(profile, regions, report, "zero-centred norms (x * (1 + w))")
     linear = sum(layer.block_type == "linear_attention" for layer in found["layers"])
     try:
@@ -153,10 +191,14 @@ def align_qwen3_5(body, family: Family, profile: RoundingProfile, regions: tuple
                 install(attn, "attention", {"forward": types.MethodType(rebuilt[klass], attn)})
             report.counts["rope"] = {"rotary_emb (partial)": 1, "self_attn": len(found["attentions"])}
         if "swiglu" in regions:
-            align_mlps(found["mlps"], p)
-            report.counts["swiglu"] = {"mlp": len(found["mlps"])}
+            align_mlps(found["mlps"] + found["shared_experts"], p)
+            align_experts(found["experts"], p)
+            report.counts["swiglu"] = ({"experts": len(found["experts"]), "shared_expert": len(found["shared_experts"])}
+                                       if family.moe else {"mlp": len(found["mlps"])})
         if "rmsnorm" in regions:
             align_zero_centred_layers(found, family, p, chain, _layer_forward, report)
+        if "router" in regions:
+            align_router_region(moe_blocks(body, family), family, p, report)
     except BaseException:
         for m in body.modules():
             uninstall(m)
@@ -164,3 +206,8 @@ def align_qwen3_5(body, family: Family, profile: RoundingProfile, regions: tuple
     report.notes.append(f"{linear} of {len(found['layers'])} layers are linear attention: their norms, MLP and adds "
                         "are aligned, their mixer is not")
     report.notes.extend(LEFT_AS_IS)
+    if family.moe:
+        if "router" not in regions:
+            report.notes.append("left as is: the router (softmax top-k, renormalised) and the experts' weighted sum "
+                                "are HF's; regions=(..., 'router') aligns them to the row's router points")
+        report.notes.extend(MOE_LEFT_AS_IS if "swiglu" in regions else MOE_LEFT_AS_IS[:1])

@@ -33,7 +33,8 @@ from rla.alignment.patch import install, patch_of
 from rla.ops import routing
 from rla.profiles import RoundingProfile, RouterPoints
 
-__all__ = ["hf_router_points", "moe_blocks", "align_routers", "patch_block", "state_of", "RouterState", "STATE_ATTR"]
+__all__ = ["hf_router_points", "moe_blocks", "align_routers", "align_router_region", "patch_block", "state_of",
+           "RouterState", "STATE_ATTR"]
 
 #: The instance attribute of a patched block holding its :class:`RouterState`.
 STATE_ATTR = "_rla_router"
@@ -211,6 +212,18 @@ def align_routers(blocks: list[torch.nn.Module], family: Family, profile: Roundi
     for i, block in enumerate(blocks):
         patch_block(block, family, profile.router, i)
     return len(blocks) if profile.router is None else 0
+
+
+def align_router_region(blocks: list[torch.nn.Module], family: Family, profile: RoundingProfile, report) -> None:
+    """The router region of an alignment: patch ``blocks`` and say so in ``report`` (its counts, and a
+    note when ``profile`` has no router points, so the blocks keep HF's own values)."""
+    own = align_routers(blocks, family, profile)
+    report.counts["router"] = {"MoE blocks": len(blocks)}
+    if own:
+        report.notes.append(
+            f"profile {profile.name!r} has no router points: the router region keeps HF's own values "
+            "(rla.alignment.router.hf_router_points), bit for bit HF's MoE blocks"
+        )
 
 
 def state_of(block: torch.nn.Module) -> RouterState | None:

@@ -16,7 +16,9 @@ correction bias; and three places where its MLA attention is another function in
 HF: ``rope_interleave=False`` (vLLM rotates interleaved pairs whatever the config says), a YaRN config
 whose keys make an engine drop the softmax scale's ``mscale**2`` that HF applies, latent norms whose
 eps is not ``config.rms_norm_eps`` (HF builds them with 1e-6, the engines with the config's). For Gemma 4: the scale constants HF holds as Python floats and the engines in bf16
-(or the other way round), which no rounding point covers (``rla.diagnosis.gemma4_constants``).
+(or the other way round), which no rounding point covers (``rla.diagnosis.gemma4_constants``). For
+Qwen3.5 MoE: a config with ``norm_topk_prob=False``, which the engines read and HF does not (its router
+always renormalises).
 """
 
 from __future__ import annotations
@@ -128,6 +130,16 @@ def _engine_router_mismatch(cfg) -> str | None:
         elif value is not None and value != hf:
             bad.append(f"{key}={value!r}")
     return ", ".join(bad) or None
+
+
+def _qwen3_5_moe_no_renorm(cfg) -> bool:
+    """A Qwen3.5 MoE config (text or multimodal) with ``norm_topk_prob`` false: HF 5.24's
+    ``Qwen3_5MoeTopKRouter.forward`` renormalises the top-k weights whatever the config says; vLLM 0.26 /
+    0.33 (``models/qwen3_next.py`` ``Qwen3NextSparseMoeBlock.__init__``: ``renormalize=getattr(config,
+    "norm_topk_prob", True)``) and SGLang 0.5.23 (``srt/models/qwen2_moe.py`` ``Qwen2MoeSparseMoeBlock``:
+    ``TopK(renormalize=config.norm_topk_prob)``) read the key."""
+    text = getattr(cfg, "text_config", None) or cfg
+    return getattr(text, "model_type", None) == "qwen3_5_moe_text" and getattr(text, "norm_topk_prob", True) is False
 
 
 def _deepseek_attention(model, cfg) -> list[Hazard]:
@@ -304,6 +316,19 @@ def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16
                 "tokens to other experts, or refuses the checkpoint's bias. A plumbing difference, not rounding.",
                 "write scoring_func='sigmoid' and topk_method='noaux_tc' into the config.json the engine loads, as "
                 "DeepSeek-V3's released config does; docs/families.md, DeepSeek-V3.",
+            )
+        )
+    if external_engine and _qwen3_5_moe_no_renorm(cfg):
+        hazards.append(
+            Hazard(
+                "Qwen3.5 MoE router config",
+                "error",
+                "this Qwen3.5 MoE config has norm_topk_prob=False: HF's Qwen3_5MoeTopKRouter renormalises the top-k "
+                "routing weights whatever the config says, while vLLM's Qwen3NextSparseMoeBlock and SGLang's "
+                "Qwen2MoeSparseMoeBlock read the key and do not: every token's experts are weighted differently "
+                "(rla.align's router region computes HF's renormalised weights). A plumbing difference, not rounding.",
+                "remove norm_topk_prob from the config.json the engine loads (or set it true), as the released "
+                "Qwen3.5 MoE configs do; docs/families.md, Qwen3.5 MoE.",
             )
         )
     if external_engine:
