@@ -104,6 +104,8 @@ def test_gpt_oss_yarn_cache_is_the_aligned_rotary_tables(pkg, shape):
     half = cfg.head_dim // 2
     assert cos.dtype == torch.float32 and rotary.attention_scaling > 1.0  # the factor is in both, and not 1
     assert torch.equal(cos[0], cache[positions[0], :half]) and torch.equal(sin[0], cache[positions[0], half:])
+    with pytest.raises(ValueError, match=r"builds a yarn rope_scaling's cache, got \{'rope_type': 'default'\}"):
+        SF.yarn_cache(pkg, cfg.head_dim, cfg.head_dim, rp["rope_theta"], {"rope_type": "default"})
 
 
 def _gate_up(seed=0, rows=257, inter=96):

@@ -196,7 +196,8 @@ def yarn_cache(pkg: EnginePackage, head_size: int, rotary_dim: int, base: float,
     ``YaRNScalingRotaryEmbedding.__init__`` (run here, its own mscale rule), whose
     ``_compute_cos_sin_cache`` runs under ``with torch.device(device)``. On CUDA SGLang keeps it fp32.
     -> (cache, provenance)."""
-    if (rope_scaling or {}).get("rope_type", rope_scaling.get("type") if rope_scaling else None) != "yarn":
+    scaling = rope_scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
         raise ValueError(f"yarn_cache builds a yarn rope_scaling's cache, got {rope_scaling!r}")
     ns, provenance = {"torch": torch, "math": math}, {}
     for name in ("yarn_find_correction_dim", "yarn_find_correction_range", "yarn_linear_ramp_mask",
