@@ -24,10 +24,30 @@ import transformers
 
 import router_spec
 from align_spec import BF16, at_head_size, head_size_of, rn, spec_rope, spec_swiglu
-from gemma_spec import gemma_points as qwen3_5_points  # the zero_centred_norm variant, the same table
+from gemma_spec import gemma_points  # the zero_centred_norm kind's table: Qwen3.5's norms
 from gemma_spec import spec_norm
 
-__all__ = ["qwen3_5_points", "tiny_qwen3_5", "tiny_qwen3_5_moe", "spec_moe", "spec_forward"]
+__all__ = ["ATTENTION", "qwen3_5_points", "tiny_qwen3_5", "tiny_qwen3_5_moe", "spec_moe", "spec_forward"]
+
+# docs/families.md, "Qwen3.5 dense", copied as data (checked against rla.profiles by
+# tests/alignment/test_align_qwen3_5.py): the rows' qwen3_5 variant beyond the zero_centred_norm kind, the
+# points of Qwen3.5's gated attention. They hold at every head size: SGLang 0.5.23's fused q/k norm + RoPE
+# kernel reads the fp32 cache whatever the head size (its head-size rule is another kernel's).
+ATTENTION = {"sglang-0.5.23": {"rope_cos_sin": "fp32", "rope_apply": "fused", "qk_norm_out": "round"}}
+ATTENTION["sglang"] = ATTENTION["sglang-0.5.23"]
+
+
+def qwen3_5_points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
+    """The points that hold for a Qwen3.5 model aligned to ``profile`` in ``regions``: Gemma 3's
+    (the zero_centred_norm kind), with :data:`ATTENTION`'s for the rope region in ``.attention``,
+    which :func:`spec_forward` applies after the row's head-size rule."""
+    pts = gemma_points(profile, regions)
+    own = dict(ATTENTION.get(profile, {})) if "rope" in regions else {}
+    if not {"rope", "rmsnorm"} <= set(regions):
+        own.pop("qk_norm_out", None)  # the q/k-norm -> RoPE chain needs both regions
+    pts.attention = own
+    return pts
+
 
 _TEXT = dict(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
              head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
@@ -139,7 +159,8 @@ def spec_forward(model, input_ids, pts, router=None) -> torch.Tensor:
     """The logits of ``model`` (dense or MoE) under ``pts``; ``router``: the MoE blocks' router points
     (None: HF's router and weighted sum)."""
     body, cfg = model.model, model.config
-    pts = at_head_size(pts, head_size_of(cfg))  # the row's head-size rule (align_spec.Row)
+    # the row's head-size rule (align_spec.Row), then the attention's own points (qwen3_5_points)
+    pts = {**at_head_size(pts, head_size_of(cfg)), **getattr(pts, "attention", {})}
     lp = body.embed_tokens.weight.dtype
     device = input_ids.device
     where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")

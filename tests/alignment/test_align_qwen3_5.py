@@ -11,7 +11,8 @@ from packaging.version import Version
 import rla
 from rla.alignment import compat
 from align_spec import PROFILES, single_thread  # noqa: F401  (fixture)
-from qwen3_5_spec import qwen3_5_points, spec_forward, tiny_qwen3_5
+from qwen3_5_spec import ATTENTION, qwen3_5_points, spec_forward, tiny_qwen3_5
+from rla import profiles
 from profile_rows import DISTINCT  # each way of rounding once
 
 
@@ -26,6 +27,30 @@ def qwen():
 
 def _ids(seq=12):
     return torch.randint(0, 128, (2, seq), generator=torch.Generator().manual_seed(4))
+
+
+def test_variant_table_is_rla_profiles():
+    from gemma_spec import VARIANT
+
+    for name in PROFILES:
+        row = profiles.get(name)
+        assert row.variants.get("qwen3_5", {}) == ATTENTION.get(name, {}), name
+        assert row.variants.get("zero_centred_norm", {}) == VARIANT.get(name, {}), name
+
+
+def test_sglang_attention_points_hold_at_this_head_size(qwen):
+    """The tiny model's head size (32) is outside SGLang's fused-RoPE sizes: the row rounds the tables
+    there, Qwen3.5's attention does not (its fused kernel reads the fp32 cache); the report says both."""
+    report = rla.align(qwen, "sglang-0.5.23")
+    rla.unalign(qwen)
+    assert report.head_size == 32 and report.variant == "qwen3_5"
+    ran = report.ran()
+    assert (ran.rope_cos_sin, ran.rope_apply, ran.qk_norm_out) == ("fp32", "fused", "round")
+    assert profiles.get("sglang-0.5.23").at_head_size(32).rope_cos_sin == "round"
+    text = str(report)
+    assert "head size 32: 'sglang-0.5.23' rounds" in text
+    assert "follow 'sglang-0.5.23@head_size=32/qwen3_5': {'rope_cos_sin': 'fp32', 'rope_apply': 'fused'}" in text
+    assert "1 self_attn" in text and "cos/sin fp32, apply fused, inv_freq on device, q/k-norm out round" in text
 
 
 def test_oracle_under_hf_points_is_the_unaligned_model(qwen):

@@ -41,3 +41,19 @@ def test_malformed_variants_are_refused_by_name(change, message):
     change(d["variants"])
     with pytest.raises(ValueError, match=message):
         profiles.from_dict(d, "my.json")
+
+
+def test_a_kind_that_extends_another_applies_that_kinds_points_first():
+    """``qwen3_5`` extends ``zero_centred_norm`` (Qwen3.5's norms are zero-centred norms): its variant
+    is the base kind's points, then its own, a point both set taking the narrower kind's value."""
+    assert profiles.VARIANT_EXTENDS == {"qwen3_5": "zero_centred_norm"}
+    row = profiles.get("vllm-0.33-eager")
+    p = row.replace(name="mine", variant_evidence={}, variants={
+        "zero_centred_norm": {"norm_residual": "fp32_sum", "norm_weight": "per_op"},
+        "qwen3_5": {"norm_weight": "fused", "rope_cos_sin": "fp32"}})
+    v = p.variant("qwen3_5")
+    assert v.name == "mine/qwen3_5"
+    assert (v.norm_residual, v.norm_weight, v.rope_cos_sin) == ("fp32_sum", "fused", "fp32")
+    assert p.variant("zero_centred_norm").rope_cos_sin == row.rope_cos_sin == "round"  # the base sees only its own
+    # a row with only the base kind's points gives them to the narrower kind
+    assert row.variant("qwen3_5").points() == row.variant("zero_centred_norm").points()

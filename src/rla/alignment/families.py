@@ -142,10 +142,10 @@ FAMILIES: dict[str, Family] = {
         Family("gemma3_text", "Gemma3", qk_norm=True, body="Gemma3TextModel", layout="gemma3"),
         Family("gemma4_text", "Gemma4Text", qk_norm=True, body="Gemma4TextModel", layout="gemma4", variant="gemma4",
                regions=("rope", "swiglu", "rmsnorm"), min_transformers="5.24"),
-        Family("qwen3_5_text", "Qwen3_5", qk_norm=True, body="Qwen3_5TextModel", layout="qwen3_5",
+        Family("qwen3_5_text", "Qwen3_5", qk_norm=True, body="Qwen3_5TextModel", layout="qwen3_5", variant="qwen3_5",
                min_transformers="5.24"),
         Family("qwen3_5_moe_text", "Qwen3_5Moe", qk_norm=True, moe=True, shared_expert="shared_expert",
-               body="Qwen3_5MoeTextModel", layout="qwen3_5", min_transformers="5.24"),
+               body="Qwen3_5MoeTextModel", layout="qwen3_5", variant="qwen3_5", min_transformers="5.24"),
         Family("deepseek_v3", "DeepseekV3", moe=True, shared_expert="shared_experts", moe_block="MoE",
                router="sigmoid_grouped", mla=True, min_transformers="5.24"),
     )

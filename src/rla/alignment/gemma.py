@@ -217,12 +217,14 @@ def _align_attention(attentions, family: Family, profile: RoundingProfile) -> No
 # ---------------------------------------------------------------------------------------------
 
 
-def zero_centred_variant(profile: RoundingProfile, regions: tuple[str, ...], report, what: str):
-    """``(the row's zero_centred_norm variant, whether q/k norm -> RoPE runs as the fp32 chain)`` for a
-    zero-centred-norm decoder (Gemma 3, Qwen3.5); the report names the variant and, where it changes
+def zero_centred_variant(profile: RoundingProfile, regions: tuple[str, ...], report, what: str,
+                         kind: str = ZERO_CENTRED):
+    """``(the row's variant for a zero-centred-norm decoder, whether q/k norm -> RoPE runs as the fp32
+    chain)``: ``kind`` is ``zero_centred_norm`` (Gemma 3) or a kind extending it (Qwen3.5's
+    ``qwen3_5``: its attention's points besides); the report names the variant and, where it changes
     points, a note that ``what`` follows it. The chain with fp32 RoPE tables is refused."""
-    p = profile.variant(ZERO_CENTRED)
-    report.variant = ZERO_CENTRED
+    p = profile.variant(kind)
+    report.variant = kind
     chain = p.qk_norm_out == "fp32" and {"rope", "rmsnorm"} <= set(regions)
     if chain and p.rope_cos_sin == "fp32":
         raise NotImplementedError(f"profile {p.name!r}: qk_norm_out='fp32' with rope_cos_sin='fp32' is not implemented")

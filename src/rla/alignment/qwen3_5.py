@@ -5,16 +5,19 @@ The layer shape is Llama's (input norm, token mixer, add, post-attention norm, S
 with three differences (``docs/families.md``):
 
 - **Zero-centred RMSNorm** ``x * rstd * (1 + w)`` everywhere (``Qwen3_5RMSNorm``: the layers',
-  the final one, the q/k norms), under the rows' ``zero_centred_norm`` variant, as Gemma 3's
-  (``rla.alignment.gemma``; vLLM imports ``GemmaRMSNorm as Qwen3_5RMSNorm``).
+  the final one, the q/k norms), under the rows' ``qwen3_5`` variant, which extends
+  ``zero_centred_norm`` (Gemma 3's, ``rla.alignment.gemma``; vLLM imports ``GemmaRMSNorm as
+  Qwen3_5RMSNorm``) with the points of Qwen3.5's gated attention: SGLang 0.5.23 runs its q/k norms
+  and partial RoPE as one Triton kernel reading the fp32 cache at every head size, so the row's
+  head-size rule does not hold there (docs/families.md).
 - **Partial rotary**: the rotary tables cover ``head_dim * partial_rotary_factor`` dims; the aligned
   ``apply_rotary_pos_emb`` rotates ``q[..., :rotary_dim]`` with ``rla.ops.rope`` and passes the rest
   through (rounded to the stack dtype where the q/k norm handed it on unrounded). The rotary
   module's mRoPE recomposition (``recomposition_frequencies``, HF's own method) runs on the fp32
   tables; for text every section reads the same positions.
 - **Two token mixers**: ``self_attn`` (gated: ``attn * sigmoid(gate)``, left as HF computes it) or
-  ``linear_attn`` (Gated DeltaNet with its own gated norm, left as is: no engine's rounding there
-  has been read). The aligned layer calls the one the layer has, with HF's arguments.
+  ``linear_attn`` (Gated DeltaNet with its own gated norm, left as is: the engines run FLA's kernels
+  for the mixer). The aligned layer calls the one the layer has, with HF's arguments.
 
 The MoE model (``qwen3_5_moe_text``) has the same layers with every ``mlp`` a sparse MoE block of
 Qwen2-MoE's shape: a softmax top-k router that always renormalises, 3-D experts, and a dense
@@ -47,11 +50,14 @@ __all__ = ["align_qwen3_5", "LEFT_AS_IS", "MOE_LEFT_AS_IS"]
 
 #: What the alignment of a Qwen3.5 model leaves to HF's code, and why (printed in the report).
 LEFT_AS_IS = [
-    "left as is: the linear-attention (Gated DeltaNet) layers' mixer and its gated RMSNorm: no engine's "
-    "rounding there has been read (vLLM and SGLang run FLA kernels)",
-    "left as is: the attention output gate attn * sigmoid(gate) (outside the regions)",
-    "not read: vLLM's Qwen3-Next attention fuses the gated split, q/k norm and partial RoPE in one kernel "
-    "when it can; the row's q/k-norm point is applied as it stands (docs/families.md)",
+    "left as is: the linear-attention (Gated DeltaNet) layers' mixer and its gated RMSNorm (vLLM and SGLang run "
+    "FLA kernels; SGLang 0.5.23's gated norm multiplies weight and silu(gate) in fp32 and rounds once, where HF "
+    "rounds x * rstd first: not aligned with the mixer left as is)",
+    "left as is: the attention output gate attn * sigmoid(gate) (outside the regions; SGLang 0.5.23 rounds it "
+    "once, HF rounds sigmoid(gate) first)",
+    "vLLM's Qwen3-Next attention fuses the gated split, q/k norm and partial RoPE in one kernel (read for 0.26: "
+    "the norm rounded before the rotation); a vLLM row's q/k-norm point is applied as it stands, no live run has "
+    "scored it (docs/families.md)",
 ]
 
 #: What the alignment of a Qwen3.5 MoE model leaves as it is beyond :data:`LEFT_AS_IS` (docs/families.md).
@@ -167,14 +173,16 @@ def _layer_forward(profile: RoundingProfile, index: int, names, defaults):
 
 
 def align_qwen3_5(body, family: Family, profile: RoundingProfile, regions: tuple[str, ...], report) -> None:
-    """Align a Qwen3.5 text body (dense or MoE) in ``regions`` under ``profile``'s ``zero_centred_norm``
-    variant; refuses before patching anything it cannot do."""
+    """Align a Qwen3.5 text body (dense or MoE) in ``regions`` under ``profile``'s variant for it
+    (``family.variant``, ``qwen3_5``: the zero-centred norms' points and its attention's); refuses before
+    patching anything it cannot do."""
     found = _scan(body, family)
     if "swiglu" in regions:
         check_activation(body.config)
         for experts in found["experts"]:
             check_experts(experts)
-    p, chain = zero_centred_variant(profile, regions, report, "zero-centred norms (x * (1 + w))")
+    p, chain = zero_centred_variant(profile, regions, report, "Qwen3.5's zero-centred norms (x * (1 + w)) and "
+                                    "gated attention", kind=family.variant)
     linear = sum(layer.block_type == "linear_attention" for layer in found["layers"])
     try:
         if "rope" in regions:

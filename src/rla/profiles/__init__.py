@@ -20,6 +20,7 @@ from rla.profiles.model import (
     PointCondition,
     PointEvidence,
     RoundingProfile,
+    VARIANT_EXTENDS,
     VARIANTS,
 )
 from rla.profiles.router import ROUTER_POINTS, RouterPoints
@@ -46,7 +47,7 @@ from rla.profiles.versions import (
 
 __all__ = [
     "RoundingProfile", "Calibration", "PointEvidence", "POINTS", "REGIONS", "REGION_POINTS", "EVIDENCE", "VARIANTS",
-    "PointCondition", "CONDITIONS", "get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles",
+    "VARIANT_EXTENDS", "PointCondition", "CONDITIONS", "get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles",
     "for_engine", "EngineMatch", "ProfileVersionWarning", "engine_alias", "installed_version",
     "rollout_version", "calibrated_rows", "RouterPoints", "ROUTER_POINTS",
 ]

@@ -25,7 +25,7 @@ from typing import Literal
 from rla.profiles.router import RouterPoints
 
 __all__ = ["RoundingProfile", "Calibration", "PointEvidence", "PointCondition", "POINTS", "REGIONS", "REGION_POINTS",
-           "EVIDENCE", "VARIANTS", "CONDITIONS"]
+           "EVIDENCE", "VARIANTS", "VARIANT_EXTENDS", "CONDITIONS"]
 
 #: The three regions a profile describes, in the order reports list them.
 REGIONS: tuple[str, ...] = ("rope", "swiglu", "rmsnorm")
@@ -56,13 +56,22 @@ REGION_POINTS: dict[str, tuple[str, ...]] = {
 #: measured on, so a row can say, as data, which points differ for them (``RoundingProfile.variants``).
 #: ``zero_centred_norm``: the RMSNorm of Gemma and Qwen3.5/Qwen3-Next, ``x * rstd * (1 + w)``,
 #: and the decoder layers built around it (Gemma's norms before and after each sub-block).
-#: ``gpt_oss``: GPT-OSS's norms and its experts' clamped SwiGLU; ``gemma4``, ``gemma4_ple``: Gemma 4's (docs/families.md).
+#: ``gpt_oss``: GPT-OSS's norms and its experts' clamped SwiGLU; ``gemma4``, ``gemma4_ple``: Gemma 4's;
+#: ``qwen3_5``: Qwen3.5's modules, its zero-centred norms and its gated attention (docs/families.md).
 VARIANTS: dict[str, str] = {
     "zero_centred_norm": "RMSNorm computing x * rstd * (1 + w) (Gemma 3, Qwen3.5/Qwen3-Next) and its layers' adds",
     "gpt_oss": "GPT-OSS's RMSNorm (HF: (w * x * rstd) rounded once) and its experts' clamped SwiGLU",
     "gemma4": "Gemma 4's RMSNorm (HF: x * rstd * w rounded once) and its layers' adds",
     "gemma4_ple": "Gemma 4's per-layer-input gate gelu_tanh(g) * p, written as two PyTorch ops (the swiglu point)",
+    "qwen3_5": "Qwen3.5's modules: its zero-centred norms (the zero_centred_norm kind's points) and its gated "
+               "attention's q/k norms and partial RoPE, which an engine may run as one kernel with the gate split",
 }
+
+#: A kind whose modules are another kind's and more: its variant applies that kind's points first,
+#: then its own (a point both set takes the narrower kind's value). Qwen3.5's norms are zero-centred
+#: norms, as Gemma 3's; its attention runs other engine code than Gemma 3's (SGLang 0.5.23: one Triton
+#: kernel for the q/k norms and RoPE that reads the fp32 cache at every head size).
+VARIANT_EXTENDS: dict[str, str] = {"qwen3_5": "zero_centred_norm"}
 
 #: What a row's :class:`PointCondition` may test, and how: a model property and the test on it.
 #: ``head_size_in`` / ``head_size_not_in``: the attention head size (``config.head_dim``, else
@@ -301,10 +310,12 @@ class RoundingProfile:
 
     def variant(self, kind: str) -> "RoundingProfile":
         """The profile that holds for modules of ``kind`` (:data:`VARIANTS`): this row with the
-        variant's points applied, named ``<name>/<kind>`` when any differ (itself otherwise)."""
+        variant's points applied (those of the kind it extends first, :data:`VARIANT_EXTENDS`),
+        named ``<name>/<kind>`` when any differ (itself otherwise)."""
         if kind not in VARIANTS:
             raise ValueError(f"unknown variant {kind!r}; variants are {list(VARIANTS)}")
-        changes = {p: v for p, v in self.variants.get(kind, {}).items() if getattr(self, p) != v}
+        wanted = {**self.variants.get(VARIANT_EXTENDS.get(kind, ""), {}), **self.variants.get(kind, {})}
+        changes = {p: v for p, v in wanted.items() if getattr(self, p) != v}
         if not changes:
             return self
         return dataclasses.replace(self, name=f"{self.name}/{kind}", calibration=None, variants={},
