@@ -11,6 +11,9 @@
 - ``results/benchmarks/vllm026_families_h200_2026-12-02/`` (stages ``fam-eager fam-default``): the live
   runs on GLM-4 MoE, GPT-OSS and DeepSeek-V3 (``runs/<call>/verify-<model>-<mode>/report.json``).
 
+- ``results/benchmarks/vllm026_qwen35_gemma4_h200_2026-12-03/`` (stages ``fam-eager fam-default famcal-default``):
+  the live runs on Qwen3.5 dense and Gemma 4 and the Gemma 4 default-mode calibration (every point with its flip).
+
 ``python lab/bench/families_tables.py [--write]`` prints every block; ``--write`` puts each into its
 README between ``<!-- NAME -->`` and ``<!-- /NAME -->``. ``tests/lab/test_families_tables.py`` checks
 that the committed blocks are the render.
@@ -36,6 +39,10 @@ EVENING = BENCH / "vllm026_qwen35_gptoss_h200_2026-12-02"
 #: the evening's verify runs (after the gpt_oss variant of vllm-0.26 and the MLA alignment), as MOE_RUNS
 EVENING_RUNS = (("gptoss-h2880", "default", "gptoss-default-variant"), ("deepseekv3-h2048", "default", "deepseekv3-default"),
                 ("deepseekv3-h2048", "eager", "deepseekv3-eager-mla"))
+DEC3 = BENCH / "vllm026_qwen35_gemma4_h200_2026-12-03"
+#: 2026-12-03's verify runs, as MOE_RUNS
+DEC3_RUNS = (("qwen35-h2048", "eager", "qwen35-eager"), ("qwen35-h2048", "default", "qwen35-default"),
+             ("gemma4-h2560", "eager", "gemma4-eager"), ("gemma4-h2560", "default", "gemma4-default"))
 #: The H200 timings of rla bench ops' add_rms_norm case (16384 x 3584, forward + backward) that turn
 #: bytes into milliseconds: PyTorch's eager ops ("hf") and rla's fused kernel ("rla").
 OPS_TIMINGS = (BENCH / "h200_2026-11-29_ops.json", BENCH / "e2e_align_ops_isolated_h200_2026-11-29/call3_ops_isolated.json",
@@ -252,6 +259,20 @@ def calibration_table(root: Path, folder: Path = EVENING, call: str = "gptoss-de
     return _table(["point", f"`{rep['start']}`", "found", "found row with this point flipped back (prefill k3)"], rows)
 
 
+def flips_table(root: Path, folder: Path = DEC3, call: str = "gemma4-calibrate-default",
+                stem: str = "calibrate-gemma4-h2560-default") -> str:
+    """Every point of a ``rla calibrate --live`` report: the start row's value, the found row's, and the found
+    row's prefill k3 with the point flipped to its other value (or why that value could not be scored)."""
+    rep = _json(root, folder / "runs" / call / f"{stem}.report.json")
+    start, best = rep["start_score"]["points"], rep["best"]
+    rows = []
+    for p, flip in rep["flips"].items():
+        k3 = f"{flip['prefill_k3']:.3e}" if "prefill_k3" in flip else "not scored: " + flip.get("error", "?")
+        rows.append([f"`{p}`", start[p], best[p], f"{flip['other']}: {k3}"])
+    rows.append(["(the whole row)", f"{rep['start_score']['prefill']['k3']:.3e}", f"{rep['score']['prefill']['k3']:.3e}", "-"])
+    return _table(["point", f"`{rep['start']}`", "found", "found row with the point flipped (prefill k3)"], rows)
+
+
 BLOCKS = {
     KERNELS / "README.md": {"tests-table": tests_table, "gelu-table": gelu_table, "e2e-table": e2e_table,
                             "dispatch-table": dispatch_table, "traffic-table": traffic_table,
@@ -260,6 +281,8 @@ BLOCKS = {
     MOE_LIVE / "README.md": {"moe-live-table": moe_live_table},
     EVENING / "README.md": {"evening-live-table": lambda root: moe_live_table(root, EVENING, EVENING_RUNS),
                             "evening-calibration-table": calibration_table},
+    DEC3 / "README.md": {"dec3-live-table": lambda root: moe_live_table(root, DEC3, DEC3_RUNS),
+                         "dec3-flips-table": flips_table},
 }
 
 

@@ -10,13 +10,13 @@ from repo_root import ROOT
 
 def test_the_committed_blocks_are_the_render_of_the_data():
     rendered = T.render(ROOT)
-    assert sum(len(b) for b in rendered.values()) == 10
+    assert sum(len(b) for b in rendered.values()) == 12
     for readme, new in rendered.items():
         assert T.blocks((ROOT / readme).read_text()) == new, readme
 
 
 def _copy(tmp_path):
-    for rel in (T.KERNELS, T.LIVE, T.MOE_LIVE, T.EVENING, *T.OPS_TIMINGS):
+    for rel in (T.KERNELS, T.LIVE, T.MOE_LIVE, T.EVENING, T.DEC3, *T.OPS_TIMINGS):
         src, dst = ROOT / rel, tmp_path / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
@@ -41,7 +41,18 @@ def test_a_changed_number_is_seen(tmp_path):
     data = json.loads(c.read_text())
     data["flips"]["rope_cos_sin"]["prefill_k3"] *= 1.5
     c.write_text(json.dumps(data))
+    d = root / T.DEC3 / "runs" / "gemma4-default" / "verify-gemma4-h2560-default" / "report.json"
+    data = json.loads(d.read_text())
+    data["rows"][1]["decode"]["k3"] *= 1.5
+    d.write_text(json.dumps(data))
+    f3 = root / T.DEC3 / "runs" / "gemma4-calibrate-default" / "calibrate-gemma4-h2560-default.report.json"
+    data = json.loads(f3.read_text())
+    data["flips"]["qk_norm_out"]["prefill_k3"] *= 1.5
+    f3.write_text(json.dumps(data))
     new = T.render(root)
+    dec3 = T.DEC3 / "README.md"
+    assert new[dec3]["dec3-live-table"] != T.render(ROOT)[dec3]["dec3-live-table"]
+    assert new[dec3]["dec3-flips-table"] != T.render(ROOT)[dec3]["dec3-flips-table"]
     ev = T.EVENING / "README.md"
     assert new[ev]["evening-calibration-table"] != T.render(ROOT)[ev]["evening-calibration-table"]
     moe = T.MOE_LIVE / "README.md"
