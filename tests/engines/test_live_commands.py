@@ -157,6 +157,7 @@ def test_saved_engine_outputs_are_scored_without_the_engine(saved, tmp_path, cap
         (["--model", str(other)], "made from other weights (rla-weights/1:"),
         (["--model", ckpt, "--mode", "default"], "are from vllm 0.26.0 in eager mode; drop --mode"),
         (["--model", ckpt, "--responses", "2"], "--responses: sets up an engine run; --engine-outputs scores"),
+        (["--model", ckpt, "--gdn-prefill-backend", "triton"], "--gdn-prefill-backend: sets up an engine run"),
         (["--model", ckpt, "--train-attention", "engine"], "vLLM is not installed"),
     ]:
         assert main(["verify", "--live", "--engine-outputs", run, "--out", str(tmp_path / "x"), *argv]) == 2, argv
