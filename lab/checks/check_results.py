@@ -745,6 +745,22 @@ def evening_live(root):
             removed("deepseekv3-eager-mla", "deepseekv3-h2048", "eager", "vllm-0.26-eager")]
 
 
+DEC3_LIVE = "results/benchmarks/vllm026_qwen35_gemma4_h200_2026-12-03"
+
+
+def dec3_live(root):
+    """2026-12-03's live runs: % of HF eager's prefill k3 removed by the running mode's row on Gemma 4 (eager,
+    default) and Qwen3.5 dense (eager, default)."""
+    def removed(call, model, mode, side):
+        rep = _json(root, f"{DEC3_LIVE}/runs/{call}/verify-{model}-{mode}/report.json")
+        rows = {r["side"]: r["prefill"] for r in rep["rows"]}
+        return 100 * (1 - rows[side]["k3"] / rows["hf"]["k3"])
+    return [removed("gemma4-eager", "gemma4-h2560", "eager", "vllm-0.26-eager"),
+            removed("gemma4-default", "gemma4-h2560", "default", "vllm-0.26"),
+            removed("qwen35-eager", "qwen35-h2048", "eager", "vllm-0.26-eager"),
+            removed("qwen35-default", "qwen35-h2048", "default", "vllm-0.26")]
+
+
 def gemma3_e2e(root):
     """Gemma 3 4B training step: rla-vllm / hf-bf16 tok_s, its peak / hf-bf16's, liger / hf-bf16 tok_s."""
     (rel,) = [p.relative_to(root).as_posix() for p in (root / FAMILIES / "e2e").glob("*.json")]
@@ -775,6 +791,8 @@ CHECKS: list[Check] = [
           "DeepSeek-V3 (MoE regions) eager", moe_families_live),
     Check("evening live", "README", f"{EVENING_LIVE}/runs/*/verify-*/report.json",
           "% prefill k3 removed: GPT-OSS default (gpt_oss variant), DeepSeek-V3 eager (MLA aligned)", evening_live),
+    Check("Gemma 4 and Qwen3.5 live", "README", f"{DEC3_LIVE}/runs/*/verify-*/report.json",
+          "% prefill k3 removed by the running mode's row: Gemma 4 eager, default; Qwen3.5 eager, default", dec3_live),
     Check("Gemma 3 e2e", "README", f"{FAMILIES}/e2e/e2e_NVIDIA_H200_2026-12-02.json",
           "rla-vllm / hf-bf16 tok_s and peak; liger / hf-bf16 tok_s", gemma3_e2e),
     # ---- README: engine calibration and twin
