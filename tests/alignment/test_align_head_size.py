@@ -115,3 +115,21 @@ def test_head_size_in_and_round_trip():
     assert p.at_head_size(96).swiglu == "per_op" and p.at_head_size(64) is p
     back = profiles.from_dict(profiles.to_dict(p), "custom.json")
     assert back.conditions == (c,) and back.at_head_size(96).points() == p.at_head_size(96).points()
+
+
+def test_the_reports_variant_points_are_the_ones_that_ran_at_the_head_size():
+    """A family with a variant at a head size the row's rule changes: the report's ``variant_points`` are the row
+    at the model's head size with the variant over it (what :meth:`ran` applies), not the row's own."""
+    from gemma_spec import tiny_gemma3
+
+    model = tiny_gemma3()
+    report = rla.align(model, "sglang-0.5.23")
+    try:
+        head = model.config.head_dim
+        assert head not in (64, 128, 256, 512), head  # the rule's other branch: a bf16 cache, per-op products
+        d = report.to_dict()
+        assert d["variant_points"] == report.ran().points()
+        assert d["variant_points"]["rope_cos_sin"] == "round" and d["variant_points"]["rope_apply"] == "per_op"
+        assert d["variant_points"]["norm_weight"] == profiles.get("sglang-0.5.23").variant("zero_centred_norm").points()["norm_weight"]
+    finally:
+        rla.unalign(model)
