@@ -15,7 +15,8 @@ TWIN_FLAGS = {"tokens": ("--tokens", None),
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", required=True, type=model_path,
-                        help=f"HF checkpoint folder (Qwen2, Qwen3 or Llama; local files only), or {MODEL_HELP}")
+                        help=f"HF checkpoint folder (the twin lays out Qwen2, Qwen3, Llama, Gemma 3, GLM-4 MoE and "
+                        f"GPT-OSS; local files only), or {MODEL_HELP}")
     parser.add_argument("--engine", choices=["vllm"], default="vllm", help="the engine whose code the twin runs")
     parser.add_argument("--mode", choices=["default", "eager", "native"], default=None,
                         help="default (the default): native ops under Inductor in pieces split at attention (vLLM "
@@ -126,7 +127,7 @@ def _run_twin(args) -> int:
 
     from rla.engines.twin_compare import aligned_side, compare, hf_side
     from rla.engines import vllm
-    from rla.engines.vllm_twin import VllmTwin
+    from rla.engines import vllm_twin_families
     from rla.hf import load_model
 
     _check(args)
@@ -152,7 +153,7 @@ def _run_twin(args) -> int:
     console = make_console()
     console.print(f"twin: vLLM {engine.version} ({engine.package.origin}), mode {args.mode}; "
                   f"aligned profile: {profile.name}", highlight=False)
-    twin = VllmTwin(model, engine, args.mode, args.library)
+    twin = vllm_twin_families.build_twin(model, engine, args.mode, args.library)
     g = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.tokens), generator=g).to(args.device)
     positions = (torch.arange(args.tokens) + args.position_offset)[None].expand(args.batch, -1).to(args.device)
