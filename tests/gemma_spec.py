@@ -127,12 +127,16 @@ def _attention(attn, h, cos, sin, pts, lp):
     return F.linear(out.reshape(B, S, -1).contiguous(), attn.o_proj.weight)
 
 
-def spec_forward(model, input_ids, pts, positions=None, post_norm_fp32: bool = False, streams=None) -> torch.Tensor:
+def spec_forward(model, input_ids, pts, positions=None, post_norm_fp32: bool = False, streams=None,
+                 embed_fp32: bool = False) -> torch.Tensor:
     """Logits of ``model`` (a Gemma3ForCausalLM) computed under the points ``pts`` at ``positions``
     (default 0..S-1). ``post_norm_fp32``: the post-attention and post-feed-forward norms hand the add
     after them their unrounded output (the chain vLLM's default-mode graph compiles on the CPU:
     tests/engines/test_vllm_twin_families.py); no row has it. ``streams``: a list that receives the
-    residual stream after each layer, rounded (as the engine twin records it)."""
+    residual stream after each layer, rounded (as the engine twin records it). ``embed_fp32``: the
+    first norm reads the embedding times its bf16 scale unrounded (a chain vLLM's compiled first
+    piece can keep; the residual is the rounded product either way); sqrt(hidden) = 8 at the tiny
+    models' width, where the product is exact and the option changes nothing."""
     body, cfg = model.model, model.config
     pts = at_head_size(pts, head_size_of(cfg))  # the row's head-size rule (align_spec.Row)
     lp = body.embed_tokens.weight.dtype
@@ -150,10 +154,13 @@ def spec_forward(model, input_ids, pts, positions=None, post_norm_fp32: bool = F
     carry = pts["residual_stream"] == "fp32_carry"
     x = body.embed_tokens(input_ids)  # HF's scaled embedding (left as is)
     s = x.float()  # what the next norm reads: the fp32 sum (or the embeddings)
+    if embed_fp32:  # the product F.embedding(ids, w) * RN(scale), before its rounding
+        scale = body.embed_tokens.embed_scale.to(lp).float()
+        s = F.embedding(input_ids, body.embed_tokens.weight).float() * scale
     for i, layer in enumerate(body.layers):
         r = rn(s, lp)  # the residual stream
-        h = spec_norm(s if fp32_sum else r, layer.input_layernorm.weight, layer.input_layernorm.eps, pts, lp,
-                      after_add=i > 0)
+        read = s if fp32_sum or (i == 0 and embed_fp32) else r
+        h = spec_norm(read, layer.input_layernorm.weight, layer.input_layernorm.eps, pts, lp, after_add=i > 0)
         a = _attention(layer.self_attn, h, *tables[cfg.layer_types[i]], pts, lp)
         a = spec_norm(a.float(), layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, pts, lp,
                       out=post_out)

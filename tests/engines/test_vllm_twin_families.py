@@ -245,3 +245,16 @@ def test_family_twins_refuse_what_vllm_computes_otherwise(vllm_engine):
         build_twin(model, vllm_engine, "native")
     with pytest.raises(ValueError, match="past the engine's cos/sin cache"):
         build_twin(tiny_gemma3(), vllm_engine, "native")(tokens(1, 4), torch.tensor([[252, 253, 254, 256]]))
+
+
+def test_gemma_oracle_embedding_chain_reads_the_unrounded_product():
+    """The oracle's ``embed_fp32`` (a side of the GPU run, lab/bench/twin_families.py): the first norm
+    reads the embedding times the bf16 scale unrounded. At hidden 64 the scale is 8 and the product
+    exact, so it changes nothing (why the CPU twin cannot tell); at hidden 96 it does."""
+    pts = gemma_points("vllm-0.33")
+    for hidden, same in ((64, True), (96, False)):
+        model = tiny_gemma3(hidden_size=hidden)
+        with torch.no_grad():
+            plain = gemma_forward(model, IDS, pts)
+            chain = gemma_forward(model, IDS, pts, embed_fp32=True)
+        assert torch.equal(plain, chain) is same, hidden
