@@ -258,3 +258,18 @@ def test_gemma_oracle_embedding_chain_reads_the_unrounded_product():
             plain = gemma_forward(model, IDS, pts)
             chain = gemma_forward(model, IDS, pts, embed_fp32=True)
         assert torch.equal(plain, chain) is same, hidden
+
+
+def test_rla_verify_names_the_family_chain_the_row_lacks(vllm_wheel, tmp_path, capsys):
+    """`rla verify` builds the family's twin (rla.engines.vllm_twin_families.build_twin) and, where the
+    aligned side differs in default mode, names the chain the row lacks for that family."""
+    from rla.cli import main
+
+    folder = tmp_path / "gemma"
+    tiny_gemma3().save_pretrained(str(folder))
+    args = ["verify", "--model", str(folder), "--wheel", vllm_wheel, "--device", "cpu", "--tokens", "24", "--batch", "2"]
+    assert main(args) == 0
+    text = capsys.readouterr().out.replace("\n", " ")
+    assert "aligned vllm-0.33" in text and "post-feed-forward norms' outputs unrounded into the adds" in text
+    assert main(args + ["--mode", "native"]) == 0
+    assert "unrounded into the adds" not in capsys.readouterr().out.replace("\n", " ")

@@ -194,7 +194,7 @@ def _run_twin(args) -> int:
     console.print(layers)
     aligned = next(s for s in result.sides if s.name == aligned_name)
     if aligned.logits_equal < 1.0:
-        console.print(_rest_note(profile, args.mode), highlight=False)
+        console.print(_rest_note(profile, args.mode, model.config.model_type), highlight=False)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result.as_dict(), f, indent=2)
@@ -216,8 +216,24 @@ def _engine_side(engine, args):
     return engine_backed_forward(engine, args.mode, args.library)
 
 
-def _rest_note(profile, mode: str) -> str:
+#: Families whose default-mode twin computes a chain the rows lack (docs/families.md, each family's section;
+#: vllm-0.26's gpt_oss variant has GPT-OSS's).
+_CHAINS = {"gemma3_text": "the post-attention / post-feed-forward norms' outputs unrounded into the adds",
+           "glm4_moe": "the shared + routed experts' sum unrounded into the residual add",
+           "gpt_oss": "the fp32 YaRN cache read unrounded by RoPE (rope_cos_sin='fp32')"}
+
+
+def _rest_note(profile, mode: str, model_type: str | None = None) -> str:
     """What the aligned side's difference from the twin can be, said without guessing which."""
+    chain = ""
+    missing = model_type in _CHAINS and not (model_type == "gpt_oss" and profile.variant("gpt_oss").rope_cos_sin == "fp32")
+    if mode == "default" and missing:
+        chain = (f" On {model_type} the default-mode twin also computes what this row does not say, so the aligned "
+                 f"model does not either: {_CHAINS[model_type]} (docs/families.md).")
+    return _rest_kind(profile, mode) + chain
+
+
+def _rest_kind(profile, mode: str) -> str:
     if profile.norm_reduction == "unpinned" and mode == "default":
         known = ("the norms' reduction order: this row leaves it unpinned (norm_reduction='unpinned'), and "
                  "Inductor picks a reduction tree per compiled kernel, so rla's kernels add the squares "
