@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # Device calls of the family-twin session (vLLM 0.33's twin of Gemma 3, GLM-4 MoE and GPT-OSS at
 # realistic width, default and eager mode: lab/bench/twin_families.py), one H200. Made on the CPU
-# machine first: bash lab/bench/twin_families_pack.sh (writes .carry/twin33/). vLLM's kernel library
-# travels in pieces, one per call on the still-warm machine (each call: carry .carry/twin33/pK):
-#   bash lab/bench/twin_families_session.sh piece 1     (then 2, 3: seconds each)
-#   bash lab/bench/twin_families_session.sh run 4       (carry .carry/twin33/p4, .carry/twin33/mini, .carry/twin33/tf)
-# `run` assembles the library in /tmp/twin33, checks its sha256, and runs the families stage in both
-# modes (about 3-4 minutes: Inductor compiling each family's pieces dominates). Everything lands in
-# $OUT/results.tgz (the tool returns at most 8 files).
+# machine first: bash lab/bench/twin_families_pack.sh (writes .carry/twin33/). What the run needs
+# travels in pieces, one per call on the still-warm machine (a call's tree + carry < 64 MiB; the
+# tracked tree alone is ~46 MB), each kept in /tmp/twin33 for the last call:
+#   bash lab/bench/twin_families_session.sh piece 1     (carry .carry/twin33/p1; then 2 and 3: seconds each)
+#   bash lab/bench/twin_families_session.sh tf          (carry .carry/twin33/tf: transformers 5.24 into /tmp)
+#   bash lab/bench/twin_families_session.sh run 4       (carry .carry/twin33/p4 and .carry/twin33/mini)
+# `run` assembles the kernel library, checks its sha256, and runs the families stage in both modes
+# (about 3-5 minutes: Inductor compiling each family's pieces dominates; the stage's own limit is
+# 500 s). Everything lands in $OUT/results.tgz (the tool returns at most 8 files).
 set -u
 CALL=$1; K=${2:-}
 export PYTHONPATH=$PWD/src:$PWD/tests:$PWD PYTHONUNBUFFERED=1 RLA_ENGINE_CACHE=/tmp/twin33/cache
 mkdir -p /tmp/twin33
+if [ "$CALL" = tf ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/twin33/tf .carry/twin33/tf/*.whl
+  PYTHONPATH=/tmp/twin33/tf python3 -c "import transformers; print(transformers.__version__)"; exit $?
+fi
 cp .carry/twin33/p$K/part* /tmp/twin33/
 [ "$CALL" = piece ] && { ls -l /tmp/twin33; exit 0; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/twin33/tf .carry/twin33/tf/*.whl || exit 1
+[ -d /tmp/twin33/tf/transformers ] || { echo "transformers 5.24 is not in /tmp/twin33/tf: run the tf call first"; exit 1; }
 export PYTHONPATH=/tmp/twin33/tf:$PYTHONPATH
 W=$PWD/.carry/twin33/mini/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
 L=/tmp/twin33/_C.so.xz
