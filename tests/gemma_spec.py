@@ -46,14 +46,14 @@ def gemma_points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
     return out
 
 
-def tiny_gemma3(seed: int = 0, layers: int = 3, dtype=BF16):
+def tiny_gemma3(seed: int = 0, layers: int = 3, dtype=BF16, hidden_size: int = 64):
     """A random tiny Gemma 3 text model: sliding and full layers (theta 10k default, theta 1M
     linear x8), head_dim 16, every norm weight random around 0 (HF initialises them to 0, where
     ``1 + w`` is exact and a test would prove little). Parameters cast one by one, so the rotary
     buffers stay fp32 (as ``from_pretrained(dtype=)`` leaves them)."""
     types = ["sliding_attention"] * (layers - 1) + ["full_attention"]
     cfg = transformers.Gemma3TextConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+        vocab_size=128, hidden_size=hidden_size, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=8,
         query_pre_attn_scalar=16, layer_types=types, final_logit_softcapping=None, tie_word_embeddings=False,
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
@@ -127,14 +127,24 @@ def _attention(attn, h, cos, sin, pts, lp):
     return F.linear(out.reshape(B, S, -1).contiguous(), attn.o_proj.weight)
 
 
-def spec_forward(model, input_ids, pts) -> torch.Tensor:
-    """Logits of ``model`` (a Gemma3ForCausalLM) computed under the points ``pts``."""
+def spec_forward(model, input_ids, pts, positions=None, post_norm_fp32: bool = False, streams=None,
+                 embed_fp32: bool = False) -> torch.Tensor:
+    """Logits of ``model`` (a Gemma3ForCausalLM) computed under the points ``pts`` at ``positions``
+    (default 0..S-1). ``post_norm_fp32``: the post-attention and post-feed-forward norms hand the add
+    after them their unrounded output (the chain vLLM's default-mode graph compiles on the CPU:
+    tests/engines/test_vllm_twin_families.py); no row has it. ``streams``: a list that receives the
+    residual stream after each layer, rounded (as the engine twin records it). ``embed_fp32``: the
+    first norm reads the embedding times its bf16 scale unrounded (a chain vLLM's compiled first
+    piece can keep; the residual is the rounded product either way); sqrt(hidden) = 8 at the tiny
+    models' width, where the product is exact and the option changes nothing."""
     body, cfg = model.model, model.config
     pts = at_head_size(pts, head_size_of(cfg))  # the row's head-size rule (align_spec.Row)
     lp = body.embed_tokens.weight.dtype
     device = input_ids.device
     where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")
-    positions = torch.arange(input_ids.shape[1], device=device)[None].expand(input_ids.shape[0], -1)
+    if positions is None:
+        positions = torch.arange(input_ids.shape[1], device=device)[None].expand(input_ids.shape[0], -1)
+    post_out = torch.float32 if post_norm_fp32 else None
     tables = {}
     for t in set(cfg.layer_types):
         freqs = positions[..., None].float() * spec_inv_freq(cfg, t, where).to(device)
@@ -144,12 +154,16 @@ def spec_forward(model, input_ids, pts) -> torch.Tensor:
     carry = pts["residual_stream"] == "fp32_carry"
     x = body.embed_tokens(input_ids)  # HF's scaled embedding (left as is)
     s = x.float()  # what the next norm reads: the fp32 sum (or the embeddings)
+    if embed_fp32:  # the product F.embedding(ids, w) * RN(scale), before its rounding
+        scale = body.embed_tokens.embed_scale.to(lp).float()
+        s = F.embedding(input_ids, body.embed_tokens.weight).float() * scale
     for i, layer in enumerate(body.layers):
         r = rn(s, lp)  # the residual stream
-        h = spec_norm(s if fp32_sum else r, layer.input_layernorm.weight, layer.input_layernorm.eps, pts, lp,
-                      after_add=i > 0)
+        read = s if fp32_sum or (i == 0 and embed_fp32) else r
+        h = spec_norm(read, layer.input_layernorm.weight, layer.input_layernorm.eps, pts, lp, after_add=i > 0)
         a = _attention(layer.self_attn, h, *tables[cfg.layer_types[i]], pts, lp)
-        a = spec_norm(a.float(), layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, pts, lp)
+        a = spec_norm(a.float(), layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, pts, lp,
+                      out=post_out)
         s1 = a.float() + r
         r1 = rn(s1, lp)
         ff = layer.pre_feedforward_layernorm
@@ -157,9 +171,12 @@ def spec_forward(model, input_ids, pts) -> torch.Tensor:
         mlp = layer.mlp
         y = spec_geglu(F.linear(h, mlp.gate_proj.weight), F.linear(h, mlp.up_proj.weight), pts)
         m = F.linear(y, mlp.down_proj.weight)
-        m = spec_norm(m.float(), layer.post_feedforward_layernorm.weight, layer.post_feedforward_layernorm.eps, pts, lp)
+        m = spec_norm(m.float(), layer.post_feedforward_layernorm.weight, layer.post_feedforward_layernorm.eps, pts, lp,
+                      out=post_out)
         s = (s1 if carry else r1) + m.float()
         if not fp32_sum:
             s = rn(s, lp)
+        if streams is not None:
+            streams.append(rn(s, lp))
     h = spec_norm(s if fp32_sum else rn(s, lp), body.norm.weight, body.norm.eps, pts, lp, after_add=True)
     return F.linear(h, model.lm_head.weight)

@@ -19,13 +19,14 @@ from align_spec import (BF16, _dense_mlp, _experts, _linear, _repeat_kv, at_head
 __all__ = ["tiny_glm4_moe", "spec_forward"]
 
 
-def tiny_glm4_moe(seed: int = 0, dtype=BF16, qk_norm: bool = True):
-    """Two layers: a dense MLP (first_k_dense_replace=1), then 4 routed experts (top 2) and a
-    shared expert; head_dim 32, partial rotary 0.5; random norm weights around 1."""
+def tiny_glm4_moe(seed: int = 0, dtype=BF16, qk_norm: bool = True, dense_layers: int = 1):
+    """Two layers: ``dense_layers`` dense MLPs first (first_k_dense_replace), then MoE layers of 4
+    routed experts (top 2) and a shared expert; head_dim 32, partial rotary 0.5; random norm weights
+    around 1."""
     cfg = transformers.Glm4MoeConfig(
         vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=32, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, use_qk_norm=qk_norm,
+        n_shared_experts=1, first_k_dense_replace=dense_layers, n_group=1, topk_group=1, use_qk_norm=qk_norm,
         max_position_embeddings=256, attention_bias=True, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
         attn_implementation="eager", experts_implementation="eager",
@@ -66,17 +67,26 @@ def _attention(attn, h, cos, sin, mask, pts, lp, eps):
     return _linear(attn.o_proj, o)
 
 
-def _mlp(mlp, h, pts):
+def _mlp(mlp, h, pts, expert_pts=None, moe_sum_fp32=False):
+    """The layer's MLP output, fp32 (a dense MLP's or the MoE sum rounded, unless ``moe_sum_fp32``)."""
     if hasattr(mlp, "gate_proj"):
-        return _dense_mlp(mlp, h, pts)
+        return _dense_mlp(mlp, h, pts).float()
     b, s, hid = h.shape
     h2 = h.reshape(-1, hid)
     _, weights, idx = mlp.gate(h2)  # HF's router (the MoE issue's, not a rounding region here)
-    out = _experts(mlp.experts, h2, idx, weights, pts).view(b, s, hid)
-    return out + _dense_mlp(mlp.shared_experts, h, pts)
+    out = _experts(mlp.experts, h2, idx, weights, expert_pts or pts).view(b, s, hid)
+    shared = _dense_mlp(mlp.shared_experts, h, pts)
+    return out.float() + shared.float() if moe_sum_fp32 else (out + shared).float()
 
 
-def spec_forward(model, input_ids, pts) -> torch.Tensor:
+def spec_forward(model, input_ids, pts, positions=None, expert_pts=None, moe_sum_fp32: bool = False,
+                 streams=None) -> torch.Tensor:
+    """Logits under the points ``pts`` at ``positions`` (default 0..S-1). ``expert_pts``: the points of
+    the routed experts' activation when they differ from the dense MLPs' (the engine twin's default
+    mode on a CPU runs the routed experts' activation eagerly: ``per_op``); ``moe_sum_fp32``: the sum
+    of the routed and shared experts is not rounded before the residual add reads it (what vLLM's
+    compiled graph does with ``MoERunner``'s ``shared_output + fused_output`` on the CPU twin); no row
+    has it. ``streams``: a list that receives the rounded residual stream after each layer."""
     body, cfg = model.model, model.config
     pts = at_head_size(pts, head_size_of(cfg))  # the row's head-size rule (align_spec.Row)
     lp = body.embed_tokens.weight.dtype
@@ -88,7 +98,9 @@ def spec_forward(model, input_ids, pts) -> torch.Tensor:
     where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")
     exponent = torch.arange(0, dim, 2, dtype=torch.int64).to(device=where, dtype=torch.float) / dim
     inv_freq = (1.0 / (rp["rope_theta"] ** exponent)).to(device)
-    freqs = torch.arange(s, device=device)[None].expand(b, s)[..., None].float() * inv_freq
+    if positions is None:
+        positions = torch.arange(s, device=device)[None].expand(b, s)
+    freqs = positions[..., None].float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()
     future = torch.arange(s, device=device)[None, :] > torch.arange(s, device=device)[:, None]
@@ -104,9 +116,11 @@ def spec_forward(model, input_ids, pts) -> torch.Tensor:
         residual = rn(total, lp).to(lp)
         read = total if fp32_sum else residual.float()
         h = spec_norm(read, layer.post_attention_layernorm.weight, eps, pts, lp, after_add=True)
-        x = _mlp(layer.mlp, h, pts)
-        total = x.float() + (total if carry else residual.float())
+        x = _mlp(layer.mlp, h, pts, expert_pts, moe_sum_fp32)
+        total = x + (total if carry else residual.float())
         residual = total.to(lp)
         read = total if fp32_sum else residual.float()
+        if streams is not None:
+            streams.append(residual)
     h = spec_norm(read, body.norm.weight, eps, pts, lp, after_add=True)
     return F.linear(h, model.lm_head.weight)

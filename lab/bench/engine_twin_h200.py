@@ -12,8 +12,13 @@ Stages (``--stages``):
   eager, aligned with rla's fused kernels, aligned with rla's reference ops, and (eager mode)
   aligned with vLLM's own kernels forward (``rla.engines.backed``); (default mode) the
   engine-backed forward of the twin's compiled pieces (``rla.engines.vllm_forward``).
+- ``families``: the twin of Gemma 3 (hidden 2560), GLM-4 MoE (2048) and GPT-OSS (2880), 4 layers,
+  in ``--modes``, against HF eager, the aligned model and the oracles of the chains the CPU twin
+  found (``lab/bench/twin_families.py``; ``--only`` picks among its models). Needs the tests' oracles
+  on the path (``PYTHONPATH=src:tests``) and, in both modes, the kernel library (the MoE twins run
+  vLLM's CUDA activation for the routed experts, as its fused MoE does).
 
-Writes one JSON per stage into ``--out``. Needs CUDA, the vLLM files (``--wheel``) and, for eager
+Writes one JSON per stage into ``--out`` (``families``: ``twin_families.json``). Needs CUDA, the vLLM files (``--wheel``) and, for eager
 mode and ``order``, vLLM's kernel library (``--library``).
 """
 
@@ -241,7 +246,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--only", nargs="*", default=[], help="models of the twin stage to run (default all)")
+    ap.add_argument("--only", nargs="*", default=[], help="models of the twin / families stage to run (default all)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the models' widths (a CPU smoke test uses less)")
     args = ap.parse_args()
@@ -262,12 +267,22 @@ def main():
         stage_order(engine, kernels, out / "arithmetic_order.json")
     if "twin" in args.stages:
         stage_twin(engine, args.modes, args.library, out / "twin.json", args.quick)
+    if "families" in args.stages:
+        import twin_families
+
+        twin_families.run(engine, args.modes, args.library, out / "twin_families.json", args.quick, ONLY,
+                          LAYERS, SCALE, DEV, STAMP)
 
 
 
 def summarize(folder: str) -> str:
     """Markdown tables of a results folder's twin_*.json (the numbers its README quotes)."""
     out = []
+    families = Path(folder) / "twin_families.json"
+    if families.is_file():
+        import twin_families
+
+        out.append(twin_families.summarize(families))
     for mode in ("default", "eager"):
         path = Path(folder) / f"twin_{mode}.json"
         if not path.is_file():

@@ -8,6 +8,11 @@ applies its activation to one fused gate/up projection, and logits come from ``l
 decoder. The checks query the calls in vLLM's ``forward`` methods (which ``self.<module>`` is
 called, with how many arguments, in which order); no vLLM code is reproduced here. A vLLM that
 changes them fails, naming the file and method.
+
+The family twins (Gemma 3, GLM-4 MoE, GPT-OSS) are checked the same way against ``models/gemma3.py``,
+``glm4_moe.py``, ``gpt_oss.py``, and the facts they take from the layers: GemmaRMSNorm's CUDA path
+is its native one, the fused MoE calls the CUDA activation kernels whatever the mode and adds the
+shared experts' output outside its opaque op.
 """
 
 import ast
@@ -16,7 +21,8 @@ import pytest
 
 
 def _method(package, file, cls, name="forward"):
-    tree = ast.parse(package.read_text(f"vllm/model_executor/models/{file}"))
+    """``cls.name`` in ``vllm/model_executor/models/<file>`` (or in ``vllm/<file>`` for a path with a folder)."""
+    tree = ast.parse(package.read_text(f"vllm/{file}" if "/" in file else f"vllm/model_executor/models/{file}"))
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == cls:
             for m in node.body:
@@ -79,3 +85,68 @@ def test_logits_come_from_lm_head_outside_the_decoder(vllm_engine, file, cls):
     fn = _method(vllm_engine.package, file, cls, "compute_logits")
     args = [ast.unparse(a) for n in ast.walk(fn) if isinstance(n, ast.Call) for a in n.args]
     assert "self.lm_head" in args, f"{file} {cls}.compute_logits does not read lm_head"
+
+
+# -- the families of rla.engines.vllm_twin_gemma3 / vllm_twin_moe ---------------------------------
+
+
+def test_gemma3_layer_is_the_sandwich_with_two_fused_adds(vllm_engine):
+    calls = _self_calls(_method(vllm_engine.package, "gemma3.py", "Gemma3DecoderLayer"))
+    assert ("input_layernorm", 1) in calls and ("input_layernorm", 2) in calls
+    names = [c[0] for c in calls]
+    order = ["self_attn", "post_attention_layernorm", "pre_feedforward_layernorm", "mlp", "post_feedforward_layernorm"]
+    assert [n for n in names if n in order] == order, names
+    assert ("post_attention_layernorm", 1) in calls and ("post_feedforward_layernorm", 1) in calls  # plain norms
+    assert ("pre_feedforward_layernorm", 2) in calls  # the attention's add fused into it
+    assert ("norm", 2) in _self_calls(_method(vllm_engine.package, "gemma3.py", "Gemma3Model"))
+    embed = ast.unparse(_method(vllm_engine.package, "gemma3.py", "Gemma3Model", "embed_input_ids"))
+    assert "self.embed_tokens(input_ids) * self.normalizer" in embed
+
+
+def test_gemma3_norms_are_zero_centred_native_in_every_mode(vllm_engine):
+    text = vllm_engine.package.read_text("vllm/model_executor/models/gemma3.py")
+    assert "GemmaRMSNorm" in text and " RMSNorm(" not in text
+    layernorm = vllm_engine.package.read_text("vllm/model_executor/layers/layernorm.py")
+    tree = ast.parse(layernorm)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GemmaRMSNorm")
+    cuda = next(m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "forward_cuda")
+    assert ast.unparse(cuda.body[-1]) == "return self.forward_native(x, residual)"
+    assert 'torch.tensor(normalizer)' in text  # made in the model's dtype (vLLM builds under it)
+
+
+@pytest.mark.parametrize("file,cls", [("gemma3.py", "Gemma3Attention"), ("glm4_moe.py", "Glm4MoeAttention")])
+def test_family_attention_normalises_q_k_then_rotates(vllm_engine, file, cls):
+    names = [c[0] for c in _self_calls(_method(vllm_engine.package, file, cls))]
+    assert names.index("qkv_proj") < names.index("q_norm") < names.index("rotary_emb") < names.index("attn")
+    assert names.index("k_norm") < names.index("rotary_emb") and names[-1] == "o_proj"
+
+
+def test_glm4_moe_and_gpt_oss_layers_are_the_llama_layout(vllm_engine):
+    for file, cls in (("glm4_moe.py", "Glm4MoeDecoderLayer"), ("gpt_oss.py", "TransformerBlock")):
+        calls = _self_calls(_method(vllm_engine.package, file, cls))
+        assert ("input_layernorm", 1) in calls and ("input_layernorm", 2) in calls, file
+        assert ("post_attention_layernorm", 2) in calls, file
+    assert ("norm", 2) in _self_calls(_method(vllm_engine.package, "glm4_moe.py", "Glm4MoeModel"))
+    assert ("norm", 2) in _self_calls(_method(vllm_engine.package, "gpt_oss.py", "GptOssModel"))
+    glm = vllm_engine.package.read_text("vllm/model_executor/models/glm4_moe.py")
+    assert 'config.rope_parameters.setdefault("partial_rotary_factor", 0.5)' in glm
+
+
+def test_gpt_oss_model_file_facts_the_twin_follows(vllm_engine):
+    text = vllm_engine.package.read_text("vllm/model_executor/models/gpt_oss.py")
+    assert text.count("RMSNorm(config.hidden_size, eps=1e-5)") == 2 and "RMSNorm(self.config.hidden_size, eps=1e-5)" in text
+    assert "dtype=torch.float32" in ast.unparse(_method(vllm_engine.package, "gpt_oss.py", "OAIAttention", "__init__"))
+    build = ast.unparse(_method(vllm_engine.package, "gpt_oss.py", "OAIAttention", "_build_attention"))
+    assert "self.layer_idx % 2 == 0" in build and "sinks=self.sinks" in build
+    assert 'activation="swigluoai"' in text.replace("'", '"')
+
+
+def test_fused_moe_calls_the_cuda_activation_in_every_mode_and_adds_shared_outside(vllm_engine):
+    act = vllm_engine.package.read_text("vllm/model_executor/layers/fused_moe/activation.py")
+    fn = next(n for n in ast.parse(act).body if isinstance(n, ast.FunctionDef) and n.name == "apply_moe_activation")
+    body = ast.unparse(fn)
+    assert "torch.ops._C.silu_and_mul(output, input)" in body and "torch.ops._C.swigluoai_and_mul(output, input)" in body
+    runner = "model_executor/layers/fused_moe/runner/moe_runner.py"
+    assert "result = shared_output + fused_output" in ast.unparse(_method(vllm_engine.package, runner, "MoERunner"))
+    assert "torch.ops.vllm.moe_forward_shared" in ast.unparse(
+        _method(vllm_engine.package, runner, "MoERunner", "_select_forward"))

@@ -295,14 +295,14 @@ def test_verify_compares_in_bounded_steps_with_the_same_numbers():
 
 def test_verify_refuses_a_run_that_cannot_fit_before_the_twin_runs(vllm_wheel, monkeypatch, capsys):
     from rla.cli import main
-    from rla.engines import vllm_twin as twin
+    from rla.engines import vllm_twin_families as twin
     from rla.models import bundled_path
     from rla.rollout import prefill as pf
 
     def no_twin(*a, **k):
         raise AssertionError("the twin was built before the memory check")
 
-    monkeypatch.setattr(twin, "VllmTwin", no_twin)
+    monkeypatch.setattr(twin, "build_twin", no_twin)
     monkeypatch.setattr(pf, "available_bytes", lambda device: 100 << 20)
     assert main(["verify", "--model", str(bundled_path()), "--wheel", vllm_wheel, "--device", "cpu",
                  "--tokens", "30000", "--batch", "2"]) == 2

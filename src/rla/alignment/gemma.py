@@ -291,6 +291,7 @@ def align_gemma3(body, family: Family, profile: RoundingProfile, regions: tuple[
 LEFT_AS_IS = [
     "left as is: the embedding scale sqrt(hidden), rounded to the weights' dtype in HF and vLLM alike",
     "left as is: attention (sliding window, softcap) and the final logit softcap are outside the regions",
-    "not measured: whether vLLM's compiled graph also keeps the post-attention / post-feed-forward norms' "
-    "outputs unrounded into the add after them (a chain the rows do not have; docs/families.md)",
+    "not aligned: vLLM's default-mode graph keeps the post-attention / post-feed-forward norms' outputs "
+    "unrounded into the add after them (found by the engine twin on the CPU, not yet on a GPU; a chain the "
+    "rows do not have; docs/families.md)",
 ]

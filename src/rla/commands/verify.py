@@ -15,7 +15,8 @@ TWIN_FLAGS = {"tokens": ("--tokens", None),
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", required=True, type=model_path,
-                        help=f"HF checkpoint folder (Qwen2, Qwen3 or Llama; local files only), or {MODEL_HELP}")
+                        help=f"HF checkpoint folder (the twin lays out Qwen2, Qwen3, Llama, Gemma 3, GLM-4 MoE and "
+                        f"GPT-OSS; local files only), or {MODEL_HELP}")
     parser.add_argument("--engine", choices=["vllm"], default="vllm", help="the engine whose code the twin runs")
     parser.add_argument("--mode", choices=["default", "eager", "native"], default=None,
                         help="default (the default): native ops under Inductor in pieces split at attention (vLLM "
@@ -126,7 +127,7 @@ def _run_twin(args) -> int:
 
     from rla.engines.twin_compare import aligned_side, compare, hf_side
     from rla.engines import vllm
-    from rla.engines.vllm_twin import VllmTwin
+    from rla.engines import vllm_twin_families
     from rla.hf import load_model
 
     _check(args)
@@ -152,7 +153,7 @@ def _run_twin(args) -> int:
     console = make_console()
     console.print(f"twin: vLLM {engine.version} ({engine.package.origin}), mode {args.mode}; "
                   f"aligned profile: {profile.name}", highlight=False)
-    twin = VllmTwin(model, engine, args.mode, args.library)
+    twin = vllm_twin_families.build_twin(model, engine, args.mode, args.library)
     g = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.tokens), generator=g).to(args.device)
     positions = (torch.arange(args.tokens) + args.position_offset)[None].expand(args.batch, -1).to(args.device)
@@ -193,7 +194,7 @@ def _run_twin(args) -> int:
     console.print(layers)
     aligned = next(s for s in result.sides if s.name == aligned_name)
     if aligned.logits_equal < 1.0:
-        console.print(_rest_note(profile, args.mode), highlight=False)
+        console.print(_rest_note(profile, args.mode, model.config.model_type), highlight=False)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result.as_dict(), f, indent=2)
@@ -215,8 +216,24 @@ def _engine_side(engine, args):
     return engine_backed_forward(engine, args.mode, args.library)
 
 
-def _rest_note(profile, mode: str) -> str:
+#: Families whose default-mode twin computes a chain the rows lack (docs/families.md, each family's section;
+#: vllm-0.26's gpt_oss variant has GPT-OSS's).
+_CHAINS = {"gemma3_text": "the post-attention / post-feed-forward norms' outputs unrounded into the adds",
+           "glm4_moe": "the shared + routed experts' sum unrounded into the residual add",
+           "gpt_oss": "the fp32 YaRN cache read unrounded by RoPE (rope_cos_sin='fp32')"}
+
+
+def _rest_note(profile, mode: str, model_type: str | None = None) -> str:
     """What the aligned side's difference from the twin can be, said without guessing which."""
+    chain = ""
+    missing = model_type in _CHAINS and not (model_type == "gpt_oss" and profile.variant("gpt_oss").rope_cos_sin == "fp32")
+    if mode == "default" and missing:
+        chain = (f" On {model_type} the default-mode twin also computes what this row does not say, so the aligned "
+                 f"model does not either: {_CHAINS[model_type]} (docs/families.md).")
+    return _rest_kind(profile, mode) + chain
+
+
+def _rest_kind(profile, mode: str) -> str:
     if profile.norm_reduction == "unpinned" and mode == "default":
         known = ("the norms' reduction order: this row leaves it unpinned (norm_reduction='unpinned'), and "
                  "Inductor picks a reduction tree per compiled kernel, so rla's kernels add the squares "

@@ -206,6 +206,16 @@ class VllmEngine:
         with torch.device(device):
             return obj._compute_cos_sin_cache()
 
+    def family_ops(self):
+        """vLLM's region code for Gemma 3, GLM-4 MoE and GPT-OSS (the zero-centred norm, GeluAndMul,
+        SwigluOAIAndMul, the linear and YaRN rotary caches): :class:`rla.engines.vllm_family_ops.VllmFamilyOps`,
+        extracted on the first call; its ``provenance`` says what runs."""
+        if not hasattr(self, "_family_ops"):
+            from rla.engines.vllm_family_ops import VllmFamilyOps
+
+            self._family_ops = VllmFamilyOps(self)
+        return self._family_ops
+
     def rope_cache(self, head_size, rotary_dim, max_position, base, rope_scaling, query_dtype, device):
         """The cos/sin cache as vLLM's rope code reads it: in the query's dtype (see
         :meth:`cos_sin_cache`)."""
@@ -357,6 +367,22 @@ class VllmKernels:
         q, k = q.clone(), k.clone()
         self._ops.rotary_embedding(positions, q, k, head_size, cos_sin_cache, is_neox)
         return q, k
+
+    def gelu_tanh_and_mul(self, x):
+        """``gelu_tanh_and_mul(out, input)``: ``GeluAndMul(approximate="tanh").forward_cuda``."""
+        return self._act_and_mul("gelu_tanh_and_mul", x)
+
+    def swigluoai_and_mul(self, x, alpha: float = 1.702, limit: float = 7.0):
+        """``swigluoai_and_mul(out, input, alpha, limit)``: ``SwigluOAIAndMul.forward_cuda`` and the fused
+        MoE's activation (``fused_moe/activation.py apply_moe_activation``), interleaved gate/up."""
+        return self._act_and_mul("swigluoai_and_mul", x, alpha, limit)
+
+    def _act_and_mul(self, name, x, *args):
+        if not hasattr(self._ops, name):
+            raise EngineUnavailable(f"{self.path} does not register torch.ops._C.{name}")
+        out = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype, device=x.device)
+        getattr(self._ops, name)(out, x.contiguous(), *args)
+        return out
 
 
 def load(wheel: str | None = None) -> VllmEngine:

@@ -29,6 +29,11 @@ Modes:
 The per-layer trace is the residual stream entering each layer's attention (after the previous
 layer's MLP add), which crosses a piece boundary as a bf16 tensor in vLLM too: recording it does
 not change what Inductor fuses. The last entry is the stream the final norm reads, rounded.
+
+Other families subclass this one, overriding the hooks their model file changes (the cos/sin cache,
+the region functions, the layer's weights and pieces, the masks, the logits):
+:mod:`rla.engines.vllm_twin_gemma3` (Gemma 3), :mod:`rla.engines.vllm_twin_moe` (GLM-4 MoE, GPT-OSS);
+:func:`rla.engines.vllm_twin_families.build_twin` picks the class by ``config.model_type``.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-__all__ = ["VllmTwin", "TwinOutput", "MODES", "SUPPORTED_FAMILIES", "attention_inputs", "compiled_piece"]
+__all__ = ["VllmTwin", "TwinOutput", "MODES", "SUPPORTED_FAMILIES", "attention_inputs", "layer_attention_inputs",
+           "compiled_piece"]
 
 MODES = ("default", "eager", "native")
 SUPPORTED_FAMILIES = ("qwen2", "qwen3", "llama")
@@ -90,6 +96,37 @@ class _Captured(Exception):
     pass
 
 
+class _LayerRecorder(torch.nn.Module):
+    """Stands in for a decoder layer while :func:`layer_attention_inputs` runs the body: records the
+    keyword arguments the body hands the layer and passes the hidden states on."""
+
+    def __init__(self, seen: list, attention_type=None):
+        super().__init__()
+        self.seen, self.attention_type = seen, attention_type
+
+    def forward(self, hidden_states, *args, **kwargs):
+        self.seen.append(kwargs)
+        return hidden_states
+
+
+def layer_attention_inputs(body, input_ids, attention_mask, position_ids) -> list:
+    """Per decoder layer, ``(mask, extra)`` as HF's own ``body`` hands it to that layer, which passes
+    them on to its attention (Gemma 3 and GPT-OSS build one mask per layer type, sliding or full,
+    and pick each layer's from ``config.layer_types``). The body's *class* forward runs with its
+    layers replaced for the call by recorders (nothing of the layers runs), then restored."""
+    seen: list[dict] = []
+    layers = body.layers
+    body.layers = torch.nn.ModuleList(_LayerRecorder(seen, getattr(layer, "attention_type", None)) for layer in layers)
+    try:
+        with torch.no_grad():
+            type(body).forward(body, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    finally:
+        body.layers = layers
+    if len(seen) != len(layers):
+        raise RuntimeError(f"the HF body called {len(seen)} of its {len(layers)} decoder layers")
+    return [(kw.get("attention_mask"), {k: v for k, v in kw.items() if k not in _MODULE_OWN}) for kw in seen]
+
+
 class VllmTwin:
     """vLLM's forward of ``model`` (an HF Qwen2/Qwen3/Llama ``*ForCausalLM``) from ``engine``'s code.
 
@@ -105,14 +142,19 @@ class VllmTwin:
     it the reduction order); False keeps one GEMM per projection.
     """
 
+    #: ``config.model_type`` values this class lays out (subclasses: their own family).
+    FAMILIES = SUPPORTED_FAMILIES
+
     def __init__(self, model, engine, mode: str = "default", library: str | None = None, *,
                  inductor_options: dict | None = None, merged_gemms: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         cfg = model.config
-        if cfg.model_type not in SUPPORTED_FAMILIES:
+        if cfg.model_type not in self.FAMILIES:
             raise NotImplementedError(
-                f"the vLLM twin covers {', '.join(SUPPORTED_FAMILIES)}; this model is {cfg.model_type!r}"
+                f"the vLLM twin covers {', '.join(self.FAMILIES)}; this model is {cfg.model_type!r}"
+                + ("" if type(self) is not VllmTwin else
+                   " (Gemma 3, GLM-4 MoE and GPT-OSS: rla.engines.vllm_twin_families.build_twin)")
             )
         body = model.model
         if inductor_options and mode != "default":
@@ -124,28 +166,14 @@ class VllmTwin:
         self.eps = float(cfg.rms_norm_eps)
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        rp = dict(getattr(cfg, "rope_parameters", None) or {})
-        rope_type = rp.get("rope_type", "default")
-        scaling = None if rope_type == "default" else rp
-        rotary_dim = int(self.head_dim * rp.get("partial_rotary_factor", 1.0))
-        self.cos_sin_cache = engine.cos_sin_cache(
-            self.head_dim, rotary_dim, cfg.max_position_embeddings, rp["rope_theta"], scaling,
-            dtype=self.dtype, device=self.device,
-        )
+        self.cos_sin_cache = self._rope_cache(cfg, engine)
         self.layers = [self.layer_weights(layer, merged_gemms) for layer in body.layers]
         self.final_norm = body.norm.weight
         self.embed = body.embed_tokens.weight
         self.lm_head = model.lm_head.weight
         attn0 = body.layers[0].self_attn
         self._attention_fn = _attention_function(model, attn0)
-        if mode == "eager":
-            k = engine.c_ops(library)
-            self.norm, self.add_norm, self.act = k.rms_norm, k.fused_add_rms_norm, k.silu_and_mul
-            self.rope = lambda pos, q, kk, d, cache: k.rotary_embedding(pos, q, kk, d, cache, True)
-        else:
-            self.norm, self.add_norm = engine.rms_norm_native, engine.fused_add_rms_norm_native
-            self.act = engine.silu_and_mul_native
-            self.rope = lambda pos, q, kk, d, cache: engine.rope_native(pos, q, kk, d, cache, True)
+        self._bind_ops(engine, mode, library)
         # the pieces as the engine runs them (compiled in default mode): first(ids, positions,
         # embed, w), middle(attn, residual, positions, w, w_next), last(attn, residual, w, final)
         self.first, self.middle, self.last = self._first_piece, self._middle_piece, self._last_piece
@@ -154,6 +182,29 @@ class VllmTwin:
                 compiled_piece(self._first_piece, inductor_options), compiled_piece(self._middle_piece, inductor_options),
                 compiled_piece(self._last_piece, inductor_options),
             )
+
+    def _rope_cache(self, cfg, engine, partial_rotary_default: float = 1.0):
+        """The engine's cos/sin cache for the config's rope parameters, in the model's dtype (a
+        family whose model file builds it otherwise overrides this)."""
+        rp = dict(getattr(cfg, "rope_parameters", None) or {})
+        rope_type = rp.get("rope_type", "default")
+        scaling = None if rope_type == "default" else rp
+        rotary_dim = int(self.head_dim * rp.get("partial_rotary_factor", partial_rotary_default))
+        return engine.cos_sin_cache(
+            self.head_dim, rotary_dim, cfg.max_position_embeddings, rp["rope_theta"], scaling,
+            dtype=self.dtype, device=self.device,
+        )
+
+    def _bind_ops(self, engine, mode, library):
+        """The region functions of ``mode``: eager, vLLM's CUDA kernels; otherwise its native ops."""
+        if mode == "eager":
+            k = engine.c_ops(library)
+            self.norm, self.add_norm, self.act = k.rms_norm, k.fused_add_rms_norm, k.silu_and_mul
+            self.rope = lambda pos, q, kk, d, cache: k.rotary_embedding(pos, q, kk, d, cache, True)
+        else:
+            self.norm, self.add_norm = engine.rms_norm_native, engine.fused_add_rms_norm_native
+            self.act = engine.silu_and_mul_native
+            self.rope = lambda pos, q, kk, d, cache: engine.rope_native(pos, q, kk, d, cache, True)
 
     @staticmethod
     def layer_weights(layer, merged_gemms: bool = False):
@@ -206,12 +257,16 @@ class VllmTwin:
             t = q.shape[0]
             q = self.norm(q.view(t, -1, self.head_dim), w["qn"], self.eps).view(q.shape)
             k = self.norm(k.view(t, -1, self.head_dim), w["kn"], self.eps).view(k.shape)
-        q, k = self.rope(positions, q, k, self.head_dim, self.cos_sin_cache)
+        q, k = self.rope(positions, q, k, self.head_dim, self.cache_for(w, q))
         return q, k, v, residual
+
+    def cache_for(self, w, query):
+        """The cos/sin cache layer ``w``'s rotary embedding reads, as its kernel receives it."""
+        return self.cos_sin_cache
 
     def _mlp(self, attn, residual, w):
         """Layer after attention: o_proj, add + post-attention norm, gate/up, SiluAndMul, down."""
-        hidden = F.linear(attn, w["wo"])
+        hidden = F.linear(attn, w["wo"], w.get("bo"))
         hidden, residual = self.add_norm(hidden, residual, w["post"], self.eps)
         if "wgu" in w:  # vLLM's MergedColumnParallelLinear: one GEMM
             gate_up = F.linear(hidden, w["wgu"])
@@ -241,28 +296,43 @@ class VllmTwin:
             raise RuntimeError("this twin released its model (release_model): only its pieces can run")
         b, s = input_ids.shape
         position_ids = self.positions(input_ids, position_ids)
-        mask, _ = attention_inputs(self.model.model, input_ids, None, position_ids)
+        masks = self.layer_masks(input_ids, position_ids)
         ids, positions = input_ids.reshape(-1), position_ids.reshape(-1)
         attn_mods = [layer.self_attn for layer in self.model.model.layers]
         hidden, streams = self.run_layers(
             ids, positions, self.embed, self.layers, self.final_norm,
-            lambda i, q, k, v: self.attend(attn_mods[i], q, k, v, mask, b, s),
+            lambda i, q, k, v: self.attend(attn_mods[i], q, k, v, masks[i], b, s),
         )
-        logits = F.linear(hidden, self.lm_head)
+        logits = self.logits(hidden)
         shape = (b, s, -1)
         return TwinOutput(logits.view(shape), [t.view(shape) for t in streams])
 
     __call__ = forward
+
+    def layer_masks(self, input_ids, position_ids) -> list:
+        """The mask each layer's attention receives from HF's body (one for every layer here: a
+        family with sliding and full layers takes :func:`layer_attention_inputs`)."""
+        mask, _ = attention_inputs(self.model.model, input_ids, None, position_ids)
+        return [mask] * len(self.layers)
+
+    def logits(self, hidden):
+        """``lm_head`` in the model's dtype, outside the compiled graph (vLLM's ``LogitsProcessor``)."""
+        return F.linear(hidden, self.lm_head)
+
+    @property
+    def position_limit(self) -> int:
+        """Positions the engine's cos/sin cache holds."""
+        return self.cos_sin_cache.shape[0]
 
     def positions(self, input_ids, position_ids=None):
         """``position_ids`` (default 0..S-1 per row), checked against the engine's cos/sin cache."""
         b, s = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(s, device=input_ids.device)[None].expand(b, s)
-        if int(position_ids.max()) >= self.cos_sin_cache.shape[0]:
+        if int(position_ids.max()) >= self.position_limit:
             raise ValueError(
                 f"position {int(position_ids.max())} is past the engine's cos/sin cache "
-                f"({self.cos_sin_cache.shape[0]} positions = max_position_embeddings)"
+                f"({self.position_limit} positions = max_position_embeddings)"
             )
         return position_ids
 
@@ -306,10 +376,14 @@ class VllmTwin:
         k = k.view(b, s, -1, d).transpose(1, 2)
         v = v.view(b, s, -1, d).transpose(1, 2)
         kw = dict(extra or {})
-        if hasattr(module, "sliding_window"):
-            kw["sliding_window"] = module.sliding_window
+        kw.update(self.attention_kwargs(module))
         out, _ = self._attention_fn(module, q, k, v, mask, dropout=dropout, scaling=module.scaling, **kw)
         return out.reshape(b * s, -1).contiguous()
+
+    def attention_kwargs(self, module) -> dict:
+        """What HF's attention module hands its attention function besides q/k/v, the mask, dropout
+        and scaling: its sliding window (None on full layers)."""
+        return {"sliding_window": module.sliding_window} if hasattr(module, "sliding_window") else {}
 
 
 _PIECE_CODES = itertools.count()
@@ -331,7 +405,10 @@ def compiled_piece(method, options: dict | None = None, backend: str = "inductor
                              options=dict(options) if options else None)
 
     def run(*args):
-        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        # only the token dimension is dynamic (marked), as vLLM compiles: another layer's weight or
+        # cos/sin cache of another shape (Gemma 3's sliding and full caches) recompiles the piece
+        # static instead of making that dimension symbolic, which changes the generated kernels
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, automatic_dynamic_shapes=False):
             return compiled(*args)
 
     return run

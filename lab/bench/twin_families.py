@@ -1,0 +1,179 @@
+"""The ``families`` stage of engine_twin_h200.py: vLLM 0.33's twin of Gemma 3, GLM-4 MoE and GPT-OSS
+at a realistic width, in default and eager mode, against HF eager, the aligned model and the
+oracles of the chains the CPU twin found (tests/engines/test_vllm_twin_families.py).
+
+Models (random init, 4 layers, vocab 32000, eager attention on every side, so the oracles attend
+as the twin does): ``gemma3-h2560`` (Gemma 3 4B's layer: ``vllm_live_h200.gemma3_config``, three
+sliding layers and a full one; its positions capped at 32768 to keep the linear cache small),
+``glm4moe-h2048`` and ``gptoss-h2880`` (``live_family_configs``). Norm weights 1 + 0.2 N(0, 1), Gemma's
+zero-centred ones 0.2 N(0, 1) (as the live checkpoints). Shapes: 1 x 512 and 1 x 2048 from position
+0, 2 x 512 from 20000 (``--quick``: the first only).
+
+Sides, per family and mode (profile ``vllm-0.33`` / ``vllm-0.33-eager``):
+
+- ``hf``: HF eager, unaligned; ``rla``: ``rla.align`` with rla's ops (its kernels on CUDA where it
+  has them; ``rla.align`` takes no other ops on these families);
+- Gemma 3: ``oracle`` (tests/gemma_spec.py under the row's Gemma points: what ``rla.align``
+  computes), ``oracle+post-norm-fp32`` (the post-attention / post-feed-forward norms' outputs
+  unrounded into the adds: the CPU twin's default-mode chain), ``oracle+post-norm+embed-fp32`` (also
+  the scaled embedding unrounded into the first norm, which the CPU cannot tell: sqrt(64) = 8);
+- GLM-4 MoE: ``oracle`` with the routed experts' activation ``per_op`` (the twin runs vLLM's CUDA
+  ``silu_and_mul`` for them in both modes, as its fused MoE does) and ``oracle+experts-sum-fp32``
+  (the shared + routed sum unrounded into the residual add: the CPU twin's chain);
+- GPT-OSS: ``rla-rope-fp32``: aligned with ``rope_cos_sin='fp32'`` (the fp32 YaRN cache cast inside
+  the compiled graph: the CPU twin's default-mode finding; in eager mode the cast happens before
+  the kernel, so the row should win there).
+
+Per row: fraction of bit-equal logits, k3 of tokens sampled from the twin, KL(twin || side), the
+fraction bit-equal of each layer's residual stream, seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+
+FAMILIES = ("gemma3-h2560", "glm4moe-h2048", "gptoss-h2880")
+SHAPES = [(1, 512, 0), (1, 2048, 0), (2, 512, 20000)]
+
+
+def configs(layers: int, scale: float = 1.0) -> dict:
+    """The three configs; ``scale`` < 1 shrinks widths and heads for a CPU smoke run."""
+    import live_family_configs as fam
+    from vllm_live_h200 import gemma3_config
+
+    cfgs = {"gemma3-h2560": gemma3_config(layers), "glm4moe-h2048": fam.glm4_moe(layers),
+            "gptoss-h2880": fam.gpt_oss(layers)}
+    cfgs["gemma3-h2560"].max_position_embeddings = 32768
+    if scale != 1.0:
+        for cfg in cfgs.values():
+            heads = max(2, int(cfg.num_attention_heads * scale) // 2 * 2)
+            cfg.num_attention_heads, cfg.num_key_value_heads = heads, max(1, heads // 2)
+            cfg.head_dim = max(16, int(cfg.head_dim * scale) // 16 * 16)
+            cfg.hidden_size = max(64, int(cfg.hidden_size * scale) // 64 * 64)
+            cfg.intermediate_size = max(64, int(cfg.intermediate_size * scale) // 64 * 64)
+            if hasattr(cfg, "moe_intermediate_size"):
+                cfg.moe_intermediate_size = max(32, int(cfg.moe_intermediate_size * scale) // 32 * 32)
+            if hasattr(cfg, "query_pre_attn_scalar"):
+                cfg.query_pre_attn_scalar = cfg.head_dim
+    return cfgs
+
+
+def build(name: str, cfg, device: str, seed: int = 0):
+    """A random-init bf16 model (eager attention and experts) with the live checkpoints' norm init."""
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.bfloat16, attn_implementation="eager", experts_implementation="eager").to(device).eval()
+    g = torch.Generator(device=device).manual_seed(seed + 1)
+    zero_centred = name.startswith("gemma3-")
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                noise = 0.2 * torch.randn(p.shape, generator=g, device=device)
+                p.copy_(noise if zero_centred else 1 + noise)
+    return model
+
+
+def _oracle_side(forward, model, **kwargs):
+    def run(ids, positions):
+        streams = []
+        with torch.no_grad():
+            logits = forward(model, ids, positions=positions, streams=streams, **kwargs)
+        return logits.to(model.model.embed_tokens.weight.dtype), streams
+
+    return run
+
+
+def sides(name: str, model, prof) -> dict:
+    from rla.engines.twin_compare import aligned_side, hf_side
+
+    out = {"hf": hf_side(model), "rla": aligned_side(model, prof)}  # (rla.align takes no other ops on these)
+    if name.startswith("gemma3-"):
+        from gemma_spec import gemma_points, spec_forward
+
+        pts = gemma_points(prof.name)
+        out["oracle"] = _oracle_side(spec_forward, model, pts=pts)
+        out["oracle+post-norm-fp32"] = _oracle_side(spec_forward, model, pts=pts, post_norm_fp32=True)
+        out["oracle+post-norm+embed-fp32"] = _oracle_side(spec_forward, model, pts=pts, post_norm_fp32=True,
+                                                          embed_fp32=True)
+    elif name.startswith("glm4moe-"):
+        from align_spec import SPEC, Row, at_head_size
+        from glm4_moe_spec import spec_forward
+
+        pts = at_head_size(Row(dict(SPEC[prof.name]), SPEC[prof.name].fused_head_sizes), model.config.head_dim)
+        experts = {**pts, "swiglu": "per_op"}  # vLLM's CUDA silu_and_mul, in both modes
+        out["oracle"] = _oracle_side(spec_forward, model, pts=pts, expert_pts=experts)
+        out["oracle+experts-sum-fp32"] = _oracle_side(spec_forward, model, pts=pts, expert_pts=experts,
+                                                      moe_sum_fp32=True)
+    elif name.startswith("gptoss-"):
+        out["rla-rope-fp32"] = aligned_side(model, prof.replace(name=f"{prof.name}+rope_cos_sin=fp32",
+                                                                rope_cos_sin="fp32"))
+    return out
+
+
+def run(engine, modes, library, out_path, quick=False, only=(), layers=4, scale=1.0, device="cuda", stamp=None):
+    """Every family in ``only`` (default all) and mode: the twin, the sides, one JSON of rows."""
+    from rla import profiles
+    from rla.engines.twin_compare import compare
+    from rla.engines.vllm_twin_families import build_twin
+
+    names = [n for n in FAMILIES if not only or n in only]
+    shapes = SHAPES[:1] if quick else SHAPES
+    cfgs = configs(layers, scale)
+    rows = []
+    for name in names:
+        model = build(name, cfgs[name], device)
+        for mode in modes:
+            prof = profiles.get("vllm-0.33" if mode == "default" else "vllm-0.33-eager")
+            t0 = time.time()
+            twin = build_twin(model, engine, mode, library)
+            side_fns = sides(name, model, prof)
+            for b, s, off in shapes:
+                g = torch.Generator().manual_seed(b * 7919 + s)
+                ids = torch.randint(0, model.config.vocab_size, (b, s), generator=g).to(device)
+                pos = (torch.arange(s) + off)[None].expand(b, s).to(device)
+                t1 = time.time()
+                o = twin(ids, pos)
+                res = compare((o.logits, o.layers), side_fns, ids, pos)
+                for side in res.sides:
+                    rows.append({"model": name, "mode": mode, "profile": prof.name, "batch": b, "tokens": s,
+                                 "position_offset": off, "side": side.name, "logits_equal": side.logits_equal,
+                                 "k3": side.k3, "kl": side.kl, "max_abs_dlogprob": side.max_abs_delta,
+                                 "first_diverging_layer": side.first_diverging_layer(),
+                                 "layers_equal": [r["equal"] for r in side.layers]})
+                    print(f"{name:14s} {mode:7s} {b}x{s}@{off:<6d} {side.name:28s} eq={side.logits_equal:.4%} "
+                          f"k3={side.k3:.2e} kl={side.kl:.2e} layers={[round(r['equal'], 4) for r in side.layers]}",
+                          flush=True)
+                print(f"  ({time.time() - t1:.1f}s; {name} {mode} since its twin: {time.time() - t0:.1f}s)", flush=True)
+            del twin
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    out_path.write_text(json.dumps({"environment": stamp, "provenance": {**engine.provenance,
+                                                                          **engine.family_ops().provenance},
+                                    "rows": rows}, indent=2))
+    return rows
+
+
+def summarize(path) -> str:
+    """Markdown tables of a ``twin_families.json``: per family and mode, each side's bit-equal logits,
+    k3 and KL per shape."""
+    rows = json.loads(path.read_text())["rows"]
+    out = []
+    for name, mode in dict.fromkeys((r["model"], r["mode"]) for r in rows):
+        mine = [r for r in rows if (r["model"], r["mode"]) == (name, mode)]
+        names = list(dict.fromkeys(r["side"] for r in mine))
+        out.append(f"\n### {name}, {mode} mode (profile {mine[0]['profile']}): logits bit-equal / k3 / KL\n")
+        out.append("| batch x tokens @ first position | " + " | ".join(names) + " |")
+        out.append("|---|" + "---|" * len(names))
+        for b, s, off in dict.fromkeys((r["batch"], r["tokens"], r["position_offset"]) for r in mine):
+            cells = []
+            for side in names:
+                r = next(x for x in mine if (x["batch"], x["tokens"], x["position_offset"], x["side"]) == (b, s, off, side))
+                cells.append(f"{r['logits_equal']:.2%} / {r['k3']:.2g} / {r['kl']:.2g}")
+            out.append(f"| {b}x{s} @ {off} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
