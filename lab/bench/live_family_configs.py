@@ -29,6 +29,10 @@ cost, not the points):
   16 query heads of 256 with the output gate, 2 KV heads, q/k norms, partial mRoPE (a quarter of each
   head), three Gated DeltaNet layers then one full-attention layer. The training side loads its text
   model through ``AutoModelForCausalLM`` (``rla.hf.causal_lm_config``), as a text RL trainer does.
+- ``qwen35moe-h2048``: Qwen3.5 MoE at 2048 (the released 35B-A3B's width), saved as its checkpoints are, the multimodal
+  ``Qwen3_5MoeForConditionalGeneration`` with a one-block vision tower: ``qwen35-h2048``'s attention and linear
+  attention, every MLP a sparse block of 16 experts of 512 (top 4; the release has 256, top 8) and a shared expert of
+  512 with its sigmoid gate.
 - ``gemma4-h2560``: Gemma 4 E4B's text layer (``Gemma4ForCausalLM``, which vLLM 0.26 registers): hidden 2560,
   8 query heads and 2 KV heads of 256, sliding layers (theta 10k, a 512-token window) and a full layer
   (``proportional`` RoPE, a quarter of the angles, theta 1M), GeGLU 10240 wide, per-layer inputs of 256, three
@@ -96,6 +100,18 @@ def qwen3_5(layers: int):
     return transformers.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
 
 
+def qwen3_5_moe(layers: int):
+    dense = qwen3_5(layers)
+    text = {k: v for k, v in dense.text_config.to_dict().items()
+            if k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                     "head_dim", "max_position_embeddings", "rms_norm_eps", "layer_types", "linear_num_key_heads",
+                     "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
+                     "tie_word_embeddings", "rope_parameters")}
+    text.update(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=512, shared_expert_intermediate_size=512)
+    vision = dict(depth=1, hidden_size=256, intermediate_size=512, num_heads=4, out_hidden_size=2048)
+    return transformers.Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+
+
 def gemma4(layers: int):
     if layers < 2:
         raise ValueError(f"gemma4-h2560 needs >= 2 layers (sliding and full), got {layers}")
@@ -113,10 +129,11 @@ def gemma4(layers: int):
 
 #: checkpoint name -> config builder (layers -> config)
 CONFIGS = {"gptoss-h2880": gpt_oss, "glm4moe-h2048": glm4_moe, "deepseekv3-h2048": deepseek_v3,
-           "qwen35-h2048": qwen3_5, "gemma4-h2560": gemma4}
+           "qwen35-h2048": qwen3_5, "qwen35moe-h2048": qwen3_5_moe, "gemma4-h2560": gemma4}
 
 #: checkpoints saved as another class than AutoModelForCausalLM builds (the released layout)
-MODEL_CLASS = {"qwen35-h2048": "Qwen3_5ForConditionalGeneration"}
+MODEL_CLASS = {"qwen35-h2048": "Qwen3_5ForConditionalGeneration",
+               "qwen35moe-h2048": "Qwen3_5MoeForConditionalGeneration"}
 
 #: HF attention the checkpoint is built with where SDPA is not offered (GPT-OSS: eager or flash only)
 ATTENTION = {"gptoss-h2880": "eager"}

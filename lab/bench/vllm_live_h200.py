@@ -89,7 +89,7 @@ def gemma3_config(layers: int):
 
 #: Families whose norms are zero-centred, ``x * (1 + w)``: their random norm weights are drawn
 #: around 0 (HF initialises them to 0, where ``1 + w`` is exact), the others' around 1.
-ZERO_CENTRED = ("gemma3-", "qwen35-")
+ZERO_CENTRED = ("gemma3-", "qwen35-", "qwen35moe-")
 #: ... except these norms of theirs, which are plain (Qwen3.5's gated norm in its linear attention: weight * x)
 PLAIN_NORMS = ("linear_attn.norm.weight",)
 #: Families whose layers end with a layer scalar (Gemma 4's bf16 buffer, HF's init 1: exact): drawn in [0.5, 1.5)
