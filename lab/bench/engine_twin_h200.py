@@ -178,6 +178,29 @@ def stage_order(engine, kernels, out):
     out.write_text(json.dumps({"environment": STAMP, "rows": rows}, indent=2))
 
 
+def twin_rows(twin, sides, shapes, model, name, mode, prof, device, width=14) -> list[dict]:
+    """The twin against each side on each (batch, tokens, first position) of ``shapes``: one row per side
+    and shape (bit-equal logits, k3, KL, max |dlogprob|, per-layer equality), printed as it goes."""
+    rows = []
+    for b, s, off in shapes:
+        g = torch.Generator().manual_seed(b * 7919 + s)
+        ids = torch.randint(0, model.config.vocab_size, (b, s), generator=g).to(device)
+        pos = (torch.arange(s) + off)[None].expand(b, s).to(device)
+        t0 = time.time()
+        o = twin(ids, pos)
+        res = compare((o.logits, o.layers), sides, ids, pos)
+        for side in res.sides:
+            rows.append({"model": name, "mode": mode, "profile": prof.name, "batch": b, "tokens": s,
+                         "position_offset": off, "side": side.name, "logits_equal": side.logits_equal,
+                         "k3": side.k3, "kl": side.kl, "max_abs_dlogprob": side.max_abs_delta,
+                         "first_diverging_layer": side.first_diverging_layer(),
+                         "layers_equal": [r["equal"] for r in side.layers]})
+            print(f"{name:18s} {mode:7s} {b}x{s}@{off:<6d} {side.name:{width}s} eq={side.logits_equal:.4%} "
+                  f"k3={side.k3:.2e} kl={side.kl:.2e} layers={[round(r['equal'], 4) for r in side.layers]}", flush=True)
+        print(f"  ({time.time() - t0:.1f}s)", flush=True)
+    return rows
+
+
 def stage_twin(engine, modes, library, out, quick=False):
     from rla.engines.backed import engine_ops
     from rla.engines.vllm_forward import engine_forward
@@ -211,23 +234,7 @@ def stage_twin(engine, modes, library, out, quick=False):
                 sides["vllm-kernels"] = aligned_side(model, prof, ops=backed)
             if mode == "default":  # the engine-backed default mode: the twin's compiled pieces
                 sides["vllm-pieces"] = aligned_side(model, prof, ops=pieces)
-            for b, s, off in shapes:
-                g = torch.Generator().manual_seed(b * 7919 + s)
-                ids = torch.randint(0, model.config.vocab_size, (b, s), generator=g).to(DEV)
-                pos = (torch.arange(s) + off)[None].expand(b, s).to(DEV)
-                t0 = time.time()
-                o = twin(ids, pos)
-                res = compare((o.logits, o.layers), sides, ids, pos)
-                for side in res.sides:
-                    rows.append({"model": name, "mode": mode, "profile": prof.name, "batch": b, "tokens": s,
-                                 "position_offset": off, "side": side.name, "logits_equal": side.logits_equal,
-                                 "k3": side.k3, "kl": side.kl, "max_abs_dlogprob": side.max_abs_delta,
-                                 "first_diverging_layer": side.first_diverging_layer(),
-                                 "layers_equal": [r["equal"] for r in side.layers]})
-                    print(f"{name:18s} {mode:7s} {b}x{s}@{off:<6d} {side.name:14s} eq={side.logits_equal:.4%} "
-                          f"k3={side.k3:.2e} kl={side.kl:.2e} layers={[round(r['equal'], 4) for r in side.layers]}",
-                          flush=True)
-                print(f"  ({time.time() - t0:.1f}s)", flush=True)
+            rows += twin_rows(twin, sides, shapes, model, name, mode, prof, DEV)
         del model
         torch.cuda.empty_cache()
     out.write_text(json.dumps({"environment": STAMP, "provenance": engine.provenance, "rows": rows}, indent=2))

@@ -117,8 +117,9 @@ def sides(name: str, model, prof) -> dict:
 
 def run(engine, modes, library, out_path, quick=False, only=(), layers=4, scale=1.0, device="cuda", stamp=None):
     """Every family in ``only`` (default all) and mode: the twin, the sides, one JSON of rows."""
+    from engine_twin_h200 import twin_rows  # beside this file: the stage that runs this one
+
     from rla import profiles
-    from rla.engines.twin_compare import compare
     from rla.engines.vllm_twin_families import build_twin
 
     names = [n for n in FAMILIES if not only or n in only]
@@ -132,23 +133,8 @@ def run(engine, modes, library, out_path, quick=False, only=(), layers=4, scale=
             t0 = time.time()
             twin = build_twin(model, engine, mode, library)
             side_fns = sides(name, model, prof)
-            for b, s, off in shapes:
-                g = torch.Generator().manual_seed(b * 7919 + s)
-                ids = torch.randint(0, model.config.vocab_size, (b, s), generator=g).to(device)
-                pos = (torch.arange(s) + off)[None].expand(b, s).to(device)
-                t1 = time.time()
-                o = twin(ids, pos)
-                res = compare((o.logits, o.layers), side_fns, ids, pos)
-                for side in res.sides:
-                    rows.append({"model": name, "mode": mode, "profile": prof.name, "batch": b, "tokens": s,
-                                 "position_offset": off, "side": side.name, "logits_equal": side.logits_equal,
-                                 "k3": side.k3, "kl": side.kl, "max_abs_dlogprob": side.max_abs_delta,
-                                 "first_diverging_layer": side.first_diverging_layer(),
-                                 "layers_equal": [r["equal"] for r in side.layers]})
-                    print(f"{name:14s} {mode:7s} {b}x{s}@{off:<6d} {side.name:28s} eq={side.logits_equal:.4%} "
-                          f"k3={side.k3:.2e} kl={side.kl:.2e} layers={[round(r['equal'], 4) for r in side.layers]}",
-                          flush=True)
-                print(f"  ({time.time() - t1:.1f}s; {name} {mode} since its twin: {time.time() - t0:.1f}s)", flush=True)
+            rows += twin_rows(twin, side_fns, shapes, model, name, mode, prof, device, width=28)
+            print(f"  ({name} {mode} since its twin: {time.time() - t0:.1f}s)", flush=True)
             del twin
         del model
         if device == "cuda":

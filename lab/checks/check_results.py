@@ -717,13 +717,18 @@ def gemma3_live(root):
     return [100 * eager["vllm-0.26-eager"]["equal"], 100 * (1 - default["vllm-0.26"]["k3"] / default["hf"]["k3"])]
 
 
+def _k3_removed(root, folder, call, model, mode, side):
+    """% of HF eager's prefill k3 that ``side`` removes in the live report ``runs/<call>/verify-<model>-<mode>``."""
+    rep = _json(root, f"{folder}/runs/{call}/verify-{model}-{mode}/report.json")
+    rows = {r["side"]: r["prefill"] for r in rep["rows"]}
+    return 100 * (1 - rows[side]["k3"] / rows["hf"]["k3"])
+
+
 def moe_families_live(root):
     """GLM-4 MoE, GPT-OSS and DeepSeek-V3 (MoE regions) against live vLLM 0.26: the % of HF eager's prefill k3
     removed by the running mode's row: GLM-4 MoE eager, default; GPT-OSS eager, default; DeepSeek-V3 eager."""
-    def removed(call, model, mode, side):
-        rep = _json(root, f"{MOE_LIVE}/runs/{call}/verify-{model}-{mode}/report.json")
-        rows = {r["side"]: r["prefill"] for r in rep["rows"]}
-        return 100 * (1 - rows[side]["k3"] / rows["hf"]["k3"])
+    def removed(*run):
+        return _k3_removed(root, MOE_LIVE, *run)
     return [removed("eager", "glm4moe-h2048", "eager", "vllm-0.26-eager"),
             removed("default", "glm4moe-h2048", "default", "vllm-0.26"),
             removed("eager", "gptoss-h2880", "eager", "vllm-0.26-eager"),
@@ -737,10 +742,8 @@ EVENING_LIVE = "results/benchmarks/vllm026_qwen35_gptoss_h200_2026-12-02"
 def evening_live(root):
     """The evening's live runs: % of HF eager's prefill k3 removed by GPT-OSS's default row with its gpt_oss variant
     (default mode) and by DeepSeek-V3's eager row with its MLA aligned (eager mode)."""
-    def removed(call, model, mode, side):
-        rep = _json(root, f"{EVENING_LIVE}/runs/{call}/verify-{model}-{mode}/report.json")
-        rows = {r["side"]: r["prefill"] for r in rep["rows"]}
-        return 100 * (1 - rows[side]["k3"] / rows["hf"]["k3"])
+    def removed(*run):
+        return _k3_removed(root, EVENING_LIVE, *run)
     return [removed("gptoss-default-variant", "gptoss-h2880", "default", "vllm-0.26"),
             removed("deepseekv3-eager-mla", "deepseekv3-h2048", "eager", "vllm-0.26-eager")]
 
@@ -751,10 +754,8 @@ DEC3_LIVE = "results/benchmarks/vllm026_qwen35_gemma4_h200_2026-12-03"
 def dec3_live(root):
     """2026-12-03's live runs: % of HF eager's prefill k3 removed by the running mode's row on Gemma 4 (eager,
     default) and Qwen3.5 dense (eager, default)."""
-    def removed(call, model, mode, side):
-        rep = _json(root, f"{DEC3_LIVE}/runs/{call}/verify-{model}-{mode}/report.json")
-        rows = {r["side"]: r["prefill"] for r in rep["rows"]}
-        return 100 * (1 - rows[side]["k3"] / rows["hf"]["k3"])
+    def removed(*run):
+        return _k3_removed(root, DEC3_LIVE, *run)
     return [removed("gemma4-eager", "gemma4-h2560", "eager", "vllm-0.26-eager"),
             removed("gemma4-default", "gemma4-h2560", "default", "vllm-0.26"),
             removed("qwen35-eager", "qwen35-h2048", "eager", "vllm-0.26-eager"),

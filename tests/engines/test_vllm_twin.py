@@ -12,8 +12,8 @@ import torch
 
 import rla
 from rla import profiles
-from rla.engines.twin_compare import compare, hf_side
 
+from twin_side import twin_side
 from align_spec import single_thread, tiny_config, tiny_model, tokens  # noqa: F401
 
 LLAMA3 = dict(
@@ -46,13 +46,7 @@ def twin_run(request, vllm_engine):
 
 
 def _side(model, profile, out, ids, positions):
-    if profile is not None:
-        rla.align(model, profile)
-    try:
-        return compare((out.logits, out.layers), {"side": hf_side(model)}, ids, positions).sides[0]
-    finally:
-        if profile is not None:
-            rla.unalign(model)
+    return twin_side(model, profile, out, ids, positions)
 
 
 def test_aligned_model_equals_the_compiled_twin_bit_for_bit(twin_run):

@@ -28,8 +28,8 @@ import torch
 
 import rla
 from rla import profiles
-from rla.engines.twin_compare import compare, hf_side
 
+from twin_side import twin_side
 from align_spec import SPEC, Row, at_head_size, single_thread, tokens  # noqa: F401
 from gemma_spec import gemma_points, spec_forward as gemma_forward, tiny_gemma3
 from glm4_moe_spec import spec_forward as glm_forward, tiny_glm4_moe
@@ -57,13 +57,7 @@ def _native_row(variants=True):
 
 
 def _side(model, profile, out, ids=IDS, positions=POSITIONS):
-    if profile is not None:
-        rla.align(model, profile)
-    try:
-        return compare((out.logits, out.layers), {"side": hf_side(model)}, ids, positions).sides[0]
-    finally:
-        if profile is not None:
-            rla.unalign(model)
+    return twin_side(model, profile, out, ids, positions)
 
 
 def _exact(side):
