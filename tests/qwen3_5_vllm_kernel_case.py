@@ -58,7 +58,8 @@ def _rla(p, q, k, wq, wk, eps, table, positions):
 
 def run(wheel: str, extract_to: str, device: str) -> dict:
     """-> {"version", "D/R": {row name: {"points", "q", "k"} (fractions of q / k outputs equal), each row's
-    "<name>/qwen3_5" too where its variant differs, "gate": bool}}."""
+    "<name>/qwen3_5" too where its variant differs, "gate": bool, "mrope_text": bool}}: ``mrope_text``, the
+    kernel's q/k for a text prompt's [3, T] mRoPE positions equal its q/k for the [T] ones."""
     pkg = locate("vllm", wheel)
     kernel, _ = VF.qwen3_5_qk_norm_rope_gate(pkg, Path(extract_to))
     engine = V.load(wheel)
@@ -76,10 +77,15 @@ def run(wheel: str, extract_to: str, device: str) -> dict:
         positions = torch.arange(T) + 1000
         table = engine.cos_sin_cache(D, R, 2048, 1e7, dtype=torch.float32)  # vLLM's fp32 table ...
         cache = table.to(BF)  # ... stored in the model dtype (RotaryEmbeddingBase.__init__)
-        qo, ko, go = (t.cpu() for t in kernel(q_gate.to(dev), k.to(dev), wq.to(dev), wk.to(dev), cache.to(dev),
-                                              positions.to(dev), eps, HQ, HK, D, R))
+        args = (q_gate.to(dev), k.to(dev), wq.to(dev), wk.to(dev), cache.to(dev))
+        qo, ko, go = (t.cpu() for t in kernel(*args, positions.to(dev), eps, HQ, HK, D, R))
+        # a text prompt's mRoPE positions (Qwen3.5's interleaved sections, three equal rows): the same q/k
+        sections = [R // 4, R // 8, R // 2 - R // 4 - R // 8]
+        mq, mk, _ = (t.cpu() for t in kernel(*args, positions.expand(3, T).contiguous().to(dev), eps, HQ, HK, D, R,
+                                             mrope_section=sections))
         heads = q_gate.view(T, HQ, 2 * D)
-        case = {"gate": torch.equal(go.reshape(T, -1), heads[..., D:].reshape(T, -1))}
+        case = {"gate": torch.equal(go.reshape(T, -1), heads[..., D:].reshape(T, -1)),
+                "mrope_text": torch.equal(mq, qo) and torch.equal(mk, ko)}
         for name in ROWS[pkg.version]:
             at = profiles.get(name).at_head_size(D)
             for p in {at.name: at, at.variant("qwen3_5").name: at.variant("qwen3_5")}.values():

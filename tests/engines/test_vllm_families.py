@@ -102,7 +102,7 @@ def _check(cases: dict, at_least: float) -> None:
         cases["version"]]
     for size in ("32/8", "64/16"):
         case = cases[size]
-        assert case["gate"], size  # the gate copied verbatim
+        assert case["gate"] and case["mrope_text"], size  # the gate copied verbatim; text through mRoPE the same
         row, variant = case[default], case[f"{default}/qwen3_5"]
         assert row["points"] == ["round", "fused", "fp32"] and variant["points"] == ["round", "fused", "round"]
         assert min(variant["q"], variant["k"]) >= at_least, (size, variant)

@@ -86,6 +86,8 @@ FACTS: dict[str, tuple[Fact, ...]] = {
              "1 + w formed in fp32 from the bf16 weight (norm_weight=fused); the cache as stored"),
         Fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel", "x_norm = (x * inv_rms * w).to(INPUT_DTYPE).to(tl.float32)",
              "x * rstd * (1 + w) in fp32, one rounding"),
+        Fact(_NEXT, "Qwen3NextAttention._project_qkv_gate", "pos = positions[0] if positions.ndim == 2 else positions",
+             "mRoPE's [3, T] positions: the first row (text only, where the three are equal)"),
     ),
     "0.33.0": _COMMON + (
         Fact(_NEXT, "Qwen3NextAttention.__init__",
@@ -98,6 +100,9 @@ FACTS: dict[str, tuple[Fact, ...]] = {
              "self.q_norm.weight, self.k_norm.weight, self.rotary_emb.cos_sin_cache,",
              "the bf16 weights and the cache as stored"),
         Fact(_NEXT, "Qwen3NextAttention._project_qkv_gate", "norm_beta=1.0,", "the zero-centred offset, inside the kernel"),
+        Fact(_NEXT, "Qwen3NextAttention._project_qkv_gate",
+             'mrope_section=(getattr(self.rotary_emb, "mrope_section", None) if positions.ndim == 2 else None',
+             "mRoPE's [3, T] positions are passed on with the rotary's sections"),
         Fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel",
              "w = tl.load(w_ptr + head_offs, mask=head_mask, other=0.0).to(tl.float32) + norm_beta",
              "1 + w formed in fp32 from the bf16 weight (norm_weight=fused)"),
@@ -165,9 +170,11 @@ def _import_kernel_module(pkg: EnginePackage, extract_to: Path):
 def qwen3_5_qk_norm_rope_gate(pkg: EnginePackage, extract_to: Path):
     """vLLM's ``fused_qk_rmsnorm_rope_gate`` (``layers/fused_qk_norm_rope.py``) as
     ``fn(q_gate, k, q_norm_weight, k_norm_weight, cos_sin_cache, positions, eps, heads, kv_heads,
-    head_dim, rotary_dim) -> (q, k, gate)``, the norms' weights the checkpoint's bf16 ``w`` and handed
-    to the kernel as ``Qwen3NextAttention._project_qkv_gate`` of ``pkg``'s version does: 0.26
-    ``w.float() + 1.0``, 0.33 ``w`` with ``norm_beta=1.0`` (:data:`FACTS` checked first). Triton decides
+    head_dim, rotary_dim, mrope_section=None) -> (q, k, gate)``, called as
+    ``Qwen3NextAttention._project_qkv_gate`` of ``pkg``'s version calls it (:data:`FACTS` checked
+    first): the norms' weights are the checkpoint's bf16 ``w``, handed over as 0.26 ``w.float() + 1.0``,
+    0.33 ``w`` with ``norm_beta=1.0``; ``positions`` [T] or mRoPE's [3, T], of which 0.26 takes the first
+    row and 0.33 passes both shapes on (the rotary's ``mrope_section`` with the 2-D one). Triton decides
     at import whether the kernel is compiled or interpreted (``TRITON_INTERPRET=1``, set before this
     call). -> (function, provenance)."""
     if importlib.util.find_spec("triton") is None:
@@ -175,13 +182,17 @@ def qwen3_5_qk_norm_rope_gate(pkg: EnginePackage, extract_to: Path):
                                 "pip install triton (its interpreter runs it on a CPU with TRITON_INTERPRET=1)")
     check_facts(pkg)
     kernel = _import_kernel_module(pkg, extract_to).fused_qk_rmsnorm_rope_gate
-    offset_inside = pkg.version != "0.26.0"
+    v026 = pkg.version == "0.26.0"
 
-    def fn(q_gate, k, q_weight, k_weight, cos_sin_cache, positions, eps, heads, kv_heads, head_dim, rotary_dim):
-        if offset_inside:
-            return kernel(q_gate, k, q_weight, k_weight, cos_sin_cache, positions, eps, heads, kv_heads, head_dim,
-                          rotary_dim, norm_beta=1.0)
-        return kernel(q_gate, k, q_weight.float() + 1.0, k_weight.float() + 1.0, cos_sin_cache, positions, eps,
-                      heads, kv_heads, head_dim, rotary_dim)
+    def fn(q_gate, k, q_weight, k_weight, cos_sin_cache, positions, eps, heads, kv_heads, head_dim, rotary_dim,
+           mrope_section=None):
+        if (positions.ndim == 2) != (mrope_section is not None):
+            raise ValueError("mRoPE positions [3, T] come with the rotary's mrope_section, text positions [T] without")
+        if v026:
+            pos = positions[0] if positions.ndim == 2 else positions
+            return kernel(q_gate, k, q_weight.float() + 1.0, k_weight.float() + 1.0, cos_sin_cache, pos, eps,
+                          heads, kv_heads, head_dim, rotary_dim)
+        return kernel(q_gate, k, q_weight, k_weight, cos_sin_cache, positions, eps, heads, kv_heads, head_dim,
+                      rotary_dim, norm_beta=1.0, mrope_section=mrope_section)
 
     return fn, file_provenance(pkg, _KERNEL).as_dict()
