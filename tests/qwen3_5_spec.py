@@ -32,9 +32,13 @@ __all__ = ["ATTENTION", "qwen3_5_points", "tiny_qwen3_5", "tiny_qwen3_5_moe", "s
 # docs/families.md, "Qwen3.5 dense", copied as data (checked against rla.profiles by
 # tests/alignment/test_align_qwen3_5.py): the rows' qwen3_5 variant beyond the zero_centred_norm kind, the
 # points of Qwen3.5's gated attention. They hold at every head size: SGLang 0.5.23's fused q/k norm + RoPE
-# kernel reads the fp32 cache whatever the head size (its head-size rule is another kernel's).
-ATTENTION = {"sglang-0.5.23": {"rope_cos_sin": "fp32", "rope_apply": "fused", "qk_norm_out": "round"}}
+# kernel reads the fp32 cache whatever the head size (its head-size rule is another kernel's); vLLM 0.26's
+# and 0.33's (fused_qk_rmsnorm_rope_gate) rounds the norm before the rotation in both modes, where the
+# default rows' fp32 is Qwen3's compiled graph (the eager rows already say round).
+ATTENTION = {"sglang-0.5.23": {"rope_cos_sin": "fp32", "rope_apply": "fused", "qk_norm_out": "round"},
+             "vllm-0.26": {"qk_norm_out": "round"}, "vllm-0.33": {"qk_norm_out": "round"}}
 ATTENTION["sglang"] = ATTENTION["sglang-0.5.23"]
+ATTENTION["vllm"] = ATTENTION["vllm-0.33"]
 
 
 def qwen3_5_points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:

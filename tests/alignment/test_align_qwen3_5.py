@@ -53,6 +53,21 @@ def test_sglang_attention_points_hold_at_this_head_size(qwen):
     assert "1 self_attn" in text and "cos/sin fp32, apply fused, inv_freq on device, q/k-norm out round" in text
 
 
+@pytest.mark.parametrize("profile", ["vllm-0.26", "vllm-0.33", "vllm-0.33-eager"])
+def test_vllm_attention_points(qwen, profile):
+    """vLLM's Qwen3.5 attention rounds the q/k norm before the rotation in both modes (its fused
+    kernel): the default rows' fp32 q/k-norm output gives way to round, the eager rows' round stands."""
+    report = rla.align(qwen, profile)
+    rla.unalign(qwen)
+    assert report.variant == "qwen3_5" and report.ran().qk_norm_out == "round"
+    assert (report.ran().rope_cos_sin, report.ran().rope_apply) == ("round", "fused")
+    row = profiles.get(profile)
+    if row.qk_norm_out == "fp32":
+        assert f"follow '{profile}/qwen3_5': {{'qk_norm_out': 'round'}}" in str(report)
+    else:
+        assert "qwen3_5" not in row.variants
+
+
 def test_oracle_under_hf_points_is_the_unaligned_model(qwen):
     with torch.no_grad():
         assert torch.equal(spec_forward(qwen, _ids(), qwen3_5_points("hf")), qwen(_ids()).logits)

@@ -9,7 +9,9 @@ with three differences (``docs/families.md``):
   ``zero_centred_norm`` (Gemma 3's, ``rla.alignment.gemma``; vLLM imports ``GemmaRMSNorm as
   Qwen3_5RMSNorm``) with the points of Qwen3.5's gated attention: SGLang 0.5.23 runs its q/k norms
   and partial RoPE as one Triton kernel reading the fp32 cache at every head size, so the row's
-  head-size rule does not hold there (docs/families.md).
+  head-size rule does not hold there; vLLM 0.26 and 0.33 run theirs as one Triton kernel in both
+  modes, rounding the norm before the rotation, so the default rows' ``qk_norm_out='fp32'`` does not
+  hold there (docs/families.md).
 - **Partial rotary**: the rotary tables cover ``head_dim * partial_rotary_factor`` dims; the aligned
   ``apply_rotary_pos_emb`` rotates ``q[..., :rotary_dim]`` with ``rla.ops.rope`` and passes the rest
   through (rounded to the stack dtype where the q/k norm handed it on unrounded). The rotary
@@ -55,9 +57,6 @@ LEFT_AS_IS = [
     "rounds x * rstd first: not aligned with the mixer left as is)",
     "left as is: the attention output gate attn * sigmoid(gate) (outside the regions; SGLang 0.5.23 rounds it "
     "once, HF rounds sigmoid(gate) first)",
-    "vLLM's Qwen3-Next attention fuses the gated split, q/k norm and partial RoPE in one kernel (read for 0.26: "
-    "the norm rounded before the rotation); a vLLM row's q/k-norm point is applied as it stands, no live run has "
-    "scored it (docs/families.md)",
 ]
 
 #: What the alignment of a Qwen3.5 MoE model leaves as it is beyond :data:`LEFT_AS_IS` (docs/families.md).
