@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rla.profiles.router import RouterPoints
+from rla.profiles.variant_points import VARIANT_POINT_KINDS, VARIANT_POINTS, check_variant_point, has_point
+from rla.profiles.variant_points import replace_variant as _replace_variant
 
 __all__ = ["RoundingProfile", "Calibration", "PointEvidence", "PointCondition", "POINTS", "REGIONS", "REGION_POINTS",
            "EVIDENCE", "VARIANTS", "VARIANT_EXTENDS", "VARIANT_POINTS", "VARIANT_POINT_KINDS", "CONDITIONS"]
@@ -73,17 +75,6 @@ VARIANTS: dict[str, str] = {
 #: kernel for the q/k norms and RoPE that reads the fp32 cache at every head size).
 VARIANT_EXTENDS: dict[str, str] = {"qwen3_5": "zero_centred_norm"}
 
-#: Points that only some kinds of modules have, so a row states them in those kinds' variants and
-#: never in its own points (which hold for every family): point -> its choices, the first HF eager's.
-#: ``post_norm_out``: the sandwich layer's post-attention and post-feed-forward norms (Gemma 3, and
-#: Gemma 4's post-per-layer-input norm too): ``round`` = the residual add after them reads RN(norm);
-#: ``fp32`` = it reads the norm's fp32 output (vLLM's compiled graph: docs/families.md).
-VARIANT_POINTS: dict[str, tuple[str, str]] = {"post_norm_out": ("round", "fp32")}
-
-#: The kinds whose modules have each variant point (and whose variants may set it). A kind that
-#: extends one of them (:data:`VARIANT_EXTENDS`) does not inherit it unless listed: Qwen3.5's norms
-#: are zero-centred, but its layers have no norm after a sub-block.
-VARIANT_POINT_KINDS: dict[str, tuple[str, ...]] = {"post_norm_out": ("zero_centred_norm", "gemma4")}
 
 #: What a row's :class:`PointCondition` may test, and how: a model property and the test on it.
 #: ``head_size_in`` / ``head_size_not_in``: the attention head size (``config.head_dim``, else
@@ -250,12 +241,9 @@ class RoundingProfile:
     kernels' per-thread partials and block reduction (``rla.ops.reduction``)."""
 
     post_norm_out: Literal["round", "fp32"] = "round"
-    """A variant point (:data:`VARIANT_POINTS`, not one of :data:`POINTS`): what the residual add
-    after a sandwich layer's post-attention / post-feed-forward norm reads. ``round`` = RN(norm(x))
-    (HF; every kernel that stores the norm's output); ``fp32`` = the norm's fp32 output, the add and
-    the norm after it fused (vLLM's compiled Gemma 3 graph). A row says it in the variants of the kinds
-    of :data:`VARIANT_POINT_KINDS`; :meth:`variant` sets it here. Read only by the layers that have
-    such norms (``rla.alignment.gemma``, ``rla.alignment.gemma4``)."""
+    """A variant point (:data:`VARIANT_POINTS`; :meth:`variant` sets it): what the add after a Gemma
+    post-attention / post-feed-forward norm reads: ``round`` = RN(norm(x)) (HF); ``fp32`` = the
+    norm's fp32 output (vLLM's compiled graph). Read by ``rla.alignment.gemma`` / ``gemma4`` only."""
 
     description: str = field(default="", compare=False)
     """One line on which stack this profile describes and why."""
@@ -296,17 +284,7 @@ class RoundingProfile:
             if not isinstance(changes, dict):
                 raise ValueError(f"RoundingProfile {self.name!r}: variant {kind!r} must map points to choices")
             for point, value in changes.items():
-                if point in VARIANT_POINTS and kind not in VARIANT_POINT_KINDS[point]:
-                    raise ValueError(
-                        f"RoundingProfile {self.name!r}: variant {kind!r} sets {point!r}, a point only the kinds "
-                        f"{list(VARIANT_POINT_KINDS[point])} have"
-                    )
-                choices = POINTS.get(point) or VARIANT_POINTS.get(point)
-                if choices is None or value not in choices:
-                    raise ValueError(
-                        f"RoundingProfile {self.name!r}: variant {kind!r} sets {point}={value!r}; points and "
-                        f"choices are {POINTS}, and for some kinds {VARIANT_POINTS}"
-                    )
+                check_variant_point(self.name, kind, point, value, POINTS)
         for kind, evidence in self.variant_evidence.items():
             missing = sorted(set(evidence) - set(self.variants.get(kind, {})))
             if missing:
@@ -330,8 +308,7 @@ class RoundingProfile:
         return {point: getattr(self, point) for point in POINTS}
 
     def kind_points(self, kind: str) -> dict[str, str]:
-        """The variant points modules of ``kind`` have (:data:`VARIANT_POINT_KINDS`) and their values
-        here: for a profile :meth:`variant` returned, what its kind's layers run."""
+        """The variant points ``kind``'s modules have (:data:`VARIANT_POINT_KINDS`), valued as here."""
         return {p: getattr(self, p) for p, kinds in VARIANT_POINT_KINDS.items() if kind in kinds}
 
     def same_rounding(self, other: "RoundingProfile") -> bool:
@@ -341,12 +318,12 @@ class RoundingProfile:
 
     def variant(self, kind: str) -> "RoundingProfile":
         """The profile that holds for modules of ``kind`` (:data:`VARIANTS`): this row with the
-        variant's points applied (those of the kind it extends first, :data:`VARIANT_EXTENDS`; a
-        variant point only where ``kind`` has it, :data:`VARIANT_POINT_KINDS`), named ``<name>/<kind>`` when any differ (itself otherwise)."""
+        variant's points applied (those of the kind it extends first, :data:`VARIANT_EXTENDS`), named
+        ``<name>/<kind>`` when any differ (itself otherwise); a variant point only where ``kind`` has it."""
         if kind not in VARIANTS:
             raise ValueError(f"unknown variant {kind!r}; variants are {list(VARIANTS)}")
         wanted = {**self.variants.get(VARIANT_EXTENDS.get(kind, ""), {}), **self.variants.get(kind, {})}
-        wanted = {p: v for p, v in wanted.items() if p not in VARIANT_POINTS or kind in VARIANT_POINT_KINDS[p]}
+        wanted = {p: v for p, v in wanted.items() if has_point(kind, p)}
         changes = {p: v for p, v in wanted.items() if getattr(self, p) != v}
         if not changes:
             return self
@@ -375,15 +352,8 @@ class RoundingProfile:
         )
 
     def replace_variant(self, kind: str, name: str | None = None, **changes) -> "RoundingProfile":
-        """A copy whose variant for ``kind`` sets ``changes`` (points, or variant points ``kind``
-        has); their evidence is dropped (no longer measured), the rest of the row stays. ``name``:
-        the copy's name (default: this row's)."""
-        if kind not in VARIANTS:
-            raise ValueError(f"unknown variant {kind!r}; variants are {list(VARIANTS)}")
-        variants = {**self.variants, kind: {**self.variants.get(kind, {}), **changes}}
-        evidence = {k: {p: e for p, e in v.items() if k != kind or p not in changes}
-                    for k, v in self.variant_evidence.items()}
-        return dataclasses.replace(self, name=name or self.name, variants=variants, variant_evidence=evidence)
+        """:func:`rla.profiles.variant_points.replace_variant` of this row (evidence of ``changes`` dropped)."""
+        return _replace_variant(self, kind, name, **changes)
 
     def replace(self, **changes) -> "RoundingProfile":
         """A copy with ``changes``; a changed point drops the calibration (it is no longer measured).
