@@ -100,3 +100,6 @@ def test_the_search_decides_gemmas_post_norm_out_and_the_row_carries_it():
     assert row.variant_evidence["zero_centred_norm"]["post_norm_out"].evidence == "live"
     assert row.variants["gpt_oss"] == truth.variants["gpt_oss"]  # the start's other variants, with their evidence
     assert profiles.from_dict(profiles.to_dict(row)).variant("zero_centred_norm").post_norm_out == "fp32"
+    from rla.commands.calibrate_live import summary
+
+    assert "| post_norm_out (zero_centred_norm) | round | fp32 | live |" in summary(row, start)
