@@ -27,11 +27,18 @@ from spec import vllm_mean_square
 # docs/families.md, "the gemma4 and gemma4_ple variants", copied as data (checked against rla.profiles by
 # tests/alignment/test_align_gemma4.py): the points that differ for Gemma 4's norms and layers, and for its
 # per-layer-input gate gelu_tanh(g) * p.
-VARIANT = {"hf": {"norm_weight": "fused"}}
+# ``post_norm_out``: what the add after the post-attention, post-feed-forward and post-per-layer-input
+# norms reads, RN(norm) or the norm's fp32 output (the vllm default rows, by analogy with Gemma 3).
+VARIANT = {"hf": {"norm_weight": "fused", "post_norm_out": "round"},
+           **{name: {"post_norm_out": "round"} for name in ("rla", "sglang-0.5.23", "vllm-0.26-eager",
+                                                            "vllm-0.33-eager")},
+           **{name: {"post_norm_out": "fp32"} for name in ("vllm-0.26", "vllm-0.33")}}
+VARIANT["vllm"], VARIANT["vllm-eager"], VARIANT["sglang"] = VARIANT["vllm-0.33"], VARIANT["vllm-0.33-eager"], \
+    VARIANT["sglang-0.5.23"]
 PLE_VARIANT = {"sglang-0.5.23": {"swiglu": "per_op"}}
 
 _GROUPS = {"rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq", "qk_norm_out"), "swiglu": ("swiglu",),
-           "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction")}
+           "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction", "post_norm_out")}
 
 
 def gemma4_points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> Row:
@@ -150,7 +157,9 @@ def _ple_inputs(body, ids, x, pts, lp):
 
 
 def spec_forward(model, input_ids, pts) -> torch.Tensor:
-    """Logits of ``model`` (a Gemma4ForCausalLM) computed under the points ``pts``."""
+    """Logits of ``model`` (a Gemma4ForCausalLM) computed under the points ``pts``; under
+    ``pts['post_norm_out'] == 'fp32'`` (``round`` where ``pts`` does not say) the post-attention,
+    post-feed-forward and post-per-layer-input norms hand the add after them their fp32 output."""
     body, cfg = model.model, model.config
     pts = at_head_size(pts, cfg.per_layer_config[0].head_dim)  # the row's head-size rule (align_spec.Row)
     lp = body.embed_tokens.weight.dtype
@@ -164,6 +173,7 @@ def spec_forward(model, input_ids, pts) -> torch.Tensor:
         tables[t] = (emb.cos(), emb.sin())
     fp32_sum = pts["norm_residual"] == "fp32_sum"
     carry = pts["residual_stream"] == "fp32_carry"
+    post = torch.float32 if pts.get("post_norm_out", "round") == "fp32" else None
     x = body.embed_tokens(input_ids)  # HF's scaled embedding (left as is)
     ple = _ple_inputs(body, input_ids, x, pts, lp) if cfg.hidden_size_per_layer_input else None
     s, shared = x.float(), {}  # s: what the next norm reads (the fp32 value, or the embeddings)
@@ -171,7 +181,7 @@ def spec_forward(model, input_ids, pts) -> torch.Tensor:
         r = rn(s, lp)
         h = _norm(layer.input_layernorm, s if fp32_sum else r, pts, lp)
         a = _attention(layer.self_attn, h, *tables[cfg.layer_types[i]], pts, lp, shared)
-        a = _norm(layer.post_attention_layernorm, a, pts, lp)
+        a = _norm(layer.post_attention_layernorm, a, pts, lp, post)
         s1 = a.float() + r
         r1 = rn(s1, lp).to(lp)
         h = _norm(layer.pre_feedforward_layernorm, s1 if fp32_sum else r1, pts, lp)
@@ -185,13 +195,13 @@ def spec_forward(model, input_ids, pts) -> torch.Tensor:
             e = layer.experts(e, index, weights).reshape(r1.shape)
             m = _norm(layer.post_feedforward_layernorm_1, m, pts, lp) + _norm(layer.post_feedforward_layernorm_2, e,
                                                                               pts, lp)
-        m = _norm(layer.post_feedforward_layernorm, m, pts, lp)
+        m = _norm(layer.post_feedforward_layernorm, m, pts, lp, post)
         s = (s1 if carry else r1.float()) + m.float()
         if ple is not None:
             rounded = rn(s, lp).to(lp)
             y = spec_geglu(F.linear(rounded, layer.per_layer_input_gate.weight), ple[:, :, i, :],
                            {"swiglu": pts["ple_swiglu"]})
-            y = _norm(layer.post_per_layer_input_norm, F.linear(y, layer.per_layer_projection.weight), pts, lp)
+            y = _norm(layer.post_per_layer_input_norm, F.linear(y, layer.per_layer_projection.weight), pts, lp, post)
             s = (s if carry else rounded.float()) + y.float()
         scalar = layer.layer_scalar.float()
         if fp32_sum:

@@ -23,11 +23,19 @@ from spec import vllm_mean_square
 
 # docs/families.md, "the zero_centred_norm variant", copied as data (checked against rla.profiles
 # by tests/alignment/test_align_gemma.py): the points that differ for Gemma's norms and layers.
+# ``post_norm_out`` (a point only these layers have): what the add after the post-attention /
+# post-feed-forward norm reads, RN(norm) or the norm's fp32 output (vLLM's compiled graph).
 VARIANT = {
-    "hf": {"norm_weight": "fused"},
-    "vllm-0.26-eager": {"norm_residual": "fp32_sum", "norm_reduction": "unpinned"},
-    "vllm-0.33-eager": {"norm_residual": "fp32_sum", "norm_reduction": "unpinned"},
+    "hf": {"norm_weight": "fused", "post_norm_out": "round"},
+    "rla": {"post_norm_out": "round"},
+    "sglang-0.5.23": {"post_norm_out": "round"},
+    "vllm-0.26": {"post_norm_out": "fp32"},
+    "vllm-0.33": {"post_norm_out": "fp32"},
+    "vllm-0.26-eager": {"norm_residual": "fp32_sum", "norm_reduction": "unpinned", "post_norm_out": "round"},
+    "vllm-0.33-eager": {"norm_residual": "fp32_sum", "norm_reduction": "unpinned", "post_norm_out": "round"},
 }
+VARIANT["vllm"], VARIANT["vllm-eager"], VARIANT["sglang"] = VARIANT["vllm-0.33"], VARIANT["vllm-0.33-eager"], \
+    VARIANT["sglang-0.5.23"]
 
 
 def gemma_points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
@@ -36,7 +44,7 @@ def gemma_points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
     hf = {**SPEC["hf"], **VARIANT["hf"]}
     row = {**SPEC[profile], **VARIANT.get(profile, {})}
     groups = {"rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq", "qk_norm_out"), "swiglu": ("swiglu",),
-              "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction")}
+              "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction", "post_norm_out")}
     out = Row(hf, SPEC[profile].fused_head_sizes if "rope" in regions else None)
     for region in regions:
         for point in groups[region]:
@@ -127,12 +135,13 @@ def _attention(attn, h, cos, sin, pts, lp):
     return F.linear(out.reshape(B, S, -1).contiguous(), attn.o_proj.weight)
 
 
-def spec_forward(model, input_ids, pts, positions=None, post_norm_fp32: bool = False, streams=None,
+def spec_forward(model, input_ids, pts, positions=None, post_norm_fp32: bool | None = None, streams=None,
                  embed_fp32: bool = False) -> torch.Tensor:
     """Logits of ``model`` (a Gemma3ForCausalLM) computed under the points ``pts`` at ``positions``
     (default 0..S-1). ``post_norm_fp32``: the post-attention and post-feed-forward norms hand the add
     after them their unrounded output (the chain vLLM's default-mode graph compiles on the CPU:
-    tests/engines/test_vllm_twin_families.py); no row has it. ``streams``: a list that receives the
+    tests/engines/test_vllm_twin_families.py); None: as ``pts['post_norm_out']`` says (``round``
+    where ``pts`` does not say). ``streams``: a list that receives the
     residual stream after each layer, rounded (as the engine twin records it). ``embed_fp32``: the
     first norm reads the embedding times its bf16 scale unrounded (a chain vLLM's compiled first
     piece can keep; the residual is the rounded product either way); sqrt(hidden) = 8 at the tiny
@@ -144,6 +153,8 @@ def spec_forward(model, input_ids, pts, positions=None, post_norm_fp32: bool = F
     where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")
     if positions is None:
         positions = torch.arange(input_ids.shape[1], device=device)[None].expand(input_ids.shape[0], -1)
+    if post_norm_fp32 is None:
+        post_norm_fp32 = pts.get("post_norm_out", "round") == "fp32"
     post_out = torch.float32 if post_norm_fp32 else None
     tables = {}
     for t in set(cfg.layer_types):

@@ -23,7 +23,10 @@ from align_spec import BF16, SPEC, Row, at_head_size, head_size_of, rn, spec_nor
 # docs/families.md, "the gpt_oss variant", copied as data (checked against rla.profiles).
 VARIANT = {"hf": {"norm_weight": "fused"}, "vllm-0.26-eager": {"swiglu": "fused"}, "vllm-0.33-eager": {"swiglu": "fused"},
            # the live vLLM 0.26 default mode on GPT-OSS (results/benchmarks/vllm026_qwen35_gptoss_h200_2026-12-02/)
-           "vllm-0.26": {"rope_cos_sin": "fp32", "residual_stream": "rounded", "norm_reduction": "vllm_block"}}
+           "vllm-0.26": {"rope_cos_sin": "fp32", "residual_stream": "rounded", "norm_reduction": "vllm_block"},
+           # vLLM 0.33's default-mode twin (tests/engines/test_vllm_twin_families.py): the fp32 YaRN cache
+           "vllm-0.33": {"rope_cos_sin": "fp32"}}
+VARIANT["vllm"], VARIANT["vllm-eager"] = VARIANT["vllm-0.33"], VARIANT["vllm-0.33-eager"]
 
 
 def gpt_oss_points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:

@@ -13,16 +13,19 @@ Sides, per family and mode (profile ``vllm-0.33`` / ``vllm-0.33-eager``):
 
 - ``hf``: HF eager, unaligned; ``rla``: ``rla.align`` with rla's ops (its kernels on CUDA where it
   has them; ``rla.align`` takes no other ops on these families);
-- Gemma 3: ``oracle`` (tests/gemma_spec.py under the row's Gemma points: what ``rla.align``
-  computes), ``oracle+post-norm-fp32`` (the post-attention / post-feed-forward norms' outputs
-  unrounded into the adds: the CPU twin's default-mode chain), ``oracle+post-norm+embed-fp32`` (also
-  the scaled embedding unrounded into the first norm, which the CPU cannot tell: sqrt(64) = 8);
+- Gemma 3: ``oracle`` (tests/gemma_spec.py under the row's Gemma points, its zero_centred_norm
+  variant's ``post_norm_out`` included: what ``rla.align`` computes), ``oracle+post-norm-round`` and
+  ``oracle+post-norm-fp32`` (the post-attention / post-feed-forward norms' outputs rounded, or
+  unrounded into the adds: the CPU twin's default-mode chain, which ``vllm-0.33`` now says),
+  ``oracle+post-norm+embed-fp32`` (also the scaled embedding unrounded into the first norm, which the
+  CPU cannot tell: sqrt(64) = 8);
 - GLM-4 MoE: ``oracle`` with the routed experts' activation ``per_op`` (the twin runs vLLM's CUDA
   ``silu_and_mul`` for them in both modes, as its fused MoE does) and ``oracle+experts-sum-fp32``
   (the shared + routed sum unrounded into the residual add: the CPU twin's chain);
-- GPT-OSS: ``rla-rope-fp32``: aligned with ``rope_cos_sin='fp32'`` (the fp32 YaRN cache cast inside
-  the compiled graph: the CPU twin's default-mode finding; in eager mode the cast happens before
-  the kernel, so the row should win there).
+- GPT-OSS: ``rla-rope-fp32`` / ``rla-rope-round``: aligned with ``rope_cos_sin='fp32'`` / ``'round'``
+  for GPT-OSS (the fp32 YaRN cache cast inside the compiled graph: the CPU twin's default-mode
+  finding, which ``vllm-0.33``'s gpt_oss variant now says; in eager mode the cast happens before the
+  kernel, so the row should win there).
 
 Per row: fraction of bit-equal logits, k3 of tokens sampled from the twin, KL(twin || side), the
 fraction bit-equal of each layer's residual stream, seconds.
@@ -97,6 +100,7 @@ def sides(name: str, model, prof) -> dict:
 
         pts = gemma_points(prof.name)
         out["oracle"] = _oracle_side(spec_forward, model, pts=pts)
+        out["oracle+post-norm-round"] = _oracle_side(spec_forward, model, pts=pts, post_norm_fp32=False)
         out["oracle+post-norm-fp32"] = _oracle_side(spec_forward, model, pts=pts, post_norm_fp32=True)
         out["oracle+post-norm+embed-fp32"] = _oracle_side(spec_forward, model, pts=pts, post_norm_fp32=True,
                                                           embed_fp32=True)
@@ -112,6 +116,8 @@ def sides(name: str, model, prof) -> dict:
     elif name.startswith("gptoss-"):
         out["rla-rope-fp32"] = aligned_side(model, prof.replace(name=f"{prof.name}+rope_cos_sin=fp32",
                                                                 rope_cos_sin="fp32"))
+        rounded = prof.replace_variant("gpt_oss", name=f"{prof.name}+rope_cos_sin=round", rope_cos_sin="round")
+        out["rla-rope-round"] = aligned_side(model, rounded)
     return out
 
 

@@ -90,3 +90,23 @@ def test_qwen3_5_moe_with_the_router_region_on_cuda_equals_the_oracle_on_cuda(pr
             rla.unalign(model)
         want = spec_forward(model, ids, qwen3_5_points(profile), get(profile).router)
     assert torch.equal(got, want), f"{profile}: {(got == want).float().mean():.4f} of logits equal"
+
+
+def test_gemma4_post_norm_out_fp32_on_cuda_equals_the_oracle_on_cuda():
+    """Gemma 4's post-sub-block norms with an fp32 output (``post_norm_out='fp32'``, rla's norm kernels on
+    CUDA) under vllm-0.33-eager's points (its vLLM block reduction, which the kernels and the oracle share)."""
+    if compat.TRANSFORMERS_VERSION < Version("5.24"):
+        pytest.skip("gemma4: rla.align reads its 5.24 layout")
+    from rla import profiles
+
+    model, points, spec_forward = _case("gemma4")
+    model = model.cuda()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(5)).cuda()
+    row = profiles.get("vllm-0.33-eager").replace_variant("gemma4", name="eager-post-norm-fp32", post_norm_out="fp32")
+    pts = points("vllm-0.33-eager")
+    pts["post_norm_out"] = "fp32"
+    with torch.no_grad(), rla.aligned(model, row):
+        got = model(ids).logits
+    with torch.no_grad():
+        want = spec_forward(model, ids, pts)
+    assert torch.equal(got, want), f"{(got == want).float().mean():.4f} of logits equal"

@@ -122,3 +122,55 @@ def test_deepcopy_and_pickle_keep_the_alignment(gemma):
     rla.unalign(loaded)
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, gemma(ids).logits)
+
+
+def _post_norm_flipped(name: str):
+    """The row with its zero_centred_norm variant's post_norm_out flipped, and the oracle's points."""
+    row = profiles.get(name)
+    other = "round" if row.variant("zero_centred_norm").post_norm_out == "fp32" else "fp32"
+    pts = gemma_points(name)
+    pts["post_norm_out"] = other
+    return row.replace_variant("zero_centred_norm", name=f"{name}-post-norm-{other}", post_norm_out=other), pts
+
+
+@pytest.mark.parametrize("name", ["vllm-0.33", "vllm-0.33-eager", "hf"])
+def test_post_norm_out_is_the_oracle_and_visible_in_the_logits(gemma, name):
+    """Under the other post_norm_out value (fp32 for the rows that round, round for vllm-0.33) the
+    aligned model is the oracle with that value, bit for bit, and not the row's own logits."""
+    ids = _ids()
+    flipped, pts = _post_norm_flipped(name)
+    with torch.no_grad():
+        with rla.aligned(gemma, name):
+            own = gemma(ids).logits
+        with rla.aligned(gemma, flipped) as report:
+            got = gemma(ids).logits
+        assert torch.equal(got, spec_forward(gemma, ids, pts))
+    assert not torch.equal(got, own)
+    assert (("post_norm_out='fp32'" in str(report)) is (pts["post_norm_out"] == "fp32"))
+
+
+def test_post_norm_out_fp32_backward_and_gradient_checkpointing():
+    """Under vllm-0.33 (post_norm_out='fp32') backward runs through the fp32 chain; checkpointed
+    layers give the same gradients bit for bit; the chain's gradients are not the rounded row's."""
+    model = tiny_gemma3()
+    ids = _ids(seq=10)
+
+    def grads(profile, checkpointing: bool):
+        model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        try:
+            with rla.aligned(model, profile):
+                model(ids).logits.float().logsumexp(-1).mean().backward()
+        finally:
+            model.gradient_checkpointing_disable()
+            model.eval()
+        out = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        return out
+
+    plain, checkpointed = grads("vllm-0.33", False), grads("vllm-0.33", True)
+    assert plain.keys() == checkpointed.keys() and all(torch.equal(plain[n], checkpointed[n]) for n in plain)
+    assert all(torch.isfinite(g).all() for g in plain.values())
+    rounded = grads(_post_norm_flipped("vllm-0.33")[0], False)
+    assert any(not torch.equal(plain[n], rounded[n]) for n in plain)

@@ -223,3 +223,26 @@ def test_deepcopy_and_pickle_keep_the_alignment(gemma4):
     rla.unalign(loaded)
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, gemma4(ids).logits)
+
+
+@pytest.mark.parametrize("which", ["gemma4", "gemma4_moe"])
+@pytest.mark.parametrize("name", ["vllm-0.33", "vllm-0.33-eager"])
+def test_post_norm_out_is_the_oracle_and_visible_in_the_logits(which, name, request):
+    """The gemma4 variant's post_norm_out flipped (round for vllm-0.33, fp32 for the eager row): the
+    aligned model is the oracle with that value bit for bit, and not the row's own logits; with
+    per-layer inputs (gemma4) the post-per-layer-input norm takes part, in MoE layers the block's two
+    inner post-norms stay rounded."""
+    model = request.getfixturevalue(which)
+    ids = _ids()
+    row = profiles.get(name)
+    other = "round" if row.variant("gemma4").post_norm_out == "fp32" else "fp32"
+    flipped = row.replace_variant("gemma4", name=f"{name}-post-norm-{other}", post_norm_out=other)
+    pts = gemma4_points(name)
+    pts["post_norm_out"] = other
+    with torch.no_grad():
+        with rla.aligned(model, name):
+            own = model(ids).logits
+        with rla.aligned(model, flipped):
+            got = model(ids).logits
+        assert torch.equal(got, spec_forward(model, ids, pts))
+    assert not torch.equal(got, own)

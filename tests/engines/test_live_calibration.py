@@ -60,3 +60,46 @@ def test_stats_count_bit_equality_and_k3_in_fp64():
     d = torch.tensor(0.5, dtype=torch.float64)
     assert s["k3"] == pytest.approx(float(torch.exp(d) - 1 - d) / 3, rel=1e-15)
     assert list(s["by_position"]) == ["0-1024"]
+
+
+def test_variant_points_are_offered_to_the_families_that_have_them():
+    from types import SimpleNamespace
+
+    def of(model_type):
+        return L.variant_points(SimpleNamespace(config=SimpleNamespace(model_type=model_type)))
+
+    assert of("gemma3_text") == ("zero_centred_norm", {"post_norm_out": ("round", "fp32")})
+    assert of("gemma4_text") == ("gemma4", {"post_norm_out": ("round", "fp32")})
+    for model_type, kind in (("qwen2", None), ("qwen3_5_text", "qwen3_5"), ("gpt_oss", "gpt_oss"), ("nope", None)):
+        assert of(model_type) == (kind, {}), model_type
+
+
+def test_the_search_decides_gemmas_post_norm_out_and_the_row_carries_it():
+    """A tiny Gemma 3 aligned under vllm-0.33 (post_norm_out='fp32') is the engine; the search starts
+    from the row with the post-norms rounded and finds fp32 in the zero_centred_norm variant, decided
+    by its flip; the written row has it there with live evidence and keeps the start's other variants."""
+    from gemma_spec import tiny_gemma3
+    from rla.engines.live_profile import live_row, settle
+
+    model = tiny_gemma3()
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (40,), generator=g).tolist()
+    response = torch.randint(0, model.config.vocab_size, (6,), generator=g).tolist()
+    truth = profiles.get("vllm-0.33")
+    pre, records = _engine(model, truth, prompt, response)
+    start = truth.replace_variant("zero_centred_norm", name="start", post_norm_out="round")
+    best, s, tried, flips = L.search(model, start, [prompt], pre, records, log=lambda m: None)
+    assert s["prefill"]["equal"] == 1.0
+    assert best.variant("zero_centred_norm").post_norm_out == "fp32"
+    assert flips["post_norm_out"]["kind"] == "zero_centred_norm" and flips["post_norm_out"]["decided"]
+    assert all("post_norm_out" in t["points"] for t in tried)
+    best, s = settle(model, start, best, s, flips, [prompt], pre, records)
+    row = live_row({"name": "vllm", "version": "0.33.0", "mode": "default"}, start, tried[0], best, s, flips,
+                   {"family": "gemma3_text"}, date="d", gpu="cpu", torch="t", command="c", name="vllm-0.33-test")
+    assert row.variants["zero_centred_norm"]["post_norm_out"] == "fp32"
+    assert row.variant_evidence["zero_centred_norm"]["post_norm_out"].evidence == "live"
+    assert row.variants["gpt_oss"] == truth.variants["gpt_oss"]  # the start's other variants, with their evidence
+    assert profiles.from_dict(profiles.to_dict(row)).variant("zero_centred_norm").post_norm_out == "fp32"
+    from rla.commands.calibrate_live import summary
+
+    assert "| post_norm_out (zero_centred_norm) | round | fp32 | live |" in summary(row, start)

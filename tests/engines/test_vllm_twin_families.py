@@ -96,7 +96,7 @@ def gemma_default(vllm_engine):
     return model, _twin(model, vllm_engine, "default", GEMMA_POSITIONS)
 
 
-def _gemma_oracle(model, pts, chain=True):
+def _gemma_oracle(model, pts, chain=None):
     streams = []
     with torch.no_grad():
         logits = gemma_forward(model, IDS, pts, positions=GEMMA_POSITIONS, post_norm_fp32=chain, streams=streams)
@@ -105,18 +105,23 @@ def _gemma_oracle(model, pts, chain=True):
 
 def test_gemma3_default_twin_keeps_the_post_norm_outputs_fp32_into_the_adds(gemma_default):
     """vLLM's compiled Gemma 3 layer (Inductor on the CPU) is the vllm-0.33 row's points under the
-    zero-centred variant plus one chain no row has: the post-attention and post-feed-forward norms'
-    outputs reach the add after them unrounded. Without that chain the oracle (which equals the
-    aligned model: tests/alignment/test_align_gemma.py) differs from the first layer on."""
+    zero-centred variant, whose ``post_norm_out='fp32'`` this measures: the post-attention and
+    post-feed-forward norms' outputs reach the add after them unrounded. The oracle with that value
+    and ``rla.align(model, "vllm-0.33")`` equal the twin bit for bit, logits and every layer; with
+    ``round`` both differ from the first layer on."""
     model, out = gemma_default
     pts = gemma_points("vllm-0.33")
+    assert pts["post_norm_out"] == "fp32"
     assert _equal(out, *_gemma_oracle(model, pts))
+    assert _exact(_side(model, "vllm-0.33", out, positions=GEMMA_POSITIONS))
     logits, streams = _gemma_oracle(model, pts, chain=False)
     assert not torch.equal(out.logits, logits.reshape(out.logits.shape))
     assert not torch.equal(out.layers[0], streams[0].reshape(out.layers[0].shape))
-    aligned = _side(model, "vllm-0.33", out, positions=GEMMA_POSITIONS)
+    rounded = profiles.get("vllm-0.33").replace_variant("zero_centred_norm", name="vllm-0.33-post-norm-round",
+                                                        post_norm_out="round")
+    aligned = _side(model, rounded, out, positions=GEMMA_POSITIONS)
     assert aligned.logits_equal < 1.0 and aligned.first_diverging_layer() == 0
-    assert torch.equal(logits, gemma_forward(model, IDS, pts, positions=GEMMA_POSITIONS))  # the oracle's default: no chain
+    assert torch.equal(logits, gemma_forward(model, IDS, {**pts, "post_norm_out": "round"}, positions=GEMMA_POSITIONS))
 
 
 def test_gemma3_default_twin_needs_every_point_that_matters(gemma_default):
@@ -209,11 +214,14 @@ def test_gpt_oss_default_twin_reads_the_fp32_yarn_cache_unrounded(vllm_engine):
     bit; the row as it stands is not, and every other point that matters is needed."""
     model = tiny_gpt_oss()
     out = _twin(model, vllm_engine, "default")
-    row = profiles.get("vllm-0.33").replace(name="vllm-0.33-cpu-twin", rope_cos_sin="fp32", swiglu="per_op")
+    row = profiles.get("vllm-0.33").replace(name="vllm-0.33-cpu-twin", swiglu="per_op")
+    assert row.variant("gpt_oss").rope_cos_sin == "fp32"  # the row's gpt_oss variant, which this measures
     assert _exact(_side(model, row, out))
-    assert _side(model, profiles.get("vllm-0.33").replace(name="x", swiglu="per_op"), out).logits_equal < 1.0
+    assert _exact(_side(model, row.replace(rope_cos_sin="fp32", variants={}, variant_evidence={}), out))
+    rounded = row.replace_variant("gpt_oss", name="vllm-0.33-rope-round", rope_cos_sin="round")
+    assert _side(model, rounded, out).logits_equal < 1.0
     for point in ("rope_apply", "swiglu", "norm_weight", "norm_residual", "residual_stream"):
-        assert _side(model, _flip(row, point), out).logits_equal < 1.0, point
+        assert _side(model, _flip(row.replace(rope_cos_sin="fp32", variants={}, variant_evidence={}), point), out).logits_equal < 1.0, point
 
 
 def test_family_twins_refuse_what_vllm_computes_otherwise(vllm_engine):
@@ -256,7 +264,9 @@ def test_gemma_oracle_embedding_chain_reads_the_unrounded_product():
 
 def test_rla_verify_names_the_family_chain_the_row_lacks(vllm_wheel, tmp_path, capsys):
     """`rla verify` builds the family's twin (rla.engines.vllm_twin_families.build_twin) and, where the
-    aligned side differs in default mode, names the chain the row lacks for that family."""
+    aligned side differs in default mode, names the chain the row lacks for that family: on Gemma 3
+    under a row whose zero_centred_norm variant rounds the post-norms' outputs, not under vllm-0.33
+    (which has the chain)."""
     from rla.cli import main
 
     folder = tmp_path / "gemma"
@@ -264,6 +274,13 @@ def test_rla_verify_names_the_family_chain_the_row_lacks(vllm_wheel, tmp_path, c
     args = ["verify", "--model", str(folder), "--wheel", vllm_wheel, "--device", "cpu", "--tokens", "24", "--batch", "2"]
     assert main(args) == 0
     text = capsys.readouterr().out.replace("\n", " ")
-    assert "aligned vllm-0.33" in text and "post-feed-forward norms' outputs unrounded into the adds" in text
+    assert "aligned vllm-0.33" in text and "unrounded into the adds" not in text
+    rounded = profiles.get("vllm-0.33").replace_variant("zero_centred_norm", name="vllm-0.33-post-norm-round",
+                                                        post_norm_out="round")
+    row = tmp_path / "rounded.json"
+    row.write_text(__import__("json").dumps(profiles.to_dict(rounded)))
+    assert main(args + ["--profile", str(row)]) == 0
+    text = capsys.readouterr().out.replace("\n", " ")
+    assert "post-feed-forward norms' outputs unrounded into the adds (post_norm_out='fp32')" in text
     assert main(args + ["--mode", "native"]) == 0
     assert "unrounded into the adds" not in capsys.readouterr().out.replace("\n", " ")

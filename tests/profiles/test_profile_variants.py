@@ -57,3 +57,65 @@ def test_a_kind_that_extends_another_applies_that_kinds_points_first():
     assert p.variant("zero_centred_norm").rope_cos_sin == row.rope_cos_sin == "round"  # the base sees only its own
     # a row with only the base kind's points gives them to the narrower kind
     assert row.variant("qwen3_5").points() == row.variant("zero_centred_norm").points()
+
+
+# -- variant points (points only some kinds of modules have) ---------------------------------------
+
+
+def test_every_row_states_post_norm_out_for_the_kinds_that_have_it_with_evidence():
+    assert profiles.VARIANT_POINTS == {"post_norm_out": ("round", "fp32")}
+    assert profiles.VARIANT_POINT_KINDS == {"post_norm_out": ("zero_centred_norm", "gemma4")}
+    want = {"vllm-0.33": "fp32", "vllm-0.26": "fp32"}  # the compiled graph (docs/families.md); every other rounds
+    for name in profiles.names():
+        row = profiles.get(name)
+        for kind in ("zero_centred_norm", "gemma4"):
+            assert row.variants[kind]["post_norm_out"] == want.get(name, "round"), (name, kind)
+            assert row.variant_evidence[kind]["post_norm_out"].note, (name, kind)
+            assert row.variant(kind).post_norm_out == want.get(name, "round")
+        assert row.post_norm_out == "round"  # a row's own value: the point is not one of its points
+        assert "post_norm_out" not in row.points()
+    assert profiles.get("vllm-0.33").variant_evidence["zero_centred_norm"]["post_norm_out"].evidence == "native_compiled"
+    assert profiles.get("vllm-0.33").variant_evidence["gemma4"]["post_norm_out"].evidence == "source"
+
+
+def test_a_kind_without_the_point_does_not_take_it():
+    """Qwen3.5's norms are zero-centred (qwen3_5 extends zero_centred_norm) but its layers have no
+    norm after a sub-block: its variant does not take post_norm_out, and no row may set it for it."""
+    row = profiles.get("vllm-0.33")
+    assert row.variant("zero_centred_norm").post_norm_out == "fp32"
+    assert row.variant("qwen3_5").post_norm_out == "round" and row.variant("qwen3_5") is row
+    assert row.variant("zero_centred_norm").kind_points("zero_centred_norm") == {"post_norm_out": "fp32"}
+    assert row.kind_points("qwen3_5") == {} and row.kind_points("gpt_oss") == {}
+    for kind in ("qwen3_5", "gpt_oss", "gemma4_ple"):
+        with pytest.raises(ValueError, match=rf"variant '{kind}' sets 'post_norm_out', a point only the kinds"):
+            row.replace_variant(kind, post_norm_out="fp32")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["points"].update(post_norm_out="fp32"), r"points must be exactly .*unknown \['post_norm_out'\]"),
+    (lambda d: d["variants"]["zero_centred_norm"]["points"].update(post_norm_out="fp16"), "post_norm_out='fp16'"),
+    (lambda d: d["variants"]["zero_centred_norm"]["evidence"].pop("post_norm_out"), "every point needs its evidence"),
+    (lambda d: d["variants"]["gpt_oss"].update(points={**d["variants"]["gpt_oss"]["points"], "post_norm_out": "round"},
+                                               evidence={**d["variants"]["gpt_oss"]["evidence"],
+                                                         "post_norm_out": {"evidence": "source"}}),
+     "variant 'gpt_oss' sets 'post_norm_out'"),
+])
+def test_malformed_variant_points_are_refused_by_name(change, message):
+    d = copy.deepcopy(profiles.to_dict(profiles.get("vllm-0.33")))
+    change(d)
+    with pytest.raises(ValueError, match=message):
+        profiles.from_dict(d, "my.json")
+
+
+def test_replace_variant_drops_the_changed_points_evidence_and_round_trips():
+    row = profiles.get("vllm-0.33")
+    p = row.replace_variant("zero_centred_norm", name="mine", post_norm_out="round")
+    assert p.name == "mine" and p.variant("zero_centred_norm").post_norm_out == "round"
+    assert "post_norm_out" not in p.variant_evidence["zero_centred_norm"]
+    assert p.variant_evidence["gemma4"] == row.variant_evidence["gemma4"]  # other kinds keep theirs
+    d = profiles.to_dict(p)
+    assert d["variants"]["zero_centred_norm"]["evidence"]["post_norm_out"]["note"].startswith("set by hand")
+    assert profiles.from_dict(d).variant("zero_centred_norm").post_norm_out == "round"
+    assert profiles.from_dict(profiles.to_dict(row)).variant("gemma4").post_norm_out == "fp32"
+    with pytest.raises(ValueError, match="unknown variant 'llama'"):
+        row.replace_variant("llama", post_norm_out="fp32")

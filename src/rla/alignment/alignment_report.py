@@ -73,7 +73,8 @@ class AlignmentReport:
         d["profile"] = self.profile.name
         d["points"] = self.profile.points()
         if self.variant:  # what ran for the family's modules: at the model's head size, then the variant
-            d["variant_points"] = self.ran().points()
+            ran = self.ran()
+            d["variant_points"] = {**ran.points(), **ran.kind_points(self.variant)}
         if self.head_size is not None:
             d["head_size_points"] = self.profile.at_head_size(self.head_size).points()
         return d

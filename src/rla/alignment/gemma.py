@@ -16,7 +16,9 @@ What differs from the Llama-shaped families (``docs/families.md`` gives each eng
   ``input_layernorm``), so ``norm_residual`` decides what those two norms read, and the aligned
   layer hands the next layer the fp32 sum under ``fp32_sum`` (as ``rla.alignment.rmsnorm`` does).
   ``residual_stream='fp32_carry'`` is applied by analogy with the Llama layout: the next layer's
-  add reads the pre-feed-forward add's fp32 sum (rebuilt by ``rla.ops.carry_add``).
+  add reads the pre-feed-forward add's fp32 sum (rebuilt by ``rla.ops.carry_add``). Under the
+  variant point ``post_norm_out='fp32'`` (vLLM's compiled graph) the post-attention and
+  post-feed-forward norms hand the add after them their fp32 output.
 - **GeGLU** (``gelu_pytorch_tanh``): ``rla.ops.geglu`` under the ``swiglu`` point (the gated
   product's rounding; the engines' activation-and-mul code is one template for both activations).
 - **RoPE**: one rotary module with a table per layer type (sliding: theta 10k; full: theta 1M,
@@ -48,7 +50,7 @@ from rla.alignment.rmsnorm import _layer_parameters, layer_start, residual_sourc
 from rla.alignment.rope import make_apply_rotary
 from rla.profiles import RoundingProfile
 
-__all__ = ["align_gemma3", "align_zero_centred_layers", "ZERO_CENTRED", "GEGLU_ACTIVATIONS"]
+__all__ = ["align_gemma3", "align_zero_centred_layers", "ZERO_CENTRED", "GEGLU_ACTIVATIONS", "POST_NORMS"]
 
 #: The row variant whose points hold for these models' norms and layers.
 ZERO_CENTRED = "zero_centred_norm"
@@ -57,6 +59,8 @@ ZERO_CENTRED = "zero_centred_norm"
 GEGLU_ACTIVATIONS = ("gelu_pytorch_tanh",)
 
 _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+#: The norms whose output the add after them reads (unrounded under ``post_norm_out='fp32'``).
+POST_NORMS = ("post_attention_layernorm", "post_feedforward_layernorm")
 _STATIC_ROPE = ("default", "linear")
 
 
@@ -118,6 +122,8 @@ def _layer_forward(profile: RoundingProfile, index: int, names, defaults):
     fp32_sum = profile.norm_residual == "fp32_sum"
     carry = profile.residual_stream == "fp32_carry"
     reads_sum = fp32_sum and index > 0
+    if profile.post_norm_out == "fp32":
+        return compat.with_layer_checkpointing(_post_norm_fp32_forward(profile, index, names, defaults))
 
     def forward(self, hidden_states, *args, **kwargs):
         kwargs, lp, residual, h = layer_start(self, hidden_states, args, kwargs, names, defaults, reads_sum, index,
@@ -135,6 +141,31 @@ def _layer_forward(profile: RoundingProfile, index: int, names, defaults):
         return mlp_out + rounded
 
     return compat.with_layer_checkpointing(forward)
+
+
+def _post_norm_fp32_forward(profile: RoundingProfile, index: int, names, defaults):
+    """The layer under ``post_norm_out='fp32'``: the post-attention and post-feed-forward norms (their
+    modules return fp32, :data:`POST_NORMS`) hand the add after them their unrounded output, as vLLM's
+    compiled graph does; the adds in fp32 PyTorch ops (``rla.ops.add_rms_norm`` takes an x and a
+    residual of one dtype), the pre-feed-forward norm reading the fp32 sum or its rounding
+    (``norm_residual``), the MLP's add reading the attention add's fp32 sum under ``fp32_carry``."""
+    fp32_sum = profile.norm_residual == "fp32_sum"
+    carry = profile.residual_stream == "fp32_carry"
+    reads_sum = fp32_sum and index > 0
+
+    def forward(self, hidden_states, *args, **kwargs):
+        kwargs, lp, residual, h = layer_start(self, hidden_states, args, kwargs, names, defaults, reads_sum, index,
+                                              profile)
+        attn_out = self.post_attention_layernorm(self.self_attn(hidden_states=h, **kwargs)[0].to(lp))  # fp32
+        s1 = attn_out + residual.to(torch.float32)
+        r1 = s1.to(lp)
+        norm = self.pre_feedforward_layernorm  # the add fused into the norm after it, as the engines do
+        h = ops.rms_norm(s1 if fp32_sum else r1, norm.weight, norm.eps, profile, dtype=lp, after_add=True,
+                         weight_offset=1.0)
+        s = (s1 if carry else r1.to(torch.float32)) + self.post_feedforward_layernorm(self.mlp(h).to(lp))
+        return s if fp32_sum else s.to(lp)
+
+    return forward
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,24 +260,27 @@ def zero_centred_variant(profile: RoundingProfile, regions: tuple[str, ...], rep
     if chain and p.rope_cos_sin == "fp32":
         raise NotImplementedError(f"profile {p.name!r}: qk_norm_out='fp32' with rope_cos_sin='fp32' is not implemented")
     if p is not profile:
-        changed = {k: v for k, v in p.points().items() if getattr(profile, k) != v}
+        changed = {k: v for k, v in {**p.points(), **p.kind_points(kind)}.items() if getattr(profile, k) != v}
         report.notes.append(f"{what} follow {p.name!r}: {changed}, the row's variant for them (docs/families.md)")
     return p, chain
 
 
 def align_zero_centred_layers(found: dict, family: Family, profile: RoundingProfile, chain: bool, layer_forward,
-                              report) -> None:
+                              report, post_norms: tuple[str, ...] = ()) -> None:
     """The rmsnorm region of a decoder with zero-centred norms (Gemma 3, Qwen3.5): every layer's
     forward from ``layer_forward(profile, index, names, defaults)`` (the layout's own adds), every
     norm's (reading the sum the previous add hands on where one precedes it: each later layer's
     input norm and the final norm), the q/k norms' (an fp32 output under the q/k chain, ``chain``).
-    ``found``: the scan's ``layers``, ``norms``, ``final`` and ``qk_norms``."""
+    ``found``: the scan's ``layers``, ``norms``, ``final`` and ``qk_norms``; ``post_norms``: the
+    layer's norms that return their fp32 output (Gemma 3's :data:`POST_NORMS` under
+    ``post_norm_out='fp32'``), which the layer forward adds unrounded."""
     names, defaults = _layer_parameters(class_named(found["layers"][0], family.cls("layer")).forward)
     for index, layer in enumerate(found["layers"]):
         install(layer, "layer", {"forward": types.MethodType(layer_forward(profile, index, names, defaults), layer)})
     after_add = {id(found["final"])} | {id(layer.input_layernorm) for layer in found["layers"][1:]}
+    fp32_out = {id(getattr(layer, n)) for layer in found["layers"] for n in post_norms}
     for norm in found["norms"] + [found["final"]]:
-        forward = _norm_forward(profile, after_add=id(norm) in after_add)
+        forward = _norm_forward(profile, fp32_out=id(norm) in fp32_out, after_add=id(norm) in after_add)
         install(norm, "norm", {"forward": types.MethodType(forward, norm)})
     qk_forward = _norm_forward(profile, fp32_out=chain)
     for norm in found["qk_norms"]:
@@ -279,7 +313,12 @@ def align_gemma3(body, family: Family, profile: RoundingProfile, regions: tuple[
                 install(mlp, "mlp", {"forward": types.MethodType(forward, mlp)})
             report.counts["swiglu"] = {"GeGLU mlp (gelu tanh)": len(found["mlps"])}
         if "rmsnorm" in regions:
-            align_zero_centred_layers(found, family, p, chain, _layer_forward, report)
+            post = POST_NORMS if p.post_norm_out == "fp32" else ()
+            align_zero_centred_layers(found, family, p, chain, _layer_forward, report, post_norms=post)
+            if post:
+                report.notes.append("post_norm_out='fp32': the post-attention and post-feed-forward norms hand the "
+                                    "add after them their fp32 output (the adds as PyTorch ops, the norms on the "
+                                    "PyTorch reference as every zero-centred norm)")
     except BaseException:
         for m in body.modules():
             uninstall(m)
@@ -291,7 +330,4 @@ def align_gemma3(body, family: Family, profile: RoundingProfile, regions: tuple[
 LEFT_AS_IS = [
     "left as is: the embedding scale sqrt(hidden), rounded to the weights' dtype in HF and vLLM alike",
     "left as is: attention (sliding window, softcap) and the final logit softcap are outside the regions",
-    "not aligned: vLLM's default-mode graph keeps the post-attention / post-feed-forward norms' outputs "
-    "unrounded into the add after them (found by the engine twin on the CPU, not yet on a GPU; a chain the "
-    "rows do not have; docs/families.md)",
 ]

@@ -14,6 +14,8 @@ gives each engine's code):
   ``norm_residual`` (the rounded sum, or the fp32 sum a compiled graph keeps), and the adds inside
   the layer chain follow ``residual_stream`` (``fp32_carry``: each add reads the previous add's fp32
   sum, through the per-layer-input add and the layer scalar), by analogy with the Llama layout.
+  Under the variant point ``post_norm_out='fp32'`` the norms of :data:`POST_NORMS` hand their
+  add their fp32 output (vLLM's compiled graph on Gemma 3, applied to Gemma 4 by analogy).
 - **A value norm** (``v_norm``, no weight) and **q/k norms** before RoPE; layers sharing another
   layer's K/V (``num_kv_shared_layers``) have only ``q_norm``; ``attention_k_eq_v`` layers reuse
   the key projection as values (HF's own attention forward does all of it).
@@ -48,7 +50,7 @@ from rla.alignment.patch import install, uninstall, with_globals
 from rla.alignment.rmsnorm import _layer_parameters, layer_start, stack_dtype
 from rla.profiles import RoundingProfile
 
-__all__ = ["align_gemma4", "VARIANT", "PLE_VARIANT", "GEGLU_ACTIVATIONS", "LEFT_AS_IS"]
+__all__ = ["align_gemma4", "VARIANT", "PLE_VARIANT", "GEGLU_ACTIVATIONS", "LEFT_AS_IS", "POST_NORMS"]
 
 #: The rows' variant whose points hold for Gemma 4's norms and layers, and the one for its
 #: per-layer-input gate (``rla.profiles.VARIANTS``).
@@ -61,6 +63,8 @@ _NORM = "Gemma4RMSNorm"  # not "<prefix>RMSNorm": the norm class has no "Text" i
 _LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                 "post_feedforward_layernorm")
 _MOE_NORMS = ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2")
+#: The norms whose output a residual add reads (unrounded under ``post_norm_out='fp32'``).
+POST_NORMS = ("post_attention_layernorm", "post_feedforward_layernorm", "post_per_layer_input_norm")
 _ROPE_TYPES = ("default", "proportional")
 
 
@@ -311,9 +315,10 @@ def _variants(profile: RoundingProfile, report) -> tuple[RoundingProfile, Roundi
     notes where either changes points."""
     p, ple = profile.variant(VARIANT), profile.variant(PLE_VARIANT)
     report.variant = VARIANT
-    for what, v in (("Gemma 4's norms and layers follow", p), ("the per-layer-input gate gelu_tanh(g) * p follows", ple)):
+    for what, v, kind in (("Gemma 4's norms and layers follow", p, VARIANT),
+                          ("the per-layer-input gate gelu_tanh(g) * p follows", ple, PLE_VARIANT)):
         if v is not profile:
-            changed = {k: x for k, x in v.points().items() if getattr(profile, k) != x}
+            changed = {k: x for k, x in {**v.points(), **v.kind_points(kind)}.items() if getattr(profile, k) != x}
             report.notes.append(f"{what} {v.name!r}: {changed}, the row's variant for them (docs/families.md)")
     return p, ple
 
@@ -382,9 +387,15 @@ def _align_layers(found: dict, family: Family, stream: RoundingProfile | None, p
 
 
 def _align_norms(found: dict, p: RoundingProfile, chain: bool, report) -> None:
-    plain = _norm_forward(p)
+    plain, fp32 = _norm_forward(p), _norm_forward(p, fp32_out=True)
+    post = {id(getattr(layer, n)) for layer in found["layers"] for n in POST_NORMS
+            if getattr(layer, n, None) is not None} if p.post_norm_out == "fp32" else set()
     for norm in found["norms"] + found["v_norms"] + [found["final"]]:
-        install(norm, "norm", {"forward": types.MethodType(plain, norm)})
+        install(norm, "norm", {"forward": types.MethodType(fp32 if id(norm) in post else plain, norm)})
+    if post:
+        report.notes.append("post_norm_out='fp32': the post-attention, post-feed-forward and post-per-layer-input "
+                            "norms hand the add after them their fp32 output (the MoE block's two inner post-norms "
+                            "stay rounded: their sum is no residual add)")
     qk = _norm_forward(p, fp32_out=chain)
     for norm in found["qk_norms"]:
         install(norm, "norm", {"forward": types.MethodType(qk, norm)})
@@ -397,9 +408,10 @@ LEFT_AS_IS = [
     "left as is: the embedding scale sqrt(hidden), rounded to the weights' dtype in HF and vLLM alike",
     "left as is: attention (sliding window, scaling 1.0, K/V shared across layers) and the final logit softcap are "
     "outside the regions",
-    "not measured: whether vLLM's compiled graph keeps the post-attention / post-feed-forward norms' outputs unrounded "
-    "into the add after them, and whether it carries the layer's sums through the per-layer-input add and the layer "
-    "scalar as the aligned layer does under fp32_carry (docs/families.md)",
+    "not measured on Gemma 4: whether vLLM's compiled graph keeps the post-sub-block norms' outputs unrounded into "
+    "the add after them (the vllm rows' post_norm_out='fp32', by analogy with Gemma 3's twin), and whether it carries "
+    "the layer's sums through the per-layer-input add and the layer scalar as the aligned layer does under "
+    "fp32_carry (docs/families.md)",
     "not expressed in the rows: SGLang 0.5.23 rounds the post-feed-forward norm, the residual add and the layer "
     "scalar once (gemma_rmsnorm_residual_scalar, models without per-layer inputs) and its next input norm reads that "
     "rounded stream (docs/families.md)",

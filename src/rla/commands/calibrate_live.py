@@ -136,12 +136,20 @@ def run(args) -> int:
 
 
 def summary(row, start) -> str:
-    """Per point: the start row's value, the live row's, its evidence and note; then the scores."""
+    """Per point (and per variant point the live engine decided): the start row's value, the live
+    row's, its evidence and note; then the scores."""
+    from rla.profiles import VARIANT_POINTS
+
     live = row.calibration.live
     lines = [f"# {row.name}: live calibration from {start.name}", "",
              "| point | start | live row | evidence | note |", "|---|---|---|---|---|"]
     for p, e in row.calibration.points.items():
         lines.append(f"| {p} | {getattr(start, p)} | {getattr(row, p)} | {e.evidence} | {e.note.replace('|', '/')} |")
+    for kind, evidence in row.variant_evidence.items():  # the variant points the search flipped (Gemma's)
+        for p, e in evidence.items():
+            if p in VARIANT_POINTS and e.evidence == "live":
+                lines.append(f"| {p} ({kind}) | {start.variant(kind).kind_points(kind)[p]} | "
+                             f"{row.variant(kind).kind_points(kind)[p]} | live | {e.note.replace('|', '/')} |")
     for side in ("start", "found"):
         s = live[side]
         lines.append(f"\n{side} ({s['name']}): prefill bit-equal {s['prefill_equal']:.4%} k3 {s['prefill_k3']:.3e}; "

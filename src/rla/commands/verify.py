@@ -216,20 +216,23 @@ def _engine_side(engine, args):
     return engine_backed_forward(engine, args.mode, args.library)
 
 
-#: Families whose default-mode twin computes a chain the rows lack (docs/families.md, each family's section;
-#: vllm-0.26's gpt_oss variant has GPT-OSS's).
-_CHAINS = {"gemma3_text": "the post-attention / post-feed-forward norms' outputs unrounded into the adds",
-           "glm4_moe": "the shared + routed experts' sum unrounded into the residual add",
-           "gpt_oss": "the fp32 YaRN cache read unrounded by RoPE (rope_cos_sin='fp32')"}
+#: Families whose default-mode twin computes a chain a row may lack (docs/families.md, each family's section):
+#: what it is, and the variant kind, point and value that say it (None: no point says it yet).
+_CHAINS = {"gemma3_text": ("the post-attention / post-feed-forward norms' outputs unrounded into the adds "
+                           "(post_norm_out='fp32')", ("zero_centred_norm", "post_norm_out", "fp32")),
+           "glm4_moe": ("the shared + routed experts' sum unrounded into the residual add", None),
+           "gpt_oss": ("the fp32 YaRN cache read unrounded by RoPE (rope_cos_sin='fp32')",
+                       ("gpt_oss", "rope_cos_sin", "fp32"))}
 
 
 def _rest_note(profile, mode: str, model_type: str | None = None) -> str:
     """What the aligned side's difference from the twin can be, said without guessing which."""
     chain = ""
-    missing = model_type in _CHAINS and not (model_type == "gpt_oss" and profile.variant("gpt_oss").rope_cos_sin == "fp32")
+    said = _CHAINS[model_type][1] if model_type in _CHAINS else None
+    missing = model_type in _CHAINS and (said is None or getattr(profile.variant(said[0]), said[1]) != said[2])
     if mode == "default" and missing:
         chain = (f" On {model_type} the default-mode twin also computes what this row does not say, so the aligned "
-                 f"model does not either: {_CHAINS[model_type]} (docs/families.md).")
+                 f"model does not either: {_CHAINS[model_type][0]} (docs/families.md).")
     return _rest_kind(profile, mode) + chain
 
 

@@ -17,6 +17,12 @@ found together (the bundled model aligned under ``vllm-0.33-eager`` and searched
 moves with every point, where the bit-equal fraction needs every point right at once), then the
 bit-equal fraction. Each point of the best row is then flipped alone, so the result says which
 points the model decides: a point no layer exercises (q/k norms in a model without them) ties.
+
+A family whose modules have a variant point (:data:`rla.profiles.VARIANT_POINTS`: Gemma 3's and
+Gemma 4's ``post_norm_out``) has it searched too, in the rmsnorm group (the norms' outputs and the
+adds they feed), and flipped: its value is set in the row's variant for the family's kind
+(:meth:`rla.profiles.RoundingProfile.replace_variant`), where ``rla.align`` reads it. Other
+families are not offered it (:func:`variant_points`).
 """
 
 from __future__ import annotations
@@ -27,9 +33,11 @@ import itertools
 import torch
 
 from rla.alignment import aligned
-from rla.profiles import POINTS, REGION_POINTS
+from rla.alignment.families import FAMILIES
+from rla.profiles import POINTS, REGION_POINTS, VARIANT_POINT_KINDS, VARIANT_POINTS
 
-__all__ = ["train_logprobs", "stats", "score", "better", "search", "BUCKETS", "GROUPS"]
+__all__ = ["train_logprobs", "stats", "score", "better", "search", "BUCKETS", "GROUPS", "variant_points",
+           "points_of", "with_points"]
 
 GROUPS: tuple[tuple[str, ...], ...] = tuple(
     tuple(dict.fromkeys(points + REGION_POINTS["swiglu"])) for region, points in REGION_POINTS.items()
@@ -96,39 +104,67 @@ def better(a: dict, b: dict | None) -> bool:
     return (-a["prefill"]["k3"], a["prefill"]["equal"]) > (-b["prefill"]["k3"], b["prefill"]["equal"])
 
 
+def variant_points(model) -> tuple[str | None, dict[str, tuple[str, ...]]]:
+    """``(the kind of the model's family, {variant point: choices})``: the variant points the
+    family's modules have (:data:`rla.profiles.VARIANT_POINT_KINDS`), none for a family without a
+    kind or whose kind has none (Qwen3.5's ``qwen3_5``, GPT-OSS's ``gpt_oss``)."""
+    family = FAMILIES.get(getattr(getattr(model, "config", None), "model_type", None))
+    kind = family.variant if family is not None else None
+    return kind, {p: VARIANT_POINTS[p] for p, kinds in VARIANT_POINT_KINDS.items() if kind in kinds}
+
+
+def points_of(row, kind: str | None) -> dict[str, str]:
+    """The row's points and, for ``kind``, its variant points as that kind's variant gives them."""
+    return {**row.points(), **(row.variant(kind).kind_points(kind) if kind else {})}
+
+
+def with_points(row, change: dict, kind: str | None):
+    """``row`` with ``change`` applied: points on the row, variant points in ``kind``'s variant."""
+    own = {p: v for p, v in change.items() if p in POINTS}
+    rest = {p: v for p, v in change.items() if p not in POINTS}
+    out = row.replace(**own) if own else row
+    return out.replace_variant(kind, **rest).replace(calibration=None) if rest else out
+
+
 def search(model, start, prompts, pre, records, log) -> tuple:
     """The best row from ``start`` (module docstring): ``(row, its score, every row tried,
-    each point's flip)``; ``log(message)`` is told of each improvement."""
+    each point's flip)``; ``log(message)`` is told of each improvement. A variant point's flip
+    names the kind it was set for (``kind``)."""
+    kind, extra = variant_points(model)
+    choices = {**POINTS, **extra}
+    groups = tuple(g + tuple(extra) if "norm_residual" in g else g for g in GROUPS)
     best, best_score = start, score(model, start, prompts, pre, records)
-    tried = [{"points": start.points(), **best_score}]
+    tried = [{"points": points_of(start, kind), **best_score}]
     for _ in range(2):
         changed = False
-        for points in GROUPS:
-            for combo in itertools.product(*(POINTS[p] for p in points)):
+        for points in groups:
+            for combo in itertools.product(*(choices[p] for p in points)):
                 change = dict(zip(points, combo))
-                cand = best.replace(**change)
-                if cand.points() == best.points():
+                if all(points_of(best, kind)[p] == v for p, v in change.items()):
                     continue
+                cand = with_points(best, change, kind)
                 try:
                     s = score(model, cand, prompts, pre, records)
                 except NotImplementedError as e:  # a combination rla.align refuses: say so, go on
-                    tried.append({"points": cand.points(), "error": str(e)})
+                    tried.append({"points": points_of(cand, kind), "error": str(e)})
                     continue
-                tried.append({"points": cand.points(), **s})
+                tried.append({"points": points_of(cand, kind), **s})
                 if better(s, best_score):
                     best, best_score, changed = cand, s, True
                     log(f"    {change}: prefill eq {s['prefill']['equal']:.4%} k3 {s['prefill']['k3']:.3e}")
         if not changed:
             break
     flips = {}
-    for point, allowed in POINTS.items():
-        other = next(v for v in allowed if v != getattr(best, point))
+    for point, allowed in choices.items():
+        other = next(v for v in allowed if v != points_of(best, kind)[point])
+        where = {} if point in POINTS else {"kind": kind}
         try:
-            s = score(model, best.replace(**{point: other}), prompts, pre, records)
+            s = score(model, with_points(best, {point: other}, kind), prompts, pre, records)
         except NotImplementedError as e:
-            flips[point] = {"other": other, "error": str(e)}
+            flips[point] = {"other": other, **where, "error": str(e)}
             continue
-        flips[point] = {"other": other, "prefill_equal": s["prefill"]["equal"], "prefill_k3": s["prefill"]["k3"],
+        flips[point] = {"other": other, **where, "prefill_equal": s["prefill"]["equal"],
+                        "prefill_k3": s["prefill"]["k3"],
                         "decided": s["prefill"]["equal"] != best_score["prefill"]["equal"]
                         or s["prefill"]["k3"] != best_score["prefill"]["k3"]}
     return best, best_score, tried, flips

@@ -13,11 +13,16 @@ in a model without them) is not decided by this run: it keeps the start row's va
 row's evidence for it, and the note says so -- a live row claims nothing it did not measure.
 ``matched`` is None for live points: the measurement is the model-level fraction in
 ``calibration.live``, not a per-point fraction of probe elements.
+
+The row carries the start row's variants (what ``rla.align`` ran for the family's modules while
+the search scored it), each with the start row's evidence; a variant point the search flipped
+(Gemma's ``post_norm_out``, set in the family's kind) gets the same rule as a point: ``live`` where
+its flip moved the score, else the start row's value and evidence.
 """
 
 from __future__ import annotations
 
-from rla.profiles import POINTS, Calibration, PointEvidence, RoundingProfile
+from rla.profiles import POINTS, VARIANT_EXTENDS, Calibration, PointEvidence, RoundingProfile
 
 __all__ = ["live_name", "live_row", "settle"]
 
@@ -35,13 +40,14 @@ def settle(model, start: RoundingProfile, best: RoundingProfile, best_score: dic
     group (a tie is no worse), which would leave a value nobody measured (``rope_inv_freq`` on a
     CPU, where host and device are one place). Kept only when the settled row scores exactly as
     ``best`` on prefill (k3 and bit-equal fraction); else ``best`` is returned unchanged."""
-    from rla.engines.live_calibration import score
+    from rla.engines.live_calibration import points_of, score, with_points
 
-    tied = {p: getattr(start, p) for p, f in flips.items()
-            if "error" not in f and not f["decided"] and getattr(best, p) != getattr(start, p)}
+    kind = next((f["kind"] for f in flips.values() if f.get("kind")), None)
+    was, now = points_of(start, kind), points_of(best, kind)
+    tied = {p: was[p] for p, f in flips.items() if "error" not in f and not f["decided"] and now[p] != was[p]}
     if not tied:
         return best, best_score
-    row = best.replace(**tied)
+    row = with_points(best, tied, kind)
     s = score(model, row, prompts, pre, records)
     same = (s["prefill"]["k3"], s["prefill"]["equal"]) == (best_score["prefill"]["k3"], best_score["prefill"]["equal"])
     return (row, s) if same else (best, best_score)
@@ -63,6 +69,18 @@ def live_row(engine: dict, start: RoundingProfile, start_score: dict, best: Roun
     if missing:
         raise ValueError(f"the search's flips lack {missing}: every point must have been flipped")
     evidence = {}
+    variants = {k: dict(v) for k, v in best.variants.items()}
+    variant_evidence = {k: dict(v) for k, v in best.variant_evidence.items()}
+    for p, f in flips.items():
+        kind = f.get("kind")
+        if p in POINTS or not kind:
+            continue
+        value = best.variant(kind).kind_points(kind)[p]
+        before = start.variant(kind).kind_points(kind)[p]
+        kept = start.variant_evidence.get(kind, {}).get(p) or start.variant_evidence.get(
+            VARIANT_EXTENDS.get(kind, ""), {}).get(p)
+        variants.setdefault(kind, {})[p] = value
+        variant_evidence.setdefault(kind, {})[p] = _point_evidence(p, f, value, before, kept, start, best_score)
     for p in POINTS:
         f = flips[p]
         value = getattr(best, p)
@@ -97,5 +115,20 @@ def live_row(engine: dict, start: RoundingProfile, start_score: dict, best: Roun
         description=(f"{engine['name']} {version} {mode} mode, calibrated against the live engine by rla calibrate "
                      f"--live on {gpu or 'a GPU'} ({model.get('family')} h{model.get('hidden_size')} x "
                      f"{model.get('num_hidden_layers')} layers; prefill bit-equal {found['prefill_equal']:.3%})"),
-        calibration=cal, **best.points(),
+        calibration=cal, variants=variants, variant_evidence=variant_evidence, **best.points(),
     )
+
+
+def _point_evidence(p: str, f: dict, value: str, before: str, kept, start: RoundingProfile,
+                    best_score: dict) -> PointEvidence:
+    """A flipped variant point's evidence, by the rule of the row's points (module docstring)."""
+    if "error" not in f and f["decided"]:
+        return PointEvidence("live", None, f"in the {f['kind']} variant: flipped to {f['other']}: prefill k3 "
+                             f"{f['prefill_k3']:.3e}, bit-equal {f['prefill_equal']:.4%}; this row: k3 "
+                             f"{best_score['prefill']['k3']:.3e}, bit-equal {best_score['prefill']['equal']:.4%}")
+    why = f"the other value ({f['other']}) cannot be aligned ({f['error']})" if "error" in f else "its flip ties"
+    if value == before and kept is not None:
+        return PointEvidence(kept.evidence, kept.matched, f"not decided by the live engine on this model ({why}); "
+                             f"kept from {start.name}" + (f": {kept.note}" if kept.note else ""))
+    raise ValueError(f"variant point {p} ({f['kind']}): the live search left it undecided ({why}) and {start.name} "
+                     f"has no evidence for the value {value!r}: no row is written with a value nobody measured")

@@ -21,6 +21,8 @@ from rla.profiles.model import (
     PointEvidence,
     RoundingProfile,
     VARIANT_EXTENDS,
+    VARIANT_POINT_KINDS,
+    VARIANT_POINTS,
     VARIANTS,
 )
 from rla.profiles.router import ROUTER_POINTS, RouterPoints
@@ -47,7 +49,7 @@ from rla.profiles.versions import (
 
 __all__ = [
     "RoundingProfile", "Calibration", "PointEvidence", "POINTS", "REGIONS", "REGION_POINTS", "EVIDENCE", "VARIANTS",
-    "VARIANT_EXTENDS", "PointCondition", "CONDITIONS", "get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles",
+    "VARIANT_EXTENDS", "VARIANT_POINTS", "VARIANT_POINT_KINDS", "PointCondition", "CONDITIONS", "get", "names", "resolve", "load", "from_dict", "to_dict", "aliases", "alias_target", "all_profiles",
     "for_engine", "EngineMatch", "ProfileVersionWarning", "engine_alias", "installed_version",
     "rollout_version", "calibrated_rows", "RouterPoints", "ROUTER_POINTS",
 ]

@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rla.profiles.router import RouterPoints
+from rla.profiles.variant_points import VARIANT_POINT_KINDS, VARIANT_POINTS, check_variant_point, has_point
+from rla.profiles.variant_points import replace_variant as _replace_variant
 
 __all__ = ["RoundingProfile", "Calibration", "PointEvidence", "PointCondition", "POINTS", "REGIONS", "REGION_POINTS",
-           "EVIDENCE", "VARIANTS", "VARIANT_EXTENDS", "CONDITIONS"]
+           "EVIDENCE", "VARIANTS", "VARIANT_EXTENDS", "VARIANT_POINTS", "VARIANT_POINT_KINDS", "CONDITIONS"]
 
 #: The three regions a profile describes, in the order reports list them.
 REGIONS: tuple[str, ...] = ("rope", "swiglu", "rmsnorm")
@@ -72,6 +74,7 @@ VARIANTS: dict[str, str] = {
 #: norms, as Gemma 3's; its attention runs other engine code than Gemma 3's (SGLang 0.5.23: one Triton
 #: kernel for the q/k norms and RoPE that reads the fp32 cache at every head size).
 VARIANT_EXTENDS: dict[str, str] = {"qwen3_5": "zero_centred_norm"}
+
 
 #: What a row's :class:`PointCondition` may test, and how: a model property and the test on it.
 #: ``head_size_in`` / ``head_size_not_in``: the attention head size (``config.head_dim``, else
@@ -237,6 +240,11 @@ class RoundingProfile:
     the reference, Triton's tree for the fused kernels); ``vllm_block`` = vLLM's CUDA norm
     kernels' per-thread partials and block reduction (``rla.ops.reduction``)."""
 
+    post_norm_out: Literal["round", "fp32"] = "round"
+    """A variant point (:data:`VARIANT_POINTS`; :meth:`variant` sets it): what the add after a Gemma
+    post-attention / post-feed-forward norm reads: ``round`` = RN(norm(x)) (HF); ``fp32`` = the
+    norm's fp32 output (vLLM's compiled graph). Read by ``rla.alignment.gemma`` / ``gemma4`` only."""
+
     description: str = field(default="", compare=False)
     """One line on which stack this profile describes and why."""
 
@@ -266,7 +274,7 @@ class RoundingProfile:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError("RoundingProfile.name must be a non-empty string")
-        for point, allowed in POINTS.items():
+        for point, allowed in {**POINTS, **VARIANT_POINTS}.items():
             value = getattr(self, point)
             if value not in allowed:
                 raise ValueError(f"RoundingProfile {self.name!r}: {point}={value!r} is not one of {allowed}")
@@ -276,11 +284,7 @@ class RoundingProfile:
             if not isinstance(changes, dict):
                 raise ValueError(f"RoundingProfile {self.name!r}: variant {kind!r} must map points to choices")
             for point, value in changes.items():
-                if point not in POINTS or value not in POINTS[point]:
-                    raise ValueError(
-                        f"RoundingProfile {self.name!r}: variant {kind!r} sets {point}={value!r}; points and "
-                        f"choices are {POINTS}"
-                    )
+                check_variant_point(self.name, kind, point, value, POINTS)
         for kind, evidence in self.variant_evidence.items():
             missing = sorted(set(evidence) - set(self.variants.get(kind, {})))
             if missing:
@@ -303,6 +307,10 @@ class RoundingProfile:
         """The rounding points as a plain dict (for tables and JSON), in :data:`POINTS` order."""
         return {point: getattr(self, point) for point in POINTS}
 
+    def kind_points(self, kind: str) -> dict[str, str]:
+        """The variant points ``kind``'s modules have (:data:`VARIANT_POINT_KINDS`), valued as here."""
+        return {p: getattr(self, p) for p, kinds in VARIANT_POINT_KINDS.items() if kind in kinds}
+
     def same_rounding(self, other: "RoundingProfile") -> bool:
         """True when both profiles round at the same places (names may differ) on the families the
         points were measured on; the variants (other kinds of modules) are not compared."""
@@ -310,11 +318,12 @@ class RoundingProfile:
 
     def variant(self, kind: str) -> "RoundingProfile":
         """The profile that holds for modules of ``kind`` (:data:`VARIANTS`): this row with the
-        variant's points applied (those of the kind it extends first, :data:`VARIANT_EXTENDS`),
-        named ``<name>/<kind>`` when any differ (itself otherwise)."""
+        variant's points applied (those of the kind it extends first, :data:`VARIANT_EXTENDS`), named
+        ``<name>/<kind>`` when any differ (itself otherwise); a variant point only where ``kind`` has it."""
         if kind not in VARIANTS:
             raise ValueError(f"unknown variant {kind!r}; variants are {list(VARIANTS)}")
         wanted = {**self.variants.get(VARIANT_EXTENDS.get(kind, ""), {}), **self.variants.get(kind, {})}
+        wanted = {p: v for p, v in wanted.items() if has_point(kind, p)}
         changes = {p: v for p, v in wanted.items() if getattr(self, p) != v}
         if not changes:
             return self
@@ -342,10 +351,14 @@ class RoundingProfile:
             if any(getattr(self, p) != getattr(other, p) for p in REGION_POINTS[region])
         )
 
+    def replace_variant(self, kind: str, name: str | None = None, **changes) -> "RoundingProfile":
+        """:func:`rla.profiles.variant_points.replace_variant` of this row (evidence of ``changes`` dropped)."""
+        return _replace_variant(self, kind, name, **changes)
+
     def replace(self, **changes) -> "RoundingProfile":
         """A copy with ``changes``; a changed point drops the calibration (it is no longer measured).
         The variants stay: they say what the engine's code does for a kind of module (pass
         ``variants={}`` to drop them)."""
-        if any(p in changes for p in POINTS) and "calibration" not in changes:
+        if any(p in changes for p in (*POINTS, *VARIANT_POINTS)) and "calibration" not in changes:
             changes["calibration"] = None
         return dataclasses.replace(self, **changes)

@@ -1,0 +1,49 @@
+"""Variant points: rounding points only some kinds of modules have (``rla.profiles.VARIANTS``), so a
+row sets them in those kinds' variants and never in its own points, which hold for every family.
+
+``post_norm_out`` (kinds ``zero_centred_norm`` and ``gemma4``: Gemma 3's and Gemma 4's sandwich
+layers): what the residual add after a post-attention / post-feed-forward norm (on Gemma 4 also the
+post-per-layer-input norm) reads. ``round`` = RN(norm(x)), as HF and every kernel that stores the
+norm's output; ``fp32`` = the norm's fp32 output, as vLLM's compiled graph (the default-mode engine
+twin on Gemma 3, docs/families.md). A kind that extends one of these (``rla.profiles.VARIANT_EXTENDS``)
+does not inherit the point: Qwen3.5's norms are zero-centred but its layers have no norm after a
+sub-block. ``RoundingProfile.post_norm_out`` holds the value a :meth:`~RoundingProfile.variant` gives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["VARIANT_POINTS", "VARIANT_POINT_KINDS", "check_variant_point", "has_point", "replace_variant"]
+
+#: point -> its choices, the first HF eager's.
+VARIANT_POINTS: dict[str, tuple[str, str]] = {"post_norm_out": ("round", "fp32")}
+
+#: point -> the kinds whose modules have it (and whose variants may set it).
+VARIANT_POINT_KINDS: dict[str, tuple[str, ...]] = {"post_norm_out": ("zero_centred_norm", "gemma4")}
+
+
+def has_point(kind: str, point: str) -> bool:
+    """Whether modules of ``kind`` have ``point``: every row point, a variant point where listed."""
+    return point not in VARIANT_POINTS or kind in VARIANT_POINT_KINDS[point]
+
+
+def check_variant_point(name: str, kind: str, point: str, value, points: dict) -> None:
+    """Refuse, naming the row, a variant ``kind`` of row ``name`` setting ``point`` to ``value``
+    where the kind lacks the point or the value is none of its choices (``points``: the row points)."""
+    if not has_point(kind, point):
+        raise ValueError(f"RoundingProfile {name!r}: variant {kind!r} sets {point!r}, a point only the kinds "
+                         f"{list(VARIANT_POINT_KINDS[point])} have")
+    if value not in (points.get(point) or VARIANT_POINTS.get(point) or ()):
+        raise ValueError(f"RoundingProfile {name!r}: variant {kind!r} sets {point}={value!r}; points and choices "
+                         f"are {points}, and for some kinds {VARIANT_POINTS}")
+
+
+def replace_variant(profile, kind: str, name: str | None = None, **changes):
+    """A copy of ``profile`` (named ``name``, default its own) whose ``kind`` variant sets
+    ``changes`` (points, or variant points the kind has); their evidence is dropped (no longer
+    measured), the rest of the row stays."""
+    variants = {**profile.variants, kind: {**profile.variants.get(kind, {}), **changes}}
+    evidence = {k: {p: e for p, e in v.items() if k != kind or p not in changes}
+                for k, v in profile.variant_evidence.items()}
+    return dataclasses.replace(profile, name=name or profile.name, variants=variants, variant_evidence=evidence)
