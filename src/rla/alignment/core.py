@@ -36,6 +36,7 @@ ROUTER_MIN_TRANSFORMERS = "5.24"
 """The oldest transformers the router region was checked on (tests/alignment/test_align_router.py
 fails on 5.5.3: its Qwen2-MoE keeps the routing weights in fp32, its DeepSeek-V3 experts are a
 ``DeepseekV3NaiveMoe``); refused below it."""
+from rla.alignment.routed_experts import experts_profile
 from rla.alignment.swiglu import (
     align_clamped_experts,
     align_experts,
@@ -43,7 +44,6 @@ from rla.alignment.swiglu import (
     check_activation,
     check_clamped_experts,
     check_experts,
-    experts_profile,
     family_notes,
 )
 from rla.profiles import REGIONS, RoundingProfile, aliases, for_engine, resolve

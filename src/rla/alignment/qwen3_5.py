@@ -43,7 +43,8 @@ from rla.alignment.patch import install, uninstall, with_globals
 from rla.alignment.rmsnorm import layer_start, residual_source
 from rla.alignment.rope import make_apply_partial_rotary
 from rla.alignment.router import align_router_region, moe_blocks
-from rla.alignment.swiglu import align_experts, align_mlps, check_activation, check_experts, experts_profile
+from rla.alignment.routed_experts import experts_profile
+from rla.alignment.swiglu import align_experts, align_mlps, check_activation, check_experts
 from rla.profiles import RoundingProfile
 
 __all__ = ["align_qwen3_5", "LEFT_AS_IS", "MOE_LEFT_AS_IS"]

@@ -23,11 +23,8 @@ from rla.alignment import compat
 from rla.alignment.patch import install
 from rla.profiles import RoundingProfile
 
-__all__ = ["check_activation", "check_experts", "align_mlps", "align_experts", "experts_profile",
-           "check_clamped_experts", "align_clamped_experts", "family_notes"]
-
-#: The rows' variant kind (``rla.profiles.VARIANTS``) for routed experts' ``silu(gate) * up``.
-EXPERTS_KIND = "moe_experts"
+__all__ = ["check_activation", "check_experts", "align_mlps", "align_experts", "check_clamped_experts",
+           "align_clamped_experts", "family_notes"]
 
 _SILU = ("silu", "swish")
 
@@ -117,22 +114,6 @@ def align_mlps(mlps: list[torch.nn.Module], profile: RoundingProfile, impl=None)
     forward = _make_mlp_forward(profile, impl)
     for mlp in mlps:
         install(mlp, "mlp", {"forward": types.MethodType(forward, mlp)})
-
-
-def experts_profile(row: RoundingProfile, p: RoundingProfile, report) -> RoundingProfile:
-    """The points the routed experts' gated product runs under: ``p`` (``row``, or ``row``'s variant
-    for the model's family) with ``row``'s ``moe_experts`` variant applied (an engine runs its routed
-    experts inside its fused-MoE op, with other code than its dense MLPs: vLLM's CUDA ``silu_and_mul``
-    in both modes). When it changes a point, ``report`` names the variant (``experts_variant``) and
-    says so in a note. The shared experts and dense MLPs keep ``p`` (docs/families.md)."""
-    pe = row.variant_on(EXPERTS_KIND, p)
-    if pe is not p:
-        changed = {k: v for k, v in pe.points().items() if getattr(p, k) != v}
-        report.experts_variant = EXPERTS_KIND
-        report.notes.append(f"the routed experts follow {pe.name!r}: {changed}, the row's variant for them (the "
-                            "engine runs them inside its fused-MoE op; shared experts and dense MLPs keep "
-                            f"{p.name!r}; docs/families.md)")
-    return pe
 
 
 def align_experts(experts_list: list[torch.nn.Module], profile: RoundingProfile, impl=None) -> None:

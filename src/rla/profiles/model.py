@@ -58,10 +58,8 @@ REGION_POINTS: dict[str, tuple[str, ...]] = {
 #: and the decoder layers built around it (Gemma's norms before and after each sub-block).
 #: ``gpt_oss``: GPT-OSS's norms and its experts' clamped SwiGLU; ``gemma4``, ``gemma4_ple``: Gemma 4's;
 #: ``qwen3_5``: Qwen3.5's modules, its zero-centred norms and its gated attention (docs/families.md).
-#: ``moe_experts``: an MoE block's routed experts' ``silu(gate) * up`` between their two GEMMs, which an
-#: engine runs inside its fused-MoE op (vLLM: the CUDA ``silu_and_mul`` in both modes, the op being
-#: opaque to Inductor), not as its dense MLPs' code; applied to the routed experts only, after the
-#: family's own kind (:meth:`RoundingProfile.variant_on`). GPT-OSS's clamped experts have ``gpt_oss``.
+#: ``moe_experts``: routed experts' ``silu(gate) * up``, run inside an engine's fused-MoE op, applied
+#: after the family's own kind (:meth:`RoundingProfile.variant_on`; rla.alignment.routed_experts).
 VARIANTS: dict[str, str] = {
     "zero_centred_norm": "RMSNorm computing x * rstd * (1 + w) (Gemma 3, Qwen3.5/Qwen3-Next) and its layers' adds",
     "gpt_oss": "GPT-OSS's RMSNorm (HF: (w * x * rstd) rounded once) and its experts' clamped SwiGLU",
@@ -69,8 +67,7 @@ VARIANTS: dict[str, str] = {
     "gemma4_ple": "Gemma 4's per-layer-input gate gelu_tanh(g) * p, written as two PyTorch ops (the swiglu point)",
     "qwen3_5": "Qwen3.5's modules: its zero-centred norms (the zero_centred_norm kind's points) and its gated "
                "attention's q/k norms and partial RoPE, which an engine may run as one kernel with the gate split",
-    "moe_experts": "an MoE block's routed experts' silu(gate) * up, run inside the engine's fused-MoE op "
-                   "(not GPT-OSS's clamped experts, which are the gpt_oss kind's)",
+    "moe_experts": "routed experts' silu(gate) * up, inside the engine's fused-MoE op (GPT-OSS's: gpt_oss)",
 }
 
 #: A kind whose modules are another kind's and more: its variant applies that kind's points first,
@@ -328,13 +325,9 @@ class RoundingProfile:
                                    variant_evidence={}, **changes)
 
     def variant_on(self, kind: str, on: "RoundingProfile") -> "RoundingProfile":
-        """``on`` (this row, or this row's variant for a model's family) with this row's ``kind`` points
-        applied, named ``<on.name>/<kind>`` when any differ from ``on`` (``on`` itself otherwise): how a
-        narrower kind of module inside a family's modules rounds (the routed experts of a Qwen3.5 MoE
-        model: the ``qwen3_5`` variant, then ``moe_experts``)."""
-        if kind not in VARIANTS:
-            raise ValueError(f"unknown variant {kind!r}; variants are {list(VARIANTS)}")
-        mine = self.variant(kind)
+        """``on`` (this row, or its variant for a model's family) with this row's ``kind`` points applied,
+        named ``<on.name>/<kind>`` when any differ (``on`` itself otherwise): e.g. Qwen3.5 MoE's routed experts."""
+        mine = self.variant(kind)  # refuses an unknown kind
         changes = {p: v for p, v in mine.points().items() if getattr(self, p) != v and getattr(on, p) != v}
         if not changes:
             return on
