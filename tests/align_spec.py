@@ -57,12 +57,27 @@ SPEC = {
 class Row(dict):
     """A row's points; ``fused_head_sizes``: the head sizes at which its RoPE points hold, where the
     row has such a rule (None: at every head size). At any other head size RoPE reads bf16 cos/sin
-    with bf16 products (``HEAD_SIZE_POINTS``); :func:`at_head_size` applies it. Equal to a plain
-    dict of the same points (the rule is not a point)."""
+    with bf16 products (``HEAD_SIZE_POINTS``); :func:`at_head_size` applies it. ``experts_swiglu``:
+    the routed experts' swiglu where it is not the row's (:data:`EXPERTS_SWIGLU`; None: the row's);
+    :func:`experts_points` applies it. Equal to a plain dict of the same points (neither rule is a point)."""
 
-    def __init__(self, pts, fused_head_sizes=None):
+    def __init__(self, pts, fused_head_sizes=None, experts_swiglu=None):
         super().__init__(pts)
         self.fused_head_sizes = fused_head_sizes
+        self.experts_swiglu = experts_swiglu
+
+
+#: docs/families.md, "Routed experts", copied as data: vLLM runs an MoE block's routed experts inside its
+#: fused-MoE op, whose activation is the CUDA silu_and_mul in both modes (RN(RN(silu(g)) * u)), so the
+#: default rows' routed experts round per_op while their dense MLPs and shared experts are fused.
+EXPERTS_SWIGLU = {"vllm-0.33": "per_op", "vllm-0.26": "per_op"}
+
+
+def experts_points(pts: dict) -> dict:
+    """The points the routed experts' gated product takes under ``pts``: the row's, with its
+    ``experts_swiglu`` where it has one."""
+    own = getattr(pts, "experts_swiglu", None)
+    return pts if own is None else {**pts, "swiglu": own}
 
 
 #: docs/rounding.md, "SGLang's head sizes", copied as data: SGLang 0.5.23 on CUDA keeps the fp32
@@ -70,7 +85,8 @@ class Row(dict):
 #: base.py); at the others its fallback kernel reads a bf16 cache and rounds each product.
 SGLANG_FUSED_HEAD_SIZES = (64, 128, 256, 512)
 HEAD_SIZE_POINTS = {"rope_cos_sin": "round", "rope_apply": "per_op"}
-SPEC = {name: Row(dict(zip(POINTS, row)), SGLANG_FUSED_HEAD_SIZES if name == "sglang-0.5.23" else None)
+SPEC = {name: Row(dict(zip(POINTS, row)), SGLANG_FUSED_HEAD_SIZES if name == "sglang-0.5.23" else None,
+                 EXPERTS_SWIGLU.get(name))
         for name, row in SPEC.items()}
 SPEC["vllm"], SPEC["vllm-eager"], SPEC["sglang"] = SPEC["vllm-0.33"], SPEC["vllm-0.33-eager"], SPEC["sglang-0.5.23"]
 
@@ -78,9 +94,10 @@ SPEC["vllm"], SPEC["vllm-eager"], SPEC["sglang"] = SPEC["vllm-0.33"], SPEC["vllm
 def at_head_size(pts: dict, head_size: int) -> dict:
     """The points ``pts`` hold for a model with attention head size ``head_size``."""
     sizes = getattr(pts, "fused_head_sizes", None)
+    keep = getattr(pts, "experts_swiglu", None)  # the experts' rule survives the head-size rule
     if sizes is None or head_size in sizes:
-        return dict(pts)
-    return {**pts, **HEAD_SIZE_POINTS}
+        return Row(pts, None, keep)
+    return Row({**pts, **HEAD_SIZE_POINTS}, None, keep)
 
 
 def head_size_of(cfg) -> int:
@@ -96,7 +113,8 @@ REGION_POINTS = {
 
 def points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
     """The profile's points in ``regions``; HF's own (``hf``) points elsewhere."""
-    out = Row(SPEC["hf"], SPEC[profile].fused_head_sizes if "rope" in regions else None)
+    out = Row(SPEC["hf"], SPEC[profile].fused_head_sizes if "rope" in regions else None,
+              SPEC[profile].experts_swiglu if "swiglu" in regions else None)
     for region in regions:
         for point in REGION_POINTS[region]:
             out[point] = SPEC[profile][point]
@@ -330,6 +348,7 @@ def _dense_mlp(mlp, h, pts, arith=ARITH):
 
 
 def _experts(ex, h2, idx, weights, pts, arith=ARITH):
+    pts = experts_points(pts)  # the routed experts' own swiglu where the row has one
     out = torch.zeros_like(h2)
     mask = F.one_hot(idx, num_classes=ex.num_experts).permute(2, 1, 0)
     for e in range(ex.num_experts):

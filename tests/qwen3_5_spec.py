@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import transformers
 
 import router_spec
-from align_spec import BF16, at_head_size, head_size_of, rn, spec_rope, spec_swiglu
+from align_spec import BF16, Row, at_head_size, experts_points, head_size_of, rn, spec_rope, spec_swiglu
 from gemma_spec import gemma_points  # the zero_centred_norm kind's table: Qwen3.5's norms
 from gemma_spec import spec_norm
 
@@ -142,17 +142,20 @@ def spec_moe(block, h, pts, router=None) -> torch.Tensor:
     then routed + RN(RN(sigmoid(RN(h W_s))) * shared), HF's."""
     b, s, hid = h.shape
     x = h.reshape(-1, hid)
-    act = lambda g, u: spec_swiglu(g, u, pts)  # noqa: E731
+    act = lambda g, u: spec_swiglu(g, u, pts)  # noqa: E731  (the shared expert's)
+    routed_pts = experts_points(pts)
+    routed_act = lambda g, u: spec_swiglu(g, u, routed_pts)  # noqa: E731
     if router is not None:
         ids, weights = router_spec.route(block, x, router, "softmax")
-        return router_spec.block_output(block, x, ids, weights, router, "softmax", "shared_expert", act).reshape(b, s, hid)
+        return router_spec.block_output(block, x, ids, weights, router, "softmax", "shared_expert", routed_act,
+                                        shared_act=act).reshape(b, s, hid)
     _, weights, ids = block.gate(x)  # HF's router: not aligned without the router region
     ex, routed = block.experts, torch.zeros_like(x)
     for e in range(ex.num_experts):
         pos, tok = torch.where(ids.t() == e)  # slot, then token: the eager loop's rows
         if tok.numel():
             g, u = F.linear(x[tok], ex.gate_up_proj[e]).chunk(2, dim=-1)
-            term = F.linear(act(g, u), ex.down_proj[e]) * weights[tok, pos, None]
+            term = F.linear(routed_act(g, u), ex.down_proj[e]) * weights[tok, pos, None]
             routed.index_add_(0, tok, term)
     sh = block.shared_expert
     shared = F.linear(act(F.linear(x, sh.gate_proj.weight), F.linear(x, sh.up_proj.weight)), sh.down_proj.weight)
@@ -164,7 +167,8 @@ def spec_forward(model, input_ids, pts, router=None) -> torch.Tensor:
     (None: HF's router and weighted sum)."""
     body, cfg = model.model, model.config
     # the row's head-size rule (align_spec.Row), then the attention's own points (qwen3_5_points)
-    pts = {**at_head_size(pts, head_size_of(cfg)), **getattr(pts, "attention", {})}
+    at = at_head_size(pts, head_size_of(cfg))
+    pts = Row({**at, **getattr(pts, "attention", {})}, None, at.experts_swiglu)
     lp = body.embed_tokens.weight.dtype
     device = input_ids.device
     where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")

@@ -155,10 +155,12 @@ def _dense(mlp, x: torch.Tensor, act) -> torch.Tensor:
 
 
 def block_output(block, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, points, family_router: str,
-                 shared: str | None, act=None):
+                 shared: str | None, act=None, shared_act=None):
     """The block's output [T, H] from the routes, written from the spec. ``act(gate, up)``: the lp
     gated product of every expert, routed and shared (default: the model's own, ``act_fn(gate) * up``
-    on lp tensors, and its shared experts called as modules)."""
+    on lp tensors, and its shared experts called as modules); ``shared_act``: the shared experts'
+    where it differs from the routed ones' (a row's ``moe_experts`` variant)."""
+    shared_act = act if shared_act is None else shared_act
     experts, lp = block.experts, x.dtype
     t, k = ids.shape
     y = {}  # (token, expert) -> lp output or fp32 accumulator
@@ -201,6 +203,6 @@ def block_output(block, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tenso
     out = torch.stack(rows)
     if shared is not None:
         mlp = getattr(block, shared)
-        dense = mlp(x) if act is None else _dense(mlp, x, act)
+        dense = mlp(x) if shared_act is None else _dense(mlp, x, shared_act)
         out = out + (F.sigmoid(block.shared_expert_gate(x)) * dense if shared == "shared_expert" else dense)
     return out

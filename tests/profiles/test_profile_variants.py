@@ -83,7 +83,9 @@ def test_a_kind_without_the_point_does_not_take_it():
     norm after a sub-block: its variant does not take post_norm_out, and no row may set it for it."""
     row = profiles.get("vllm-0.33")
     assert row.variant("zero_centred_norm").post_norm_out == "fp32"
-    assert row.variant("qwen3_5").post_norm_out == "round" and row.variant("qwen3_5") is row
+    assert row.variant("qwen3_5").post_norm_out == "round"  # its own points (qk_norm_out) only
+    assert row.variant("qwen3_5").points() == {**row.variant("zero_centred_norm").points(), **row.kind_points("qwen3_5"),
+                                               "qk_norm_out": "round"}
     assert row.variant("zero_centred_norm").kind_points("zero_centred_norm") == {"post_norm_out": "fp32"}
     assert row.kind_points("qwen3_5") == {} and row.kind_points("gpt_oss") == {}
     for kind in ("qwen3_5", "gpt_oss", "gemma4_ple"):

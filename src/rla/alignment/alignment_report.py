@@ -52,6 +52,10 @@ class AlignmentReport:
     variant: str = ""
     """The rows' variant (``rla.profiles.VARIANTS``) whose points hold for this family's modules
     (empty: the row's own points); the table prints the points that ran."""
+    experts_variant: str = ""
+    """The rows' variant whose points hold for the routed experts' gated product (``moe_experts``:
+    the engine runs them inside its fused-MoE op) where it changes a point of :meth:`ran`; empty
+    otherwise. The table's swiglu row prints both values."""
     head_size: int | None = None
     """The model's attention head size where the row's points depend on it
     (``RoundingProfile.conditions``) and differ there; the table prints the points that ran."""
@@ -64,6 +68,15 @@ class AlignmentReport:
         p = self.profile if self.head_size is None else self.profile.at_head_size(self.head_size)
         return p.variant(self.variant) if self.variant else p
 
+    def ran_experts(self) -> RoundingProfile:
+        """The points the routed experts' gated product ran under: :meth:`ran` with the row's
+        ``experts_variant`` applied (:meth:`rla.profiles.RoundingProfile.variant_on`)."""
+        ran = self.ran()
+        if not self.experts_variant:
+            return ran
+        row = self.profile if self.head_size is None else self.profile.at_head_size(self.head_size)
+        return row.variant_on(self.experts_variant, ran)
+
     def modules(self, region: str) -> int:
         """Total modules aligned in ``region`` (0 when the region was not aligned)."""
         return sum(self.counts.get(region, {}).values())
@@ -75,6 +88,8 @@ class AlignmentReport:
         if self.variant:  # what ran for the family's modules: at the model's head size, then the variant
             ran = self.ran()
             d["variant_points"] = {**ran.points(), **ran.kind_points(self.variant)}
+        if self.experts_variant:
+            d["experts_points"] = self.ran_experts().points()
         if self.head_size is not None:
             d["head_size_points"] = self.profile.at_head_size(self.head_size).points()
         return d
@@ -84,7 +99,10 @@ class AlignmentReport:
         for region in (*REGIONS, *(("router",) if "router" in self.regions else ())):
             if region in self.regions:
                 what = ", ".join(f"{n} {kind}" for kind, n in self.counts.get(region, {}).items())
-                rows.append((region, what, _rounding(self.ran(), region)))
+                rounding = _rounding(self.ran(), region)
+                if region == "swiglu" and self.experts_variant:
+                    rounding += f"; routed experts {_rounding(self.ran_experts(), region)} ({self.experts_variant})"
+                rows.append((region, what, rounding))
             else:
                 rows.append((region, "not aligned (model's own code)", ""))
         return rows

@@ -36,6 +36,7 @@ ROUTER_MIN_TRANSFORMERS = "5.24"
 """The oldest transformers the router region was checked on (tests/alignment/test_align_router.py
 fails on 5.5.3: its Qwen2-MoE keeps the routing weights in fp32, its DeepSeek-V3 experts are a
 ``DeepseekV3NaiveMoe``); refused below it."""
+from rla.alignment.routed_experts import experts_profile
 from rla.alignment.swiglu import (
     align_clamped_experts,
     align_experts,
@@ -323,6 +324,7 @@ def align(
     if callable(getattr(impl, "make_forward", None)):
         _align_body(model, body, found, family, p, regions, impl, report)
         return report
+    row_at_head = p  # the row at this head size, before the family's variant (the experts' variant reads it)
     if family.variant is not None:
         if impl is not None:
             raise NotImplementedError(f"rla.align: ops={impl!r} on {family.model_type}: engine-backed ops cover "
@@ -354,8 +356,8 @@ def align(
             align_mlps(found.mlps + found.shared_experts, p, impl)
             if family.experts_gate == "clamped_swiglu":
                 align_clamped_experts(found.experts, p)
-            else:
-                align_experts(found.experts, p, impl)
+            elif found.experts:
+                align_experts(found.experts, experts_profile(row_at_head, p, report), impl)
             counts = {"mlp": len(found.mlps)}
             if family.moe:
                 counts["experts"] = len(found.experts)

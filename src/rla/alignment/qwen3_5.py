@@ -45,6 +45,7 @@ from rla.alignment.patch import install, uninstall, with_globals
 from rla.alignment.rmsnorm import layer_start, residual_source
 from rla.alignment.rope import make_apply_partial_rotary
 from rla.alignment.router import align_router_region, moe_blocks
+from rla.alignment.routed_experts import experts_profile
 from rla.alignment.swiglu import align_experts, align_mlps, check_activation, check_experts
 from rla.profiles import RoundingProfile
 
@@ -199,7 +200,8 @@ def align_qwen3_5(body, family: Family, profile: RoundingProfile, regions: tuple
             report.counts["rope"] = {"rotary_emb (partial)": 1, "self_attn": len(found["attentions"])}
         if "swiglu" in regions:
             align_mlps(found["mlps"] + found["shared_experts"], p)
-            align_experts(found["experts"], p)
+            if found["experts"]:
+                align_experts(found["experts"], experts_profile(profile, p, report))
             report.counts["swiglu"] = ({"experts": len(found["experts"]), "shared_expert": len(found["shared_experts"])}
                                        if family.moe else {"mlp": len(found["mlps"])})
         if "rmsnorm" in regions:

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rla.alignment import core
-from rla.alignment.patch import uninstall
-from rla.alignment.router import moe_blocks, patch_block, state_of
+from rla.alignment.router import moe_blocks, patch_block, state_of, unpatch_block
 
 __all__ = ["replay_routes", "capture_routes", "routes_from_records", "RouteCapture", "RoutesMissingError",
            "moe_layers"]
@@ -60,7 +59,7 @@ def _states(model):
             state.replay = None
             state.capture = None
         for block in added:
-            uninstall(block)
+            unpatch_block(block)
 
 
 @dataclass

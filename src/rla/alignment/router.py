@@ -16,8 +16,15 @@ the gate on two zero tokens for the dtypes). The aligned forward with those poin
 module bit for bit (tested), which is what lets routing replay and route capture run through one
 forward on an unaligned model too (``rla.alignment.replay``).
 
-Hooks on the block see one forward: what HF's ``experts.forward`` and ``gate.forward`` saw (hooks
-on those two modules) no longer fires while the region is aligned.
+The block calls its ``gate`` as a module, whose ``forward`` is patched too (:func:`_gate_forward`): it
+is the aligned router, returning ``(logits, weights, ids)`` as HF's router returns them, so hooks on the
+gate fire with the aligned router's values. HF's output capture hooks the gate (``_can_record_outputs``'
+``router_logits``, ``OutputRecorder(<Router>, index=0)``), so ``output_router_logits=True`` records the
+logits the aligned forward routed by -- the gate GEMM under the profile's ``logits`` point, in its dtype
+(HF's own under HF's points), differentiable into ``gate.weight`` -- and HF's
+``load_balancing_loss_func`` gives the aux loss of the routes actually taken. (HF's own logits would
+need a second gate GEMM and could pick other experts than the forward did.) Hooks on ``experts`` no
+longer fire while the region is aligned: the block does not call ``experts.forward``.
 """
 
 from __future__ import annotations
@@ -29,12 +36,12 @@ import torch
 import torch.nn.functional as F
 
 from rla.alignment.families import Family, class_named
-from rla.alignment.patch import install, patch_of
+from rla.alignment.patch import install, patch_of, uninstall
 from rla.ops import routing
 from rla.profiles import RoundingProfile, RouterPoints
 
-__all__ = ["hf_router_points", "moe_blocks", "align_routers", "align_router_region", "patch_block", "state_of",
-           "RouterState", "STATE_ATTR"]
+__all__ = ["hf_router_points", "moe_blocks", "align_routers", "align_router_region", "patch_block", "unpatch_block",
+           "state_of", "RouterState", "STATE_ATTR"]
 
 #: The instance attribute of a patched block holding its :class:`RouterState`.
 STATE_ATTR = "_rla_router"
@@ -78,7 +85,8 @@ def hf_router_points(block: torch.nn.Module, family: Family) -> RouterPoints:
     w = block.gate.weight
     lp = w.dtype if w.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
     with torch.no_grad():
-        logits, weights, _ = block.gate(torch.zeros(2, w.shape[1], dtype=lp, device=w.device))
+        # the module's forward, not its __call__: a probe, not a forward its hooks should see
+        logits, weights, _ = block.gate.forward(torch.zeros(2, w.shape[1], dtype=lp, device=w.device))
     weights_fp32 = weights.dtype == torch.float32
     eager = impl == "eager"
     return RouterPoints(
@@ -97,10 +105,17 @@ def hf_router_points(block: torch.nn.Module, family: Family) -> RouterPoints:
     )
 
 
-def _route(self, x, state: RouterState):
-    """(weights, ids): the router's, or the recorded ids (and weights) while replaying. Capture
+def _gate_forward(self, hidden_states: torch.Tensor):
+    """The patched gate (``self``: the block's router module): ``(logits, weights, ids)`` of the aligned
+    router on ``hidden_states`` [T, H] (HF's routers return the same three; hooks, HF's output capture
+    among them, see these)."""
+    return _route(self, hidden_states, self.__dict__[STATE_ATTR])
+
+
+def _route(gate, x, state: RouterState):
+    """(logits, weights, ids): the router's, or the recorded ids (and weights) while replaying. Capture
     and replay see the fp32 weights before the routed scale and the cast (``finish_weights``)."""
-    points, gate = state.points, self.gate
+    points = state.points
     recorded_ids, recorded_w = (None, None) if state.replay is None else state.replay(x.shape[0], x.device)
     logits = routing.router_logits(x, gate.weight, points)
     scale = None
@@ -117,7 +132,7 @@ def _route(self, x, state: RouterState):
         weights = recorded_w.float() + (weights - weights.detach())
     if state.capture is not None:
         state.capture.append((ids.detach(), weights.detach().float()))
-    return routing.finish_weights(weights, points, x.dtype, scale), ids
+    return logits, routing.finish_weights(weights, points, x.dtype, scale), ids
 
 
 def _expert_slices(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -171,7 +186,7 @@ def _block_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     jitter = getattr(self, "jitter_noise", 0)
     if self.training and jitter and jitter > 0:  # Mixtral's training-time jitter, as HF applies it
         x = x * torch.empty_like(x).uniform_(1.0 - jitter, 1.0 + jitter)
-    weights, ids = _route(self, x, state)
+    _, weights, ids = self.gate(x)  # the patched gate (_gate_forward): its hooks see the aligned router
     outputs = _expert_outputs(self.experts, x, ids, state.points)
     scale = getattr(self.gate, "routed_scaling_factor", None) if state.family.router == "sigmoid_grouped" else None
     out = routing.combine(outputs, weights, ids, state.points, x.dtype, scale=scale)
@@ -204,7 +219,18 @@ def patch_block(block: torch.nn.Module, family: Family, points: RouterPoints | N
     check_router(block, family)
     state = RouterState(hf_router_points(block, family) if points is None else points, family, layer)
     install(block, "moe", {"forward": types.MethodType(_block_forward, block), STATE_ATTR: state})
+    try:
+        install(block.gate, "router", {"forward": types.MethodType(_gate_forward, block.gate), STATE_ATTR: state})
+    except BaseException:
+        uninstall(block)
+        raise
     return state
+
+
+def unpatch_block(block: torch.nn.Module) -> None:
+    """Undo :func:`patch_block` (the block and its gate)."""
+    uninstall(block.gate)
+    uninstall(block)
 
 
 def align_routers(blocks: list[torch.nn.Module], family: Family, profile: RoundingProfile) -> int:

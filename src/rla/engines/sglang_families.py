@@ -23,20 +23,17 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from rla.engines.facts import Fact, check
 from rla.engines.source import (
-    EngineCodeError,
     EnginePackage,
     EngineUnavailable,
     extract_class,
     extract_function,
     file_provenance,
-    function_source,
 )
 
 __all__ = ["Fact", "FACTS", "check_facts", "yarn_cache", "gpt_oss_swiglu", "qwen3_5_qk_norm_rope_gate"]
@@ -47,18 +44,6 @@ _MOE = "sglang/srt/layers/moe/"
 _FUSED_MOE = _MOE + "moe_runner/triton_utils/fused_moe.py"
 _YARN = _ROPE + "yarn.py"
 _QWEN3_5_KERNEL = "sglang/kernels/ops/attention/fused_qk_rmsnorm_rope_gate.py"
-
-
-@dataclass(frozen=True)
-class Fact:
-    """``text`` is in ``function`` of ``file`` (the whole file where ``function`` is empty), spaces
-    and line breaks aside: what it means for ``family``'s rounding is ``meaning``."""
-
-    family: str
-    file: str
-    function: str
-    text: str
-    meaning: str
 
 
 FACTS = (
@@ -149,29 +134,10 @@ FACTS = (
 )
 
 
-def _flat(text: str) -> str:
-    return re.sub(r"\s+", " ", text).replace("( ", "(").replace(" )", ")").strip()
-
-
 def check_facts(pkg: EnginePackage, family: str | None = None) -> dict[str, dict]:
     """Check every :data:`FACTS` entry (of ``family``, or all) in ``pkg``; -> provenance per fact
     (``"<file>:<function>"``). Raises :class:`EngineCodeError` naming each one that no longer holds."""
-    facts = [f for f in FACTS if family in (None, f.family)]
-    if not facts:
-        raise ValueError(f"no SGLang facts for family {family!r}; families are {sorted({f.family for f in FACTS})}")
-    out, moved = {}, []
-    for f in facts:
-        if f.function:
-            text, prov = function_source(pkg, f.file, f.function)
-        else:
-            text, prov = pkg.read_text(f.file), file_provenance(pkg, f.file)
-        if _flat(f.text) not in _flat(text):
-            moved.append(f"{f.file} {f.function or '(file)'} no longer says {f.text!r} ({f.meaning})")
-        out[f"{f.file}:{f.function}"] = prov.as_dict()
-    if moved:
-        raise EngineCodeError(f"{pkg.name} {pkg.version}: what docs/families.md read of SGLang's family code moved; "
-                              "the sglang row's family evidence must be read again:\n  " + "\n  ".join(moved))
-    return out
+    return check(pkg, FACTS, family, "SGLang", "SGLang's family code", "the sglang row's family evidence")
 
 
 class _RotaryAttributes:

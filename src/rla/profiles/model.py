@@ -55,32 +55,26 @@ REGION_POINTS: dict[str, tuple[str, ...]] = {
 }
 
 #: Module kinds whose rounding an engine may realise with other code than the row's points were
-#: measured on, so a row can say, as data, which points differ for them (``RoundingProfile.variants``).
-#: ``zero_centred_norm``: the RMSNorm of Gemma and Qwen3.5/Qwen3-Next, ``x * rstd * (1 + w)``,
-#: and the decoder layers built around it (Gemma's norms before and after each sub-block).
-#: ``gpt_oss``: GPT-OSS's norms and its experts' clamped SwiGLU; ``gemma4``, ``gemma4_ple``: Gemma 4's;
-#: ``qwen3_5``: Qwen3.5's modules, its zero-centred norms and its gated attention (docs/families.md).
+#: measured on, so a row can say, as data, which points differ for them (``RoundingProfile.variants``;
+#: each kind described below, its modules in docs/families.md).
 VARIANTS: dict[str, str] = {
     "zero_centred_norm": "RMSNorm computing x * rstd * (1 + w) (Gemma 3, Qwen3.5/Qwen3-Next) and its layers' adds",
     "gpt_oss": "GPT-OSS's RMSNorm (HF: (w * x * rstd) rounded once) and its experts' clamped SwiGLU",
     "gemma4": "Gemma 4's RMSNorm (HF: x * rstd * w rounded once) and its layers' adds",
     "gemma4_ple": "Gemma 4's per-layer-input gate gelu_tanh(g) * p, written as two PyTorch ops (the swiglu point)",
-    "qwen3_5": "Qwen3.5's modules: its zero-centred norms (the zero_centred_norm kind's points) and its gated "
-               "attention's q/k norms and partial RoPE, which an engine may run as one kernel with the gate split",
+    "qwen3_5": "Qwen3.5's zero-centred norms and its gated attention's q/k norms and partial RoPE (one kernel)",
+    "moe_experts": "routed experts' silu(gate) * up, inside the engine's fused-MoE op (GPT-OSS's: gpt_oss), "
+                   "applied after the family's own kind (RoundingProfile.variant_on)",
 }
 
 #: A kind whose modules are another kind's and more: its variant applies that kind's points first,
-#: then its own (a point both set takes the narrower kind's value). Qwen3.5's norms are zero-centred
-#: norms, as Gemma 3's; its attention runs other engine code than Gemma 3's (SGLang 0.5.23: one Triton
-#: kernel for the q/k norms and RoPE that reads the fp32 cache at every head size).
+#: then its own (a point both set takes the narrower kind's value): Qwen3.5's norms are Gemma 3's.
 VARIANT_EXTENDS: dict[str, str] = {"qwen3_5": "zero_centred_norm"}
 
 
-#: What a row's :class:`PointCondition` may test, and how: a model property and the test on it.
-#: ``head_size_in`` / ``head_size_not_in``: the attention head size (``config.head_dim``, else
-#: hidden / heads) is / is not one of the listed sizes. An engine that dispatches a region to
-#: another kernel by shape (SGLang 0.5.23 keeps its RoPE cache fp32 and runs its fused kernel
-#: only at head sizes 64/128/256/512) is described by such a condition, as data.
+#: What a row's :class:`PointCondition` may test: the attention head size (``config.head_dim``, else
+#: hidden / heads) in / not in the listed sizes, for an engine that picks a region's kernel by shape
+#: (SGLang 0.5.23's fp32 RoPE cache and fused kernel at head sizes 64/128/256/512 only), as data.
 CONDITIONS: dict[str, str] = {
     "head_size_in": "the attention head size is one of the listed sizes",
     "head_size_not_in": "the attention head size is none of the listed sizes",
@@ -329,6 +323,13 @@ class RoundingProfile:
             return self
         return dataclasses.replace(self, name=f"{self.name}/{kind}", calibration=None, variants={},
                                    variant_evidence={}, **changes)
+
+    def variant_on(self, kind: str, on: "RoundingProfile") -> "RoundingProfile":
+        """``on`` (this row or its family's variant) with this row's ``kind`` points over it, or ``on`` itself."""
+        mine = self.variant(kind).points()
+        changes = {p: v for p, v in mine.items() if getattr(self, p) != v and getattr(on, p) != v}
+        return dataclasses.replace(on, name=f"{on.name}/{kind}", calibration=None, variants={}, variant_evidence={},
+                                   **changes) if changes else on
 
     def at_head_size(self, head_size: int) -> "RoundingProfile":
         """The profile that holds for a model with attention head size ``head_size``: this row with
