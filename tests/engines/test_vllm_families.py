@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -26,7 +25,7 @@ import torch
 from rla.engines import EngineCodeError
 from rla.engines import vllm_families as VF
 from rla.engines.source import locate
-from repo_root import ROOT
+from interpreted_env import interpreter_env
 
 WHEELS = {"0.26.0": "vllm_uncalibrated_wheel", "0.33.0": "vllm_wheel"}
 
@@ -71,30 +70,17 @@ def test_a_moved_fact_or_an_unread_version_is_a_clear_error(vllm_wheel, tmp_path
         VF.check_facts(rewrite(tmp_path / "vllm-0.34.0.whl", other_version))
 
 
-# The kernel's body under Triton's interpreter, with the one repair tests/engines/test_sglang_families.py
-# makes: the interpreter casts fp32 to bf16 by truncating the mantissa, where the compiled kernel's cast
-# (cvt.rn) rounds to nearest even, as ``tensor.to(torch.bfloat16)`` does; the repair makes that one cast
-# torch's and changes nothing else.
+# The kernel's body under Triton's interpreter, with one repair (interpreter_compat.round_bf16_casts): the
+# interpreter's fp32 -> bf16 cast rounds to nearest even, as the compiled kernel's does.
 SCRIPT = textwrap.dedent('''
     import json, sys
     import interpreter_compat
     interpreter_compat.fix_scalar_index()
-    import numpy as np, torch
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    plain = interpreter.InterpreterBuilder.cast_impl
-
-    def cast_impl(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            rne = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32)).to(torch.bfloat16)
-            return interpreter.TensorHandle(rne.view(torch.int16).numpy().view(np.uint16), dst_type.scalar)
-        return plain(self, src, dst_type)
-
-    interpreter.InterpreterBuilder.cast_impl = cast_impl
+    interpreter_compat.round_bf16_casts()
     from qwen3_5_vllm_kernel_case import run
     print(json.dumps(run(sys.argv[1], sys.argv[2], "cpu")))
 ''')
+
 
 
 def _check(cases: dict, at_least: float) -> None:
@@ -113,10 +99,7 @@ def _check(cases: dict, at_least: float) -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)")
 def test_qwen3_5_attention_kernel_is_rla_under_the_qwen3_5_variant(wheel, tmp_path):
-    path = [str(ROOT / "src"), str(ROOT / "tests"), str(ROOT / "tests" / "ops")]  # interpreter_compat is in ops
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([*path, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    run = subprocess.run([sys.executable, "-c", SCRIPT, str(wheel), str(tmp_path)], env=env,
+    run = subprocess.run([sys.executable, "-c", SCRIPT, str(wheel), str(tmp_path)], env=interpreter_env(),
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
     cases = json.loads(run.stdout.strip().splitlines()[-1])

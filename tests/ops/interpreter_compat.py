@@ -1,5 +1,7 @@
 """What the tests that run Triton kernels under ``TRITON_INTERPRET=1`` share: the subprocess's
-environment, and one repair to Triton 3.6's interpreter.
+environment, one repair to Triton 3.6's interpreter (below), and, for the tests that hold an engine's
+own kernel to rla bit for bit, the interpreter's fp32 -> bf16 cast made round-to-nearest
+(:func:`round_bf16_casts`).
 
 Triton's interpreter holds a kernel's scalar arguments (``M``, ``rows_per_program``...) as numpy
 arrays of shape (1,), and ``tl.range(0, n)`` / ``range(n)`` over such a scalar calls the tensor's
@@ -73,3 +75,25 @@ def fix_scalar_index() -> bool:
     interp._patch_lang_tensor = patch_lang_tensor  # looked up as a module global at each launch
     assert _index_accepts_shape_one(interp), "the __index__ repair did not take"
     return True
+
+
+def round_bf16_casts() -> None:
+    """Make the interpreter's fp32 -> bf16 cast round to nearest even, as the compiled kernel's
+    ``cvt.rn`` and ``tensor.to(torch.bfloat16)`` do (the interpreter truncates the mantissa); every
+    other cast stays the interpreter's. For the tests that compare an engine's own Triton kernel,
+    run interpreted, with rla bit for bit (tests/engines/test_sglang_families.py, test_vllm_families.py)."""
+    import numpy as np
+    import torch
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    plain = interpreter.InterpreterBuilder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            rne = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32)).to(torch.bfloat16)
+            return interpreter.TensorHandle(rne.view(torch.int16).numpy().view(np.uint16), dst_type.scalar)
+        return plain(self, src, dst_type)
+
+    interpreter.InterpreterBuilder.cast_impl = cast_impl
+
