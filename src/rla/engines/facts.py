@@ -1,8 +1,8 @@
 """What a row's source evidence read of an engine's code, held as code: each :class:`Fact` is a piece
 of text some engine function (or file) must contain for the evidence to stand, checked against the
 package in hand by :func:`check`, so a version that changed it fails loudly instead of leaving a value
-standing on nothing. ``rla.engines.sglang_families`` (SGLang's family code) and ``rla.engines.vllm_moe``
-(vLLM's fused-MoE path) hold such facts."""
+standing on nothing. ``rla.engines.sglang_families`` (SGLang's family code), ``rla.engines.vllm_families``
+(vLLM's Qwen3.5 attention) and ``rla.engines.vllm_moe`` (vLLM's fused-MoE path) hold such facts."""
 
 from __future__ import annotations
 

@@ -19,15 +19,14 @@ Nothing here starts vLLM or imports its package.
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 import types
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from rla.engines.source import EngineCodeError, EnginePackage, EngineUnavailable, file_provenance, function_source
+from rla.engines.facts import Fact, check
+from rla.engines.source import EngineCodeError, EnginePackage, EngineUnavailable, file_provenance
 
 __all__ = ["Fact", "FACTS", "check_facts", "qwen3_5_qk_norm_rope_gate"]
 
@@ -36,84 +35,74 @@ _KERNEL = "vllm/model_executor/layers/fused_qk_norm_rope.py"
 _ROPE = "vllm/model_executor/layers/rotary_embedding/"
 
 
-@dataclass(frozen=True)
-class Fact:
-    """``text`` is in ``function`` of ``file`` (the whole file where ``function`` is empty), spaces
-    and line breaks aside: what it means for Qwen3.5's rounding is ``meaning``."""
-
-    file: str
-    function: str
-    text: str
-    meaning: str
+def _fact(file: str, function: str, text: str, meaning: str) -> Fact:
+    """A fact of Qwen3.5's attention (:class:`rla.engines.facts.Fact`, family ``qwen3_5``)."""
+    return Fact("qwen3_5", file, function, text, meaning)
 
 
 _COMMON = (
-    Fact("vllm/model_executor/models/qwen3_5.py", "Qwen3_5DecoderLayer.__init__",
+    _fact("vllm/model_executor/models/qwen3_5.py", "Qwen3_5DecoderLayer.__init__",
          "self.self_attn = Qwen3NextAttention( config, model_config=model_config,",
          "Qwen3.5's full-attention layers are Qwen3-Next's attention, handed the model config"),
-    Fact(_NEXT, "", "GemmaRMSNorm as Qwen3NextRMSNorm", "its q/k norms, where the kernel is not used, are GemmaRMSNorm"),
-    Fact(_NEXT, "Qwen3NextAttention.__init__", "text_only = mm_config is None or mm_config.language_model_only",
+    _fact(_NEXT, "", "GemmaRMSNorm as Qwen3NextRMSNorm", "its q/k norms, where the kernel is not used, are GemmaRMSNorm"),
+    _fact(_NEXT, "Qwen3NextAttention.__init__", "text_only = mm_config is None or mm_config.language_model_only",
          "text only: a text architecture (no multimodal config) or language_model_only"),
-    Fact(_NEXT, "Qwen3NextAttention._project_qkv_gate",
+    _fact(_NEXT, "Qwen3NextAttention._project_qkv_gate",
          "if self.use_fused_qk_norm_rope_gate: q_gate, k, v = qkv.split(",
          "with the flag set the gated split, q/k norms and RoPE are the one kernel, in both modes (no mode test)"),
-    Fact(_NEXT, "Qwen3NextAttention._project_qkv_gate", "q, k = self.rotary_emb(positions, q, k)",
+    _fact(_NEXT, "Qwen3NextAttention._project_qkv_gate", "q, k = self.rotary_emb(positions, q, k)",
          "otherwise the q/k norm modules, then the rotary embedding module"),
-    Fact(_ROPE + "__init__.py", "get_rope", "dtype = torch.get_default_dtype()",
+    _fact(_ROPE + "__init__.py", "get_rope", "dtype = torch.get_default_dtype()",
          "the rotary's dtype is the default dtype, the model's (bf16) while vLLM builds it"),
-    Fact(_ROPE + "base.py", "RotaryEmbeddingBase.__init__", "cache = cache.to(dtype)",
+    _fact(_ROPE + "base.py", "RotaryEmbeddingBase.__init__", "cache = cache.to(dtype)",
          "the cos/sin cache is stored in that dtype: the kernel reads RN(cos), RN(sin) (rope_cos_sin=round)"),
-    Fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel", "var = tl.sum(x * x, axis=0) / head_dim",
+    _fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel", "var = tl.sum(x * x, axis=0) / head_dim",
          "the mean of squares is tl.sum's order over the head (norm_reduction unpinned)"),
-    Fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel",
+    _fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel",
          "x_rot1 = (x_rot1 * inv_rms * w_rot1).to(INPUT_DTYPE).to(tl.float32)",
          "the norm's output is rounded to bf16 before the rotation reads it (qk_norm_out=round)"),
-    Fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel", "o1 = x_rot1 * cos - x_rot2 * sin",
+    _fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel", "o1 = x_rot1 * cos - x_rot2 * sin",
          "the rotation in fp32, rounded once at the store (rope_apply=fused)"),
-    Fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel", "tl.store(out_base + head_offs, x_norm, mask=pass_mask)",
+    _fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel", "tl.store(out_base + head_offs, x_norm, mask=pass_mask)",
          "the dims past rotary_dim are the rounded norm"),
 )
 
 #: Per vLLM version: the links that version's rows' ``qwen3_5`` variant rests on.
 FACTS: dict[str, tuple[Fact, ...]] = {
     "0.26.0": _COMMON + (
-        Fact(_NEXT, "Qwen3NextAttention.__init__",
+        _fact(_NEXT, "Qwen3NextAttention.__init__",
              "self.attn_output_gate and getattr(self.rotary_emb, \"is_neox_style\", False) and "
              "current_platform.is_cuda() and text_only",
              "the kernel runs on CUDA for the gated, NeoX-rotary, text-only attention, at every head size"),
-        Fact(_NEXT, "Qwen3NextAttention._project_qkv_gate",
+        _fact(_NEXT, "Qwen3NextAttention._project_qkv_gate",
              "self.q_norm.weight.float() + 1.0, self.k_norm.weight.float() + 1.0, self.rotary_emb.cos_sin_cache,",
              "1 + w formed in fp32 from the bf16 weight (norm_weight=fused); the cache as stored"),
-        Fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel", "x_norm = (x * inv_rms * w).to(INPUT_DTYPE).to(tl.float32)",
+        _fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel", "x_norm = (x * inv_rms * w).to(INPUT_DTYPE).to(tl.float32)",
              "x * rstd * (1 + w) in fp32, one rounding"),
-        Fact(_NEXT, "Qwen3NextAttention._project_qkv_gate", "pos = positions[0] if positions.ndim == 2 else positions",
+        _fact(_NEXT, "Qwen3NextAttention._project_qkv_gate", "pos = positions[0] if positions.ndim == 2 else positions",
              "mRoPE's [3, T] positions: the first row (text only, where the three are equal)"),
     ),
     "0.33.0": _COMMON + (
-        Fact(_NEXT, "Qwen3NextAttention.__init__",
+        _fact(_NEXT, "Qwen3NextAttention.__init__",
              "self.attn_output_gate and getattr(self.rotary_emb, \"is_neox_style\", False) and "
              "(current_platform.is_cuda() or current_platform.is_xpu()) and supports_dtype and "
              "(text_only or supports_mrope)",
              "the kernel runs on CUDA/XPU for the gated, NeoX-rotary attention with a bf16/fp16 rotary, text only or "
              "with Qwen3.5's interleaved mRoPE, at every head size"),
-        Fact(_NEXT, "Qwen3NextAttention._project_qkv_gate",
+        _fact(_NEXT, "Qwen3NextAttention._project_qkv_gate",
              "self.q_norm.weight, self.k_norm.weight, self.rotary_emb.cos_sin_cache,",
              "the bf16 weights and the cache as stored"),
-        Fact(_NEXT, "Qwen3NextAttention._project_qkv_gate", "norm_beta=1.0,", "the zero-centred offset, inside the kernel"),
-        Fact(_NEXT, "Qwen3NextAttention._project_qkv_gate",
+        _fact(_NEXT, "Qwen3NextAttention._project_qkv_gate", "norm_beta=1.0,", "the zero-centred offset, inside the kernel"),
+        _fact(_NEXT, "Qwen3NextAttention._project_qkv_gate",
              'mrope_section=(getattr(self.rotary_emb, "mrope_section", None) if positions.ndim == 2 else None',
              "mRoPE's [3, T] positions are passed on with the rotary's sections"),
-        Fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel",
+        _fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel",
              "w = tl.load(w_ptr + head_offs, mask=head_mask, other=0.0).to(tl.float32) + norm_beta",
              "1 + w formed in fp32 from the bf16 weight (norm_weight=fused)"),
-        Fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel", "x_norm = (x * inv_rms * w).to(INPUT_DTYPE).to(tl.float32)",
+        _fact(_KERNEL, "_fused_qk_rmsnorm_rope_gate_kernel", "x_norm = (x * inv_rms * w).to(INPUT_DTYPE).to(tl.float32)",
              "x * rstd * (1 + w) in fp32, one rounding"),
     ),
 }
-
-
-def _flat(text: str) -> str:
-    return re.sub(r"\s+", " ", text).replace("( ", "(").replace(" )", ")").replace(",)", ")").strip()
 
 
 def _facts(pkg: EnginePackage) -> tuple[Fact, ...]:
@@ -124,22 +113,10 @@ def _facts(pkg: EnginePackage) -> tuple[Fact, ...]:
 
 
 def check_facts(pkg: EnginePackage) -> dict[str, dict]:
-    """Check every :data:`FACTS` entry of ``pkg``'s version in ``pkg``; -> provenance per fact
-    (``"<file>:<function>"``). Raises :class:`EngineCodeError` naming each one that no longer holds,
-    or naming the versions read when ``pkg``'s is not one of them."""
-    out, moved = {}, []
-    for f in _facts(pkg):
-        if f.function:
-            text, prov = function_source(pkg, f.file, f.function)
-        else:
-            text, prov = pkg.read_text(f.file), file_provenance(pkg, f.file)
-        if _flat(f.text) not in _flat(text):
-            moved.append(f"{f.file} {f.function or '(file)'} no longer says {f.text!r} ({f.meaning})")
-        out[f"{f.file}:{f.function}"] = prov.as_dict()
-    if moved:
-        raise EngineCodeError(f"{pkg.name} {pkg.version}: what docs/families.md read of vLLM's Qwen3.5 attention "
-                              "moved; the vllm rows' qwen3_5 evidence must be read again:\n  " + "\n  ".join(moved))
-    return out
+    """Check every :data:`FACTS` entry of ``pkg``'s version in ``pkg`` (:func:`rla.engines.facts.check`);
+    -> provenance per fact (``"<file>:<function>"``). Raises :class:`EngineCodeError` naming each one that
+    no longer holds, or naming the versions read when ``pkg``'s is not one of them."""
+    return check(pkg, _facts(pkg), None, "vllm", "vLLM's Qwen3.5 attention", "the vllm rows' qwen3_5 evidence")
 
 
 def _import_kernel_module(pkg: EnginePackage, extract_to: Path):
