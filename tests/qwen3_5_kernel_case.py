@@ -31,10 +31,27 @@ from rla.engines.source import locate
 BF = torch.bfloat16
 #: (head size, rotated dims): 32 is outside SGLang's fused-RoPE head sizes, 64 is one of them.
 CASES = ((32, 8), (64, 16))
+#: tokens, query heads, key heads, the norms' eps of every probe
+T, HQ, HK, EPS = 12, 2, 1, 1e-6
 
 
-def _points(p) -> list[str]:
+def points(p) -> list[str]:
+    """The three points the kernel decides: rope_cos_sin, rope_apply, qk_norm_out."""
     return [p.rope_cos_sin, p.rope_apply, p.qk_norm_out]
+
+
+def probe_inputs(D: int):
+    """``(q_gate, k, wq, wk, positions)`` of head size ``D``: Qwen3.5's q projection [T, HQ * 2D] ([q_h, gate_h]
+    per head) and k [T, HK * D], multiples of 1/8 in [-2, 2] (module docstring), random bf16 norm weights,
+    positions from 1000."""
+    g = torch.Generator().manual_seed(D)
+
+    def probe(*shape):
+        return (torch.randint(-16, 17, shape, generator=g).float() / 8).to(BF)
+
+    q_gate, k = probe(T, HQ * 2 * D), probe(T, HK * D)
+    wq, wk = ((0.3 * torch.randn(D, generator=g)).to(BF) for _ in range(2))
+    return q_gate, k, wq, wk, torch.arange(T) + 1000
 
 
 def run(wheel: str, extract_to: str, device: str) -> dict:
@@ -45,30 +62,22 @@ def run(wheel: str, extract_to: str, device: str) -> dict:
     dev = torch.device(device)
     out = {}
     for D, R in CASES:
-        T, HQ, HK, eps = 12, 2, 1, 1e-6
-        g = torch.Generator().manual_seed(D)
-
-        def probe(*shape):
-            return (torch.randint(-16, 17, shape, generator=g).float() / 8).to(BF)
-
-        q_gate, k = probe(T, HQ * 2 * D), probe(T, HK * D)  # Qwen3.5's q projection: [q_h, gate_h] per head
-        wq, wk = ((0.3 * torch.randn(D, generator=g)).to(BF) for _ in range(2))
-        positions = torch.arange(T) + 1000
+        q_gate, k, wq, wk, positions = probe_inputs(D)
         cache = engine.cos_sin_cache(D, R, 2048, 1e7)
         qo, ko, go = (t.cpu() for t in kernel(q_gate.to(dev), k.to(dev), wq.to(dev), wk.to(dev), cache.to(dev),
-                                              positions.to(dev), eps, HQ, HK, D, R, has_gate=True))
+                                              positions.to(dev), EPS, HQ, HK, D, R, has_gate=True))
         heads = q_gate.view(T, HQ, 2 * D)
         case = {"gate": torch.equal(go.reshape(T, -1), heads[..., D:].reshape(T, -1))}
         half_cos, half_sin = cache[positions, : R // 2], cache[positions, R // 2:]
         cos, sin = torch.cat([half_cos, half_cos], -1)[None], torch.cat([half_sin, half_sin], -1)[None]
         at = row.at_head_size(D)
         for name, p in (("row", at), ("variant", at.variant("qwen3_5"))):
-            qn = rla.ops.rms_norm(heads[..., :D], wq, eps, p, weight_offset=1.0)
-            kn = rla.ops.rms_norm(k.view(T, HK, D), wk, eps, p, weight_offset=1.0)
+            qn = rla.ops.rms_norm(heads[..., :D], wq, EPS, p, weight_offset=1.0)
+            kn = rla.ops.rms_norm(k.view(T, HK, D), wk, EPS, p, weight_offset=1.0)
             apply = make_apply_partial_rotary(p, half_tables=False)
             qr, kr = apply(qn.transpose(0, 1)[None], kn.transpose(0, 1)[None], cos, sin)
             qr, kr = qr[0].transpose(0, 1).reshape(T, -1), kr[0].transpose(0, 1).reshape(T, -1)
-            case[name] = {"points": _points(p), "q": (qr == qo).float().mean().item(),
+            case[name] = {"points": points(p), "q": (qr == qo).float().mean().item(),
                           "k": (kr == ko).float().mean().item()}
         out[f"{D}/{R}"] = case
     return out

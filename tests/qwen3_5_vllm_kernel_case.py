@@ -29,15 +29,13 @@ from rla.engines import vllm as V
 from rla.engines import vllm_families as VF
 from rla.engines.source import locate
 
+from qwen3_5_kernel_case import EPS, HK, HQ, T, points, probe_inputs  # the same probes as SGLang's case
+
 BF = torch.bfloat16
 #: (head size, rotated dims): the tiny model's (32, partial 0.25) and a larger one.
 CASES = ((32, 8), (64, 16))
 #: vLLM version -> its rows (default mode, eager mode).
 ROWS = {"0.26.0": ("vllm-0.26", "vllm-0.26-eager"), "0.33.0": ("vllm-0.33", "vllm-0.33-eager")}
-
-
-def _points(p) -> list[str]:
-    return [p.rope_cos_sin, p.rope_apply, p.qk_norm_out]
 
 
 def _rla(p, q, k, wq, wk, eps, table, positions):
@@ -66,22 +64,14 @@ def run(wheel: str, extract_to: str, device: str) -> dict:
     dev = torch.device(device)
     out = {"version": pkg.version}
     for D, R in CASES:
-        T, HQ, HK, eps = 12, 2, 1, 1e-6
-        g = torch.Generator().manual_seed(D)
-
-        def probe(*shape):
-            return (torch.randint(-16, 17, shape, generator=g).float() / 8).to(BF)
-
-        q_gate, k = probe(T, HQ * 2 * D), probe(T, HK * D)  # Qwen3.5's q projection: [q_h, gate_h] per head
-        wq, wk = ((0.3 * torch.randn(D, generator=g)).to(BF) for _ in range(2))
-        positions = torch.arange(T) + 1000
+        q_gate, k, wq, wk, positions = probe_inputs(D)
         table = engine.cos_sin_cache(D, R, 2048, 1e7, dtype=torch.float32)  # vLLM's fp32 table ...
         cache = table.to(BF)  # ... stored in the model dtype (RotaryEmbeddingBase.__init__)
         args = (q_gate.to(dev), k.to(dev), wq.to(dev), wk.to(dev), cache.to(dev))
-        qo, ko, go = (t.cpu() for t in kernel(*args, positions.to(dev), eps, HQ, HK, D, R))
+        qo, ko, go = (t.cpu() for t in kernel(*args, positions.to(dev), EPS, HQ, HK, D, R))
         # a text prompt's mRoPE positions (Qwen3.5's interleaved sections, three equal rows): the same q/k
         sections = [R // 4, R // 8, R // 2 - R // 4 - R // 8]
-        mq, mk, _ = (t.cpu() for t in kernel(*args, positions.expand(3, T).contiguous().to(dev), eps, HQ, HK, D, R,
+        mq, mk, _ = (t.cpu() for t in kernel(*args, positions.expand(3, T).contiguous().to(dev), EPS, HQ, HK, D, R,
                                              mrope_section=sections))
         heads = q_gate.view(T, HQ, 2 * D)
         case = {"gate": torch.equal(go.reshape(T, -1), heads[..., D:].reshape(T, -1)),
@@ -89,8 +79,8 @@ def run(wheel: str, extract_to: str, device: str) -> dict:
         for name in ROWS[pkg.version]:
             at = profiles.get(name).at_head_size(D)
             for p in {at.name: at, at.variant("qwen3_5").name: at.variant("qwen3_5")}.values():
-                qr, kr = _rla(p, heads[..., :D], k.view(T, HK, D), wq, wk, eps, table, positions)
-                case[p.name] = {"points": _points(p), "q": (qr == qo).float().mean().item(),
+                qr, kr = _rla(p, heads[..., :D], k.view(T, HK, D), wq, wk, EPS, table, positions)
+                case[p.name] = {"points": points(p), "q": (qr == qo).float().mean().item(),
                                 "k": (kr == ko).float().mean().item()}
         out[f"{D}/{R}"] = case
     return out
