@@ -45,6 +45,7 @@ def token_list(text: str) -> list[int]:
 
 
 def add_live_arguments(parser, default_prompts: str) -> None:
+    from rla.engines.vllm_live import GDN_PREFILL_BACKENDS  # vLLM is not imported by it
     parser.add_argument("--live", action="store_true",
                         help="run vLLM itself (vllm.LLM on --model, on a GPU; vLLM 0.26 installed): its own prompt "
                         "logprobs and sampled tokens, in --mode default or eager (docs/engines.md)")
@@ -67,7 +68,7 @@ def add_live_arguments(parser, default_prompts: str) -> None:
                         "(engine.json, rollouts.jsonl) instead of starting vLLM: the engine runs once, the training "
                         "side as often as needed, on any device (vLLM is then needed only for --train-attention "
                         "engine); --model must be the checkpoint the engine ran (checked by its weights)")
-    parser.add_argument("--gdn-prefill-backend", default=None, choices=("triton", "flashinfer", "cutedsl"),
+    parser.add_argument("--gdn-prefill-backend", default=None, choices=GDN_PREFILL_BACKENDS,
                         help="--live: vLLM's kernels for a Gated DeltaNet layer's prefill (Qwen3.5's linear "
                         "attention; default: vLLM's choice, FlashInfer's on Hopper, which compiles at start)")
     parser.add_argument("--gpu-memory-utilization", type=positive_float, default=None,
