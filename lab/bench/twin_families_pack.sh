@@ -2,7 +2,7 @@
 # Makes, on the CPU machine, what lab/bench/twin_families_session.sh needs on the GPU machine (all
 # under the gitignored .carry/twin33/): a mini vLLM 0.33.0 wheel holding the Python files rla reads
 # (the region code, the model files, the fused-MoE facts; its METADATA for the version) and the
-# kernel library _C_stable_libtorch.abi3.so stripped, xz'd and split in pieces of at most 18.6 MB
+# kernel library _C_stable_libtorch.abi3.so stripped, xz'd and split in pieces of at most 11.2 MB
 # (p1..pN, one per device call: a call's tree + carry must stay under 64 MiB); and the transformers
 # 5.24.0 wheel (tf/: the device image has 5.17, and rla.align reads GLM-4 MoE's and GPT-OSS's 5.24 layout).
 #   bash lab/bench/twin_families_pack.sh [WHEEL]   (default ~/.cache/rla/engines/vllm-0.33.0-...whl)
@@ -15,7 +15,7 @@ C=.carry/twin33; T=$(mktemp -d); rm -rf $C && mkdir -p $C/mini
 mv $T/mini.whl $C/mini/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
 strip --strip-unneeded -o $T/_C.so $T/vllm/_C_stable_libtorch.abi3.so
 xz -9e -T2 -c $T/_C.so > $T/_C.so.xz
-(cd $T && sha256sum _C.so.xz > sha256.txt && split -b 18600000 -d -a 1 _C.so.xz part)
+(cd $T && sha256sum _C.so.xz > sha256.txt && split -b 11200000 -d -a 1 _C.so.xz part)
 i=1; for f in $T/part*; do mkdir -p $C/p$i && mv $f $C/p$i/; i=$((i + 1)); done
 mv $T/sha256.txt $C/mini/
 rm -rf $T

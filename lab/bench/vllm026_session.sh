@@ -8,7 +8,9 @@
 #   fam-eager / fam-default  `rla verify --live` on the MoE families of live_family_configs (FAMS: name:attention:
 #                            regions:env[:flags], e.g. deepseekv3-h2048:model:swiglu,router:VLLM_MLA_DISABLE=1, or
 #                            qwen35-h2048:engine:::--gdn-prefill-backend+triton: flags with + for spaces), that mode;
-#                            needs `vllm026_device.sh moe a|b` and `tf` first
+#                            needs `vllm026_device.sh moe a|b` and `tf` first; with SAVED=<a folder holding
+#                            verify-<name>-<mode>/engine.json> (an earlier call's OUT, or links to committed runs), re-scores
+#                            those engine outputs with --engine-outputs (no engine started, no MoE library needed)
 #   famcal-eager / famcal-default  `rla calibrate --live` on the same FAMS (attention and env as fam-*; calibrate
 #                            searches the default regions, so a family's regions field must be empty),
 #                            that mode: the search from the mode's row, for a family whose row leaves much unremoved;
@@ -53,9 +55,11 @@ for mode in eager default; do
     IFS=: read -r name att regions envs flags <<< "$spec"; flags=${flags//+/ }
     stamp "fam-$mode $name"
     python3 lab/bench/vllm_live_h200.py checkpoint --out "$OUT/ckpt" --models $M --families $name --layers 4 > "$OUT/checkpoint-$name.log" 2>&1 || tail -5 "$OUT/checkpoint-$name.log"
-    env $envs timeout $(cap ${FAM_CAP:-240}) python3 -m rla.cli verify --engine vllm --live --model $M/$name-L4 --mode $mode \
-      --train-attention $att ${regions:+--regions $regions} $flags --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 \
-      --out "$OUT/verify-$name-$mode" > "$OUT/verify-$name-$mode.log" 2>&1
+    saved=${SAVED:+$SAVED/verify-$name-$mode}
+    if [ -n "$saved" ] && [ -f "$saved/engine.json" ]; then run="--engine-outputs $saved"
+    else run="$flags --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 --mode $mode"; fi
+    env $envs timeout $(cap ${FAM_CAP:-240}) python3 -m rla.cli verify --engine vllm --live --model $M/$name-L4 \
+      --train-attention $att ${regions:+--regions $regions} $run --out "$OUT/verify-$name-$mode" > "$OUT/verify-$name-$mode.log" 2>&1
     echo "verify $name $mode rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/verify-$name-$mode.log" | tail -14 | cut -c1-220
   done
 done
