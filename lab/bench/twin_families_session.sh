@@ -3,10 +3,10 @@
 # realistic width, default and eager mode: lab/bench/twin_families.py), one H200. Made on the CPU
 # machine first: bash lab/bench/twin_families_pack.sh (writes .carry/twin33/). What the run needs
 # travels in pieces, one per call on the still-warm machine (a call's tree + carry < 64 MiB; the
-# tracked tree alone is ~46 MB), each kept in /tmp/twin33 for the last call:
-#   bash lab/bench/twin_families_session.sh piece 1     (carry .carry/twin33/p1; then 2 and 3: seconds each)
+# tracked tree alone is ~53 MB, so a call carries at most ~14 MB), each kept in /tmp/twin33 for the last call:
+#   bash lab/bench/twin_families_session.sh piece 1     (carry .carry/twin33/p1; then 2 .. 5: seconds each)
 #   bash lab/bench/twin_families_session.sh tf          (carry .carry/twin33/tf: transformers 5.24 into /tmp)
-#   bash lab/bench/twin_families_session.sh run 4       (carry .carry/twin33/p4 and .carry/twin33/mini)
+#   bash lab/bench/twin_families_session.sh run 6       (carry .carry/twin33/p6 and .carry/twin33/mini)
 # `run` assembles the kernel library, checks its sha256, and runs the families stage in both modes
 # (about 3-5 minutes: Inductor compiling each family's pieces dominates; the stage's own limit is
 # 500 s). Everything lands in $OUT/results.tgz (the tool returns at most 8 files).

@@ -49,32 +49,30 @@ for mode in eager default; do
   echo "verify gemma3 rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/verify-gemma3-$mode.log" | tail -25 | cut -c1-220
 done
 FAMS=${FAMS:-"glm4moe-h2048:engine:: gptoss-h2880:engine:: deepseekv3-h2048:model:swiglu,router:VLLM_MLA_DISABLE=1"}
-for mode in eager default; do
-  has fam-$mode || continue
-  for spec in $FAMS; do
-    IFS=: read -r name att regions envs flags <<< "$spec"; flags=${flags//+/ }
-    stamp "fam-$mode $name"
-    python3 lab/bench/vllm_live_h200.py checkpoint --out "$OUT/ckpt" --models $M --families $name --layers 4 > "$OUT/checkpoint-$name.log" 2>&1 || tail -5 "$OUT/checkpoint-$name.log"
-    saved=${SAVED:+$SAVED/verify-$name-$mode}
-    if [ -n "$saved" ] && [ -f "$saved/engine.json" ]; then run="--engine-outputs $saved"
-    else run="$flags --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 --mode $mode"; fi
+# one family of FAMS in one mode: its checkpoint (built once per warm machine), then `rla $1` (verify or calibrate)
+# on a fresh engine run, or on SAVED's engine outputs when SAVED holds them (no engine started)
+fam() {
+  local cmd=$1 mode=$2 spec=$3 name att regions envs flags saved run
+  IFS=: read -r name att regions envs flags <<< "$spec"; flags=${flags//+/ }
+  stamp "$cmd $mode $name"
+  [ -d $M/$name-L4 ] || python3 lab/bench/vllm_live_h200.py checkpoint --out "$OUT/ckpt" --models $M --families $name --layers 4 > "$OUT/checkpoint-$name.log" 2>&1 || tail -5 "$OUT/checkpoint-$name.log"
+  saved=${SAVED:+$SAVED/verify-$name-$mode}  # SAVED: a folder holding verify-<name>-<mode>/engine.json
+  if [ -n "$saved" ] && [ -f "$saved/engine.json" ]; then run="--engine-outputs $saved"
+  else run="$flags --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 --mode $mode"; fi
+  if [ $cmd = verify ]; then
     env $envs timeout $(cap ${FAM_CAP:-240}) python3 -m rla.cli verify --engine vllm --live --model $M/$name-L4 \
       --train-attention $att ${regions:+--regions $regions} $run --out "$OUT/verify-$name-$mode" > "$OUT/verify-$name-$mode.log" 2>&1
     echo "verify $name $mode rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/verify-$name-$mode.log" | tail -14 | cut -c1-220
-  done
-done
-for mode in eager default; do
-  has famcal-$mode || continue
-  for spec in $FAMS; do
-    IFS=: read -r name att regions envs flags <<< "$spec"; flags=${flags//+/ }
-    stamp "famcal-$mode $name"
-    [ -d $M/$name-L4 ] || python3 lab/bench/vllm_live_h200.py checkpoint --out "$OUT/ckpt" --models $M --families $name --layers 4 > "$OUT/checkpoint-$name.log" 2>&1 || tail -5 "$OUT/checkpoint-$name.log"
-    saved=${SAVED:+$SAVED/verify-$name-$mode}  # SAVED: an earlier call's $OUT (this warm machine's /tmp): its engine outputs
-    if [ -n "$saved" ] && [ -f "$saved/engine.json" ]; then run="--engine-outputs $saved"
-    else run="$flags --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 --mode $mode"; fi
+  else  # calibrate searches the default regions, so the spec's regions field must be empty
     env $envs timeout $(cap ${FAM_CAP:-400}) python3 -m rla.cli calibrate --engine vllm --live --model $M/$name-L4 \
       --train-attention $att $run --name "live-$name-$mode" --out "$OUT/calibrate-$name-$mode.json" > "$OUT/calibrate-$name-$mode.log" 2>&1
     echo "calibrate $name $mode rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/calibrate-$name-$mode.log" | tail -20 | cut -c1-220
+  fi
+}
+for stage in fam famcal; do
+  for mode in eager default; do
+    has $stage-$mode || continue
+    for spec in $FAMS; do fam $([[ $stage == fam ]] && echo verify || echo calibrate) $mode $spec; done
   done
 done
 A="python3 lab/bench/vllm_live_attribution.py --out /tmp/attr --models $M --names ${NAMES:-qwen2-h1536-L4} --modes ${MODES:-eager,default}"
