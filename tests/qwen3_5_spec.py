@@ -116,7 +116,7 @@ def _partial_rope(x, cos, sin, pts, lp):
     return torch.cat([spec_rope(x[..., :d], cos, sin, pts, lp), x[..., d:].to(lp)], dim=-1)
 
 
-def _attention(attn, h, cos, sin, pts, lp):
+def _attention(attn, h, cos, sin, pts, lp, gate_once=False):
     modeling = sys.modules[type(attn).__module__]
     B, S, _ = h.shape
     q, gate = torch.chunk(F.linear(h, attn.q_proj.weight).view(B, S, -1, attn.head_dim * 2), 2, dim=-1)
@@ -130,7 +130,11 @@ def _attention(attn, h, cos, sin, pts, lp):
     i, j = torch.arange(S, device=h.device)[:, None], torch.arange(S, device=h.device)[None, :]
     mask = torch.where(j <= i, 0.0, torch.finfo(lp).min).to(lp)[None, None]
     o, _ = modeling.eager_attention_forward(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling)
-    o = o.reshape(B, S, -1).contiguous() * torch.sigmoid(gate)  # HF's output gate (left as is)
+    o = o.reshape(B, S, -1).contiguous()
+    if gate_once:  # attn * sigmoid(gate) in fp32, rounded once (a compiled graph's fused elementwise)
+        o = (o.float() * torch.sigmoid(gate.float())).to(lp)
+    else:
+        o = o * torch.sigmoid(gate)  # HF's output gate (left as is): RN(attn * RN(sigmoid(gate)))
     return F.linear(o, attn.o_proj.weight)
 
 
@@ -162,9 +166,12 @@ def spec_moe(block, h, pts, router=None) -> torch.Tensor:
     return (routed + torch.sigmoid(F.linear(x, block.shared_expert_gate.weight)) * shared).reshape(b, s, hid)
 
 
-def spec_forward(model, input_ids, pts, router=None) -> torch.Tensor:
+def spec_forward(model, input_ids, pts, router=None, *, positions=None, streams=None, gate_once=False) -> torch.Tensor:
     """The logits of ``model`` (dense or MoE) under ``pts``; ``router``: the MoE blocks' router points
-    (None: HF's router and weighted sum)."""
+    (None: HF's router and weighted sum). ``positions`` [B, S] (default 0..S-1); ``streams``: a list that
+    receives each layer's output rounded to the model's dtype; ``gate_once``: the full-attention layers'
+    output gate ``attn * sigmoid(gate)`` in fp32 rounded once (what vLLM's compiled graph computes,
+    tests/engines/test_vllm_twin_qwen3_5.py) instead of HF's two roundings."""
     body, cfg = model.model, model.config
     # the row's head-size rule (align_spec.Row), then the attention's own points (qwen3_5_points)
     at = at_head_size(pts, head_size_of(cfg))
@@ -172,7 +179,9 @@ def spec_forward(model, input_ids, pts, router=None) -> torch.Tensor:
     lp = body.embed_tokens.weight.dtype
     device = input_ids.device
     where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")
-    cos, sin = _tables(cfg, torch.arange(input_ids.shape[1], device=device)[None].expand(input_ids.shape[0], -1), where)
+    if positions is None:
+        positions = torch.arange(input_ids.shape[1], device=device)[None].expand(input_ids.shape[0], -1)
+    cos, sin = _tables(cfg, positions, where)
     fp32_sum = pts["norm_residual"] == "fp32_sum"
     carry = pts["residual_stream"] == "fp32_carry"
     s = body.embed_tokens(input_ids).float()
@@ -183,7 +192,7 @@ def spec_forward(model, input_ids, pts, router=None) -> torch.Tensor:
         if layer.block_type == "linear_attention":
             a = layer.linear_attn(hidden_states=h, cache=None, attention_mask=None)  # HF's own (left as is)
         else:
-            a = _attention(layer.self_attn, h, cos, sin, pts, lp)
+            a = _attention(layer.self_attn, h, cos, sin, pts, lp, gate_once)
         s1 = a.float() + r
         r1 = rn(s1, lp)
         n = layer.post_attention_layernorm
@@ -197,5 +206,7 @@ def spec_forward(model, input_ids, pts, router=None) -> torch.Tensor:
         s = (s1 if carry else r1) + m.float()
         if not fp32_sum:
             s = rn(s, lp)
+        if streams is not None:
+            streams.append(rn(s, lp))
     h = spec_norm(s if fp32_sum else rn(s, lp), body.norm.weight, body.norm.eps, pts, lp, after_add=True)
     return F.linear(h, model.lm_head.weight)
