@@ -110,3 +110,36 @@ def test_the_twin_refuses_what_it_does_not_lay_out(vllm_engine, monkeypatch):
     model.config.layer_scale = True
     with pytest.raises(NotImplementedError, match="layer_scale"):
         build_twin(model, vllm_engine, "native", qk="modules")
+
+
+def test_default_twin_at_hidden_384_adds_the_norms_squares_in_inductors_order(vllm_engine):
+    """At hidden 384 a second difference shows, an arithmetic order and not a rounding location: Inductor's
+    norm kernels sum a row's squares in another order than PyTorch's eager mean (the rows' ``norm_reduction``
+    is ``unpinned``), which moves an rstd by an ulp in some rows and, rarely, a norm's bf16 output; the Gated
+    DeltaNet's recurrence then carries one such flip to later tokens. The oracle with the gate rounded once and
+    every norm's mean of squares from a compiled ``(v * v).mean(-1)`` equals the twin bit for bit (without the
+    kernel: the oracle's q/k norms cannot take the interpreted ``tl.sum``'s order); with PyTorch's mean it
+    differs from the first layer on, with HF's gate from the first full-attention layer on."""
+    import torch
+
+    from qwen3_5_spec import qwen3_5_points, spec_forward, tiny_qwen3_5
+    from rla.engines.vllm_twin_families import build_twin
+
+    model = tiny_qwen3_5(hidden_size=384, intermediate_size=1152)
+    ids = torch.randint(0, model.config.vocab_size, (1, 128), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(128)[None]
+    out = build_twin(model, vllm_engine, "default", qk="modules")(ids, positions)
+    pts = qwen3_5_points("vllm-0.33")
+    pts.attention = {}  # without the kernel: the base row's q/k chain
+    inductor = torch.compile(lambda v: (v * v).mean(-1, keepdim=True), dynamic=False)
+
+    def layers_equal(**kw):
+        streams = []
+        with torch.no_grad():
+            logits = spec_forward(model, ids, pts, positions=positions, streams=streams, **kw)
+        return [bool(torch.equal(a, b.reshape(a.shape))) for a, b in zip([out.logits, *out.layers],
+                                                                         [logits.to(out.logits.dtype), *streams])]
+
+    assert all(layers_equal(gate_once=True, mean_square=inductor))
+    assert layers_equal(gate_once=True) == [False] * 4
+    assert layers_equal(mean_square=inductor) == [False, True, False, False]
