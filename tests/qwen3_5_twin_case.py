@@ -80,7 +80,8 @@ def run(wheel: str, qk: str, modes=("native", "default")) -> dict:
             pts = qwen3_5_points("vllm-0.33")
             if qk == "modules":  # no kernel: the base row's q/k chain (Qwen3's compiled q/k norm -> RoPE)
                 pts.attention = {}
-            case["oracle"] = {"hf-gate": _oracle(model, out, pts), "gate-once": _oracle(model, out, pts, gate_once=True),
+            case["oracle"] = {"hf-gate": _oracle(model, out, pts),
+                              "gate-once": _oracle(model, out, pts, gate_once=True),
                               "flipped": {p: _oracle(model, out, _flip(pts, p), gate_once=True)["logits"]
                                           for p in FLIPPED}}
         result[mode] = case

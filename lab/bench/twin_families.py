@@ -7,10 +7,10 @@ as the twin does): ``gemma3-h2560`` (Gemma 3 4B's layer: ``vllm_live_h200.gemma3
 sliding layers and a full one; its positions capped at 32768 to keep the linear cache small),
 ``glm4moe-h2048``, ``gptoss-h2880`` and ``qwen35-h2048`` (``live_family_configs``; Qwen3.5's text model:
 three Gated DeltaNet layers then a full-attention one, 16 gated query heads of 256, partial mRoPE; its twin runs
-vLLM's q/k norm + RoPE Triton kernel compiled, as the engine does on CUDA in both modes). Norm weights 1 + 0.2 N(0, 1), Gemma's and
-Qwen3.5's zero-centred ones 0.2 N(0, 1) (as the live checkpoints; Qwen3.5's gated DeltaNet norm ``w * x`` is not
-zero-centred: 1 + 0.2 N(0, 1)). Shapes: 1 x 512 and 1 x 2048 from position
-0, 2 x 512 from 20000 (``--quick``: the first only).
+vLLM's q/k norm + RoPE Triton kernel compiled, as the engine does on CUDA in both modes).
+Norm weights 1 + 0.2 N(0, 1), Gemma's and Qwen3.5's zero-centred ones 0.2 N(0, 1) (as the live checkpoints;
+Qwen3.5's gated DeltaNet norm ``w * x`` is not zero-centred: 1 + 0.2 N(0, 1)). Shapes: 1 x 512 and 1 x 2048 from
+position 0, 2 x 512 from 20000 (``--quick``: the first only).
 
 Sides, per family and mode (profile ``vllm-0.33`` / ``vllm-0.33-eager``):
 
@@ -68,9 +68,10 @@ def configs(layers: int, scale: float = 1.0) -> dict:
                 cfg.moe_intermediate_size = max(32, int(cfg.moe_intermediate_size * scale) // 32 * 32)
             if hasattr(cfg, "query_pre_attn_scalar"):
                 cfg.query_pre_attn_scalar = cfg.head_dim
-            if hasattr(cfg, "linear_num_key_heads"):  # Qwen3.5: its linear heads, and mRoPE's sections of the rotary half
+            if hasattr(cfg, "linear_num_key_heads"):  # Qwen3.5: its linear heads, mRoPE's sections of the rotary half
                 cfg.linear_num_key_heads = cfg.linear_num_value_heads = max(2, int(cfg.linear_num_key_heads * scale))
-                cfg.linear_key_head_dim = cfg.linear_value_head_dim = max(16, int(cfg.linear_key_head_dim * scale) // 16 * 16)
+                width = max(16, int(cfg.linear_key_head_dim * scale) // 16 * 16)
+                cfg.linear_key_head_dim = cfg.linear_value_head_dim = width
                 half = int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]) // 2
                 cfg.rope_parameters["mrope_section"] = [half - 2 * (half // 3), half // 3, half // 3]
     return cfgs

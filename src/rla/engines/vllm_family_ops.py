@@ -98,7 +98,8 @@ class VllmFamilyOps:
                          yarn_ns, self._rope_base)
         self._ApplyRotary = cls(_ROPE_COMMON, "ApplyRotaryEmb", ["forward_static", "forward_native"])
         mrope_ns = dict(ns)
-        mrope_ns["apply_interleaved_rope"], prov = extract_function(pkg, _ROPE_MROPE, "apply_interleaved_rope", mrope_ns)
+        mrope_ns["apply_interleaved_rope"], prov = extract_function(pkg, _ROPE_MROPE, "apply_interleaved_rope",
+                                                                    mrope_ns)
         self.provenance["apply_interleaved_rope"] = prov.as_dict()
         self._MRope = cls(_ROPE_MROPE, "MRotaryEmbedding", ["forward_native"], mrope_ns, self._rope_base)
 

@@ -277,7 +277,8 @@ class Qwen3_5Twin(VllmTwin):
 def _check_config(cfg):
     """What vLLM's Qwen3.5 layers compute that the twin lays out, else a clear error."""
     if cfg.hidden_act != "silu":
-        raise NotImplementedError(f"vLLM's Qwen3.5 MLP (Qwen2MoeMLP) supports hidden_act='silu' only; got {cfg.hidden_act!r}")
+        raise NotImplementedError(f"vLLM's Qwen3.5 MLP (Qwen2MoeMLP) supports hidden_act='silu' only; "
+                                  f"got {cfg.hidden_act!r}")
     rp = dict(getattr(cfg, "rope_parameters", None) or {})
     if rp.get("rope_type", "default") != "default" or "mrope_section" not in rp:
         raise NotImplementedError(f"the Qwen3.5 twin builds get_rope's MRotaryEmbedding for rope_type='default' with "
