@@ -16,6 +16,7 @@ A helper module, not a test file (``from qwen3_5_spec import ...``).
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
@@ -77,10 +78,11 @@ def _randomise(model, seed: int, dtype, gate_scale: float = 0.0):
     return model
 
 
-def tiny_qwen3_5(seed: int = 0, dtype=BF16):
+def tiny_qwen3_5(seed: int = 0, dtype=BF16, **overrides):
     """A tiny Qwen3.5 text model: a linear-attention layer, a full-attention layer, a linear one;
-    head_dim 32 with partial rotary 0.25 (8 rotated dims), random zero-centred norm weights."""
-    cfg = transformers.Qwen3_5TextConfig(**_TEXT, intermediate_size=96, attn_implementation="eager")
+    head_dim 32 with partial rotary 0.25 (8 rotated dims), random zero-centred norm weights;
+    ``overrides``: config fields (e.g. a wider ``hidden_size``)."""
+    cfg = transformers.Qwen3_5TextConfig(**{**_TEXT, "intermediate_size": 96, **overrides}, attn_implementation="eager")
     torch.manual_seed(seed)
     return _randomise(transformers.Qwen3_5ForCausalLM(cfg).eval(), seed, dtype)
 
@@ -116,7 +118,7 @@ def _partial_rope(x, cos, sin, pts, lp):
     return torch.cat([spec_rope(x[..., :d], cos, sin, pts, lp), x[..., d:].to(lp)], dim=-1)
 
 
-def _attention(attn, h, cos, sin, pts, lp):
+def _attention(attn, h, cos, sin, pts, lp, gate_once=False, norm=spec_norm):
     modeling = sys.modules[type(attn).__module__]
     B, S, _ = h.shape
     q, gate = torch.chunk(F.linear(h, attn.q_proj.weight).view(B, S, -1, attn.head_dim * 2), 2, dim=-1)
@@ -124,13 +126,17 @@ def _attention(attn, h, cos, sin, pts, lp):
     k = F.linear(h, attn.k_proj.weight).view(B, S, -1, attn.head_dim)
     v = F.linear(h, attn.v_proj.weight).view(B, S, -1, attn.head_dim).transpose(1, 2)
     out = torch.float32 if pts["qk_norm_out"] == "fp32" else None
-    q = spec_norm(q.float(), attn.q_norm.weight, attn.q_norm.eps, pts, lp, out).transpose(1, 2)
-    k = spec_norm(k.float(), attn.k_norm.weight, attn.k_norm.eps, pts, lp, out).transpose(1, 2)
+    q = norm(q.float(), attn.q_norm.weight, attn.q_norm.eps, pts, lp, out).transpose(1, 2)
+    k = norm(k.float(), attn.k_norm.weight, attn.k_norm.eps, pts, lp, out).transpose(1, 2)
     q, k = _partial_rope(q, cos, sin, pts, lp), _partial_rope(k, cos, sin, pts, lp)
     i, j = torch.arange(S, device=h.device)[:, None], torch.arange(S, device=h.device)[None, :]
     mask = torch.where(j <= i, 0.0, torch.finfo(lp).min).to(lp)[None, None]
     o, _ = modeling.eager_attention_forward(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling)
-    o = o.reshape(B, S, -1).contiguous() * torch.sigmoid(gate)  # HF's output gate (left as is)
+    o = o.reshape(B, S, -1).contiguous()
+    if gate_once:  # attn * sigmoid(gate) in fp32, rounded once (a compiled graph's fused elementwise)
+        o = (o.float() * torch.sigmoid(gate.float())).to(lp)
+    else:
+        o = o * torch.sigmoid(gate)  # HF's output gate (left as is): RN(attn * RN(sigmoid(gate)))
     return F.linear(o, attn.o_proj.weight)
 
 
@@ -162,9 +168,26 @@ def spec_moe(block, h, pts, router=None) -> torch.Tensor:
     return (routed + torch.sigmoid(F.linear(x, block.shared_expert_gate.weight)) * shared).reshape(b, s, hid)
 
 
-def spec_forward(model, input_ids, pts, router=None) -> torch.Tensor:
+def _norm(v, weight, eps, pts, lp, out=None, after_add=False, mean_square=None):
+    """``gemma_spec.spec_norm``, or with ``mean_square`` (``v -> mean(v * v, -1)``) the same formula (the row's
+    ``norm_weight='fused'``) on that mean of squares."""
+    if mean_square is None:
+        return spec_norm(v, weight, eps, pts, lp, out, after_add)
+    if pts["norm_weight"] != "fused":
+        raise ValueError("mean_square is for norm_weight='fused' rows")
+    return ((v * torch.rsqrt(mean_square(v) + eps)) * (1.0 + rn(weight.float(), lp))).to(out or lp)
+
+
+def spec_forward(model, input_ids, pts, router=None, *, positions=None, streams=None, gate_once=False,
+                 mean_square=None) -> torch.Tensor:
     """The logits of ``model`` (dense or MoE) under ``pts``; ``router``: the MoE blocks' router points
-    (None: HF's router and weighted sum)."""
+    (None: HF's router and weighted sum). ``positions`` [B, S] (default 0..S-1); ``streams``: a list that
+    receives each layer's output rounded to the model's dtype; ``gate_once``: the full-attention layers'
+    output gate ``attn * sigmoid(gate)`` in fp32 rounded once (what vLLM's compiled graph computes,
+    tests/engines/test_vllm_twin_qwen3_5.py) instead of HF's two roundings; ``mean_square``: every norm's mean
+    of squares as that function sums it (``v -> mean(v * v, -1, keepdim=True)``; default PyTorch's eager one),
+    e.g. Inductor's order (the rows' ``norm_reduction='unpinned'``)."""
+    norm = functools.partial(_norm, mean_square=mean_square)
     body, cfg = model.model, model.config
     # the row's head-size rule (align_spec.Row), then the attention's own points (qwen3_5_points)
     at = at_head_size(pts, head_size_of(cfg))
@@ -172,22 +195,24 @@ def spec_forward(model, input_ids, pts, router=None) -> torch.Tensor:
     lp = body.embed_tokens.weight.dtype
     device = input_ids.device
     where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")
-    cos, sin = _tables(cfg, torch.arange(input_ids.shape[1], device=device)[None].expand(input_ids.shape[0], -1), where)
+    if positions is None:
+        positions = torch.arange(input_ids.shape[1], device=device)[None].expand(input_ids.shape[0], -1)
+    cos, sin = _tables(cfg, positions, where)
     fp32_sum = pts["norm_residual"] == "fp32_sum"
     carry = pts["residual_stream"] == "fp32_carry"
     s = body.embed_tokens(input_ids).float()
     for i, layer in enumerate(body.layers):
         r = rn(s, lp)
         n = layer.input_layernorm
-        h = spec_norm(s if fp32_sum else r, n.weight, n.eps, pts, lp, after_add=i > 0)
+        h = norm(s if fp32_sum else r, n.weight, n.eps, pts, lp, after_add=i > 0)
         if layer.block_type == "linear_attention":
             a = layer.linear_attn(hidden_states=h, cache=None, attention_mask=None)  # HF's own (left as is)
         else:
-            a = _attention(layer.self_attn, h, cos, sin, pts, lp)
+            a = _attention(layer.self_attn, h, cos, sin, pts, lp, gate_once, norm)
         s1 = a.float() + r
         r1 = rn(s1, lp)
         n = layer.post_attention_layernorm
-        h = spec_norm(s1 if fp32_sum else r1, n.weight, n.eps, pts, lp, after_add=True)
+        h = norm(s1 if fp32_sum else r1, n.weight, n.eps, pts, lp, after_add=True)
         mlp = layer.mlp
         if hasattr(mlp, "experts"):
             m = spec_moe(mlp, h, pts, router)
@@ -197,5 +222,7 @@ def spec_forward(model, input_ids, pts, router=None) -> torch.Tensor:
         s = (s1 if carry else r1) + m.float()
         if not fp32_sum:
             s = rn(s, lp)
-    h = spec_norm(s if fp32_sum else rn(s, lp), body.norm.weight, body.norm.eps, pts, lp, after_add=True)
+        if streams is not None:
+            streams.append(rn(s, lp))
+    h = norm(s if fp32_sum else rn(s, lp), body.norm.weight, body.norm.eps, pts, lp, after_add=True)
     return F.linear(h, model.lm_head.weight)

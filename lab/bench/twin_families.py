@@ -1,13 +1,16 @@
-"""The ``families`` stage of engine_twin_h200.py: vLLM 0.33's twin of Gemma 3, GLM-4 MoE and GPT-OSS
-at a realistic width, in default and eager mode, against HF eager, the aligned model and the
+"""The ``families`` stage of engine_twin_h200.py: vLLM 0.33's twin of Gemma 3, GLM-4 MoE, GPT-OSS and Qwen3.5
+dense at a realistic width, in default and eager mode, against HF eager, the aligned model and the
 oracles of the chains the CPU twin found (tests/engines/test_vllm_twin_families.py).
 
 Models (random init, 4 layers, vocab 32000, eager attention on every side, so the oracles attend
 as the twin does): ``gemma3-h2560`` (Gemma 3 4B's layer: ``vllm_live_h200.gemma3_config``, three
 sliding layers and a full one; its positions capped at 32768 to keep the linear cache small),
-``glm4moe-h2048`` and ``gptoss-h2880`` (``live_family_configs``). Norm weights 1 + 0.2 N(0, 1), Gemma's
-zero-centred ones 0.2 N(0, 1) (as the live checkpoints). Shapes: 1 x 512 and 1 x 2048 from position
-0, 2 x 512 from 20000 (``--quick``: the first only).
+``glm4moe-h2048``, ``gptoss-h2880`` and ``qwen35-h2048`` (``live_family_configs``; Qwen3.5's text model:
+three Gated DeltaNet layers then a full-attention one, 16 gated query heads of 256, partial mRoPE; its twin runs
+vLLM's q/k norm + RoPE Triton kernel compiled, as the engine does on CUDA in both modes).
+Norm weights 1 + 0.2 N(0, 1), Gemma's and Qwen3.5's zero-centred ones 0.2 N(0, 1) (as the live checkpoints;
+Qwen3.5's gated DeltaNet norm ``w * x`` is not zero-centred: 1 + 0.2 N(0, 1)). Shapes: 1 x 512 and 1 x 2048 from
+position 0, 2 x 512 from 20000 (``--quick``: the first only).
 
 Sides, per family and mode (profile ``vllm-0.33`` / ``vllm-0.33-eager``):
 
@@ -22,6 +25,10 @@ Sides, per family and mode (profile ``vllm-0.33`` / ``vllm-0.33-eager``):
 - GLM-4 MoE: ``oracle`` with the routed experts' activation ``per_op`` (the twin runs vLLM's CUDA
   ``silu_and_mul`` for them in both modes, as its fused MoE does) and ``oracle+experts-sum-fp32``
   (the shared + routed sum unrounded into the residual add: the CPU twin's chain);
+- Qwen3.5: ``oracle`` (tests/qwen3_5_spec.py under the row's Qwen3.5 points: what ``rla.align`` computes, the
+  output gate as HF rounds it, left as is) and ``oracle+gate-once`` (``attn * sigmoid(gate)`` rounded once: the
+  CPU twin's default-mode finding, Inductor's fused sigmoid * mul; in eager mode the gate is two PyTorch ops, so
+  the row should win there);
 - GPT-OSS: ``rla-rope-fp32`` / ``rla-rope-round``: aligned with ``rope_cos_sin='fp32'`` / ``'round'``
   for GPT-OSS (the fp32 YaRN cache cast inside the compiled graph: the CPU twin's default-mode
   finding, which ``vllm-0.33``'s gpt_oss variant now says; in eager mode the cast happens before the
@@ -38,17 +45,17 @@ import time
 
 import torch
 
-FAMILIES = ("gemma3-h2560", "glm4moe-h2048", "gptoss-h2880")
+FAMILIES = ("gemma3-h2560", "glm4moe-h2048", "gptoss-h2880", "qwen35-h2048")
 SHAPES = [(1, 512, 0), (1, 2048, 0), (2, 512, 20000)]
 
 
 def configs(layers: int, scale: float = 1.0) -> dict:
-    """The three configs; ``scale`` < 1 shrinks widths and heads for a CPU smoke run."""
+    """The four configs; ``scale`` < 1 shrinks widths and heads for a CPU smoke run."""
     import live_family_configs as fam
     from vllm_live_h200 import gemma3_config
 
     cfgs = {"gemma3-h2560": gemma3_config(layers), "glm4moe-h2048": fam.glm4_moe(layers),
-            "gptoss-h2880": fam.gpt_oss(layers)}
+            "gptoss-h2880": fam.gpt_oss(layers), "qwen35-h2048": fam.qwen3_5(layers).text_config}
     cfgs["gemma3-h2560"].max_position_embeddings = 32768
     if scale != 1.0:
         for cfg in cfgs.values():
@@ -61,6 +68,12 @@ def configs(layers: int, scale: float = 1.0) -> dict:
                 cfg.moe_intermediate_size = max(32, int(cfg.moe_intermediate_size * scale) // 32 * 32)
             if hasattr(cfg, "query_pre_attn_scalar"):
                 cfg.query_pre_attn_scalar = cfg.head_dim
+            if hasattr(cfg, "linear_num_key_heads"):  # Qwen3.5: its linear heads, mRoPE's sections of the rotary half
+                cfg.linear_num_key_heads = cfg.linear_num_value_heads = max(2, int(cfg.linear_num_key_heads * scale))
+                width = max(16, int(cfg.linear_key_head_dim * scale) // 16 * 16)
+                cfg.linear_key_head_dim = cfg.linear_value_head_dim = width
+                half = int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]) // 2
+                cfg.rope_parameters["mrope_section"] = [half - 2 * (half // 3), half // 3, half // 3]
     return cfgs
 
 
@@ -72,12 +85,13 @@ def build(name: str, cfg, device: str, seed: int = 0):
     model = transformers.AutoModelForCausalLM.from_config(
         cfg, dtype=torch.bfloat16, attn_implementation="eager", experts_implementation="eager").to(device).eval()
     g = torch.Generator(device=device).manual_seed(seed + 1)
-    zero_centred = name.startswith("gemma3-")
+    zero_centred = name.startswith(("gemma3-", "qwen35-"))
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight"):
                 noise = 0.2 * torch.randn(p.shape, generator=g, device=device)
-                p.copy_(noise if zero_centred else 1 + noise)
+                gated = pname.endswith("linear_attn.norm.weight")  # Qwen3.5's gated DeltaNet norm: w * x
+                p.copy_(noise if zero_centred and not gated else 1 + noise)
     return model
 
 
@@ -113,6 +127,12 @@ def sides(name: str, model, prof) -> dict:
         out["oracle"] = _oracle_side(spec_forward, model, pts=pts, expert_pts=experts)
         out["oracle+experts-sum-fp32"] = _oracle_side(spec_forward, model, pts=pts, expert_pts=experts,
                                                       moe_sum_fp32=True)
+    elif name.startswith("qwen35-"):
+        from qwen3_5_spec import qwen3_5_points, spec_forward
+
+        pts = qwen3_5_points(prof.name)
+        out["oracle"] = _oracle_side(spec_forward, model, pts=pts)
+        out["oracle+gate-once"] = _oracle_side(spec_forward, model, pts=pts, gate_once=True)
     elif name.startswith("gptoss-"):
         out["rla-rope-fp32"] = aligned_side(model, prof.replace(name=f"{prof.name}+rope_cos_sin=fp32",
                                                                 rope_cos_sin="fp32"))

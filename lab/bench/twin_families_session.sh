@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# Device calls of the family-twin session (vLLM 0.33's twin of Gemma 3, GLM-4 MoE and GPT-OSS at
-# realistic width, default and eager mode: lab/bench/twin_families.py), one H200. Made on the CPU
+# Device calls of the family-twin session (vLLM 0.33's twin of Gemma 3, GLM-4 MoE, GPT-OSS and Qwen3.5
+# dense at realistic width, default and eager mode: lab/bench/twin_families.py), one H200. Made on the CPU
 # machine first: bash lab/bench/twin_families_pack.sh (writes .carry/twin33/). What the run needs
 # travels in pieces, one per call on the still-warm machine (a call's tree + carry < 64 MiB; the
 # tracked tree alone is ~53 MB, so a call carries at most ~14 MB), each kept in /tmp/twin33 for the last call:
 #   bash lab/bench/twin_families_session.sh piece 1     (carry .carry/twin33/p1; then 2 .. 5: seconds each)
 #   bash lab/bench/twin_families_session.sh tf          (carry .carry/twin33/tf: transformers 5.24 into /tmp)
-#   bash lab/bench/twin_families_session.sh run 6       (carry .carry/twin33/p6 and .carry/twin33/mini)
+# tracked tree alone is ~53 MB, so a call carries at most ~14 MB), each kept in /tmp/twin33 for the last call:
+#   bash lab/bench/twin_families_session.sh piece 1     (carry .carry/twin33/p1; then 2 .. 5: seconds each)
+#   bash lab/bench/twin_families_session.sh tf          (carry .carry/twin33/tf: transformers 5.24 into /tmp)
+#   bash lab/bench/twin_families_session.sh run 6 [MODEL...]  (carry .carry/twin33/p6 and .carry/twin33/mini;
+#     MODELs: twin_families.FAMILIES to run, default all; four may not fit the stage's limit, so split them:
+#     `run 6 gemma3-h2560 glm4moe-h2048 gptoss-h2880`, then `run 6 qwen35-h2048`)
 # `run` assembles the kernel library, checks its sha256, and runs the families stage in both modes
 # (about 3-5 minutes: Inductor compiling each family's pieces dominates; the stage's own limit is
 # 500 s). Everything lands in $OUT/results.tgz (the tool returns at most 8 files).
 set -u
-CALL=$1; K=${2:-}
+CALL=$1; K=${2:-}; MODELS="${*:3}"
 export PYTHONPATH=$PWD/src:$PWD/tests:$PWD PYTHONUNBUFFERED=1 RLA_ENGINE_CACHE=/tmp/twin33/cache
 mkdir -p /tmp/twin33
 if [ "$CALL" = tf ]; then
@@ -35,7 +40,8 @@ if ! diff -q <(cut -d' ' -f1 $R/library_sha256.txt) <(cut -d' ' -f1 .carry/twin3
 fi
 nvidia-smi > $R/nvidia-smi.txt 2>&1
 python3 -c "import torch, triton, transformers; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" > $R/env.txt 2>&1
-stamp "lab/bench/engine_twin_h200.py --stages families --modes default eager"
-timeout 500 python3 lab/bench/engine_twin_h200.py --stages families --modes default eager --wheel $W --library $L --out $R/families > $R/families.log 2>&1
+ONLY=${MODELS:+--only $MODELS}
+stamp "lab/bench/engine_twin_h200.py --stages families --modes default eager $ONLY"
+timeout 500 python3 lab/bench/engine_twin_h200.py --stages families --modes default eager $ONLY --wheel $W --library $L --out $R/families > $R/families.log 2>&1
 stamp "done rc=$?"
 python3 lab/bench/engine_twin_h200.py --summarize $R/families > $R/families_summary.md 2>&1

@@ -228,7 +228,7 @@ def test_family_twins_refuse_what_vllm_computes_otherwise(vllm_engine):
     from rla.engines.vllm_twin import VllmTwin
     from rla.engines.vllm_twin_families import build_twin
 
-    with pytest.raises(NotImplementedError, match="Gemma 3, GLM-4 MoE and GPT-OSS: rla.engines.vllm_twin_families"):
+    with pytest.raises(NotImplementedError, match="Gemma 3, GLM-4 MoE, GPT-OSS and Qwen3.5: rla.engines.vllm_twin_families"):
         VllmTwin(tiny_gemma3(), vllm_engine, "native")
     with pytest.raises(NotImplementedError, match="the vLLM twin covers qwen2, qwen3, llama, gemma3_text"):
         build_twin(torch.nn.Linear(2, 2), vllm_engine, "native")

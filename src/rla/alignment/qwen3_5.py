@@ -57,7 +57,8 @@ LEFT_AS_IS = [
     "FLA kernels; SGLang 0.5.23's gated norm multiplies weight and silu(gate) in fp32 and rounds once, where HF "
     "rounds x * rstd first: not aligned with the mixer left as is)",
     "left as is: the attention output gate attn * sigmoid(gate) (outside the regions; SGLang 0.5.23 rounds it "
-    "once, HF rounds sigmoid(gate) first)",
+    "once, and so does vLLM 0.33's compiled graph in default mode (Inductor fuses the sigmoid into the product: the "
+    "CPU engine twin), HF and vLLM's eager mode round sigmoid(gate) first)",
 ]
 
 #: What the alignment of a Qwen3.5 MoE model leaves as it is beyond :data:`LEFT_AS_IS` (docs/families.md).

@@ -20,6 +20,10 @@ GLM-4 MoE and GPT-OSS (``rla.engines.vllm_twin_families``) also needs, from the 
   ``yarn_scaling_rope.py``, with ``yarn_find_correction_range`` / ``yarn_linear_ramp_mask`` /
   ``yarn_get_mscale`` of ``common.py``), built under ``with torch.device(device)`` as vLLM builds
   them while it constructs the model, on an instance holding what each ``__init__`` sets.
+- ``MRotaryEmbedding.forward_native`` (``rotary_embedding/mrope.py``, with its ``apply_interleaved_rope`` and
+  ``ApplyRotaryEmb.forward_native`` / ``forward_static`` of ``common.py``): the partial (m)RoPE that Qwen3.5's
+  attention runs where vLLM's fused q/k norm + RoPE kernel is off (``Qwen3NextAttention._project_qkv_gate``'s
+  unfused path: not CUDA/XPU), on [T] or [3, T] positions.
 - ``RotaryEmbeddingBase._match_cos_sin_cache_dtype`` (``base.py``) on a cache object: GPT-OSS's
   ``get_rope(..., dtype=torch.float32)`` keeps its cache fp32, and every forward casts it to the
   query's dtype through this method (inside the compiled graph in default mode: then
@@ -47,6 +51,7 @@ _ACTIVATION = "vllm/model_executor/layers/activation.py"
 _ROPE_COMMON = "vllm/model_executor/layers/rotary_embedding/common.py"
 _ROPE_LINEAR = "vllm/model_executor/layers/rotary_embedding/linear_scaling_rope.py"
 _ROPE_YARN = "vllm/model_executor/layers/rotary_embedding/yarn_scaling_rope.py"
+_ROPE_MROPE = "vllm/model_executor/layers/rotary_embedding/mrope.py"
 
 
 class _CudaPlatform:
@@ -91,6 +96,12 @@ class VllmFamilyOps:
         self._yarn_mscale = yarn_ns["yarn_get_mscale"]
         self._Yarn = cls(_ROPE_YARN, "YaRNScalingRotaryEmbedding", ["_compute_inv_freq", "_compute_cos_sin_cache"],
                          yarn_ns, self._rope_base)
+        self._ApplyRotary = cls(_ROPE_COMMON, "ApplyRotaryEmb", ["forward_static", "forward_native"])
+        mrope_ns = dict(ns)
+        mrope_ns["apply_interleaved_rope"], prov = extract_function(pkg, _ROPE_MROPE, "apply_interleaved_rope",
+                                                                    mrope_ns)
+        self.provenance["apply_interleaved_rope"] = prov.as_dict()
+        self._MRope = cls(_ROPE_MROPE, "MRotaryEmbedding", ["forward_native"], mrope_ns, self._rope_base)
 
     def __repr__(self) -> str:
         return f"VllmFamilyOps(vllm {self.version})"
@@ -134,6 +145,19 @@ class VllmFamilyOps:
         obj.mscale = float(self._yarn_mscale(obj.scaling_factor))  # __init__'s branch without the two keys
         with torch.device(device):
             obj.cos_sin_cache = obj._compute_cos_sin_cache().to(dtype)
+        return obj
+
+    def mrope_module(self, cos_sin_cache, head_size: int, rotary_dim: int, mrope_section, interleaved: bool = True):
+        """A rotary object as ``get_rope`` builds it for ``rope_type='default'`` with ``mrope_section``
+        (``MRotaryEmbedding``, NeoX style) holding ``cos_sin_cache`` as stored (the model's dtype); its
+        ``forward_native(positions, q, k)`` is vLLM's, ``positions`` [T] or [3, T], q/k [T, heads * head_size]."""
+        obj = object.__new__(self._MRope)
+        obj.head_size, obj.rotary_dim, obj.is_neox_style = head_size, rotary_dim, True
+        obj.cos_sin_cache, obj.use_aiter, obj.use_flashinfer = cos_sin_cache, False, False
+        obj.mrope_section, obj.mrope_interleaved = list(mrope_section), interleaved
+        apply = object.__new__(self._ApplyRotary)
+        apply.is_neox_style, apply.enable_fp32_compute = True, False  # RotaryEmbeddingBase.__init__'s
+        obj.apply_rotary_emb = apply
         return obj
 
     @staticmethod

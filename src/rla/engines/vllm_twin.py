@@ -33,6 +33,7 @@ not change what Inductor fuses. The last entry is the stream the final norm read
 Other families subclass this one, overriding the hooks their model file changes (the cos/sin cache,
 the region functions, the layer's weights and pieces, the masks, the logits):
 :mod:`rla.engines.vllm_twin_gemma3` (Gemma 3), :mod:`rla.engines.vllm_twin_moe` (GLM-4 MoE, GPT-OSS);
+:mod:`rla.engines.vllm_twin_qwen3_5` (Qwen3.5 dense);
 :func:`rla.engines.vllm_twin_families.build_twin` picks the class by ``config.model_type``.
 """
 
@@ -154,7 +155,7 @@ class VllmTwin:
             raise NotImplementedError(
                 f"the vLLM twin covers {', '.join(self.FAMILIES)}; this model is {cfg.model_type!r}"
                 + ("" if type(self) is not VllmTwin else
-                   " (Gemma 3, GLM-4 MoE and GPT-OSS: rla.engines.vllm_twin_families.build_twin)")
+                   " (Gemma 3, GLM-4 MoE, GPT-OSS and Qwen3.5: rla.engines.vllm_twin_families.build_twin)")
             )
         body = model.model
         if inductor_options and mode != "default":
@@ -171,8 +172,7 @@ class VllmTwin:
         self.final_norm = body.norm.weight
         self.embed = body.embed_tokens.weight
         self.lm_head = model.lm_head.weight
-        attn0 = body.layers[0].self_attn
-        self._attention_fn = _attention_function(model, attn0)
+        self._attention_fn = _attention_function(model, self.first_attention(body))
         self._bind_ops(engine, mode, library)
         # the pieces as the engine runs them (compiled in default mode): first(ids, positions,
         # embed, w), middle(attn, residual, positions, w, w_next), last(attn, residual, w, final)
@@ -182,6 +182,11 @@ class VllmTwin:
                 compiled_piece(self._first_piece, inductor_options), compiled_piece(self._middle_piece, inductor_options),
                 compiled_piece(self._last_piece, inductor_options),
             )
+
+    @staticmethod
+    def first_attention(body):
+        """The body's first attention module (whose class names HF's attention function)."""
+        return body.layers[0].self_attn
 
     def _rope_cache(self, cfg, engine, partial_rotary_default: float = 1.0):
         """The engine's cos/sin cache for the config's rope parameters, in the model's dtype (a

@@ -1,0 +1,88 @@
+"""vLLM 0.33's Qwen3.5 twin (``rla.engines.vllm_twin_qwen3_5``) on the tiny model, against the aligned model and
+the oracle (``tests/qwen3_5_spec.py``): what tests/engines/test_vllm_twin_qwen3_5.py asserts.
+
+:func:`run` takes the q/k path (``kernel``: vLLM's Triton kernel, run by Triton's interpreter on a CPU, so this runs
+in a subprocess started with ``TRITON_INTERPRET=1`` whose script installs interpreter_compat's repairs first;
+``modules``: the path without the kernel, in any process) and returns, per mode, plain numbers:
+
+- ``sides``: per profile (``None``: HF unaligned; ``native-row``: HF's points with the native add + norm's fp32
+  sum; the vLLM rows), the fraction of bit-equal logits and of each layer's stream (``rla.align`` to the row);
+- ``oracle``: the oracle under the ``vllm-0.33`` row's Qwen3.5 points (its ``qwen3_5`` variant's ``qk_norm_out``
+  with ``attention``, the base row's without), with HF's output gate and with ``gate_once`` (attn * sigmoid(gate)
+  rounded once), and with each point flipped (under ``gate_once``).
+
+A helper module, not a test file.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rla import profiles
+
+from align_spec import Row, tokens
+from qwen3_5_spec import qwen3_5_points, spec_forward, tiny_qwen3_5
+from twin_side import twin_side
+
+IDS = tokens(2, 24)
+POSITIONS = torch.arange(40, 64)[None].expand(2, 24)  # not from 0: the cache is indexed
+#: The points a flip of which must break the default-mode equality (host == device on a CPU).
+FLIPPED = ("rope_cos_sin", "rope_apply", "swiglu", "norm_weight", "norm_residual", "residual_stream", "qk_norm_out",
+           "norm_reduction")
+
+
+def native_row():
+    """vLLM's native ops run eagerly: HF's per-op rounding (its Qwen3.5 norm rounds once: the hf row's variant),
+    except that the native add + norm normalises the fp32 sum (``vllm/ir/ops/layernorm.py``)."""
+    return profiles.get("hf").replace(name="vllm-native-eager", norm_residual="fp32_sum")
+
+
+def _fractions(out, logits, streams):
+    return {"logits": (logits.reshape(out.logits.shape) == out.logits).float().mean().item(),
+            "layers": [(a == b.reshape(a.shape)).float().mean().item() for a, b in zip(out.layers, streams)]}
+
+
+def _oracle(model, out, pts, **kw):
+    streams = []
+    with torch.no_grad():
+        logits = spec_forward(model, IDS, pts, positions=POSITIONS, streams=streams, **kw)
+    return _fractions(out, logits.to(out.logits.dtype), streams)
+
+
+def _flip(pts, point):
+    a, b = profiles.POINTS[point]
+    attention = dict(pts.attention)
+    if point in attention:
+        attention[point] = b if attention[point] == a else a
+        flipped = Row(dict(pts), pts.fused_head_sizes, pts.experts_swiglu)
+    else:
+        flipped = Row({**pts, point: b if pts[point] == a else a}, pts.fused_head_sizes, pts.experts_swiglu)
+    flipped.attention = attention
+    return flipped
+
+
+def run(wheel: str, qk: str, modes=("native", "default")) -> dict:
+    from rla.engines import vllm
+    from rla.engines.vllm_twin_families import build_twin
+
+    engine = vllm.load(wheel)
+    model = tiny_qwen3_5()
+    result = {}
+    for mode in modes:
+        out = build_twin(model, engine, mode, qk=qk)(IDS, POSITIONS)
+        sides = {}
+        for name, prof in (("hf", None), ("native-row", native_row()), ("vllm-0.33-eager", "vllm-0.33-eager"),
+                           ("vllm-0.33", "vllm-0.33")):
+            side = twin_side(model, prof, out, IDS, POSITIONS)
+            sides[name] = {"logits": side.logits_equal, "layers": [r["equal"] for r in side.layers]}
+        case = {"sides": sides}
+        if mode == "default":
+            pts = qwen3_5_points("vllm-0.33")
+            if qk == "modules":  # no kernel: the base row's q/k chain (Qwen3's compiled q/k norm -> RoPE)
+                pts.attention = {}
+            case["oracle"] = {"hf-gate": _oracle(model, out, pts),
+                              "gate-once": _oracle(model, out, pts, gate_once=True),
+                              "flipped": {p: _oracle(model, out, _flip(pts, p), gate_once=True)["logits"]
+                                          for p in FLIPPED}}
+        result[mode] = case
+    return result
