@@ -6,9 +6,6 @@
 # tracked tree alone is ~53 MB, so a call carries at most ~14 MB), each kept in /tmp/twin33 for the last call:
 #   bash lab/bench/twin_families_session.sh piece 1     (carry .carry/twin33/p1; then 2 .. 5: seconds each)
 #   bash lab/bench/twin_families_session.sh tf          (carry .carry/twin33/tf: transformers 5.24 into /tmp)
-# tracked tree alone is ~53 MB, so a call carries at most ~14 MB), each kept in /tmp/twin33 for the last call:
-#   bash lab/bench/twin_families_session.sh piece 1     (carry .carry/twin33/p1; then 2 .. 5: seconds each)
-#   bash lab/bench/twin_families_session.sh tf          (carry .carry/twin33/tf: transformers 5.24 into /tmp)
 #   bash lab/bench/twin_families_session.sh run 6 [MODEL...]  (carry .carry/twin33/p6 and .carry/twin33/mini;
 #     MODELs: twin_families.FAMILIES to run, default all; four may not fit the stage's limit, so split them:
 #     `run 6 gemma3-h2560 glm4moe-h2048 gptoss-h2880`, then `run 6 qwen35-h2048`)
