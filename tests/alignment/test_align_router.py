@@ -197,8 +197,9 @@ def test_gpu_router_equals_its_definition_on_cuda():
                 got = block(x[None])[0]
                 ids, w = router_spec.route(block, x, points, fam.router)
                 want = router_spec.block_output(block, x, ids, w, points, fam.router, fam.shared_expert)
-            assert torch.equal(captured[0][0], ids.cpu()), (family, profile)
-            assert torch.equal(captured[0][1], router_spec.route(block, x, points, fam.router, raw=True)[1].cpu())
+            # the capture holds the routes where the block ran (detached, on its device)
+            assert torch.equal(captured[0][0].cpu(), ids.cpu()), (family, profile)
+            assert torch.equal(captured[0][1].cpu(), router_spec.route(block, x, points, fam.router, raw=True)[1].cpu())
             assert torch.equal(got, want), (family, profile)
 
 
