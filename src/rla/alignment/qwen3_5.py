@@ -38,10 +38,11 @@ import types
 import torch
 
 from rla import ops
-from rla.alignment import compat
+from rla.alignment import compat, moe_out
 from rla.alignment.families import Family, class_named
 from rla.alignment.gemma import align_zero_centred_layers, zero_centred_variant
 from rla.alignment.patch import install, uninstall, with_globals
+from rla.alignment.moe_out import hands_fp32
 from rla.alignment.rmsnorm import layer_start, residual_source
 from rla.alignment.rope import make_apply_partial_rotary
 from rla.alignment.router import align_router_region, moe_blocks
@@ -162,12 +163,15 @@ def _layer_forward(profile: RoundingProfile, index: int, names, defaults):
         norm = self.post_attention_layernorm
         h, rounded = ops.add_rms_norm(attn_out, residual, norm.weight, norm.eps, profile, weight_offset=1.0,
                                       residual_source=residual_source(hidden_states, residual, reads_sum))
-        mlp_out = self.mlp(h).to(lp)
+        mlp_out = self.mlp(h)
+        fp32_moe = hands_fp32(self.mlp)  # moe_out='fp32': the block's fp32 shared + routed, read unrounded
+        if not fp32_moe:
+            mlp_out = mlp_out.to(lp)
         if carry:
             return ops.carry_add(attn_out, residual, mlp_out, torch.float32 if fp32_sum else lp)
         if fp32_sum:
             return mlp_out.to(torch.float32, copy=True).add_(rounded)
-        return mlp_out + rounded
+        return (mlp_out + rounded).to(lp)
 
     return compat.with_layer_checkpointing(forward)
 
@@ -206,8 +210,11 @@ def align_qwen3_5(body, family: Family, profile: RoundingProfile, regions: tuple
                                        if family.moe else {"mlp": len(found["mlps"])})
         if "rmsnorm" in regions:
             align_zero_centred_layers(found, family, p, chain, _layer_forward, report)
+        moe_fp32 = "rmsnorm" in regions and family.moe and moe_out.fp32_sum(profile, p, family)
+        if moe_fp32 and "router" not in regions:
+            moe_out.align_blocks(moe_blocks(body, family), family, report)
         if "router" in regions:
-            align_router_region(moe_blocks(body, family), family, p, report)
+            align_router_region(moe_blocks(body, family), family, p, report, fp32_out=moe_fp32)
     except BaseException:
         for m in body.modules():
             uninstall(m)
