@@ -26,8 +26,9 @@ Qwen2-MoE's shape: a softmax top-k router that always renormalises, 3-D experts,
 ``shared_expert`` scaled by ``sigmoid(shared_expert_gate(x))`` and added to the routed sum. The
 ``swiglu`` region takes the routed experts' and the shared expert's products (``rla.alignment.swiglu``),
 the opt-in ``router`` region the routing and weighted sum (``rla.alignment.router``, which calls the
-shared expert and its gate as HF does); the shared expert's gate and its add are left as HF computes
-them (:data:`MOE_LEFT_AS_IS` says what each engine does there).
+shared expert and its gate as HF does); the shared expert's gate is left as HF computes it
+(:data:`MOE_LEFT_AS_IS` says what each engine does there), its add to the routed sum is the rows'
+``moe_out`` point (``rla.alignment.moe_out``, with the rmsnorm region).
 """
 
 from __future__ import annotations
@@ -63,13 +64,13 @@ LEFT_AS_IS = [
 
 #: What the alignment of a Qwen3.5 MoE model leaves as it is beyond :data:`LEFT_AS_IS` (docs/families.md).
 MOE_LEFT_AS_IS = [
-    "left as is: the shared expert's gate and add, routed + RN(RN(sigmoid(RN(x W_s))) * shared) on bf16 tensors as HF "
-    "computes them; vLLM 0.26/0.33 compute the same ops (Qwen2MoeMLP.forward with expert_gate, eager inside its opaque "
-    "fused-MoE op in both modes); SGLang 0.5.23 on CUDA fuses the gate's fp32 dot product, sigmoid, product and add "
-    "in one Triton kernel rounded once (fused_gate_sigmoid_mul_add), which no row expresses",
-    "not expressed in the rows: vLLM runs the routed experts' activation inside its fused MoE with the CUDA "
-    "silu_and_mul kernel in both modes (per_op); the aligned experts follow the row's swiglu point, as on Qwen3-MoE "
-    "(under the default-mode rows 'fused')",
+    "left as is: the shared expert's gate, RN(RN(sigmoid(RN(x W_s))) * shared) on bf16 tensors as HF computes it; "
+    "vLLM 0.26/0.33 compute the same ops (Qwen2MoeMLP.forward with expert_gate, eager inside its opaque fused-MoE op in "
+    "both modes) and add the result to the routed sum outside the op (the rows' moe_out point); SGLang 0.5.23 on CUDA "
+    "fuses the gate's fp32 dot product, sigmoid, product and add in one Triton kernel rounded once "
+    "(fused_gate_sigmoid_mul_add), which no row expresses",
+    "vLLM runs the routed experts' activation inside its fused MoE with the CUDA silu_and_mul kernel in both modes "
+    "(per_op): the rows' moe_experts variant, which the aligned routed experts follow",
 ]
 
 
