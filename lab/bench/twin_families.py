@@ -21,7 +21,8 @@ Sides, per family and mode (profile ``vllm-0.33`` / ``vllm-0.33-eager``):
   CPU cannot tell: sqrt(64) = 8);
 - GLM-4 MoE: ``oracle`` with the routed experts' activation ``per_op`` (the twin runs vLLM's CUDA
   ``silu_and_mul`` for them in both modes, as its fused MoE does) and ``oracle+experts-sum-fp32``
-  (the shared + routed sum unrounded into the residual add: the CPU twin's chain);
+  (the shared + routed sum unrounded into the residual add: the CPU twin's chain, which ``vllm-0.33``'s
+  moe_experts variant now says, ``moe_out='fp32'``, so the ``rla`` side has it too);
 - GPT-OSS: ``rla-rope-fp32`` / ``rla-rope-round``: aligned with ``rope_cos_sin='fp32'`` / ``'round'``
   for GPT-OSS (the fp32 YaRN cache cast inside the compiled graph: the CPU twin's default-mode
   finding, which ``vllm-0.33``'s gpt_oss variant now says; in eager mode the cast happens before the
@@ -110,7 +111,7 @@ def sides(name: str, model, prof) -> dict:
 
         pts = at_head_size(Row(dict(SPEC[prof.name]), SPEC[prof.name].fused_head_sizes), model.config.head_dim)
         experts = {**pts, "swiglu": "per_op"}  # vLLM's CUDA silu_and_mul, in both modes
-        out["oracle"] = _oracle_side(spec_forward, model, pts=pts, expert_pts=experts)
+        out["oracle"] = _oracle_side(spec_forward, model, pts=pts, expert_pts=experts, moe_sum_fp32=False)
         out["oracle+experts-sum-fp32"] = _oracle_side(spec_forward, model, pts=pts, expert_pts=experts,
                                                       moe_sum_fp32=True)
     elif name.startswith("gptoss-"):
