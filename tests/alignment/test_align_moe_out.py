@@ -224,3 +224,19 @@ def test_under_the_router_region_the_block_forms_the_fp32_sum_of_the_rows_defini
     assert not torch.equal(want, rounded.float())
     if family == "deepseek_v3":
         assert block.gate.routed_scaling_factor == 2.5 and points.routed_scale == "output"
+
+
+def test_below_the_layout_it_was_written_from_the_blocks_stay_hfs_and_the_report_says_so(monkeypatch):
+    """Qwen2-MoE is aligned on older transformers too, whose MoE blocks are laid out otherwise: there the
+    point is not realised (the blocks stay HF's, the sum rounded) and a note says so."""
+    from packaging.version import Version
+
+    model, ids = tiny_model("qwen2_moe"), _ids()
+    monkeypatch.setattr(compat, "TRANSFORMERS_VERSION", Version("5.5.3"))
+    report = rla.align(model, "vllm-0.33")
+    try:
+        block = next(layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "experts"))
+        assert "_rla_patch" not in block.__dict__ and report.moe_out == ""
+        assert any(n.startswith("not realised: the row's moe_out='fp32'") for n in report.notes)
+    finally:
+        rla.unalign(model)

@@ -24,6 +24,9 @@ import types
 import torch
 import torch.nn.functional as F
 
+from packaging.version import Version
+
+from rla.alignment import compat
 from rla.alignment.families import Family
 from rla.alignment.patch import install, patch_of, uninstall
 from rla.alignment.routed_experts import EXPERTS_KIND
@@ -33,6 +36,10 @@ __all__ = ["FP32_OUT", "fp32_sum", "hands_fp32", "align_blocks", "patch", "unpat
 
 #: Set (to True) on a block whose forward returns the fp32 ``shared + routed`` for the layer's add.
 FP32_OUT = "_rla_moe_fp32_out"
+
+#: The oldest transformers whose MoE blocks the fp32-sum forwards were written from (GLM-4 MoE, DeepSeek-V3
+#: and Qwen3.5 MoE are refused below it; older Qwen2-MoE blocks are left as HF has them, said in a note).
+MIN_TRANSFORMERS = "5.24"
 
 
 def fp32_sum(row: RoundingProfile, p: RoundingProfile, family: Family) -> bool:
@@ -88,7 +95,14 @@ def unpatch(block: torch.nn.Module) -> bool:
 
 
 def align_blocks(blocks: list[torch.nn.Module], family: Family, report) -> None:
-    """Patch each block (the rmsnorm region without the router region) and say so in ``report``."""
+    """Patch each block (the rmsnorm region without the router region) and say so in ``report``; below
+    :data:`MIN_TRANSFORMERS` leave them as HF has them and say that instead."""
+    if compat.TRANSFORMERS_VERSION < Version(MIN_TRANSFORMERS):
+        report.notes.append(f"not realised: the row's moe_out='fp32' ({EXPERTS_KIND} variant): transformers "
+                            f"{compat.TRANSFORMERS_VERSION} lays out {family.model_type}'s MoE blocks otherwise than "
+                            f"rla.alignment.moe_out reads (>= {MIN_TRANSFORMERS}); their shared + routed sum stays "
+                            "rounded, as HF computes it")
+        return
     for block in blocks:
         patch(block, family)
     note(report, len(blocks))
