@@ -59,18 +59,32 @@ class Row(dict):
     row has such a rule (None: at every head size). At any other head size RoPE reads bf16 cos/sin
     with bf16 products (``HEAD_SIZE_POINTS``); :func:`at_head_size` applies it. ``experts_swiglu``:
     the routed experts' swiglu where it is not the row's (:data:`EXPERTS_SWIGLU`; None: the row's);
-    :func:`experts_points` applies it. Equal to a plain dict of the same points (neither rule is a point)."""
+    :func:`experts_points` applies it. ``moe_out``: ``fp32`` where the residual add after an MoE block with
+    shared experts reads their fp32 sum (:data:`MOE_OUT`; None: RN(shared + routed)); :func:`moe_sum_fp32`
+    reads it. Equal to a plain dict of the same points (no rule is a point)."""
 
-    def __init__(self, pts, fused_head_sizes=None, experts_swiglu=None):
+    def __init__(self, pts, fused_head_sizes=None, experts_swiglu=None, moe_out=None):
         super().__init__(pts)
         self.fused_head_sizes = fused_head_sizes
         self.experts_swiglu = experts_swiglu
+        self.moe_out = moe_out
 
 
 #: docs/families.md, "Routed experts", copied as data: vLLM runs an MoE block's routed experts inside its
 #: fused-MoE op, whose activation is the CUDA silu_and_mul in both modes (RN(RN(silu(g)) * u)), so the
 #: default rows' routed experts round per_op while their dense MLPs and shared experts are fused.
 EXPERTS_SWIGLU = {"vllm-0.33": "per_op", "vllm-0.26": "per_op"}
+
+
+#: docs/families.md, "The engine twin of GLM-4 MoE", copied as data: vLLM's compiled graph adds an MoE
+#: block's shared and routed outputs (two bf16 tensors from its opaque op) outside the op, and Inductor fuses
+#: that add into the next residual add, which reads the fp32 sum; the eager rows and SGLang round it.
+MOE_OUT = {"vllm-0.33": "fp32", "vllm-0.26": "fp32"}
+
+
+def moe_sum_fp32(pts: dict) -> bool:
+    """Whether the residual add after an MoE block with shared experts reads their unrounded sum."""
+    return getattr(pts, "moe_out", None) == "fp32"
 
 
 def experts_points(pts: dict) -> dict:
@@ -86,7 +100,7 @@ def experts_points(pts: dict) -> dict:
 SGLANG_FUSED_HEAD_SIZES = (64, 128, 256, 512)
 HEAD_SIZE_POINTS = {"rope_cos_sin": "round", "rope_apply": "per_op"}
 SPEC = {name: Row(dict(zip(POINTS, row)), SGLANG_FUSED_HEAD_SIZES if name == "sglang-0.5.23" else None,
-                 EXPERTS_SWIGLU.get(name))
+                 EXPERTS_SWIGLU.get(name), MOE_OUT.get(name))
         for name, row in SPEC.items()}
 SPEC["vllm"], SPEC["vllm-eager"], SPEC["sglang"] = SPEC["vllm-0.33"], SPEC["vllm-0.33-eager"], SPEC["sglang-0.5.23"]
 
@@ -95,9 +109,10 @@ def at_head_size(pts: dict, head_size: int) -> dict:
     """The points ``pts`` hold for a model with attention head size ``head_size``."""
     sizes = getattr(pts, "fused_head_sizes", None)
     keep = getattr(pts, "experts_swiglu", None)  # the experts' rule survives the head-size rule
+    moe_out = getattr(pts, "moe_out", None)  # and so does the MoE sum's
     if sizes is None or head_size in sizes:
-        return Row(pts, None, keep)
-    return Row({**pts, **HEAD_SIZE_POINTS}, None, keep)
+        return Row(pts, None, keep, moe_out)
+    return Row({**pts, **HEAD_SIZE_POINTS}, None, keep, moe_out)
 
 
 def head_size_of(cfg) -> int:
@@ -114,7 +129,8 @@ REGION_POINTS = {
 def points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
     """The profile's points in ``regions``; HF's own (``hf``) points elsewhere."""
     out = Row(SPEC["hf"], SPEC[profile].fused_head_sizes if "rope" in regions else None,
-              SPEC[profile].experts_swiglu if "swiglu" in regions else None)
+              SPEC[profile].experts_swiglu if "swiglu" in regions else None,
+              SPEC[profile].moe_out if "rmsnorm" in regions else None)  # the residual add's (rmsnorm region)
     for region in regions:
         for point in REGION_POINTS[region]:
             out[point] = SPEC[profile][point]
@@ -371,7 +387,8 @@ def _mlp(mlp, h, pts, arith=ARITH):
     out = _experts(mlp.experts, h2, idx, weights, pts, arith)
     if hasattr(mlp, "shared_expert"):
         shared = _dense_mlp(mlp.shared_expert, h2, pts, arith)
-        out = out + torch.sigmoid(_linear(mlp.shared_expert_gate, h2)) * shared
+        gated = torch.sigmoid(_linear(mlp.shared_expert_gate, h2)) * shared
+        out = out.float() + gated.float() if moe_sum_fp32(pts) else out + gated  # the add's fp32 read, or RN
     return out.reshape(b, s, hid)
 
 

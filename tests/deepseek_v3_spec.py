@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from align_spec import BF16, _dense_mlp, _experts, _linear, at_head_size, head_size_of, rn, spec_cos_sin, spec_norm, \
+from align_spec import BF16, _dense_mlp, _experts, _linear, at_head_size, head_size_of, moe_sum_fp32, rn, spec_cos_sin, spec_norm, \
     spec_rope, spec_rope_params
 
 __all__ = ["CONFIGS", "tiny_deepseek_v3", "spec_forward", "spec_rope_interleaved"]
@@ -128,7 +128,8 @@ def _mlp(mlp, h, pts):
     h2 = h.reshape(-1, hid)
     _, weights, idx = mlp.gate(h2)  # HF's router (the router region's, not aligned here)
     out = _experts(mlp.experts, h2, idx, weights, pts).view(b, s, hid)
-    return out + _dense_mlp(mlp.shared_experts, h, pts)
+    shared = _dense_mlp(mlp.shared_experts, h, pts)
+    return out.float() + shared.float() if moe_sum_fp32(pts) else out + shared  # the add's fp32 read, or RN
 
 
 def _rope_params(cfg, where: torch.device):

@@ -46,7 +46,8 @@ def gemma_points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
     groups = {"rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq", "qk_norm_out"), "swiglu": ("swiglu",),
               "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction", "post_norm_out")}
     out = Row(hf, SPEC[profile].fused_head_sizes if "rope" in regions else None,
-              SPEC[profile].experts_swiglu if "swiglu" in regions else None)  # Qwen3.5 MoE's routed experts
+              SPEC[profile].experts_swiglu if "swiglu" in regions else None,  # Qwen3.5 MoE's routed experts
+              SPEC[profile].moe_out if "rmsnorm" in regions else None)  # and its MoE sum (the add's)
     for region in regions:
         for point in groups[region]:
             out[point] = row[point]

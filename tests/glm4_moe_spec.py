@@ -15,6 +15,7 @@ import transformers
 
 from align_spec import (BF16, _dense_mlp, _experts, _linear, _repeat_kv, at_head_size, head_size_of, rn, spec_norm,
                         spec_rope)
+from align_spec import moe_sum_fp32 as row_moe_sum_fp32
 
 __all__ = ["tiny_glm4_moe", "spec_forward"]
 
@@ -79,15 +80,18 @@ def _mlp(mlp, h, pts, expert_pts=None, moe_sum_fp32=False):
     return out.float() + shared.float() if moe_sum_fp32 else (out + shared).float()
 
 
-def spec_forward(model, input_ids, pts, positions=None, expert_pts=None, moe_sum_fp32: bool = False,
+def spec_forward(model, input_ids, pts, positions=None, expert_pts=None, moe_sum_fp32: bool | None = None,
                  streams=None) -> torch.Tensor:
     """Logits under the points ``pts`` at ``positions`` (default 0..S-1). ``expert_pts``: the points of
     the routed experts' activation when they differ from the dense MLPs' (the engine twin's default
     mode on a CPU runs the routed experts' activation eagerly: ``per_op``); ``moe_sum_fp32``: the sum
     of the routed and shared experts is not rounded before the residual add reads it (what vLLM's
-    compiled graph does with ``MoERunner``'s ``shared_output + fused_output`` on the CPU twin); no row
-    has it. ``streams``: a list that receives the rounded residual stream after each layer."""
+    compiled graph does with ``MoERunner``'s ``shared_output + fused_output`` on the CPU twin; None:
+    the row's, ``align_spec.MOE_OUT``). ``streams``: a list that receives the rounded residual stream after
+    each layer."""
     body, cfg = model.model, model.config
+    if moe_sum_fp32 is None:
+        moe_sum_fp32 = row_moe_sum_fp32(pts)
     pts = at_head_size(pts, head_size_of(cfg))  # the row's head-size rule (align_spec.Row)
     lp = body.embed_tokens.weight.dtype
     eps = cfg.rms_norm_eps

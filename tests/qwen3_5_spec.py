@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import transformers
 
 import router_spec
-from align_spec import BF16, Row, at_head_size, experts_points, head_size_of, rn, spec_rope, spec_swiglu
+from align_spec import BF16, Row, at_head_size, experts_points, head_size_of, moe_sum_fp32, rn, spec_rope, spec_swiglu
 from gemma_spec import gemma_points  # the zero_centred_norm kind's table: Qwen3.5's norms
 from gemma_spec import spec_norm
 
@@ -154,7 +154,7 @@ def spec_moe(block, h, pts, router=None) -> torch.Tensor:
     if router is not None:
         ids, weights = router_spec.route(block, x, router, "softmax")
         return router_spec.block_output(block, x, ids, weights, router, "softmax", "shared_expert", routed_act,
-                                        shared_act=act).reshape(b, s, hid)
+                                        shared_act=act, fp32_out=moe_sum_fp32(pts)).reshape(b, s, hid)
     _, weights, ids = block.gate(x)  # HF's router: not aligned without the router region
     ex, routed = block.experts, torch.zeros_like(x)
     for e in range(ex.num_experts):
@@ -165,7 +165,9 @@ def spec_moe(block, h, pts, router=None) -> torch.Tensor:
             routed.index_add_(0, tok, term)
     sh = block.shared_expert
     shared = F.linear(act(F.linear(x, sh.gate_proj.weight), F.linear(x, sh.up_proj.weight)), sh.down_proj.weight)
-    return (routed + torch.sigmoid(F.linear(x, block.shared_expert_gate.weight)) * shared).reshape(b, s, hid)
+    gated = torch.sigmoid(F.linear(x, block.shared_expert_gate.weight)) * shared
+    out = routed.float() + gated.float() if moe_sum_fp32(pts) else routed + gated  # the add's fp32 read, or RN
+    return out.reshape(b, s, hid)
 
 
 def _norm(v, weight, eps, pts, lp, out=None, after_add=False, mean_square=None):
@@ -191,7 +193,7 @@ def spec_forward(model, input_ids, pts, router=None, *, positions=None, streams=
     body, cfg = model.model, model.config
     # the row's head-size rule (align_spec.Row), then the attention's own points (qwen3_5_points)
     at = at_head_size(pts, head_size_of(cfg))
-    pts = Row({**at, **getattr(pts, "attention", {})}, None, at.experts_swiglu)
+    pts = Row({**at, **getattr(pts, "attention", {})}, None, at.experts_swiglu, at.moe_out)
     lp = body.embed_tokens.weight.dtype
     device = input_ids.device
     where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")

@@ -155,11 +155,13 @@ def _dense(mlp, x: torch.Tensor, act) -> torch.Tensor:
 
 
 def block_output(block, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, points, family_router: str,
-                 shared: str | None, act=None, shared_act=None):
+                 shared: str | None, act=None, shared_act=None, fp32_out: bool = False):
     """The block's output [T, H] from the routes, written from the spec. ``act(gate, up)``: the lp
     gated product of every expert, routed and shared (default: the model's own, ``act_fn(gate) * up``
     on lp tensors, and its shared experts called as modules); ``shared_act``: the shared experts'
-    where it differs from the routed ones' (a row's ``moe_experts`` variant)."""
+    where it differs from the routed ones' (a row's ``moe_experts`` variant). ``fp32_out``
+    (``moe_out='fp32'``, a block with shared experts): the routed sum's ``routed_scale='output'`` product
+    and its add to the shared experts' lp output stay fp32, the value the residual add reads."""
     shared_act = act if shared_act is None else shared_act
     experts, lp = block.experts, x.dtype
     t, k = ids.shape
@@ -198,11 +200,13 @@ def block_output(block, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tenso
             for j in order:
                 out = (out.float() + terms[j].float()).to(lp)
         if scale is not None and points.routed_scale == "output":
-            out = (out.float() * torch.tensor(scale, dtype=torch.float32)).to(lp)
+            out = out.float() * torch.tensor(scale, dtype=torch.float32)
+            out = out if fp32_out and shared is not None else out.to(lp)
         rows.append(out)
     out = torch.stack(rows)
     if shared is not None:
         mlp = getattr(block, shared)
         dense = mlp(x) if shared_act is None else _dense(mlp, x, shared_act)
-        out = out + (F.sigmoid(block.shared_expert_gate(x)) * dense if shared == "shared_expert" else dense)
+        add = F.sigmoid(block.shared_expert_gate(x)) * dense if shared == "shared_expert" else dense
+        out = out.float() + add.float() if fp32_out else out + add
     return out

@@ -24,7 +24,8 @@ Sides, per family and mode (profile ``vllm-0.33`` / ``vllm-0.33-eager``):
   CPU cannot tell: sqrt(64) = 8);
 - GLM-4 MoE: ``oracle`` with the routed experts' activation ``per_op`` (the twin runs vLLM's CUDA
   ``silu_and_mul`` for them in both modes, as its fused MoE does) and ``oracle+experts-sum-fp32``
-  (the shared + routed sum unrounded into the residual add: the CPU twin's chain);
+  (the shared + routed sum unrounded into the residual add: the CPU twin's chain, which ``vllm-0.33``'s
+  moe_experts variant now says, ``moe_out='fp32'``, so the ``rla`` side has it too);
 - Qwen3.5: ``oracle`` (tests/qwen3_5_spec.py under the row's Qwen3.5 points: what ``rla.align`` computes, the
   output gate as HF rounds it, left as is) and ``oracle+gate-once`` (``attn * sigmoid(gate)`` rounded once: the
   CPU twin's default-mode finding, Inductor's fused sigmoid * mul; in eager mode the gate is two PyTorch ops, so
@@ -124,7 +125,7 @@ def sides(name: str, model, prof) -> dict:
 
         pts = at_head_size(Row(dict(SPEC[prof.name]), SPEC[prof.name].fused_head_sizes), model.config.head_dim)
         experts = {**pts, "swiglu": "per_op"}  # vLLM's CUDA silu_and_mul, in both modes
-        out["oracle"] = _oracle_side(spec_forward, model, pts=pts, expert_pts=experts)
+        out["oracle"] = _oracle_side(spec_forward, model, pts=pts, expert_pts=experts, moe_sum_fp32=False)
         out["oracle+experts-sum-fp32"] = _oracle_side(spec_forward, model, pts=pts, expert_pts=experts,
                                                       moe_sum_fp32=True)
     elif name.startswith("qwen35-"):

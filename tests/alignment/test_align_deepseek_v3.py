@@ -134,7 +134,9 @@ def test_all_four_regions_and_the_report():
         assert torch.equal(model(ids).logits, before)
     assert report.counts["rope"] == {"rotary_emb": 1, "MLA self_attn (rope half)": 2}
     assert report.counts["swiglu"] == {"mlp": 1, "experts": 1, "shared_expert": 1}
-    assert report.counts["rmsnorm"] == {"decoder layers": 2, "RMSNorm": 5, "q_a/kv_a_layernorm (MLA)": 4}
+    assert report.counts["rmsnorm"] == {"decoder layers": 2, "RMSNorm": 5, "q_a/kv_a_layernorm (MLA)": 4,
+                                        "MoE blocks (fp32 shared + routed)": 1}  # vllm's moe_out='fp32'
+    assert report.moe_out == "fp32"
     assert report.counts["router"] == {"MoE blocks": 1}
     text = str(report)
     assert "left as is: MLA's attention kernel and its softmax scale" in text

@@ -103,13 +103,13 @@ def test_shared_experts_and_dense_mlps_keep_the_row():
 def test_the_variant_is_data_with_evidence():
     for name in DEFAULT_ROWS:
         row = profiles.get(name)
-        assert row.variants["moe_experts"] == {"swiglu": "per_op"}
+        assert row.variants["moe_experts"] == {"swiglu": "per_op", "moe_out": "fp32"}  # moe_out: test_align_moe_out.py
         ev = row.variant_evidence["moe_experts"]["swiglu"]
         assert ev.evidence == "source" and "apply_moe_activation" in ev.note and "silu_and_mul" in ev.note
         v = row.variant("moe_experts")
         assert v.name == f"{name}/moe_experts" and v.swiglu == "per_op" and v.calibration is None
         again = profiles.from_dict(profiles.to_dict(row))
-        assert again.variants["moe_experts"] == {"swiglu": "per_op"}
+        assert again.variants["moe_experts"] == {"swiglu": "per_op", "moe_out": "fp32"}
     # rows whose routed experts already round as their dense MLPs: the row itself
     for name in ("vllm-0.33-eager", "vllm-0.26-eager", "sglang-0.5.23", "hf", "rla"):
         row = profiles.get(name)
@@ -121,9 +121,9 @@ def test_variant_on_applies_the_kind_after_the_familys():
     fam = row.variant("qwen3_5")
     pe = row.variant_on("moe_experts", fam)
     assert pe.name == f"{fam.name}/moe_experts"
-    assert pe.points() == {**fam.points(), "swiglu": "per_op"}
-    # a kind whose value the family's variant already holds changes nothing
-    same = fam.replace(name="per_op_everywhere", swiglu="per_op")
+    assert pe.points() == {**fam.points(), "swiglu": "per_op"} and pe.moe_out == "fp32"  # and its variant point
+    # a kind whose values the family's variant already holds changes nothing
+    same = fam.replace(name="per_op_everywhere", swiglu="per_op", moe_out="fp32")
     assert row.variant_on("moe_experts", same) is same
     with pytest.raises(ValueError, match="unknown variant 'experts'"):
         row.variant_on("experts", fam)

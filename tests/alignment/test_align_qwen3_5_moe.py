@@ -92,7 +92,9 @@ def test_report_says_what_is_aligned_and_left_and_backward_reaches_the_experts(m
     assert grads and all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads.values())
     assert report.counts["swiglu"] == {"experts": 3, "shared_expert": 3}
     assert report.counts["router"] == {"MoE blocks": 3}
-    assert report.counts["rmsnorm"] == {"decoder layers": 3, "zero-centred RMSNorm": 7, "q_norm/k_norm": 2}
+    assert report.counts["rmsnorm"] == {"decoder layers": 3, "zero-centred RMSNorm": 7, "q_norm/k_norm": 2,
+                                        "MoE blocks (fp32 shared + routed)": 3}  # vllm's moe_out='fp32'
+    assert report.moe_out == "fp32" and "moe_out='fp32'" in str(report)
     text = str(report)
     assert "2 of 3 layers are linear attention" in text and "fused_gate_sigmoid_mul_add" in text
     assert "silu_and_mul" in text and "left as is: the router" not in text

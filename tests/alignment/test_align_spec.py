@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from align_spec import FAMILIES, PROFILES, SPEC, single_thread, spec_forward, tiny_model, tokens  # noqa: F401
+from align_spec import FAMILIES, MOE_OUT, PROFILES, SPEC, single_thread, spec_forward, tiny_model, tokens  # noqa: F401
 
 
 def test_spec_table_is_rla_profiles():
@@ -13,6 +13,7 @@ def test_spec_table_is_rla_profiles():
     assert tuple(names()) == PROFILES
     for name in PROFILES:
         assert get(name).points() == SPEC[name]
+        assert get(name).variant("moe_experts").moe_out == (MOE_OUT.get(name) or "round"), name
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -24,9 +24,11 @@ def test_the_code_the_evidence_read_is_in_the_wheel(request, which, row):
     prov = vllm_moe.check_facts(pkg)
     assert len(prov) == len(vllm_moe.FACTS)
     assert all(p["file"].startswith(str(Path(wheel).resolve()) + "!vllm/") for p in prov.values())
-    note = profiles.get(row).variant_evidence["moe_experts"]["swiglu"].note
-    for fact in vllm_moe.FACTS:  # the note names what each fact checks
-        where = fact.function.split(".")[-1] or Path(fact.file).name
+    notes = {kind: profiles.get(row).variant_evidence["moe_experts"][point].note
+             for kind, point in (("moe_experts", "swiglu"), ("moe_out", "moe_out"))}
+    assert {f.family for f in vllm_moe.FACTS} == set(notes)
+    for fact in vllm_moe.FACTS:  # the note of the fact's point names what each fact checks
+        where, note = fact.function.split(".")[-1] or Path(fact.file).name, notes[fact.family]
         assert where in note or Path(fact.file).stem in note, (row, fact.function, fact.file)
 
 

@@ -13,11 +13,11 @@ the training side. Two claims per family:
   (GLM-4 MoE's dense layers), otherwise the family's oracle (``tests/*_spec.py``) with the chains
   the compiled graph adds, each shown to be needed, and every point that matters flipped breaks it.
 
-What the default-mode twin found on the CPU, where no row has it yet: Gemma 3's post-attention and
-post-feed-forward norms hand the add after them their unrounded output; GLM-4 MoE's
-``shared + routed`` experts sum is read unrounded by the residual add; GPT-OSS's fp32 YaRN cache,
-cast to bf16 inside the graph, is read unrounded by RoPE (the ``rope_cos_sin='fp32'`` of the
-vllm-0.26 row's gpt_oss variant). The GPU run (lab/bench/engine_twin_h200.py) says whether Triton
+What the default-mode twin found on the CPU, now in the rows' variants: Gemma 3's post-attention and
+post-feed-forward norms hand the add after them their unrounded output (``post_norm_out``); GLM-4
+MoE's ``shared + routed`` experts sum is read unrounded by the residual add (``moe_out``, the
+moe_experts variant); GPT-OSS's fp32 YaRN cache, cast to bf16 inside the graph, is read unrounded by
+RoPE (the ``rope_cos_sin='fp32'`` of the gpt_oss variant). The GPU run (lab/bench/engine_twin_h200.py) says whether Triton
 does the same. Without CUDA the routed experts' activation (a CUDA kernel in every mode of the
 engine) runs vLLM's native op eagerly, so the default-mode MoE rows here use ``swiglu='per_op'`` for
 the routed experts: a stand-in, said by the twin's docstring.
@@ -177,12 +177,19 @@ def test_glm4_moe_default_twin_of_dense_layers_is_the_row_bit_for_bit(vllm_engin
         assert _side(model, _flip(base, point), out).logits_equal < 1.0, point
 
 
-def test_glm4_moe_default_twin_reads_the_experts_sum_unrounded(vllm_engine):
+@pytest.mark.parametrize("qk_norm", [True, False], ids=["qk_norm", "no_qk_norm"])
+def test_glm4_moe_default_twin_reads_the_experts_sum_unrounded(vllm_engine, qk_norm):
     """With MoE layers the compiled graph adds the shared and routed experts' outputs (outside the
     opaque MoE op, ``MoERunner.forward``) inside the next residual add: the oracle with that sum
     unrounded equals the twin bit for bit, with it rounded it does not; the routed experts'
-    activation is the native op run eagerly (``per_op``), the shared expert's compiled (``fused``)."""
-    model = tiny_glm4_moe(dense_layers=0)
+    activation is the native op run eagerly (``per_op``, the row's moe_experts variant), the shared
+    expert's compiled (``fused``). ``rla.align(model, "vllm-0.33")``, whose moe_experts variant has
+    ``moe_out='fp32'``, equals the twin bit for bit, logits and every layer; the row with that point
+    rounded (the row before it had the point) does not, from the first layer on. (With a dense layer
+    before them, ``dense_layers=1``, ~1% of the first layer's stream differs at these inputs from the
+    oracle and the aligned row alike, which agree with each other: a difference of the compiled dense
+    layer, not of this point, not located yet.)"""
+    model = tiny_glm4_moe(qk_norm=qk_norm, dense_layers=0)
     out = _twin(model, vllm_engine, "default")
     pts = at_head_size(Row(dict(SPEC["vllm-0.33"]), SPEC["vllm-0.33"].fused_head_sizes), 32)
     experts = {**pts, "swiglu": "per_op"}
@@ -194,7 +201,12 @@ def test_glm4_moe_default_twin_reads_the_experts_sum_unrounded(vllm_engine):
 
     assert _equal(out, *oracle(moe_sum_fp32=True))
     assert not torch.equal(out.logits, oracle(moe_sum_fp32=False)[0].reshape(out.logits.shape))
-    assert _side(model, "vllm-0.33", out).logits_equal < 1.0
+    row = profiles.get("vllm-0.33")
+    assert row.variant("moe_experts").moe_out == "fp32"  # the row's moe_experts variant, which this measures
+    assert _exact(_side(model, "vllm-0.33", out))
+    rounded = row.replace_variant("moe_experts", name="vllm-0.33-moe-out-round", moe_out="round")
+    before = _side(model, rounded, out)
+    assert before.logits_equal < 1.0 and before.first_diverging_layer() == 0
 
 
 # -- GPT-OSS ---------------------------------------------------------------------------------------

@@ -63,8 +63,9 @@ def test_a_kind_that_extends_another_applies_that_kinds_points_first():
 
 
 def test_every_row_states_post_norm_out_for_the_kinds_that_have_it_with_evidence():
-    assert profiles.VARIANT_POINTS == {"post_norm_out": ("round", "fp32")}
-    assert profiles.VARIANT_POINT_KINDS == {"post_norm_out": ("zero_centred_norm", "gemma4")}
+    assert profiles.VARIANT_POINTS == {"post_norm_out": ("round", "fp32"), "moe_out": ("round", "fp32")}
+    assert profiles.VARIANT_POINT_KINDS == {"post_norm_out": ("zero_centred_norm", "gemma4"),
+                                            "moe_out": ("moe_experts",)}
     want = {"vllm-0.33": "fp32", "vllm-0.26": "fp32"}  # the compiled graph (docs/families.md); every other rounds
     for name in profiles.names():
         row = profiles.get(name)
@@ -76,6 +77,35 @@ def test_every_row_states_post_norm_out_for_the_kinds_that_have_it_with_evidence
         assert "post_norm_out" not in row.points()
     assert profiles.get("vllm-0.33").variant_evidence["zero_centred_norm"]["post_norm_out"].evidence == "native_compiled"
     assert profiles.get("vllm-0.33").variant_evidence["gemma4"]["post_norm_out"].evidence == "source"
+
+
+def test_every_engine_row_states_moe_out_for_moe_blocks_with_evidence():
+    """The MoE block's shared + routed sum: unrounded into the residual add in vLLM's compiled graph
+    (the default rows), rounded by vLLM's eager mode and SGLang (docs/families.md, GLM-4 MoE); hf and
+    rla state nothing (HF's block rounds it: the default)."""
+    want = {"vllm-0.33": "fp32", "vllm-0.26": "fp32", "vllm-0.33-eager": "round", "vllm-0.26-eager": "round",
+            "sglang-0.5.23": "round"}
+    for name in profiles.names():
+        row = profiles.get(name)
+        assert row.moe_out == "round" and "moe_out" not in row.points(), name  # not one of the row's points
+        assert row.variant("moe_experts").moe_out == want.get(name, "round"), name
+        if name in want:
+            ev = row.variant_evidence["moe_experts"]["moe_out"]
+            assert row.variants["moe_experts"]["moe_out"] == want[name], name
+            read = "MoERunner.forward" if name.startswith("vllm") else "Glm4MoeSparseMoeBlock.forward_normal"
+            assert read in ev.note, name
+        else:
+            assert "moe_out" not in row.variants.get("moe_experts", {}), name
+    ev = profiles.get("vllm-0.33").variant_evidence["moe_experts"]["moe_out"]
+    assert ev.evidence == "native_compiled" and ev.matched == 1.0 and "test_glm4_moe_default_twin" in ev.note
+    assert profiles.get("vllm-0.26").variant_evidence["moe_experts"]["moe_out"].evidence == "native_compiled"
+    # a kind without the point may not set it; the point has only its two choices
+    with pytest.raises(ValueError, match="variant 'gpt_oss' sets 'moe_out', a point only the kinds"):
+        profiles.get("vllm-0.33").replace_variant("gpt_oss", moe_out="fp32")
+    with pytest.raises(ValueError, match="moe_out='fp16'"):
+        profiles.get("vllm-0.33").replace_variant("moe_experts", moe_out="fp16")
+    again = profiles.from_dict(profiles.to_dict(profiles.get("vllm-0.33")))
+    assert again.variant("moe_experts").moe_out == "fp32"
 
 
 def test_a_kind_without_the_point_does_not_take_it():

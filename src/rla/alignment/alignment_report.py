@@ -56,6 +56,10 @@ class AlignmentReport:
     """The rows' variant whose points hold for the routed experts' gated product (``moe_experts``:
     the engine runs them inside its fused-MoE op) where it changes a point of :meth:`ran`; empty
     otherwise. The table's swiglu row prints both values."""
+    moe_out: str = ""
+    """``fp32`` where the MoE blocks hand the residual add their fp32 shared + routed sum (the row's
+    ``moe_experts`` variant point ``moe_out``, ``rla.alignment.moe_out``); empty otherwise (the sum rounded,
+    HF's). The table's rmsnorm row prints it."""
     head_size: int | None = None
     """The model's attention head size where the row's points depend on it
     (``RoundingProfile.conditions``) and differ there; the table prints the points that ran."""
@@ -102,6 +106,8 @@ class AlignmentReport:
                 rounding = _rounding(self.ran(), region)
                 if region == "swiglu" and self.experts_variant:
                     rounding += f"; routed experts {_rounding(self.ran_experts(), region)} ({self.experts_variant})"
+                if region == "rmsnorm" and self.moe_out:
+                    rounding += f"; MoE shared + routed {self.moe_out} (moe_out)"
                 rows.append((region, what, rounding))
             else:
                 rows.append((region, "not aligned (model's own code)", ""))

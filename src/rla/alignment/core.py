@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from packaging.version import Version
 
-from rla.alignment import compat, gemma, gemma4, liger, mla, qwen3_5
+from rla.alignment import compat, gemma, gemma4, liger, mla, moe_out, qwen3_5
 from rla.alignment.alignment_report import AlignmentReport
 from rla.alignment.families import FAMILIES, Family, class_named, get_family
 from rla.alignment.patch import foreign_wrapper, install, patch_of, uninstall
@@ -377,8 +377,11 @@ def align(
             if found.latent_norms:
                 counts["q_a/kv_a_layernorm (MLA)"] = len(found.latent_norms)
             report.counts["rmsnorm"] = counts
+        moe_fp32 = "rmsnorm" in regions and moe_out.fp32_sum(row_at_head, p, family)  # the add reads the fp32 sum
+        if moe_fp32 and "router" not in regions:
+            moe_out.align_blocks(moe_blocks(body, family), family, report)
         if "router" in regions:
-            align_router_region(routers, family, p, report)
+            align_router_region(routers, family, p, report, fp32_out=moe_fp32)
         liger.check_after(body, found, regions)
     except BaseException:
         for m in body.modules():

@@ -26,8 +26,9 @@ Qwen2-MoE's shape: a softmax top-k router that always renormalises, 3-D experts,
 ``shared_expert`` scaled by ``sigmoid(shared_expert_gate(x))`` and added to the routed sum. The
 ``swiglu`` region takes the routed experts' and the shared expert's products (``rla.alignment.swiglu``),
 the opt-in ``router`` region the routing and weighted sum (``rla.alignment.router``, which calls the
-shared expert and its gate as HF does); the shared expert's gate and its add are left as HF computes
-them (:data:`MOE_LEFT_AS_IS` says what each engine does there).
+shared expert and its gate as HF does); the shared expert's gate is left as HF computes it
+(:data:`MOE_LEFT_AS_IS` says what each engine does there), its add to the routed sum is the rows'
+``moe_out`` point (``rla.alignment.moe_out``, with the rmsnorm region).
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ import types
 import torch
 
 from rla import ops
-from rla.alignment import compat
+from rla.alignment import compat, moe_out
 from rla.alignment.families import Family, class_named
 from rla.alignment.gemma import align_zero_centred_layers, zero_centred_variant
 from rla.alignment.patch import install, uninstall, with_globals
+from rla.alignment.moe_out import hands_fp32
 from rla.alignment.rmsnorm import layer_start, residual_source
 from rla.alignment.rope import make_apply_partial_rotary
 from rla.alignment.router import align_router_region, moe_blocks
@@ -63,13 +65,13 @@ LEFT_AS_IS = [
 
 #: What the alignment of a Qwen3.5 MoE model leaves as it is beyond :data:`LEFT_AS_IS` (docs/families.md).
 MOE_LEFT_AS_IS = [
-    "left as is: the shared expert's gate and add, routed + RN(RN(sigmoid(RN(x W_s))) * shared) on bf16 tensors as HF "
-    "computes them; vLLM 0.26/0.33 compute the same ops (Qwen2MoeMLP.forward with expert_gate, eager inside its opaque "
-    "fused-MoE op in both modes); SGLang 0.5.23 on CUDA fuses the gate's fp32 dot product, sigmoid, product and add "
-    "in one Triton kernel rounded once (fused_gate_sigmoid_mul_add), which no row expresses",
-    "not expressed in the rows: vLLM runs the routed experts' activation inside its fused MoE with the CUDA "
-    "silu_and_mul kernel in both modes (per_op); the aligned experts follow the row's swiglu point, as on Qwen3-MoE "
-    "(under the default-mode rows 'fused')",
+    "left as is: the shared expert's gate, RN(RN(sigmoid(RN(x W_s))) * shared) on bf16 tensors as HF computes it; "
+    "vLLM 0.26/0.33 compute the same ops (Qwen2MoeMLP.forward with expert_gate, eager inside its opaque fused-MoE op in "
+    "both modes) and add the result to the routed sum outside the op (the rows' moe_out point); SGLang 0.5.23 on CUDA "
+    "fuses the gate's fp32 dot product, sigmoid, product and add in one Triton kernel rounded once "
+    "(fused_gate_sigmoid_mul_add), which no row expresses",
+    "vLLM runs the routed experts' activation inside its fused MoE with the CUDA silu_and_mul kernel in both modes "
+    "(per_op): the rows' moe_experts variant, which the aligned routed experts follow",
 ]
 
 
@@ -163,12 +165,15 @@ def _layer_forward(profile: RoundingProfile, index: int, names, defaults):
         norm = self.post_attention_layernorm
         h, rounded = ops.add_rms_norm(attn_out, residual, norm.weight, norm.eps, profile, weight_offset=1.0,
                                       residual_source=residual_source(hidden_states, residual, reads_sum))
-        mlp_out = self.mlp(h).to(lp)
+        mlp_out = self.mlp(h)
+        fp32_moe = hands_fp32(self.mlp)  # moe_out='fp32': the block's fp32 shared + routed, read unrounded
+        if not fp32_moe:
+            mlp_out = mlp_out.to(lp)
         if carry:
             return ops.carry_add(attn_out, residual, mlp_out, torch.float32 if fp32_sum else lp)
         if fp32_sum:
             return mlp_out.to(torch.float32, copy=True).add_(rounded)
-        return mlp_out + rounded
+        return (mlp_out + rounded).to(lp)
 
     return compat.with_layer_checkpointing(forward)
 
@@ -207,8 +212,11 @@ def align_qwen3_5(body, family: Family, profile: RoundingProfile, regions: tuple
                                        if family.moe else {"mlp": len(found["mlps"])})
         if "rmsnorm" in regions:
             align_zero_centred_layers(found, family, p, chain, _layer_forward, report)
+        moe_fp32 = "rmsnorm" in regions and family.moe and moe_out.fp32_sum(profile, p, family)
+        if moe_fp32 and "router" not in regions:
+            moe_out.align_blocks(moe_blocks(body, family), family, report)
         if "router" in regions:
-            align_router_region(moe_blocks(body, family), family, p, report)
+            align_router_region(moe_blocks(body, family), family, p, report, fp32_out=moe_fp32)
     except BaseException:
         for m in body.modules():
             uninstall(m)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rla.alignment import core
+from rla.alignment import core, moe_out
 from rla.alignment.router import moe_blocks, patch_block, state_of, unpatch_block
 
 __all__ = ["replay_routes", "capture_routes", "routes_from_records", "RouteCapture", "RoutesMissingError",
@@ -50,16 +50,19 @@ def _states(model):
         for i, block in enumerate(blocks):
             state = state_of(block)
             if state is None:
-                state = patch_block(block, family, None, i)
-                added.append(block)
+                fp32 = moe_out.unpatch(block)  # moe_out='fp32' without the router region: the routed forward's sum
+                added.append((block, fp32))
+                state = patch_block(block, family, None, i, fp32_out=fp32)
             states.append(state)
         yield states
     finally:
         for state in states:
             state.replay = None
             state.capture = None
-        for block in added:
+        for block, fp32 in added:
             unpatch_block(block)
+            if fp32:
+                moe_out.patch(block, family)
 
 
 @dataclass

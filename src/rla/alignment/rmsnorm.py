@@ -48,6 +48,7 @@ import torch
 
 from rla import ops
 from rla.alignment import compat
+from rla.alignment.moe_out import hands_fp32
 from rla.alignment.patch import install
 from rla.profiles import RoundingProfile
 
@@ -218,7 +219,9 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, i
         extra = ()
         if isinstance(mlp_out, tuple):  # an MoE block that also returns router logits
             mlp_out, *extra = mlp_out
-        mlp_out = mlp_out.to(lp)
+        fp32_moe = hands_fp32(self.mlp)  # moe_out='fp32': the block's fp32 shared + routed, read unrounded
+        if not fp32_moe:
+            mlp_out = mlp_out.to(lp)
         if carry:  # fp32_carry: the MLP's add reads the fp32 a + r, rebuilt from the two lp
             # tensors in one fused read (as Inductor recomputes it in the consumer kernel):
             # (a + r) + h, rounded here unless the next norm reads the fp32 sum
@@ -228,6 +231,8 @@ def _make_layer_forward(profile: RoundingProfile, index: int, names, defaults, i
             out = mlp_out.to(torch.float32, copy=True).add_(rounded)
         else:  # an lp add computes in fp32 and rounds once: RN(x + r)
             out = mlp_out + rounded
+            if fp32_moe:
+                out = out.to(lp)
         return (out, *extra) if extra and keep_router else out
 
     return compat.with_layer_checkpointing(forward)

@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from rla.alignment.families import Family, class_named
+from rla.alignment.moe_out import FP32_OUT
+from rla.alignment.moe_out import note as note_fp32
 from rla.alignment.patch import install, patch_of, uninstall
 from rla.ops import routing
 from rla.profiles import RoundingProfile, RouterPoints
@@ -61,6 +63,9 @@ class RouterState:
     """While capturing: the list each forward appends ``(ids, weights)`` to (detached, on the forward's
     device: a copy to the host here would wait for the GPU once per block and forward; the
     reader moves them, :meth:`rla.alignment.replay.RouteCapture.ids`)."""
+    fp32_out: bool = False
+    """``moe_out='fp32'`` (``rla.alignment.moe_out``): the block returns ``routed + shared`` in fp32 for the
+    layer's add, the routed sum's ``routed_scale='output'`` scale applied in fp32 too."""
 
 
 def moe_blocks(body: torch.nn.Module, family: Family) -> list[torch.nn.Module]:
@@ -189,7 +194,13 @@ def _block_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     _, weights, ids = self.gate(x)  # the patched gate (_gate_forward): its hooks see the aligned router
     outputs = _expert_outputs(self.experts, x, ids, state.points)
     scale = getattr(self.gate, "routed_scaling_factor", None) if state.family.router == "sigmoid_grouped" else None
-    out = routing.combine(outputs, weights, ids, state.points, x.dtype, scale=scale)
+    if state.fp32_out:  # moe_out='fp32': the op's lp sum, its output scale and the shared add in the add's fp32
+        late = scale is not None and state.points.routed_scale == "output"
+        out = routing.combine(outputs, weights, ids, state.points, x.dtype, scale=None if late else scale).float()
+        if late:
+            out = out * torch.tensor(scale, dtype=torch.float32)
+    else:
+        out = routing.combine(outputs, weights, ids, state.points, x.dtype, scale=scale)
     name = state.family.shared_expert
     if name == "shared_expert":  # Qwen2-MoE: a sigmoid-gated dense expert
         shared = self.shared_expert(x)
@@ -214,11 +225,18 @@ def check_router(block: torch.nn.Module, family: Family) -> None:
         raise NotImplementedError(f"rla.align 'router' region: {type(block).__name__}.gate has a bias")
 
 
-def patch_block(block: torch.nn.Module, family: Family, points: RouterPoints | None, layer: int) -> RouterState:
-    """Install the routed forward on one block (``points`` None: HF's own values)."""
+def patch_block(block: torch.nn.Module, family: Family, points: RouterPoints | None, layer: int,
+                fp32_out: bool = False) -> RouterState:
+    """Install the routed forward on one block (``points`` None: HF's own values; ``fp32_out``: it hands
+    the layer's add the fp32 ``routed + shared``, ``moe_out='fp32'``)."""
     check_router(block, family)
-    state = RouterState(hf_router_points(block, family) if points is None else points, family, layer)
-    install(block, "moe", {"forward": types.MethodType(_block_forward, block), STATE_ATTR: state})
+    fp32_out = fp32_out and family.shared_expert is not None
+    state = RouterState(hf_router_points(block, family) if points is None else points, family, layer,
+                        fp32_out=fp32_out)
+    attrs = {"forward": types.MethodType(_block_forward, block), STATE_ATTR: state}
+    if fp32_out:
+        attrs[FP32_OUT] = True
+    install(block, "moe", attrs)
     try:
         install(block.gate, "router", {"forward": types.MethodType(_gate_forward, block.gate), STATE_ATTR: state})
     except BaseException:
@@ -233,18 +251,23 @@ def unpatch_block(block: torch.nn.Module) -> None:
     uninstall(block)
 
 
-def align_routers(blocks: list[torch.nn.Module], family: Family, profile: RoundingProfile) -> int:
+def align_routers(blocks: list[torch.nn.Module], family: Family, profile: RoundingProfile,
+                  fp32_out: bool = False) -> int:
     """Patch each MoE block's forward; returns how many blocks use HF's own values (no router points)."""
     for i, block in enumerate(blocks):
-        patch_block(block, family, profile.router, i)
+        patch_block(block, family, profile.router, i, fp32_out)
     return len(blocks) if profile.router is None else 0
 
 
-def align_router_region(blocks: list[torch.nn.Module], family: Family, profile: RoundingProfile, report) -> None:
+def align_router_region(blocks: list[torch.nn.Module], family: Family, profile: RoundingProfile, report,
+                        fp32_out: bool = False) -> None:
     """The router region of an alignment: patch ``blocks`` and say so in ``report`` (its counts, and a
-    note when ``profile`` has no router points, so the blocks keep HF's own values)."""
-    own = align_routers(blocks, family, profile)
+    note when ``profile`` has no router points, so the blocks keep HF's own values). ``fp32_out``: the
+    blocks hand the layer's add their fp32 sum (``moe_out='fp32'``, the rmsnorm region aligned too)."""
+    own = align_routers(blocks, family, profile, fp32_out)
     report.counts["router"] = {"MoE blocks": len(blocks)}
+    if fp32_out and family.shared_expert is not None:
+        note_fp32(report, len(blocks))
     if own:
         report.notes.append(
             f"profile {profile.name!r} has no router points: the router region keeps HF's own values "

@@ -220,7 +220,8 @@ def _engine_side(engine, args):
 #: what it is, and the variant kind, point and value that say it (None: no point says it yet).
 _CHAINS = {"gemma3_text": ("the post-attention / post-feed-forward norms' outputs unrounded into the adds "
                            "(post_norm_out='fp32')", ("zero_centred_norm", "post_norm_out", "fp32")),
-           "glm4_moe": ("the shared + routed experts' sum unrounded into the residual add", None),
+           "glm4_moe": ("the shared + routed experts' sum unrounded into the residual add (moe_out='fp32')",
+                        ("moe_experts", "moe_out", "fp32")),
            "gpt_oss": ("the fp32 YaRN cache read unrounded by RoPE (rope_cos_sin='fp32')",
                        ("gpt_oss", "rope_cos_sin", "fp32"))}
 

@@ -104,6 +104,10 @@ FACTS = (
          "the fused kernel rotates the first rotary_dim dims; which kernel runs is chosen by the head size"),
     Fact("glm4_moe", _M + "glm4_moe.py", "Glm4MoeGate.__init__", "dtype=torch.float32",
          "its router's weight and logits are fp32 (the router region, left as is for GLM-4 MoE)"),
+    Fact("glm4_moe", _M + "glm4_moe.py", "Glm4MoeSparseMoeBlock.forward_normal",
+         "torch.add(final_hidden_states, shared_output, out=final_hidden_states_out)",
+         "the shared + routed sum is an eager bf16 add, stored before the next fused add + norm reads it "
+         "(the row's moe_out='round')"),
     # Qwen3.5 dense (srt/models/qwen3_5.py)
     Fact("qwen3_5", _M + "qwen3_5.py", "Qwen3_5AttentionDecoderLayer._prepare_qkv_gate",
          "if _is_cuda and self.attn_output_gate: return self.forward_prepare_cuda_fused(",

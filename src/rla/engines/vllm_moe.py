@@ -1,5 +1,5 @@
 """vLLM's fused-MoE path, read from its wheel (never copied): the evidence of the rows' ``moe_experts``
-variant (docs/families.md, "Routed experts").
+variant (docs/families.md, "Routed experts"), and of its variant point ``moe_out``.
 
 The default rows' ``swiglu=fused`` was measured on dense MLPs, where Inductor fuses ``silu(g) * u``. An
 MoE block's routed experts run elsewhere: inside ``torch.ops.vllm.moe_forward`` (a custom op Inductor
@@ -7,9 +7,12 @@ does not trace into), whose Triton experts (the backend vLLM picks first on SM90
 ``silu_and_mul`` between their two GEMMs in both modes -- the kernel the eager rows measured
 ``per_op``. The shared experts run inside the same op as their MLP module, whose ``SiluAndMul``
 vLLM compiles alone with Inductor (``CustomOp.maybe_compile``): fused, the row's value.
-:data:`FACTS` holds each link, :func:`check_facts` checks them against the package in hand (0.33.0
-and 0.26.0 say the same), so a vLLM that changed them fails loudly instead of leaving the variant
-standing on nothing.
+The op returns the shared and routed outputs apart; ``MoERunner.forward`` adds them in the model's
+graph, outside the op, and the decoder layer's next fused add + norm (compiled in the same piece)
+reads that sum: Inductor fuses the two adds, so the residual add reads it unrounded (``moe_out``,
+facts of the family ``moe_out``). :data:`FACTS` holds each link, :func:`check_facts` checks them
+against the package in hand (0.33.0 and 0.26.0 say the same), so a vLLM that changed them fails
+loudly instead of leaving the variant standing on nothing.
 """
 
 from __future__ import annotations
@@ -53,6 +56,21 @@ FACTS = (
          "return self.maybe_compile(self.forward_native, enable=compile_native)",
          "a disabled CustomOp inside an opaque op runs its native forward compiled alone: the shared "
          "experts' silu * up fused, the row's value"),
+    Fact("moe_out", _FM + "runner/moe_runner.py", "_moe_forward_shared_fake", "return shared_out, fused_out",
+         "with shared experts the op (moe_forward_shared) returns the shared and routed outputs apart"),
+    Fact("moe_out", _FM + "runner/moe_runner.py", "MoERunner.forward",
+         "if shared_output is not None: result = shared_output + fused_output",
+         "the runner adds the two lp outputs after the op, in the model's compiled graph"),
+    Fact("moe_out", _M + "glm4_moe.py", "Glm4MoE.__init__", "shared_experts=self.shared_experts,",
+         "GLM-4 MoE hands the runner its shared experts"),
+    Fact("moe_out", _M + "glm4_moe.py", "Glm4MoeDecoderLayer.forward",
+         "hidden_states, residual = self.input_layernorm(hidden_states, residual)",
+         "the next layer's fused add + norm reads the block's output (in the same compiled piece)"),
+    Fact("moe_out", _M + "deepseek_v2.py", "DeepseekV2MoE.__init__", "shared_experts=self.shared_experts,",
+         "DeepSeek-V2/V3 hand the runner their shared experts"),
+    Fact("moe_out", _M + "qwen3_next.py", "Qwen3NextSparseMoeBlock.__init__",
+         "reduce_results=False, expert_gate=self.shared_expert_gate,",
+         "Qwen3-Next's and Qwen3.5 MoE's shared expert is Qwen2-MoE's gated MLP, its output left for the runner's sum"),
 )
 
 

@@ -63,8 +63,8 @@ VARIANTS: dict[str, str] = {
     "gemma4": "Gemma 4's RMSNorm (HF: x * rstd * w rounded once) and its layers' adds",
     "gemma4_ple": "Gemma 4's per-layer-input gate gelu_tanh(g) * p, written as two PyTorch ops (the swiglu point)",
     "qwen3_5": "Qwen3.5's zero-centred norms and its gated attention's q/k norms and partial RoPE (one kernel)",
-    "moe_experts": "routed experts' silu(gate) * up, inside the engine's fused-MoE op (GPT-OSS's: gpt_oss), "
-                   "applied after the family's own kind (RoundingProfile.variant_on)",
+    "moe_experts": "MoE blocks: routed experts' silu(gate) * up inside the fused-MoE op (GPT-OSS's: gpt_oss), the "
+                   "shared + routed sum (moe_out); applied after the family's own kind (RoundingProfile.variant_on)",
 }
 
 #: A kind whose modules are another kind's and more: its variant applies that kind's points first,
@@ -182,11 +182,8 @@ class PointCondition:
 
 @dataclass(frozen=True)
 class RoundingProfile:
-    """Where one stack rounds in RoPE, SwiGLU and residual-add + RMSNorm.
-
-    Make a custom profile with ``rla.profiles.get("vllm").replace(name=..., swiglu="per_op")``;
-    values are checked on construction.
-    """
+    """Where one stack rounds in RoPE, SwiGLU and residual-add + RMSNorm. Make a custom profile with
+    ``rla.profiles.get("vllm").replace(name=..., swiglu="per_op")``; values are checked on construction."""
 
     name: str
     """Identifier, e.g. ``"vllm-0.33"``; what reports and rollout records print."""
@@ -238,6 +235,9 @@ class RoundingProfile:
     """A variant point (:data:`VARIANT_POINTS`; :meth:`variant` sets it): what the add after a Gemma
     post-attention / post-feed-forward norm reads: ``round`` = RN(norm(x)) (HF); ``fp32`` = the
     norm's fp32 output (vLLM's compiled graph). Read by ``rla.alignment.gemma`` / ``gemma4`` only."""
+
+    moe_out: Literal["round", "fp32"] = "round"
+    """Variant point (``moe_experts``): the add after an MoE block reads RN(shared + routed) or their fp32 sum."""
 
     description: str = field(default="", compare=False)
     """One line on which stack this profile describes and why."""
@@ -325,8 +325,8 @@ class RoundingProfile:
                                    variant_evidence={}, **changes)
 
     def variant_on(self, kind: str, on: "RoundingProfile") -> "RoundingProfile":
-        """``on`` (this row or its family's variant) with this row's ``kind`` points over it, or ``on`` itself."""
-        mine = self.variant(kind).points()
+        """``on`` (this row or its family's variant) with this row's ``kind`` points (variant points too) over it."""
+        mine = {**self.variant(kind).points(), **self.variant(kind).kind_points(kind)}
         changes = {p: v for p, v in mine.items() if getattr(self, p) != v and getattr(on, p) != v}
         return dataclasses.replace(on, name=f"{on.name}/{kind}", calibration=None, variants={}, variant_evidence={},
                                    **changes) if changes else on

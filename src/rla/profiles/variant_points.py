@@ -8,6 +8,15 @@ norm's output; ``fp32`` = the norm's fp32 output, as vLLM's compiled graph (the 
 twin on Gemma 3, docs/families.md). A kind that extends one of these (``rla.profiles.VARIANT_EXTENDS``)
 does not inherit the point: Qwen3.5's norms are zero-centred but its layers have no norm after a
 sub-block. ``RoundingProfile.post_norm_out`` holds the value a :meth:`~RoundingProfile.variant` gives.
+
+``moe_out`` (kind ``moe_experts``: an MoE block with shared experts, Qwen2-MoE's, GLM-4 MoE's,
+DeepSeek-V3's and Qwen3.5 MoE's): what the residual add after the block reads of ``shared + routed``
+(each an lp tensor: the shared experts' output, the routed experts' weighted sum). ``round`` =
+RN(shared + routed), as HF's block and every stack that stores the sum; ``fp32`` = the fp32 sum of
+the two lp tensors, unrounded, as vLLM's compiled graph (``MoERunner.forward`` adds them outside the
+opaque fused-MoE op and Inductor fuses the add into the next residual add: the default-mode engine
+twin on GLM-4 MoE, docs/families.md). A block without shared experts hands the add the routed
+experts' lp output in every stack, so it has nothing the point could change.
 """
 
 from __future__ import annotations
@@ -17,10 +26,11 @@ import dataclasses
 __all__ = ["VARIANT_POINTS", "VARIANT_POINT_KINDS", "check_variant_point", "has_point", "replace_variant"]
 
 #: point -> its choices, the first HF eager's.
-VARIANT_POINTS: dict[str, tuple[str, str]] = {"post_norm_out": ("round", "fp32")}
+VARIANT_POINTS: dict[str, tuple[str, str]] = {"post_norm_out": ("round", "fp32"), "moe_out": ("round", "fp32")}
 
 #: point -> the kinds whose modules have it (and whose variants may set it).
-VARIANT_POINT_KINDS: dict[str, tuple[str, ...]] = {"post_norm_out": ("zero_centred_norm", "gemma4")}
+VARIANT_POINT_KINDS: dict[str, tuple[str, ...]] = {"post_norm_out": ("zero_centred_norm", "gemma4"),
+                                                   "moe_out": ("moe_experts",)}
 
 
 def has_point(kind: str, point: str) -> bool:
