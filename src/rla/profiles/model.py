@@ -62,7 +62,7 @@ VARIANTS: dict[str, str] = {
     "gpt_oss": "GPT-OSS's RMSNorm (HF: (w * x * rstd) rounded once) and its experts' clamped SwiGLU",
     "gemma4": "Gemma 4's RMSNorm (HF: x * rstd * w rounded once) and its layers' adds",
     "gemma4_ple": "Gemma 4's per-layer-input gate gelu_tanh(g) * p, written as two PyTorch ops (the swiglu point)",
-    "qwen3_5": "Qwen3.5's zero-centred norms and its gated attention's q/k norms and partial RoPE (one kernel)",
+    "qwen3_5": "Qwen3.5's zero-centred norms, its gated attention's q/k norms and partial RoPE, its output gate",
     "moe_experts": "routed experts' silu(gate) * up, inside the engine's fused-MoE op (GPT-OSS's: gpt_oss), "
                    "applied after the family's own kind (RoundingProfile.variant_on)",
 }
@@ -235,9 +235,9 @@ class RoundingProfile:
     kernels' per-thread partials and block reduction (``rla.ops.reduction``)."""
 
     post_norm_out: Literal["round", "fp32"] = "round"
-    """A variant point (:data:`VARIANT_POINTS`; :meth:`variant` sets it): what the add after a Gemma
-    post-attention / post-feed-forward norm reads: ``round`` = RN(norm(x)) (HF); ``fp32`` = the
-    norm's fp32 output (vLLM's compiled graph). Read by ``rla.alignment.gemma`` / ``gemma4`` only."""
+    attn_gate: Literal["per_op", "fused"] = "per_op"
+    """Variant points (:data:`VARIANT_POINTS`, defined in ``rla.profiles.variant_points``; :meth:`variant` sets
+    them): ``post_norm_out``, what the add after Gemma's post-norms reads; ``attn_gate``, Qwen3.5's output gate."""
 
     description: str = field(default="", compare=False)
     """One line on which stack this profile describes and why."""
