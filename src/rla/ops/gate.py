@@ -8,8 +8,9 @@ the variant point ``attn_gate`` (``rla.profiles.variant_points``).
 
 ``sigmoid`` is PyTorch's fp32 ``torch.sigmoid`` on the device the tensors are on. The backward is
 every reference op's (``rla.ops.reference``): the rounding straight-through, with s = sigmoid(g)
-unrounded, d_attn = dy * s and d_gate = dy * attn * s * (1 - s) in fp32, each rounded once to its
-input's dtype, as ``reference.swiglu``'s. Saved for backward: the two inputs (HF's two ops keep attn
+unrounded, d_attn = dy * s and d_gate = dy * attn * s * sigmoid(-g) (= s * (1 - s), without the
+cancellation of 1 - s where s is near 1) in fp32, each rounded once to its input's dtype, as
+``reference.swiglu``'s. Saved for backward: the two inputs (HF's two ops keep attn
 and RN(sigmoid(g)): the same bytes); s is recomputed. The same PyTorch ops on every device: one
 elementwise op with no reduction, which a compiled model fuses into one kernel of its own.
 """
@@ -47,12 +48,13 @@ class _AttnGate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         attn, gate = ctx.saved_tensors
-        s, dyf = torch.sigmoid(gate.float()), dy.float()
+        gf, dyf = gate.float(), dy.float()
+        s = torch.sigmoid(gf)
         dattn = dgate = None
         if ctx.needs_input_grad[0]:
             dattn = (dyf * s).to(attn.dtype)
-        if ctx.needs_input_grad[1]:
-            dgate = (dyf * attn.float() * (s * (1.0 - s))).to(gate.dtype)
+        if ctx.needs_input_grad[1]:  # 1 - s as sigmoid(-g): no cancellation where s is near 1
+            dgate = (dyf * attn.float() * (s * torch.sigmoid(-gf))).to(gate.dtype)
         return dattn, dgate, None
 
 
