@@ -58,7 +58,8 @@ def _rewrite(func: ast.FunctionDef) -> None:
     call = calls[0]
     if len(call.args) != 1 or call.keywords or isinstance(call.args[0], ast.Starred):
         raise Refused("torch.sigmoid(...) does not take exactly one positional argument")
-    products = [n for n in ast.walk(func) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and n.right is call]
+    products = [n for n in ast.walk(func)
+                if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and n.right is call]
     if len(products) != 1:
         raise Refused("torch.sigmoid(...) is not the right operand of a product X * torch.sigmoid(G)")
     product = products[0]

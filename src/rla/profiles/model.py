@@ -7,9 +7,8 @@ compiler fuses across them (the residual carried past the attention add, the q/k
 read by RoPE), plus the order in which a norm adds its sum of squares. Everything else in ``rla`` -- the ops, the model patch, the sampler, the
 diagnosis -- reads a profile and never asks which engine it came from.
 
-Notation: ``lp`` is the stack's low-precision dtype (bf16 or fp16) and ``RN(v)`` rounds an fp32
-value to ``lp`` (round-to-nearest-even, as ``tensor.to(lp)`` does). Everything written without
-``RN`` is one fp32 operation.
+Notation: ``lp`` is the stack's low-precision dtype (bf16 or fp16) and ``RN(v)`` rounds an fp32 value to
+``lp`` (round-to-nearest-even, as ``tensor.to(lp)`` does). Everything written without ``RN`` is one fp32 operation.
 
 A profile of an engine is a *measured* fact about one engine version in one mode: its
 :class:`Calibration` says which engine, version, mode, GPU and torch it was measured on, and for
@@ -235,9 +234,10 @@ class RoundingProfile:
     kernels' per-thread partials and block reduction (``rla.ops.reduction``)."""
 
     post_norm_out: Literal["round", "fp32"] = "round"
+    """A variant point (:data:`VARIANT_POINTS`, defined there; :meth:`variant` sets it): Gemma's post-norms' output."""
+
     attn_gate: Literal["per_op", "fused"] = "per_op"
-    """Variant points (:data:`VARIANT_POINTS`, defined in ``rla.profiles.variant_points``; :meth:`variant` sets
-    them): ``post_norm_out``, what the add after Gemma's post-norms reads; ``attn_gate``, Qwen3.5's output gate."""
+    """A variant point, as ``post_norm_out``: where Qwen3.5's attention output gate attn * sigmoid(gate) rounds."""
 
     description: str = field(default="", compare=False)
     """One line on which stack this profile describes and why."""
