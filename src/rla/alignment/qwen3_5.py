@@ -20,7 +20,8 @@ with three differences (``docs/families.md``):
 - **Two token mixers**: ``self_attn`` (gated: ``attn * sigmoid(gate)``, in the swiglu region through
   ``rla.ops.attn_gate`` under the variant's ``attn_gate`` point: the forward rebuilt from HF's source,
   ``rla.alignment.attn_gate``) or ``linear_attn`` (Gated DeltaNet with its own gated norm, left as
-  is: the engines run FLA's kernels for the mixer). The aligned layer calls the one the layer has, with HF's arguments.
+  is: the engines run FLA's kernels for the mixer). The aligned layer calls the one the layer has,
+  with HF's arguments.
 
 The MoE model (``qwen3_5_moe_text``) has the same layers with every ``mlp`` a sparse MoE block of
 Qwen2-MoE's shape: a softmax top-k router that always renormalises, 3-D experts, and a dense

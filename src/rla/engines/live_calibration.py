@@ -20,7 +20,8 @@ points the model decides: a point no layer exercises (q/k norms in a model witho
 
 A family whose modules have a variant point (:data:`rla.profiles.VARIANT_POINTS`: Gemma 3's and
 Gemma 4's ``post_norm_out``, Qwen3.5's ``attn_gate``) has it searched too, in the rmsnorm group (the
-norms' outputs and the adds they feed, with SwiGLU's, the other gated product), and flipped: its value is set in the row's variant for the family's kind
+norms' outputs and the adds they feed, with SwiGLU's, the other gated product), and flipped: its
+value is set in the row's variant for the family's kind
 (:meth:`rla.profiles.RoundingProfile.replace_variant`), where ``rla.align`` reads it. Other
 families are not offered it (:func:`variant_points`).
 """
