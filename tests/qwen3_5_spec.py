@@ -1,10 +1,11 @@
 """The test oracle for ``rla.align`` on Qwen3.5, dense and MoE: its decoder written from docs/families.md.
 
 Nothing here calls ``rla.ops`` or ``rla.align``. It reuses the model's weights, HF's own
-linear-attention modules (left as they are), its eager attention function and its output gate
-(outside the regions), and writes the regions with explicit ``.to(lp)``: the zero-centred norms,
-partial RoPE (the tables computed here), SwiGLU, the adds. Under the ``hf`` points it equals the
-unaligned model bit for bit (tests/alignment/test_align_qwen3_5.py, test_align_qwen3_5_moe.py).
+linear-attention modules (left as they are) and its eager attention function, and writes the regions
+with explicit ``.to(lp)``: the zero-centred norms, partial RoPE (the tables computed here), SwiGLU,
+the attention output gate (the ``attn_gate`` point, in the swiglu region), the adds. Under the
+``hf`` points it equals the unaligned model bit for bit (tests/alignment/test_align_qwen3_5.py,
+test_align_qwen3_5_moe.py).
 
 The MoE block (:func:`spec_moe`): without router points, HF's own router (the model's ``gate``)
 and the eager experts loop's weighted sum, every expert's gated product and the shared expert's
@@ -35,21 +36,30 @@ __all__ = ["ATTENTION", "qwen3_5_points", "tiny_qwen3_5", "tiny_qwen3_5_moe", "s
 # points of Qwen3.5's gated attention. They hold at every head size: SGLang 0.5.23's fused q/k norm + RoPE
 # kernel reads the fp32 cache whatever the head size (its head-size rule is another kernel's); vLLM 0.26's
 # and 0.33's (fused_qk_rmsnorm_rope_gate) rounds the norm before the rotation in both modes, where the
-# default rows' fp32 is Qwen3's compiled graph (the eager rows already say round).
-ATTENTION = {"sglang-0.5.23": {"rope_cos_sin": "fp32", "rope_apply": "fused", "qk_norm_out": "round"},
-             "vllm-0.26": {"qk_norm_out": "round"}, "vllm-0.33": {"qk_norm_out": "round"}}
+# default rows' fp32 is Qwen3's compiled graph (the eager rows already say round). And the output gate
+# attn * sigmoid(gate) (``attn_gate``, every row): HF's two PyTorch ops (per_op), which vLLM's eager mode runs too;
+# one rounding in SGLang's fused_sigmoid_mul and in vLLM's compiled graph (Inductor fuses the two ops).
+ATTENTION = {"hf": {"attn_gate": "per_op"}, "rla": {"attn_gate": "fused"},
+             "sglang-0.5.23": {"rope_cos_sin": "fp32", "rope_apply": "fused", "qk_norm_out": "round",
+                               "attn_gate": "fused"},
+             "vllm-0.26": {"qk_norm_out": "round", "attn_gate": "fused"},
+             "vllm-0.33": {"qk_norm_out": "round", "attn_gate": "fused"},
+             "vllm-0.26-eager": {"attn_gate": "per_op"}, "vllm-0.33-eager": {"attn_gate": "per_op"}}
 ATTENTION["sglang"] = ATTENTION["sglang-0.5.23"]
-ATTENTION["vllm"] = ATTENTION["vllm-0.33"]
+ATTENTION["vllm"], ATTENTION["vllm-eager"] = ATTENTION["vllm-0.33"], ATTENTION["vllm-0.33-eager"]
 
 
 def qwen3_5_points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
     """The points that hold for a Qwen3.5 model aligned to ``profile`` in ``regions``: Gemma 3's
-    (the zero_centred_norm kind), with :data:`ATTENTION`'s for the rope region in ``.attention``,
-    which :func:`spec_forward` applies after the row's head-size rule."""
+    (the zero_centred_norm kind), with :data:`ATTENTION`'s in ``.attention`` (the rope region's; the
+    output gate's with the swiglu region, else HF's ``per_op``), which :func:`spec_forward` applies
+    after the row's head-size rule."""
     pts = gemma_points(profile, regions)
-    own = dict(ATTENTION.get(profile, {})) if "rope" in regions else {}
+    row = ATTENTION.get(profile, {})
+    own = {p: v for p, v in row.items() if p != "attn_gate"} if "rope" in regions else {}
     if not {"rope", "rmsnorm"} <= set(regions):
         own.pop("qk_norm_out", None)  # the q/k-norm -> RoPE chain needs both regions
+    own["attn_gate"] = row.get("attn_gate", "per_op") if "swiglu" in regions else "per_op"
     pts.attention = own
     return pts
 
@@ -133,10 +143,10 @@ def _attention(attn, h, cos, sin, pts, lp, gate_once=False, norm=spec_norm):
     mask = torch.where(j <= i, 0.0, torch.finfo(lp).min).to(lp)[None, None]
     o, _ = modeling.eager_attention_forward(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling)
     o = o.reshape(B, S, -1).contiguous()
-    if gate_once:  # attn * sigmoid(gate) in fp32, rounded once (a compiled graph's fused elementwise)
+    if gate_once or pts.get("attn_gate") == "fused":  # attn * sigmoid(gate) in fp32, rounded once
         o = (o.float() * torch.sigmoid(gate.float())).to(lp)
     else:
-        o = o * torch.sigmoid(gate)  # HF's output gate (left as is): RN(attn * RN(sigmoid(gate)))
+        o = o * torch.sigmoid(gate)  # HF's output gate (per_op): RN(attn * RN(sigmoid(gate)))
     return F.linear(o, attn.o_proj.weight)
 
 
@@ -185,8 +195,8 @@ def spec_forward(model, input_ids, pts, router=None, *, positions=None, streams=
     """The logits of ``model`` (dense or MoE) under ``pts``; ``router``: the MoE blocks' router points
     (None: HF's router and weighted sum). ``positions`` [B, S] (default 0..S-1); ``streams``: a list that
     receives each layer's output rounded to the model's dtype; ``gate_once``: the full-attention layers'
-    output gate ``attn * sigmoid(gate)`` in fp32 rounded once (what vLLM's compiled graph computes,
-    tests/engines/test_vllm_twin_qwen3_5.py) instead of HF's two roundings; ``mean_square``: every norm's mean
+    output gate ``attn * sigmoid(gate)`` in fp32 rounded once (``attn_gate='fused'``, what vLLM's compiled graph
+    computes, tests/engines/test_vllm_twin_qwen3_5.py) whatever ``pts`` says; ``mean_square``: every norm's mean
     of squares as that function sums it (``v -> mean(v * v, -1, keepdim=True)``; default PyTorch's eager one),
     e.g. Inductor's order (the rows' ``norm_reduction='unpinned'``)."""
     norm = functools.partial(_norm, mean_square=mean_square)

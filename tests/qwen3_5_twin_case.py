@@ -8,8 +8,8 @@ in a subprocess started with ``TRITON_INTERPRET=1`` whose script installs interp
 - ``sides``: per profile (``None``: HF unaligned; ``native-row``: HF's points with the native add + norm's fp32
   sum; the vLLM rows), the fraction of bit-equal logits and of each layer's stream (``rla.align`` to the row);
 - ``oracle``: the oracle under the ``vllm-0.33`` row's Qwen3.5 points (its ``qwen3_5`` variant's ``qk_norm_out``
-  with ``attention``, the base row's without), with HF's output gate and with ``gate_once`` (attn * sigmoid(gate)
-  rounded once), and with each point flipped (under ``gate_once``).
+  with the kernel, the base row's without; its ``attn_gate='fused'``: attn * sigmoid(gate) rounded once), as
+  ``row``, with HF's output gate instead (``hf-gate``: ``attn_gate='per_op'``), and with each point flipped.
 
 A helper module, not a test file.
 """
@@ -28,7 +28,8 @@ IDS = tokens(2, 24)
 POSITIONS = torch.arange(40, 64)[None].expand(2, 24)  # not from 0: the cache is indexed
 #: The points a flip of which must break the default-mode equality (host == device on a CPU).
 FLIPPED = ("rope_cos_sin", "rope_apply", "swiglu", "norm_weight", "norm_residual", "residual_stream", "qk_norm_out",
-           "norm_reduction")
+           "norm_reduction", "attn_gate")
+CHOICES = {**profiles.POINTS, **profiles.VARIANT_POINTS}
 
 
 def native_row():
@@ -50,7 +51,7 @@ def _oracle(model, out, pts, **kw):
 
 
 def _flip(pts, point):
-    a, b = profiles.POINTS[point]
+    a, b = CHOICES[point]
     attention = dict(pts.attention)
     if point in attention:
         attention[point] = b if attention[point] == a else a
@@ -79,10 +80,10 @@ def run(wheel: str, qk: str, modes=("native", "default")) -> dict:
         if mode == "default":
             pts = qwen3_5_points("vllm-0.33")
             if qk == "modules":  # no kernel: the base row's q/k chain (Qwen3's compiled q/k norm -> RoPE)
-                pts.attention = {}
-            case["oracle"] = {"hf-gate": _oracle(model, out, pts),
-                              "gate-once": _oracle(model, out, pts, gate_once=True),
-                              "flipped": {p: _oracle(model, out, _flip(pts, p), gate_once=True)["logits"]
-                                          for p in FLIPPED}}
+                pts.attention = {"attn_gate": pts.attention["attn_gate"]}
+            assert pts.attention["attn_gate"] == "fused"  # the row's (tests/alignment/test_align_qwen3_5.py)
+            case["oracle"] = {"row": _oracle(model, out, pts),
+                              "hf-gate": _oracle(model, out, _flip(pts, "attn_gate")),
+                              "flipped": {p: _oracle(model, out, _flip(pts, p))["logits"] for p in FLIPPED}}
         result[mode] = case
     return result

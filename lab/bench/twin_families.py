@@ -27,9 +27,9 @@ Sides, per family and mode (profile ``vllm-0.33`` / ``vllm-0.33-eager``):
   (the shared + routed sum unrounded into the residual add: the CPU twin's chain, which ``vllm-0.33``'s
   moe_experts variant now says, ``moe_out='fp32'``, so the ``rla`` side has it too);
 - Qwen3.5: ``oracle`` (tests/qwen3_5_spec.py under the row's Qwen3.5 points: what ``rla.align`` computes, the
-  output gate as HF rounds it, left as is) and ``oracle+gate-once`` (``attn * sigmoid(gate)`` rounded once: the
-  CPU twin's default-mode finding, Inductor's fused sigmoid * mul; in eager mode the gate is two PyTorch ops, so
-  the row should win there);
+  output gate as the row's ``attn_gate`` says: ``fused`` in default mode, the CPU twin's finding, Inductor's fused
+  sigmoid * mul; ``per_op`` in eager mode, two PyTorch ops), ``oracle+gate-once`` (``attn * sigmoid(gate)``
+  rounded once whatever the row says) and ``oracle+gate-per-op`` (HF's two roundings whatever the row says);
 - GPT-OSS: ``rla-rope-fp32`` / ``rla-rope-round``: aligned with ``rope_cos_sin='fp32'`` / ``'round'``
   for GPT-OSS (the fp32 YaRN cache cast inside the compiled graph: the CPU twin's default-mode
   finding, which ``vllm-0.33``'s gpt_oss variant now says; in eager mode the cast happens before the
@@ -134,6 +134,8 @@ def sides(name: str, model, prof) -> dict:
         pts = qwen3_5_points(prof.name)
         out["oracle"] = _oracle_side(spec_forward, model, pts=pts)
         out["oracle+gate-once"] = _oracle_side(spec_forward, model, pts=pts, gate_once=True)
+        pts.attention = {**pts.attention, "attn_gate": "per_op"}
+        out["oracle+gate-per-op"] = _oracle_side(spec_forward, model, pts=pts)
     elif name.startswith("gptoss-"):
         out["rla-rope-fp32"] = aligned_side(model, prof.replace(name=f"{prof.name}+rope_cos_sin=fp32",
                                                                 rope_cos_sin="fp32"))

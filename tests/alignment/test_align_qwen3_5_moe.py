@@ -90,7 +90,7 @@ def test_report_says_what_is_aligned_and_left_and_backward_reaches_the_experts(m
     grads = {n: p.grad for n, p in moe.named_parameters() if ".mlp." in n}
     moe.zero_grad(set_to_none=True)
     assert grads and all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads.values())
-    assert report.counts["swiglu"] == {"experts": 3, "shared_expert": 3}
+    assert report.counts["swiglu"] == {"experts": 3, "shared_expert": 3, "attention output gate": 1}
     assert report.counts["router"] == {"MoE blocks": 3}
     assert report.counts["rmsnorm"] == {"decoder layers": 3, "zero-centred RMSNorm": 7, "q_norm/k_norm": 2,
                                         "MoE blocks (fp32 shared + routed)": 3}  # vllm's moe_out='fp32'

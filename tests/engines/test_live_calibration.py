@@ -70,7 +70,8 @@ def test_variant_points_are_offered_to_the_families_that_have_them():
 
     assert of("gemma3_text") == ("zero_centred_norm", {"post_norm_out": ("round", "fp32")})
     assert of("gemma4_text") == ("gemma4", {"post_norm_out": ("round", "fp32")})
-    for model_type, kind in (("qwen2", None), ("qwen3_5_text", "qwen3_5"), ("gpt_oss", "gpt_oss"), ("nope", None)):
+    assert of("qwen3_5_text") == of("qwen3_5_moe_text") == ("qwen3_5", {"attn_gate": ("per_op", "fused")})
+    for model_type, kind in (("qwen2", None), ("gpt_oss", "gpt_oss"), ("nope", None)):
         assert of(model_type) == (kind, {}), model_type
 
 

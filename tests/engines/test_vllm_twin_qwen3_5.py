@@ -9,15 +9,16 @@ DeltaNet modules and HF's attention function (the same on both sides). Two q/k p
   Native mode (every other op eager) is ``rla.align(model, "vllm-0.33-eager")`` bit for bit, logits and every
   layer: the eager row's ``qwen3_5`` variant is exactly what the eager engine computes on Qwen3.5 (its norms are
   ``GemmaRMSNorm.forward_native`` in every mode, its MLP activation rounds per op natively as the CUDA kernel
-  does, its q/k path is this kernel). Default mode (Inductor compiling the pieces between mixers, the kernel
-  opaque) is **not** ``rla.align(model, "vllm-0.33")``: they agree on the first (linear-attention) layer and
-  part ways at the first full-attention layer. The oracle under the row's points equals the twin bit for bit
-  once the output gate ``attn * sigmoid(gate)`` is rounded once (Inductor fuses the sigmoid into the product;
-  HF, and rla, which leaves the gate as is, round ``sigmoid(gate)`` first), and every point flipped breaks it:
-  the row's points hold, and the gate, outside the regions, is the one difference.
+  does, its q/k path is this kernel, its output gate HF's two PyTorch ops: ``attn_gate='per_op'``). Default
+  mode (Inductor compiling the pieces between mixers, the kernel opaque) is ``rla.align(model, "vllm-0.33")``
+  bit for bit, logits and every layer: Inductor fuses the output gate ``attn * sigmoid(gate)`` into one
+  kernel, rounded once, the row's ``qwen3_5`` variant's ``attn_gate='fused'``. The oracle under the row's
+  points equals the twin too, and every point flipped breaks it (``attn_gate`` too: with HF's gate the two
+  agree on the first, linear-attention, layer and part at the first full-attention layer, as rla did while it
+  left the gate as HF computes it).
 - ``modules``, vLLM's path without the kernel (off CUDA): native mode is the native row bit for bit; default
   mode is the oracle under the base row's q/k chain (``qk_norm_out='fp32'``, Qwen3's compiled norm -> RoPE)
-  with the gate rounded once.
+  with the row's gate, rounded once.
 """
 
 from __future__ import annotations
@@ -64,13 +65,13 @@ def test_native_twin_with_the_kernel_is_the_eager_row(kernel_case):
     assert sides["hf"]["logits"] < 0.5  # not vacuous
 
 
-def test_default_twin_with_the_kernel_rounds_the_output_gate_once(kernel_case):
+def test_default_twin_with_the_kernel_is_the_row(kernel_case):
     case = kernel_case["default"]
-    row = case["sides"]["vllm-0.33"]
-    assert row["layers"][0] == 1.0 and row["layers"][1] < 0.8 and row["logits"] < 0.6  # parts at the full attention
-    assert _exact(case["oracle"]["gate-once"])
-    hf_gate = case["oracle"]["hf-gate"]  # the oracle is rla.align under the row (test_align_qwen3_5.py)
-    assert hf_gate["layers"] == pytest.approx(row["layers"]) and hf_gate["logits"] == pytest.approx(row["logits"])
+    assert _exact(case["sides"]["vllm-0.33"])  # rla.align(model, "vllm-0.33"): its gate rounded once
+    assert _exact(case["oracle"]["row"])
+    hf_gate = case["oracle"]["hf-gate"]  # HF's gate, two roundings: parts at the full attention
+    assert hf_gate["layers"][0] == 1.0 and hf_gate["layers"][1] < 0.8 and hf_gate["logits"] < 0.6
+    assert case["sides"]["vllm-0.33-eager"]["logits"] < 0.6  # not vacuous: the eager row is not the default mode
     for point in FLIPPED:
         assert case["oracle"]["flipped"][point] < 1.0, point
 
@@ -80,7 +81,7 @@ def test_twin_without_the_kernel(vllm_wheel):
     assert _exact(case["native"]["sides"]["native-row"])
     assert case["native"]["sides"]["hf"]["logits"] < 0.5
     default = case["default"]
-    assert _exact(default["oracle"]["gate-once"]) and not _exact(default["oracle"]["hf-gate"])
+    assert _exact(default["oracle"]["row"]) and not _exact(default["oracle"]["hf-gate"])
     assert default["sides"]["vllm-0.33"]["layers"][0] == 1.0 and default["sides"]["vllm-0.33"]["logits"] < 0.6
     # norm_reduction: on this path the CUDA block order (vllm_block) changes no output of these rows of 64 and 32
     # (on the kernel path's it does)
@@ -116,10 +117,10 @@ def test_default_twin_at_hidden_384_adds_the_norms_squares_in_inductors_order(vl
     """At hidden 384 a second difference shows, an arithmetic order and not a rounding location: Inductor's
     norm kernels sum a row's squares in another order than PyTorch's eager mean (the rows' ``norm_reduction``
     is ``unpinned``), which moves an rstd by an ulp in some rows and, rarely, a norm's bf16 output; the Gated
-    DeltaNet's recurrence then carries one such flip to later tokens. The oracle with the gate rounded once and
-    every norm's mean of squares from a compiled ``(v * v).mean(-1)`` equals the twin bit for bit (without the
-    kernel: the oracle's q/k norms cannot take the interpreted ``tl.sum``'s order); with PyTorch's mean it
-    differs from the first layer on, with HF's gate from the first full-attention layer on."""
+    DeltaNet's recurrence then carries one such flip to later tokens. The oracle under the row's points (its gate
+    rounded once) with every norm's mean of squares from a compiled ``(v * v).mean(-1)`` equals the twin bit for
+    bit (without the kernel: the oracle's q/k norms cannot take the interpreted ``tl.sum``'s order); with
+    PyTorch's mean it differs from the first layer on, with HF's gate from the first full-attention layer on."""
     import torch
 
     from qwen3_5_spec import qwen3_5_points, spec_forward, tiny_qwen3_5
@@ -130,16 +131,18 @@ def test_default_twin_at_hidden_384_adds_the_norms_squares_in_inductors_order(vl
     positions = torch.arange(128)[None]
     out = build_twin(model, vllm_engine, "default", qk="modules")(ids, positions)
     pts = qwen3_5_points("vllm-0.33")
-    pts.attention = {}  # without the kernel: the base row's q/k chain
+    assert pts.attention["attn_gate"] == "fused"
+    pts.attention = {"attn_gate": "fused"}  # without the kernel: the base row's q/k chain; the row's gate
     inductor = torch.compile(lambda v: (v * v).mean(-1, keepdim=True), dynamic=False)
 
-    def layers_equal(**kw):
+    def layers_equal(gate="fused", **kw):
+        pts.attention["attn_gate"] = gate
         streams = []
         with torch.no_grad():
             logits = spec_forward(model, ids, pts, positions=positions, streams=streams, **kw)
         return [bool(torch.equal(a, b.reshape(a.shape))) for a, b in zip([out.logits, *out.layers],
                                                                          [logits.to(out.logits.dtype), *streams])]
 
-    assert all(layers_equal(gate_once=True, mean_square=inductor))
-    assert layers_equal(gate_once=True) == [False] * 4
-    assert layers_equal(mean_square=inductor) == [False, True, False, False]
+    assert all(layers_equal(mean_square=inductor))
+    assert layers_equal() == [False] * 4
+    assert layers_equal("per_op", mean_square=inductor) == [False, True, False, False]

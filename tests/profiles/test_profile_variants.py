@@ -63,9 +63,10 @@ def test_a_kind_that_extends_another_applies_that_kinds_points_first():
 
 
 def test_every_row_states_post_norm_out_for_the_kinds_that_have_it_with_evidence():
-    assert profiles.VARIANT_POINTS == {"post_norm_out": ("round", "fp32"), "moe_out": ("round", "fp32")}
+    assert profiles.VARIANT_POINTS == {"post_norm_out": ("round", "fp32"), "moe_out": ("round", "fp32"),
+                                       "attn_gate": ("per_op", "fused")}
     assert profiles.VARIANT_POINT_KINDS == {"post_norm_out": ("zero_centred_norm", "gemma4"),
-                                            "moe_out": ("moe_experts",)}
+                                            "moe_out": ("moe_experts",), "attn_gate": ("qwen3_5",)}
     want = {"vllm-0.33": "fp32", "vllm-0.26": "fp32"}  # the compiled graph (docs/families.md); every other rounds
     for name in profiles.names():
         row = profiles.get(name)
@@ -108,16 +109,38 @@ def test_every_engine_row_states_moe_out_for_moe_blocks_with_evidence():
     assert again.variant("moe_experts").moe_out == "fp32"
 
 
+def test_every_row_states_attn_gate_for_qwen3_5_with_evidence():
+    """Qwen3.5's output gate: HF's two roundings where the engine runs its two PyTorch ops eagerly, one rounding
+    where a kernel or a compiled graph fuses them (docs/families.md); a row's own value stays per_op."""
+    want = {"vllm-0.33": "fused", "vllm-0.26": "fused", "sglang-0.5.23": "fused", "rla": "fused"}
+    for name in profiles.names():
+        row = profiles.get(name)
+        assert row.variants["qwen3_5"]["attn_gate"] == want.get(name, "per_op"), name
+        assert row.variant_evidence["qwen3_5"]["attn_gate"].note, name
+        assert row.variant("qwen3_5").attn_gate == want.get(name, "per_op")
+        assert row.attn_gate == "per_op" and "attn_gate" not in row.points()
+        for kind in ("zero_centred_norm", "gemma4", "gpt_oss"):  # no other kind has the point
+            assert row.variant(kind).attn_gate == "per_op" and "attn_gate" not in row.variant(kind).kind_points(kind)
+    ev = {n: profiles.get(n).variant_evidence["qwen3_5"]["attn_gate"] for n in ("vllm-0.33", "vllm-0.33-eager")}
+    assert (ev["vllm-0.33"].evidence, ev["vllm-0.33"].matched) == ("native_compiled", 1.0)
+    assert (ev["vllm-0.33-eager"].evidence, ev["vllm-0.33-eager"].matched) == ("native_eager", 1.0)
+    assert "test_default_twin_with_the_kernel_is_the_row" in ev["vllm-0.33"].note
+    with pytest.raises(ValueError, match=r"variant 'gemma4' sets 'attn_gate', a point only the kinds \['qwen3_5'\]"):
+        profiles.get("hf").replace_variant("gemma4", attn_gate="fused")
+    with pytest.raises(ValueError, match=r"attn_gate='once'"):
+        profiles.get("hf").replace_variant("qwen3_5", attn_gate="once")
+
+
 def test_a_kind_without_the_point_does_not_take_it():
     """Qwen3.5's norms are zero-centred (qwen3_5 extends zero_centred_norm) but its layers have no
     norm after a sub-block: its variant does not take post_norm_out, and no row may set it for it."""
     row = profiles.get("vllm-0.33")
     assert row.variant("zero_centred_norm").post_norm_out == "fp32"
     assert row.variant("qwen3_5").post_norm_out == "round"  # its own points (qk_norm_out) only
-    assert row.variant("qwen3_5").points() == {**row.variant("zero_centred_norm").points(), **row.kind_points("qwen3_5"),
-                                               "qk_norm_out": "round"}
+    assert row.variant("qwen3_5").points() == {**row.variant("zero_centred_norm").points(), "qk_norm_out": "round"}
+    assert row.variant("qwen3_5").kind_points("qwen3_5") == {"attn_gate": "fused"}  # its own variant point
     assert row.variant("zero_centred_norm").kind_points("zero_centred_norm") == {"post_norm_out": "fp32"}
-    assert row.kind_points("qwen3_5") == {} and row.kind_points("gpt_oss") == {}
+    assert row.kind_points("qwen3_5") == {"attn_gate": "per_op"} and row.kind_points("gpt_oss") == {}
     for kind in ("qwen3_5", "gpt_oss", "gemma4_ple"):
         with pytest.raises(ValueError, match=rf"variant '{kind}' sets 'post_norm_out', a point only the kinds"):
             row.replace_variant(kind, post_norm_out="fp32")

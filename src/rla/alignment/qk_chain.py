@@ -53,7 +53,7 @@ import types
 
 from rla.alignment.patch import defined_in, with_globals
 
-__all__ = ["fuse_qk_norm_into_rope", "QK_NORMS"]
+__all__ = ["fuse_qk_norm_into_rope", "QK_NORMS", "Refused", "rewritten_code"]
 
 #: The attention attributes whose calls move into RoPE, in (q, k) order.
 QK_NORMS = ("q_norm", "k_norm")
@@ -76,13 +76,17 @@ def fuse_qk_norm_into_rope(
     try:
         if inner is None:
             raise Refused("no function in its __wrapped__ chain is defined in its modeling module")
-        code = _rewritten_code(inner)
+        code = rewritten_code(inner, _rewrite)
     except Refused as e:
         return None, str(e)
     return with_globals(forward, module_globals, replacements, code=code), ""
 
 
-def _rewritten_code(inner: types.FunctionType) -> types.CodeType:
+def rewritten_code(inner: types.FunctionType, rewrite) -> types.CodeType:
+    """The code of ``inner`` (a function defined in a modeling module) from its own source, parsed,
+    changed in place by ``rewrite(func: ast.FunctionDef)`` (which raises :class:`Refused` where the
+    source has another shape), compiled under HF's file name and line numbers; its decorators are
+    dropped (``with_globals`` rebuilds them). ``rla.alignment.attn_gate`` rewrites with it too."""
     try:
         source = inspect.getsource(inner)
         filename = inspect.getsourcefile(inner) or inner.__code__.co_filename
@@ -93,7 +97,7 @@ def _rewritten_code(inner: types.FunctionType) -> types.CodeType:
     if not isinstance(func, ast.FunctionDef) or func.name != inner.__name__:
         raise Refused("its source is not one function definition")
     func.decorator_list = []  # the decorators' wrappers are rebuilt around it by with_globals
-    _rewrite(func)
+    rewrite(func)
     ast.increment_lineno(tree, inner.__code__.co_firstlineno - 1)
     module_code = compile(tree, filename, "exec", dont_inherit=True)
     codes = [c for c in module_code.co_consts if isinstance(c, types.CodeType) and c.co_name == func.name]

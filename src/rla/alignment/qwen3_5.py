@@ -17,9 +17,11 @@ with three differences (``docs/families.md``):
   through (rounded to the stack dtype where the q/k norm handed it on unrounded). The rotary
   module's mRoPE recomposition (``recomposition_frequencies``, HF's own method) runs on the fp32
   tables; for text every section reads the same positions.
-- **Two token mixers**: ``self_attn`` (gated: ``attn * sigmoid(gate)``, left as HF computes it) or
-  ``linear_attn`` (Gated DeltaNet with its own gated norm, left as is: the engines run FLA's kernels
-  for the mixer). The aligned layer calls the one the layer has, with HF's arguments.
+- **Two token mixers**: ``self_attn`` (gated: ``attn * sigmoid(gate)``, in the swiglu region through
+  ``rla.ops.attn_gate`` under the variant's ``attn_gate`` point: the forward rebuilt from HF's source,
+  ``rla.alignment.attn_gate``) or ``linear_attn`` (Gated DeltaNet with its own gated norm, left as
+  is: the engines run FLA's kernels for the mixer). The aligned layer calls the one the layer has,
+  with HF's arguments.
 
 The MoE model (``qwen3_5_moe_text``) has the same layers with every ``mlp`` a sparse MoE block of
 Qwen2-MoE's shape: a softmax top-k router that always renormalises, 3-D experts, and a dense
@@ -40,6 +42,7 @@ import torch
 
 from rla import ops
 from rla.alignment import compat, moe_out
+from rla.alignment.attn_gate import gated_forward
 from rla.alignment.families import Family, class_named
 from rla.alignment.gemma import align_zero_centred_layers, zero_centred_variant
 from rla.alignment.patch import install, uninstall, with_globals
@@ -51,17 +54,18 @@ from rla.alignment.routed_experts import experts_profile
 from rla.alignment.swiglu import align_experts, align_mlps, check_activation, check_experts
 from rla.profiles import RoundingProfile
 
-__all__ = ["align_qwen3_5", "LEFT_AS_IS", "MOE_LEFT_AS_IS"]
+__all__ = ["align_qwen3_5", "LEFT_AS_IS", "MOE_LEFT_AS_IS", "GATE_LEFT"]
 
 #: What the alignment of a Qwen3.5 model leaves to HF's code, and why (printed in the report).
 LEFT_AS_IS = [
     "left as is: the linear-attention (Gated DeltaNet) layers' mixer and its gated RMSNorm (vLLM and SGLang run "
     "FLA kernels; SGLang 0.5.23's gated norm multiplies weight and silu(gate) in fp32 and rounds once, where HF "
     "rounds x * rstd first: not aligned with the mixer left as is)",
-    "left as is: the attention output gate attn * sigmoid(gate) (outside the regions; SGLang 0.5.23 rounds it "
-    "once, and so does vLLM 0.33's compiled graph in default mode (Inductor fuses the sigmoid into the product: the "
-    "CPU engine twin), HF and vLLM's eager mode round sigmoid(gate) first)",
 ]
+
+#: The report's note when the swiglu region, which aligns the attention output gate, is not aligned.
+GATE_LEFT = ("left as is: the attention output gate attn * sigmoid(gate), HF's two roundings (the swiglu region "
+             "aligns it to the row's attn_gate point: SGLang 0.5.23 and vLLM's compiled graph round it once)")
 
 #: What the alignment of a Qwen3.5 MoE model leaves as it is beyond :data:`LEFT_AS_IS` (docs/families.md).
 MOE_LEFT_AS_IS = [
@@ -147,6 +151,23 @@ def _rotary_forward(self, x, position_ids):
     return cos, sin
 
 
+def _attention_forwards(found: dict, family: Family, p: RoundingProfile, regions) -> dict:
+    """Each attention class's rebuilt ``forward`` (none when neither region touches it): the rope
+    region's partial rotary, the swiglu region's output gate (refused before anything is patched)."""
+    if not {"rope", "swiglu"} & set(regions):
+        return {}
+    rebuilt = {}
+    for attn in found["attentions"]:
+        klass = class_named(attn, family.cls("attention"))
+        if klass not in rebuilt:
+            modeling = sys.modules[klass.__module__]
+            replacements = ({"apply_rotary_pos_emb": make_apply_partial_rotary(p, half_tables=False)}
+                            if "rope" in regions else {})
+            rebuilt[klass] = (gated_forward(klass, p, replacements) if "swiglu" in regions
+                              else with_globals(klass.forward, modeling.__dict__, replacements))
+    return rebuilt
+
+
 def _layer_forward(profile: RoundingProfile, index: int, names, defaults):
     fp32_sum = profile.norm_residual == "fp32_sum"
     carry = profile.residual_stream == "fp32_carry"
@@ -190,19 +211,15 @@ def align_qwen3_5(body, family: Family, profile: RoundingProfile, regions: tuple
     p, chain = zero_centred_variant(profile, regions, report, "Qwen3.5's zero-centred norms (x * (1 + w)) and "
                                     "gated attention", kind=family.variant)
     linear = sum(layer.block_type == "linear_attention" for layer in found["layers"])
+    rebuilt = _attention_forwards(found, family, p, regions)
     try:
+        for attn in found["attentions"] if rebuilt else ():
+            klass = class_named(attn, family.cls("attention"))
+            install(attn, "attention", {"forward": types.MethodType(rebuilt[klass], attn)})
         if "rope" in regions:
             rotary = found["rotary"]
             state = {"inv_freq": {}, "evaluate_on": p.rope_inv_freq, "round_tables": chain}
             install(rotary, "rotary", {"forward": types.MethodType(_rotary_forward, rotary), "_rla_rotary": state})
-            rebuilt = {}
-            for attn in found["attentions"]:
-                klass = class_named(attn, family.cls("attention"))
-                if klass not in rebuilt:
-                    modeling = sys.modules[klass.__module__]
-                    rebuilt[klass] = with_globals(klass.forward, modeling.__dict__,
-                                                  {"apply_rotary_pos_emb": make_apply_partial_rotary(p, half_tables=False)})
-                install(attn, "attention", {"forward": types.MethodType(rebuilt[klass], attn)})
             report.counts["rope"] = {"rotary_emb (partial)": 1, "self_attn": len(found["attentions"])}
         if "swiglu" in regions:
             align_mlps(found["mlps"] + found["shared_experts"], p)
@@ -210,6 +227,7 @@ def align_qwen3_5(body, family: Family, profile: RoundingProfile, regions: tuple
                 align_experts(found["experts"], experts_profile(profile, p, report))
             report.counts["swiglu"] = ({"experts": len(found["experts"]), "shared_expert": len(found["shared_experts"])}
                                        if family.moe else {"mlp": len(found["mlps"])})
+            report.counts["swiglu"]["attention output gate"] = len(found["attentions"])
         if "rmsnorm" in regions:
             align_zero_centred_layers(found, family, p, chain, _layer_forward, report)
         moe_fp32 = "rmsnorm" in regions and family.moe and moe_out.fp32_sum(profile, p, family)
@@ -224,6 +242,8 @@ def align_qwen3_5(body, family: Family, profile: RoundingProfile, regions: tuple
     report.notes.append(f"{linear} of {len(found['layers'])} layers are linear attention: their norms, MLP and adds "
                         "are aligned, their mixer is not")
     report.notes.extend(LEFT_AS_IS)
+    if "swiglu" not in regions:
+        report.notes.append(GATE_LEFT)
     if family.moe:
         if "router" not in regions:
             report.notes.append("left as is: the router (softmax top-k, renormalised) and the experts' weighted sum "

@@ -19,8 +19,9 @@ bit-equal fraction. Each point of the best row is then flipped alone, so the res
 points the model decides: a point no layer exercises (q/k norms in a model without them) ties.
 
 A family whose modules have a variant point (:data:`rla.profiles.VARIANT_POINTS`: Gemma 3's and
-Gemma 4's ``post_norm_out``) has it searched too, in the rmsnorm group (the norms' outputs and the
-adds they feed), and flipped: its value is set in the row's variant for the family's kind
+Gemma 4's ``post_norm_out``, Qwen3.5's ``attn_gate``) has it searched too, in the rmsnorm group (the
+norms' outputs and the adds they feed, with SwiGLU's, the other gated product), and flipped: its
+value is set in the row's variant for the family's kind
 (:meth:`rla.profiles.RoundingProfile.replace_variant`), where ``rla.align`` reads it. Other
 families are not offered it (:func:`variant_points`).
 """
@@ -107,7 +108,7 @@ def better(a: dict, b: dict | None) -> bool:
 def variant_points(model) -> tuple[str | None, dict[str, tuple[str, ...]]]:
     """``(the kind of the model's family, {variant point: choices})``: the variant points the
     family's modules have (:data:`rla.profiles.VARIANT_POINT_KINDS`), none for a family without a
-    kind or whose kind has none (Qwen3.5's ``qwen3_5``, GPT-OSS's ``gpt_oss``)."""
+    kind or whose kind has none (GPT-OSS's ``gpt_oss``)."""
     family = FAMILIES.get(getattr(getattr(model, "config", None), "model_type", None))
     kind = family.variant if family is not None else None
     return kind, {p: VARIANT_POINTS[p] for p, kinds in VARIANT_POINT_KINDS.items() if kind in kinds}

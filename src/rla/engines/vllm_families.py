@@ -52,6 +52,9 @@ _COMMON = (
          "with the flag set the gated split, q/k norms and RoPE are the one kernel, in both modes (no mode test)"),
     _fact(_NEXT, "Qwen3NextAttention._project_qkv_gate", "q, k = self.rotary_emb(positions, q, k)",
          "otherwise the q/k norm modules, then the rotary embedding module"),
+    _fact(_NEXT, "Qwen3NextAttention.forward", "if gate is not None: attn_output = attn_output * torch.sigmoid(gate)",
+         "the output gate is two PyTorch ops after the attention: HF's two roundings run eagerly (attn_gate=per_op), "
+         "one Inductor kernel in the compiled piece after the attention (attn_gate=fused, the engine twin)"),
     _fact(_ROPE + "__init__.py", "get_rope", "dtype = torch.get_default_dtype()",
          "the rotary's dtype is the default dtype, the model's (bf16) while vLLM builds it"),
     _fact(_ROPE + "base.py", "RotaryEmbeddingBase.__init__", "cache = cache.to(dtype)",

@@ -5,7 +5,8 @@ low-precision dtype is the input's (bf16 or fp16); on fp32 inputs nothing is rou
 are differentiable; ``carry_add`` and ``qk_norm_rope`` are the two chains across ops that a
 compiled engine fuses (``residual_stream='fp32_carry'``, ``qk_norm_out='fp32'``), one kernel each. On CUDA they run the fused kernels of ``rla.ops.fused`` when Triton is
 available; everywhere else the PyTorch reference of ``rla.ops.reference``, which is the oracle
-the fused kernels are tested against. ``launch_config()`` / ``set_launch_config(dict)`` read and
+the fused kernels are tested against. ``attn_gate`` (Qwen3.5's attention output gate, a variant point)
+is PyTorch ops on every device (:mod:`rla.ops.gate`). ``launch_config()`` / ``set_launch_config(dict)`` read and
 set the fused kernels' launch parameters (:mod:`rla.ops.launch`). The MoE router and the
 weighted sum of experts (the router points of :mod:`rla.profiles.router`) are
 :mod:`rla.ops.routing`: PyTorch ops only, the same code on CPU and CUDA.
@@ -15,13 +16,14 @@ from __future__ import annotations
 
 import torch
 
+from rla.ops import gate as _gate
 from rla.ops import reference
 from rla.ops._checks import check_carry_add, check_norm, check_residual_source, check_rope, check_swiglu
 from rla.ops.launch import launch_config, set_launch_config
 from rla.profiles import RoundingProfile, resolve
 
 __all__ = ["rope", "swiglu", "geglu", "swiglu_oai", "rms_norm", "rms_norm_and_round", "add_rms_norm", "carry_add",
-           "qk_norm_rope", "backend", "launch_config", "set_launch_config"]
+           "qk_norm_rope", "attn_gate", "backend", "launch_config", "set_launch_config"]
 
 
 def backend(*tensors: torch.Tensor):
@@ -93,6 +95,17 @@ def swiglu(gate, up, profile: str | RoundingProfile):
     p = resolve(profile)
     check_swiglu(gate, up)
     return backend(gate, up).swiglu(gate, up, p)
+
+
+def attn_gate(attn, gate, profile: str | RoundingProfile):
+    """attn * sigmoid(gate), the gated attention's output gate (Qwen3.5), rounded where
+    ``profile.attn_gate`` says: ``per_op`` = RN(attn * RN(sigmoid(g))) (HF's two ops), ``fused`` =
+    RN(attn * sigmoid(g)) in fp32, one rounding. ``profile.attn_gate`` is a variant point: pass the
+    row's ``qwen3_5`` variant (``profile.variant("qwen3_5")``), which sets it. The same PyTorch ops on
+    every device (:mod:`rla.ops.gate`, its backward as the reference ops')."""
+    p = resolve(profile)
+    _gate.check_attn_gate(attn, gate)
+    return _gate.attn_gate(attn, gate, p.attn_gate == "per_op")
 
 
 def geglu(gate, up, profile: str | RoundingProfile):

@@ -7,9 +7,8 @@ compiler fuses across them (the residual carried past the attention add, the q/k
 read by RoPE), plus the order in which a norm adds its sum of squares. Everything else in ``rla`` -- the ops, the model patch, the sampler, the
 diagnosis -- reads a profile and never asks which engine it came from.
 
-Notation: ``lp`` is the stack's low-precision dtype (bf16 or fp16) and ``RN(v)`` rounds an fp32
-value to ``lp`` (round-to-nearest-even, as ``tensor.to(lp)`` does). Everything written without
-``RN`` is one fp32 operation.
+Notation: ``lp`` is the stack's low-precision dtype (bf16 or fp16) and ``RN(v)`` rounds an fp32 value to
+``lp`` (round-to-nearest-even, as ``tensor.to(lp)`` does). Everything written without ``RN`` is one fp32 operation.
 
 A profile of an engine is a *measured* fact about one engine version in one mode: its
 :class:`Calibration` says which engine, version, mode, GPU and torch it was measured on, and for
@@ -62,7 +61,7 @@ VARIANTS: dict[str, str] = {
     "gpt_oss": "GPT-OSS's RMSNorm (HF: (w * x * rstd) rounded once) and its experts' clamped SwiGLU",
     "gemma4": "Gemma 4's RMSNorm (HF: x * rstd * w rounded once) and its layers' adds",
     "gemma4_ple": "Gemma 4's per-layer-input gate gelu_tanh(g) * p, written as two PyTorch ops (the swiglu point)",
-    "qwen3_5": "Qwen3.5's zero-centred norms and its gated attention's q/k norms and partial RoPE (one kernel)",
+    "qwen3_5": "Qwen3.5's zero-centred norms, its gated attention's q/k norms and partial RoPE, its output gate",
     "moe_experts": "MoE blocks: routed experts' silu(gate) * up inside the fused-MoE op (GPT-OSS's: gpt_oss), the "
                    "shared + routed sum (moe_out); applied after the family's own kind (RoundingProfile.variant_on)",
 }
@@ -232,9 +231,10 @@ class RoundingProfile:
     kernels' per-thread partials and block reduction (``rla.ops.reduction``)."""
 
     post_norm_out: Literal["round", "fp32"] = "round"
-    """A variant point (:data:`VARIANT_POINTS`; :meth:`variant` sets it): what the add after a Gemma
-    post-attention / post-feed-forward norm reads: ``round`` = RN(norm(x)) (HF); ``fp32`` = the
-    norm's fp32 output (vLLM's compiled graph). Read by ``rla.alignment.gemma`` / ``gemma4`` only."""
+    """A variant point (:data:`VARIANT_POINTS`, defined there; :meth:`variant` sets it): Gemma's post-norms' output."""
+
+    attn_gate: Literal["per_op", "fused"] = "per_op"
+    """A variant point, as ``post_norm_out``: where Qwen3.5's attention output gate attn * sigmoid(gate) rounds."""
 
     moe_out: Literal["round", "fp32"] = "round"
     """Variant point (``moe_experts``): the add after an MoE block reads RN(shared + routed) or their fp32 sum."""

@@ -17,6 +17,14 @@ the two lp tensors, unrounded, as vLLM's compiled graph (``MoERunner.forward`` a
 opaque fused-MoE op and Inductor fuses the add into the next residual add: the default-mode engine
 twin on GLM-4 MoE, docs/families.md). A block without shared experts hands the add the routed
 experts' lp output in every stack, so it has nothing the point could change.
+
+``attn_gate`` (kind ``qwen3_5``: Qwen3.5's gated full attention, ``o_proj(attn * sigmoid(gate))``):
+where the output gate rounds. ``per_op`` = RN(attn * RN(sigmoid(gate))), HF's two PyTorch ops on
+bf16 tensors (vLLM's eager mode runs the same ops); ``fused`` = RN(attn * sigmoid(gate)), the sigmoid
+and the product in fp32 of the bf16 inputs, one rounding at the store (SGLang's ``fused_sigmoid_mul``
+Triton kernel; vLLM's compiled graph, where Inductor fuses the two ops). ``rla.ops.attn_gate``
+computes it; the swiglu region (the gated products) aligns it (``rla.alignment.attn_gate``).
+``RoundingProfile.attn_gate`` holds the value.
 """
 
 from __future__ import annotations
@@ -26,11 +34,12 @@ import dataclasses
 __all__ = ["VARIANT_POINTS", "VARIANT_POINT_KINDS", "check_variant_point", "has_point", "replace_variant"]
 
 #: point -> its choices, the first HF eager's.
-VARIANT_POINTS: dict[str, tuple[str, str]] = {"post_norm_out": ("round", "fp32"), "moe_out": ("round", "fp32")}
+VARIANT_POINTS: dict[str, tuple[str, str]] = {"post_norm_out": ("round", "fp32"), "moe_out": ("round", "fp32"),
+                                              "attn_gate": ("per_op", "fused")}
 
 #: point -> the kinds whose modules have it (and whose variants may set it).
 VARIANT_POINT_KINDS: dict[str, tuple[str, ...]] = {"post_norm_out": ("zero_centred_norm", "gemma4"),
-                                                   "moe_out": ("moe_experts",)}
+                                                   "moe_out": ("moe_experts",), "attn_gate": ("qwen3_5",)}
 
 
 def has_point(kind: str, point: str) -> bool:
