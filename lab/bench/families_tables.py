@@ -13,6 +13,11 @@
 
 - ``results/benchmarks/vllm026_qwen35_gemma4_h200_2026-12-03/`` (stages ``fam-eager fam-default famcal-default``):
   the live runs on Qwen3.5 dense and Gemma 4 and the Gemma 4 default-mode calibration (every point with its flip).
+- ``results/benchmarks/vllm026_rescore_h200_2026-12-03/`` (stages ``fam-default famcal-default`` with ``SAVED``): the
+  committed default-mode engine outputs re-scored under the changed rows, their calibrations, Gemma 3 again.
+- ``results/benchmarks/twin_families_h200_2026-12-03/`` (``lab/bench/twin_families_session.sh``): the family twins'
+  ``twin_families.json`` per call, as ``lab/bench/twin_families.py`` summarises them.
+- ``results/benchmarks/families_gpu_tests_h200_2026-12-03/``: the GPU tests' JUnit XML, per test file.
 
 ``python lab/bench/families_tables.py [--write]`` prints every block; ``--write`` puts each into its
 README between ``<!-- NAME -->`` and ``<!-- /NAME -->``. ``tests/lab/test_families_tables.py`` checks
@@ -43,6 +48,12 @@ DEC3 = BENCH / "vllm026_qwen35_gemma4_h200_2026-12-03"
 #: 2026-12-03's verify runs, as MOE_RUNS
 DEC3_RUNS = (("qwen35-h2048", "eager", "qwen35-eager"), ("qwen35-h2048", "default", "qwen35-default"),
              ("gemma4-h2560", "eager", "gemma4-eager"), ("gemma4-h2560", "default", "gemma4-default"))
+RESCORE = BENCH / "vllm026_rescore_h200_2026-12-03"
+#: the re-scored runs and Gemma 3's new one, as MOE_RUNS
+RESCORE_RUNS = (("gemma4-h2560", "default", "rescore-default"), ("qwen35-h2048", "default", "rescore-default"),
+                ("glm4moe-h2048", "default", "rescore-default"), ("gemma3-h2560", "default", "gemma3-default"))
+TWINS = BENCH / "twin_families_h200_2026-12-03"
+GPU_TESTS = BENCH / "families_gpu_tests_h200_2026-12-03"
 #: The H200 timings of rla bench ops' add_rms_norm case (16384 x 3584, forward + backward) that turn
 #: bytes into milliseconds: PyTorch's eager ops ("hf") and rla's fused kernel ("rla").
 OPS_TIMINGS = (BENCH / "h200_2026-11-29_ops.json", BENCH / "e2e_align_ops_isolated_h200_2026-11-29/call3_ops_isolated.json",
@@ -273,6 +284,31 @@ def flips_table(root: Path, folder: Path = DEC3, call: str = "gemma4-calibrate-d
     return _table(["point", f"`{rep['start']}`", "found", "found row with the point flipped (prefill k3)"], rows)
 
 
+def twin_table(root: Path, call: str) -> str:
+    """``lab/bench/twin_families.py``'s summary of one twin call's ``twin_families.json``."""
+    sys.path.insert(0, str(ROOT / "lab" / "bench"))
+    import twin_families
+
+    return twin_families.summarize(root / TWINS / "runs" / call / "families" / "twin_families.json").strip("\n")
+
+
+def junit_table(root: Path, files: tuple[str, ...] = ("gpu_tests.xml",)) -> str:
+    """Per test file of a pytest ``--junitxml`` report: passed, failed, errors, skipped; then the items not passed."""
+    import xml.etree.ElementTree as ET
+
+    counts, bad = {}, []
+    for name in files:
+        for case in ET.parse(root / GPU_TESTS / "runs" / name).iter("testcase"):
+            where = case.get("classname").replace(".", "/") + ".py"
+            status = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
+            counts.setdefault(where, dict.fromkeys(("passed", "failure", "error", "skipped"), 0))[status] += 1
+            if status in ("failure", "error"):
+                bad.append(f"- {status}: `{where}::{case.get('name')}`")
+    rows = [[f"`{w}`", *map(str, c.values())] for w, c in counts.items()]
+    rows.append(["(all)", *(str(sum(c[k] for c in counts.values())) for k in ("passed", "failure", "error", "skipped"))])
+    return _table(["test file", "passed", "failed", "errors", "skipped"], rows) + "\n\n" + "\n".join(bad)
+
+
 BLOCKS = {
     KERNELS / "README.md": {"tests-table": tests_table, "gelu-table": gelu_table, "e2e-table": e2e_table,
                             "dispatch-table": dispatch_table, "traffic-table": traffic_table,
@@ -283,6 +319,13 @@ BLOCKS = {
                             "evening-calibration-table": calibration_table},
     DEC3 / "README.md": {"dec3-live-table": lambda root: moe_live_table(root, DEC3, DEC3_RUNS),
                          "dec3-flips-table": flips_table},
+    RESCORE / "README.md": {
+        "rescore-live-table": lambda root: moe_live_table(root, RESCORE, RESCORE_RUNS),
+        **{f"rescore-flips-{m}": (lambda root, m=m: flips_table(root, RESCORE, "rescore-default", f"calibrate-{m}-default"))
+           for m in ("gemma4-h2560", "qwen35-h2048", "glm4moe-h2048")}},
+    TWINS / "README.md": {"twin-three-families": lambda root: twin_table(root, "three-families"),
+                          "twin-qwen35": lambda root: twin_table(root, "qwen35")},
+    GPU_TESTS / "README.md": {"gpu-tests-table": junit_table},
 }
 
 
