@@ -31,6 +31,8 @@ import re
 import sys
 from pathlib import Path
 
+from rla.profiles import VARIANT_POINTS
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = Path("results/benchmarks")
 KERNELS = BENCH / "families_kernels_h200_2026-12-02"
@@ -275,11 +277,13 @@ def flips_table(root: Path, folder: Path = DEC3, call: str = "gemma4-calibrate-d
     """Every point of a ``rla calibrate --live`` report: the start row's value, the found row's, and the found
     row's prefill k3 with the point flipped to its other value (or why that value could not be scored)."""
     rep = _json(root, folder / "runs" / call / f"{stem}.report.json")
-    start, best = rep["start_score"]["points"], rep["best"]
+    start, best = rep["tried"][0]["points"], rep["best"]  # the first row tried is the start, its variant points too
     rows = []
     for p, flip in rep["flips"].items():
         k3 = f"{flip['prefill_k3']:.3e}" if "prefill_k3" in flip else "not scored: " + flip.get("error", "?")
-        rows.append([f"`{p}`", start[p], best[p], f"{flip['other']}: {k3}"])
+        # a variant point (the flip names its kind) is not among the found row's points: its value is the other choice
+        found = best.get(p) or next(v for v in VARIANT_POINTS[p] if v != flip["other"])
+        rows.append([f"`{p}`" + (f" ({flip['kind']})" if flip.get("kind") else ""), start[p], found, f"{flip['other']}: {k3}"])
     rows.append(["(the whole row)", f"{rep['start_score']['prefill']['k3']:.3e}", f"{rep['score']['prefill']['k3']:.3e}", "-"])
     return _table(["point", f"`{rep['start']}`", "found", "found row with the point flipped (prefill k3)"], rows)
 

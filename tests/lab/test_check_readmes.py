@@ -64,7 +64,10 @@ OWN_RENDER = {"vllm026_live_h200_2026-12-01": "lab/bench/vllm_live_table.py, tes
               "vllm026_gemma3_h200_2026-12-02": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
               "vllm026_families_h200_2026-12-02": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
               "vllm026_qwen35_gptoss_h200_2026-12-02": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
-              "vllm026_qwen35_gemma4_h200_2026-12-03": "lab/bench/families_tables.py, tests/lab/test_families_tables.py"}
+              "vllm026_qwen35_gemma4_h200_2026-12-03": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
+              "vllm026_rescore_h200_2026-12-03": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
+              "twin_families_h200_2026-12-03": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
+              "families_gpu_tests_h200_2026-12-03": "lab/bench/families_tables.py, tests/lab/test_families_tables.py"}
 
 
 def test_every_results_readme_headline_table_matches_its_files():

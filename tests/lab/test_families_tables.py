@@ -10,13 +10,13 @@ from repo_root import ROOT
 
 def test_the_committed_blocks_are_the_render_of_the_data():
     rendered = T.render(ROOT)
-    assert sum(len(b) for b in rendered.values()) == 12
+    assert sum(len(b) for b in rendered.values()) == 19
     for readme, new in rendered.items():
         assert T.blocks((ROOT / readme).read_text()) == new, readme
 
 
 def _copy(tmp_path):
-    for rel in (T.KERNELS, T.LIVE, T.MOE_LIVE, T.EVENING, T.DEC3, *T.OPS_TIMINGS):
+    for rel in (T.KERNELS, T.LIVE, T.MOE_LIVE, T.EVENING, T.DEC3, T.RESCORE, T.TWINS, T.GPU_TESTS, *T.OPS_TIMINGS):
         src, dst = ROOT / rel, tmp_path / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
@@ -62,3 +62,21 @@ def test_a_changed_number_is_seen(tmp_path):
     old = T.render(ROOT)[T.KERNELS / "README.md"]
     assert new[T.KERNELS / "README.md"]["e2e-table"] != old["e2e-table"]
     assert new[T.KERNELS / "README.md"]["prediction"] != old["prediction"]  # the prediction starts from that step
+
+
+def test_a_changed_number_in_the_2026_12_03_folders_is_seen(tmp_path):
+    root = _copy(tmp_path)
+    r = root / T.RESCORE / "runs" / "gemma3-default" / "verify-gemma3-h2560-default" / "report.json"
+    data = json.loads(r.read_text())
+    data["rows"][1]["prefill"]["k3"] *= 1.5
+    r.write_text(json.dumps(data))
+    t = root / T.TWINS / "runs" / "qwen35" / "families" / "twin_families.json"
+    data = json.loads(t.read_text())
+    data["rows"][1]["logits_equal"] *= 0.5
+    t.write_text(json.dumps(data))
+    g = root / T.GPU_TESTS / "runs" / "gpu_tests.xml"
+    g.write_text(g.read_text().replace("<failure", "<skipped", 1).replace("</failure>", "</skipped>", 1))
+    new, old = T.render(root), T.render(ROOT)
+    for folder, block in ((T.RESCORE, "rescore-live-table"), (T.TWINS, "twin-qwen35"), (T.GPU_TESTS, "gpu-tests-table")):
+        assert new[folder / "README.md"][block] != old[folder / "README.md"][block], block
+    assert new[T.RESCORE / "README.md"]["rescore-flips-qwen35-h2048"] == old[T.RESCORE / "README.md"]["rescore-flips-qwen35-h2048"]
