@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Device calls of the family-twin session (vLLM 0.33's twin of Gemma 3, GLM-4 MoE and GPT-OSS at
+# Device calls of the family-twin session (vLLM 0.33's twin of Gemma 3, Gemma 4, GLM-4 MoE and GPT-OSS at
 # realistic width, default and eager mode: lab/bench/twin_families.py), one H200. Made on the CPU
 # machine first: bash lab/bench/twin_families_pack.sh (writes .carry/twin33/). What the run needs
 # travels in pieces, one per call on the still-warm machine (a call's tree + carry < 64 MiB; the
 # tracked tree alone is ~46 MB), each kept in /tmp/twin33 for the last call:
 #   bash lab/bench/twin_families_session.sh piece 1     (carry .carry/twin33/p1; then 2 and 3: seconds each)
 #   bash lab/bench/twin_families_session.sh tf          (carry .carry/twin33/tf: transformers 5.24 into /tmp)
-#   bash lab/bench/twin_families_session.sh run 4       (carry .carry/twin33/p4 and .carry/twin33/mini)
+#   bash lab/bench/twin_families_session.sh run 4 [MODELS]  (carry .carry/twin33/p4 and .carry/twin33/mini)
+# MODELS (default all) are twin_families.FAMILIES names; four families in both modes may pass the
+# stage's 500 s, so run gemma4-h2560 in a call of its own (`run 4 gemma4-h2560`, then `run 4
+# gemma3-h2560 glm4moe-h2048 gptoss-h2880`: each call reassembles the library from /tmp/twin33).
 # `run` assembles the kernel library, checks its sha256, and runs the families stage in both modes
 # (about 3-5 minutes: Inductor compiling each family's pieces dominates; the stage's own limit is
 # 500 s). Everything lands in $OUT/results.tgz (the tool returns at most 8 files).
 set -u
-CALL=$1; K=${2:-}
+CALL=$1; K=${2:-}; shift $(( $# < 2 ? $# : 2 )); MODELS="$*"
 export PYTHONPATH=$PWD/src:$PWD/tests:$PWD PYTHONUNBUFFERED=1 RLA_ENGINE_CACHE=/tmp/twin33/cache
 mkdir -p /tmp/twin33
 if [ "$CALL" = tf ]; then
@@ -36,6 +39,7 @@ fi
 nvidia-smi > $R/nvidia-smi.txt 2>&1
 python3 -c "import torch, triton, transformers; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" > $R/env.txt 2>&1
 stamp "lab/bench/engine_twin_h200.py --stages families --modes default eager"
-timeout 500 python3 lab/bench/engine_twin_h200.py --stages families --modes default eager --wheel $W --library $L --out $R/families > $R/families.log 2>&1
+timeout 500 python3 lab/bench/engine_twin_h200.py --stages families --modes default eager --wheel $W --library $L \
+  --out $R/families ${MODELS:+--only $MODELS} > $R/families.log 2>&1
 stamp "done rc=$?"
 python3 lab/bench/engine_twin_h200.py --summarize $R/families > $R/families_summary.md 2>&1
