@@ -382,7 +382,7 @@ def test_rla_verify_names_the_family_chain_the_row_lacks(vllm_wheel, tmp_path, c
     """`rla verify` builds the family's twin (rla.engines.vllm_twin_families.build_twin) and, where the
     aligned side differs in default mode, names the chain the row lacks for that family: on Gemma 3
     under a row whose zero_centred_norm variant rounds the post-norms' outputs, not under vllm-0.33
-    (which has the chain)."""
+    (which has the chain); on Gemma 4 under vllm-0.33 (no row has its chains)."""
     from rla.cli import main
 
     folder = tmp_path / "gemma"
@@ -400,3 +400,9 @@ def test_rla_verify_names_the_family_chain_the_row_lacks(vllm_wheel, tmp_path, c
     assert "post-feed-forward norms' outputs unrounded into the adds (post_norm_out='fp32')" in text
     assert main(args + ["--mode", "native"]) == 0
     assert "unrounded into the adds" not in capsys.readouterr().out.replace("\n", " ")
+    folder = tmp_path / "gemma4"  # Gemma 4: per-layer head sizes (rla verify reads each layer's), chains no row says
+    _gemma4().save_pretrained(str(folder))
+    args[2] = str(folder)
+    assert main(args) == 0
+    text = capsys.readouterr().out.replace("\n", " ")
+    assert "On gemma4_text the default-mode twin also computes" in text and "per-layer-input add reading the" in text
