@@ -1,4 +1,4 @@
-"""The vLLM 0.33 engine twin of Gemma 3, GLM-4 MoE and GPT-OSS on CPU (rla.engines.vllm_twin_families).
+"""The vLLM 0.33 engine twin of Gemma 3, Gemma 4, GLM-4 MoE and GPT-OSS on CPU (rla.engines.vllm_twin_families).
 
 As for Qwen2/Qwen3/Llama (tests/engines/test_vllm_twin.py): the twin runs vLLM's own region code
 (read from its wheel) in the layout of vLLM's model file, the GEMMs and HF's attention the same as
@@ -17,7 +17,9 @@ What the default-mode twin found on the CPU, where no row has it yet: Gemma 3's 
 post-feed-forward norms hand the add after them their unrounded output; GLM-4 MoE's
 ``shared + routed`` experts sum is read unrounded by the residual add; GPT-OSS's fp32 YaRN cache,
 cast to bf16 inside the graph, is read unrounded by RoPE (the ``rope_cos_sin='fp32'`` of the
-vllm-0.26 row's gpt_oss variant). The GPU run (lab/bench/engine_twin_h200.py) says whether Triton
+vllm-0.26 row's gpt_oss variant); Gemma 4's three post-norms do what Gemma 3's do (the row's gemma4
+``post_norm_out='fp32'``), and four chains no row has: the per-layer inputs, the per-layer-input add,
+the norms after a layer and after the embedding (``gemma4_spec.CHAINS``). The GPU run (lab/bench/engine_twin_h200.py) says whether Triton
 does the same. Without CUDA the routed experts' activation (a CUDA kernel in every mode of the
 engine) runs vLLM's native op eagerly, so the default-mode MoE rows here use ``swiglu='per_op'`` for
 the routed experts: a stand-in, said by the twin's docstring.
