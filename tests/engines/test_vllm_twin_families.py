@@ -213,7 +213,7 @@ def _gemma4_oracle(model, pts, chains=GEMMA4_CHAINS):
     return logits, streams
 
 
-def test_gemma4_default_twin_is_the_row_with_three_chains(gemma4_default):
+def test_gemma4_default_twin_is_the_row_with_four_chains(gemma4_default):
     """vLLM's compiled Gemma 4 (Inductor on the CPU) is the vllm-0.33 row's points under its gemma4 variant,
     ``post_norm_out='fp32'`` included (measured here: with ``round`` the first layer differs), plus what
     no point says, each needed:
