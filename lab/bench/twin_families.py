@@ -64,7 +64,8 @@ def configs(layers: int, scale: float = 1.0) -> dict:
             "gptoss-h2880": fam.gpt_oss(layers)}
     cfgs["gemma3-h2560"].max_position_embeddings = 32768
     small = {} if scale == 1.0 else {  # Gemma 4's config derives its per-layer attributes when built
-        "hidden_size": max(64, int(2560 * scale) // 64 * 64), "intermediate_size": max(64, int(10240 * scale) // 64 * 64),
+        "hidden_size": max(64, int(2560 * scale) // 64 * 64),
+        "intermediate_size": max(64, int(10240 * scale) // 64 * 64),
         "num_attention_heads": max(2, int(8 * scale) // 2 * 2), "num_key_value_heads": 1,
         "head_dim": max(16, int(256 * scale) // 16 * 16), "hidden_size_per_layer_input": max(16, int(256 * scale))}
     cfgs["gemma4-h2560"] = fam.gemma4(layers, max_position_embeddings=32768, **small)

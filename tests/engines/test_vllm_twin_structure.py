@@ -10,9 +10,9 @@ called, with how many arguments, in which order); no vLLM code is reproduced her
 changes them fails, naming the file and method.
 
 The family twins (Gemma 3, Gemma 4, GLM-4 MoE, GPT-OSS) are checked the same way against
-``models/gemma3.py``, ``gemma4.py``, ``glm4_moe.py``, ``gpt_oss.py``, and the facts they take from the layers: GemmaRMSNorm's CUDA path
-is its native one, the fused MoE calls the CUDA activation kernels whatever the mode and adds the
-shared experts' output outside its opaque op.
+``models/gemma3.py``, ``gemma4.py``, ``glm4_moe.py``, ``gpt_oss.py``, and the facts they take from the
+layers: GemmaRMSNorm's CUDA path is its native one, the fused MoE calls the CUDA activation kernels
+whatever the mode and adds the shared experts' output outside its opaque op.
 """
 
 import ast
@@ -127,7 +127,8 @@ def test_gemma4_layer_has_plain_adds_and_norms_then_the_per_layer_input_and_the_
              "post_feedforward_layernorm", "per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm"]
     assert [n for n in names if n in order] == order, names
     code = ast.unparse(fn)
-    for line in ("hidden_states = hidden_states + residual", 'gate = torch.nn.functional.gelu(gate, approximate=\'tanh\')',
+    for line in ("hidden_states = hidden_states + residual",
+                 'gate = torch.nn.functional.gelu(gate, approximate=\'tanh\')',
                  "gated_per_layer = gate * per_layer_input", "hidden_states = hidden_states + per_layer_contribution",
                  "hidden_states = hidden_states * self.layer_scalar", "return (hidden_states, None)"):
         assert line in code, line

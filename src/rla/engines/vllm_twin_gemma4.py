@@ -143,7 +143,8 @@ class Gemma4Twin(VllmTwin):
         return w
 
     def release_model(self):
-        raise NotImplementedError("the Gemma 4 twin keeps its model (the engine-backed forward covers the Llama layout)")
+        raise NotImplementedError("the Gemma 4 twin keeps its model (the engine-backed forward covers the Llama "
+                                  "layout)")
 
     # -- the layer, as models/gemma4.py lays it out ------------------------------------------------
 
