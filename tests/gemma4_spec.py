@@ -104,13 +104,15 @@ def spec_inv_freq(cfg, layer_type: str, where="cpu") -> torch.Tensor:
     return torch.cat((inv_freq, torch.zeros(d // 2 - angles, device=where)))
 
 
-def spec_norm(v, weight, eps, pts, lp, out=None):
+def spec_norm(v, weight, eps, pts, lp, out=None, variance_of=None):
     """(v * rstd) * RN(w) of the fp32 value ``v`` in the plain norm's reduction order; ``weight``
-    None: v * rstd, rounded once."""
+    None: v * rstd, rounded once. ``variance_of``: the fp32 value whose mean square gives rstd
+    (default ``v``), for a norm whose reduction reads another value than its normalisation does."""
+    u = v if variance_of is None else variance_of
     if pts["norm_reduction"] == "vllm_block":
-        mean_square = vllm_mean_square(v, v.numel() // v.shape[-1], False)
+        mean_square = vllm_mean_square(u, u.numel() // u.shape[-1], False)
     else:
-        mean_square = (v * v).mean(-1, keepdim=True)
+        mean_square = (u * u).mean(-1, keepdim=True)
     n = v * torch.rsqrt(mean_square + eps)
     if weight is None:
         return n.to(out or lp)
@@ -120,8 +122,8 @@ def spec_norm(v, weight, eps, pts, lp, out=None):
     return (n * w).to(out or lp)
 
 
-def _norm(module, v, pts, lp, out=None):
-    return spec_norm(v.float(), module.weight if module.with_scale else None, module.eps, pts, lp, out)
+def _norm(module, v, pts, lp, out=None, variance_of=None):
+    return spec_norm(v.float(), module.weight if module.with_scale else None, module.eps, pts, lp, out, variance_of)
 
 
 def _attention(attn, h, cos, sin, pts, lp, shared: dict):
@@ -145,27 +147,62 @@ def _attention(attn, h, cos, sin, pts, lp, shared: dict):
     return F.linear(out.reshape(B, S, -1).contiguous(), attn.o_proj.weight)
 
 
-def _ple_inputs(body, ids, x, pts, lp):
+def _ple_inputs(body, ids, x, pts, lp, fp32: bool = False):
     """HF's per-layer inputs (its lookup and its scale constants, outside the regions) with the
-    projection's norm under the points."""
+    projection's norm under the points. ``fp32``: the chain as one fp32 expression rounded once at
+    the end, ``(norm(G * ps) + E * es) * s`` with ``G`` the projection GEMM's bf16 output, ``E`` the
+    looked-up rows and the scales as the model holds them (what vLLM's compiled first piece computes
+    on the CPU: tests/engines/test_vllm_twin_families.py)."""
     cfg = body.config
+    shape = (*x.shape[:-1], cfg.num_hidden_layers, cfg.hidden_size_per_layer_input)
+    if fp32:
+        table = body.embed_tokens_per_layer
+        looked_up = F.embedding(ids, table.weight).float() * table.embed_scale.to(table.weight.dtype).float()
+        proj = F.linear(x, body.per_layer_model_projection.weight).float() * _as_float(
+            body.per_layer_model_projection_scale)
+        proj = _norm(body.per_layer_projection_norm, proj.reshape(shape), pts, lp, torch.float32)
+        return ((proj + looked_up.reshape(shape)) * _as_float(body.per_layer_input_scale)).to(lp)
     looked_up = body.get_per_layer_inputs(ids, None)
     proj = F.linear(x, body.per_layer_model_projection.weight) * body.per_layer_model_projection_scale
-    proj = proj.reshape(*x.shape[:-1], cfg.num_hidden_layers, cfg.hidden_size_per_layer_input)
+    proj = proj.reshape(shape)
     proj = _norm(body.per_layer_projection_norm, proj, pts, lp)
     return (proj + looked_up) * body.per_layer_input_scale
 
 
-def spec_forward(model, input_ids, pts) -> torch.Tensor:
-    """Logits of ``model`` (a Gemma4ForCausalLM) computed under the points ``pts``; under
-    ``pts['post_norm_out'] == 'fp32'`` (``round`` where ``pts`` does not say) the post-attention,
-    post-feed-forward and post-per-layer-input norms hand the add after them their fp32 output."""
+def _as_float(scale):
+    return scale.float() if isinstance(scale, torch.Tensor) else float(scale)
+
+
+#: The chains :func:`spec_forward` can add to the points (``chains=``): what vLLM 0.33's compiled Gemma 4
+#: graph computes on the CPU (tests/engines/test_vllm_twin_families.py) where the row's points say otherwise.
+CHAINS = ("ple_fp32", "ple_add_rounded", "stream_variance_fp32", "embed_fp32", "embed_variance_fp32")
+
+
+def spec_forward(model, input_ids, pts, positions=None, streams=None, chains=()) -> torch.Tensor:
+    """Logits of ``model`` (a Gemma4ForCausalLM) computed under the points ``pts`` at ``positions``
+    (default 0..S-1); under ``pts['post_norm_out'] == 'fp32'`` (``round`` where ``pts`` does not
+    say) the post-attention, post-feed-forward and post-per-layer-input norms hand the add after them
+    their fp32 output. ``streams``: a list that receives each layer's output, rounded (as the engine
+    twin records it). ``chains`` (of :data:`CHAINS`):
+
+    - ``ple_fp32``: the per-layer inputs as one fp32 expression rounded once (:func:`_ple_inputs`);
+    - ``ple_add_rounded``: under ``fp32_carry`` the per-layer-input add reads RN(s), the value the
+      gate's GEMM reads, not the carried fp32 sum;
+    - ``stream_variance_fp32``: under ``fp32_sum`` the norm after a layer (the next input norm, the
+      final norm) takes its mean square from the fp32 ``sum * scalar`` and normalises its rounding;
+    - ``embed_fp32``: the first input norm reads the embedding times its bf16 scale unrounded;
+      ``embed_variance_fp32``: only its mean square does, it normalises the rounded product (the
+      residual is the rounded product either way)."""
+    unknown = set(chains) - set(CHAINS)
+    if unknown:
+        raise ValueError(f"unknown chains {sorted(unknown)}; known: {CHAINS}")
     body, cfg = model.model, model.config
     pts = at_head_size(pts, cfg.per_layer_config[0].head_dim)  # the row's head-size rule (align_spec.Row)
     lp = body.embed_tokens.weight.dtype
     device = input_ids.device
     where = device if pts["rope_inv_freq"] == "device" else torch.device("cpu")
-    positions = torch.arange(input_ids.shape[1], device=device)[None].expand(input_ids.shape[0], -1)
+    if positions is None:
+        positions = torch.arange(input_ids.shape[1], device=device)[None].expand(input_ids.shape[0], -1)
     tables = {}
     for t in set(cfg.layer_types):
         freqs = positions[..., None].float() * spec_inv_freq(cfg, t, where).to(device)
@@ -175,11 +212,23 @@ def spec_forward(model, input_ids, pts) -> torch.Tensor:
     carry = pts["residual_stream"] == "fp32_carry"
     post = torch.float32 if pts.get("post_norm_out", "round") == "fp32" else None
     x = body.embed_tokens(input_ids)  # HF's scaled embedding (left as is)
-    ple = _ple_inputs(body, input_ids, x, pts, lp) if cfg.hidden_size_per_layer_input else None
+    ple = (_ple_inputs(body, input_ids, x, pts, lp, "ple_fp32" in chains) if cfg.hidden_size_per_layer_input
+           else None)
     s, shared = x.float(), {}  # s: what the next norm reads (the fp32 value, or the embeddings)
+    split = "stream_variance_fp32" in chains and fp32_sum
     for i, layer in enumerate(body.layers):
         r = rn(s, lp)
-        h = _norm(layer.input_layernorm, s if fp32_sum else r, pts, lp)
+        if i == 0 and {"embed_fp32", "embed_variance_fp32"} & set(chains):  # F.embedding(ids, w) * RN(scale)
+            table = body.embed_tokens
+            unrounded = F.embedding(input_ids, table.weight).float() * table.embed_scale.to(lp).float()
+            if "embed_fp32" in chains:
+                h = _norm(layer.input_layernorm, unrounded, pts, lp)
+            else:
+                h = _norm(layer.input_layernorm, r, pts, lp, variance_of=unrounded)
+        elif i > 0 and split:
+            h = _norm(layer.input_layernorm, r, pts, lp, variance_of=s)
+        else:
+            h = _norm(layer.input_layernorm, s if fp32_sum else r, pts, lp)
         a = _attention(layer.self_attn, h, *tables[cfg.layer_types[i]], pts, lp, shared)
         a = _norm(layer.post_attention_layernorm, a, pts, lp, post)
         s1 = a.float() + r
@@ -202,7 +251,7 @@ def spec_forward(model, input_ids, pts) -> torch.Tensor:
             y = spec_geglu(F.linear(rounded, layer.per_layer_input_gate.weight), ple[:, :, i, :],
                            {"swiglu": pts["ple_swiglu"]})
             y = _norm(layer.post_per_layer_input_norm, F.linear(y, layer.per_layer_projection.weight), pts, lp, post)
-            s = (s if carry else rounded.float()) + y.float()
+            s = (s if carry and "ple_add_rounded" not in chains else rounded.float()) + y.float()
         scalar = layer.layer_scalar.float()
         if fp32_sum:
             s = s * scalar
@@ -210,7 +259,12 @@ def spec_forward(model, input_ids, pts) -> torch.Tensor:
             s = rn(s * scalar, lp)
         else:
             s = rn(rn(s, lp) * scalar, lp)
-    h = _norm(body.norm, s if fp32_sum else rn(s, lp), pts, lp)
+        if streams is not None:
+            streams.append(rn(s, lp).to(lp))
+    if split:
+        h = _norm(body.norm, rn(s, lp), pts, lp, variance_of=s)
+    else:
+        h = _norm(body.norm, s if fp32_sum else rn(s, lp), pts, lp)
     logits = F.linear(h, model.lm_head.weight)
     cap = cfg.final_logit_softcapping  # HF's softcap (left as is)
     return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -112,10 +112,11 @@ def qwen3_5_moe(layers: int):
     return transformers.Qwen3_5MoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
 
 
-def gemma4(layers: int):
+def gemma4(layers: int, **overrides):
+    """``overrides``: config keywords replacing these (a CPU smoke run's smaller widths)."""
     if layers < 2:
         raise ValueError(f"gemma4-h2560 needs >= 2 layers (sliding and full), got {layers}")
-    return transformers.Gemma4TextConfig(
+    kw = dict(
         vocab_size=32000, hidden_size=2560, intermediate_size=10240, num_hidden_layers=layers,
         num_attention_heads=8, num_key_value_heads=2, head_dim=256, sliding_window=512,
         layer_types=["sliding_attention"] * (layers - 1) + ["full_attention"], hidden_size_per_layer_input=256,
@@ -125,6 +126,7 @@ def gemma4(layers: int):
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                             "rope_theta": 1e6}})
+    return transformers.Gemma4TextConfig(**{**kw, **overrides})
 
 
 #: checkpoint name -> config builder (layers -> config)

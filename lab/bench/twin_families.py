@@ -1,16 +1,20 @@
-"""The ``families`` stage of engine_twin_h200.py: vLLM 0.33's twin of Gemma 3, GLM-4 MoE, GPT-OSS and Qwen3.5
-dense at a realistic width, in default and eager mode, against HF eager, the aligned model and the
+"""The ``families`` stage of engine_twin_h200.py: vLLM 0.33's twin of Gemma 3, Gemma 4, GLM-4 MoE, GPT-OSS and
+Qwen3.5 dense at a realistic width, in default and eager mode, against HF eager, the aligned model and the
 oracles of the chains the CPU twin found (tests/engines/test_vllm_twin_families.py).
 
 Models (random init, 4 layers, vocab 32000, eager attention on every side, so the oracles attend
 as the twin does): ``gemma3-h2560`` (Gemma 3 4B's layer: ``vllm_live_h200.gemma3_config``, three
 sliding layers and a full one; its positions capped at 32768 to keep the linear cache small),
-``glm4moe-h2048``, ``gptoss-h2880`` and ``qwen35-h2048`` (``live_family_configs``; Qwen3.5's text model:
-three Gated DeltaNet layers then a full-attention one, 16 gated query heads of 256, partial mRoPE; its twin runs
-vLLM's q/k norm + RoPE Triton kernel compiled, as the engine does on CUDA in both modes).
+``gemma4-h2560`` (E4B's text layer, ``live_family_configs.gemma4``: heads of 256 on both layer types,
+per-layer inputs of 256, three sliding layers then a full one with proportional RoPE, no K/V sharing,
+no MoE; positions capped at 32768), ``glm4moe-h2048``, ``gptoss-h2880`` and ``qwen35-h2048`` (``live_family_configs``;
+Qwen3.5's text model: three Gated DeltaNet layers then a full-attention one, 16 gated query heads of 256, partial
+mRoPE; its twin runs vLLM's q/k norm + RoPE Triton kernel compiled, as the engine does on CUDA in both modes).
 Norm weights 1 + 0.2 N(0, 1), Gemma's and Qwen3.5's zero-centred ones 0.2 N(0, 1) (as the live checkpoints;
-Qwen3.5's gated DeltaNet norm ``w * x`` is not zero-centred: 1 + 0.2 N(0, 1)). Shapes: 1 x 512 and 1 x 2048 from
-position 0, 2 x 512 from 20000 (``--quick``: the first only).
+Qwen3.5's gated DeltaNet norm ``w * x`` is not zero-centred: 1 + 0.2 N(0, 1)); Gemma 4's layer scalars 0.5 + U(0, 1)
+(HF initialises them to 1, where the multiply is exact) and its HF per-layer-input scales set to the engine's bf16
+numbers on every side (``bf16_scales``: a constant's dtype is no rounding point, docs/families.md "Gemma 4 scale
+constants"). Shapes: 1 x 512 and 1 x 2048 from position 0, 2 x 512 from 20000 (``--quick``: the first only).
 
 Sides, per family and mode (profile ``vllm-0.33`` / ``vllm-0.33-eager``):
 
@@ -22,6 +26,15 @@ Sides, per family and mode (profile ``vllm-0.33`` / ``vllm-0.33-eager``):
   unrounded into the adds: the CPU twin's default-mode chain, which ``vllm-0.33`` now says),
   ``oracle+post-norm+embed-fp32`` (also the scaled embedding unrounded into the first norm, which the
   CPU cannot tell: sqrt(64) = 8);
+- Gemma 4: ``oracle`` (tests/gemma4_spec.py under the row's Gemma 4 points: what ``rla.align``
+  computes), ``oracle+cpu-chains`` (with the four chains the CPU twin's default mode adds,
+  ``gemma4_spec.CHAINS`` less ``embed_fp32``: the per-layer inputs one fp32 chain, the per-layer-input
+  add reading the rounded sum, the norms after a layer and after the embedding taking their mean
+  square from the unrounded value), ``oracle+cpu-chains-wide`` (the same with the first norm reading
+  the scaled embedding unrounded, ``embed_fp32``: what another compilation of the CPU twin's first piece
+  does at hidden 2560) and
+  ``oracle+<chain>`` with each alone: which of them Triton's fusion keeps on the GPU (in eager mode the
+  row should win);
 - GLM-4 MoE: ``oracle`` with the routed experts' activation ``per_op`` (the twin runs vLLM's CUDA
   ``silu_and_mul`` for them in both modes, as its fused MoE does) and ``oracle+experts-sum-fp32``
   (the shared + routed sum unrounded into the residual add: the CPU twin's chain, which ``vllm-0.33``'s
@@ -46,7 +59,13 @@ import time
 
 import torch
 
-FAMILIES = ("gemma3-h2560", "glm4moe-h2048", "gptoss-h2880", "qwen35-h2048")
+FAMILIES = ("gemma3-h2560", "gemma4-h2560", "glm4moe-h2048", "gptoss-h2880", "qwen35-h2048")
+#: The default-mode chains the CPU twin of Gemma 4 found (tests/engines/test_vllm_twin_families.py); the first norm
+#: normalises the rounded scaled embedding (``embed_variance_fp32``) in the twin's forward, and the fp32 one
+#: (``embed_fp32``) where the same first piece, compiled again on a plain [T] input, was called directly at hidden
+#: 2560: Inductor's choice there is not stable across compilations (docs/families.md, Gemma 4), so both are sides.
+GEMMA4_CHAINS = ("ple_fp32", "ple_add_rounded", "stream_variance_fp32", "embed_variance_fp32")
+GEMMA4_WIDE_CHAINS = ("ple_fp32", "ple_add_rounded", "stream_variance_fp32", "embed_fp32")
 SHAPES = [(1, 512, 0), (1, 2048, 0), (2, 512, 20000)]
 
 
@@ -58,8 +77,16 @@ def configs(layers: int, scale: float = 1.0) -> dict:
     cfgs = {"gemma3-h2560": gemma3_config(layers), "glm4moe-h2048": fam.glm4_moe(layers),
             "gptoss-h2880": fam.gpt_oss(layers), "qwen35-h2048": fam.qwen3_5(layers).text_config}
     cfgs["gemma3-h2560"].max_position_embeddings = 32768
+    small = {} if scale == 1.0 else {  # Gemma 4's config derives its per-layer attributes when built
+        "hidden_size": max(64, int(2560 * scale) // 64 * 64),
+        "intermediate_size": max(64, int(10240 * scale) // 64 * 64),
+        "num_attention_heads": max(2, int(8 * scale) // 2 * 2), "num_key_value_heads": 1,
+        "head_dim": max(16, int(256 * scale) // 16 * 16), "hidden_size_per_layer_input": max(16, int(256 * scale))}
+    cfgs["gemma4-h2560"] = fam.gemma4(layers, max_position_embeddings=32768, **small)
     if scale != 1.0:
-        for cfg in cfgs.values():
+        for name, cfg in cfgs.items():
+            if name.startswith("gemma4-"):
+                continue
             heads = max(2, int(cfg.num_attention_heads * scale) // 2 * 2)
             cfg.num_attention_heads, cfg.num_key_value_heads = heads, max(1, heads // 2)
             cfg.head_dim = max(16, int(cfg.head_dim * scale) // 16 * 16)
@@ -93,7 +120,19 @@ def build(name: str, cfg, device: str, seed: int = 0):
                 noise = 0.2 * torch.randn(p.shape, generator=g, device=device)
                 gated = pname.endswith("linear_attn.norm.weight")  # Qwen3.5's gated DeltaNet norm: w * x
                 p.copy_(noise if zero_centred and not gated else 1 + noise)
+        if name.startswith("gemma4-"):
+            for layer in model.model.layers:
+                layer.layer_scalar.copy_(0.5 + torch.rand(1, generator=g, device=device))
+    if name.startswith("gemma4-"):
+        bf16_scales(model)
     return model
+
+
+def bf16_scales(model):
+    """HF's Gemma 4 per-layer-input scales (Python floats) set to the bf16 numbers vLLM multiplies by."""
+    body = model.model
+    body.per_layer_input_scale = float(torch.tensor(2 ** -0.5).to(torch.bfloat16))
+    body.per_layer_model_projection_scale = float(torch.tensor(model.config.hidden_size ** -0.5).to(torch.bfloat16))
 
 
 def _oracle_side(forward, model, **kwargs):
@@ -119,6 +158,15 @@ def sides(name: str, model, prof) -> dict:
         out["oracle+post-norm-fp32"] = _oracle_side(spec_forward, model, pts=pts, post_norm_fp32=True)
         out["oracle+post-norm+embed-fp32"] = _oracle_side(spec_forward, model, pts=pts, post_norm_fp32=True,
                                                           embed_fp32=True)
+    elif name.startswith("gemma4-"):
+        from gemma4_spec import gemma4_points, spec_forward
+
+        pts = gemma4_points(prof.name)
+        out["oracle"] = _oracle_side(spec_forward, model, pts=pts)
+        out["oracle+cpu-chains"] = _oracle_side(spec_forward, model, pts=pts, chains=GEMMA4_CHAINS)
+        out["oracle+cpu-chains-wide"] = _oracle_side(spec_forward, model, pts=pts, chains=GEMMA4_WIDE_CHAINS)
+        for chain in dict.fromkeys(GEMMA4_CHAINS + GEMMA4_WIDE_CHAINS):
+            out[f"oracle+{chain}"] = _oracle_side(spec_forward, model, pts=pts, chains=(chain,))
     elif name.startswith("glm4moe-"):
         from align_spec import SPEC, Row, at_head_size
         from glm4_moe_spec import spec_forward

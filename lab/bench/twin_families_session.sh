@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Device calls of the family-twin session (vLLM 0.33's twin of Gemma 3, GLM-4 MoE, GPT-OSS and Qwen3.5
-# dense at realistic width, default and eager mode: lab/bench/twin_families.py), one H200. Made on the CPU
+# Device calls of the family-twin session (vLLM 0.33's twin of Gemma 3, Gemma 4, GLM-4 MoE, GPT-OSS and
+# Qwen3.5 dense at realistic width, default and eager mode: lab/bench/twin_families.py), one H200. Made on the CPU
 # machine first: bash lab/bench/twin_families_pack.sh (writes .carry/twin33/). What the run needs
 # travels in pieces, one per call on the still-warm machine (a call's tree + carry < 64 MiB; the
 # tracked tree alone is ~53 MB, so a call carries at most ~14 MB), each kept in /tmp/twin33 for the last call:
 #   bash lab/bench/twin_families_session.sh piece 1     (carry .carry/twin33/p1; then 2 .. 5: seconds each)
 #   bash lab/bench/twin_families_session.sh tf          (carry .carry/twin33/tf: transformers 5.24 into /tmp)
 #   bash lab/bench/twin_families_session.sh run 6 [MODEL...]  (carry .carry/twin33/p6 and .carry/twin33/mini;
-#     MODELs: twin_families.FAMILIES to run, default all; four may not fit the stage's limit, so split them:
-#     `run 6 gemma3-h2560 glm4moe-h2048 gptoss-h2880`, then `run 6 qwen35-h2048`)
+#     MODELs: twin_families.FAMILIES to run, default all; five in both modes pass the stage's 500 s, so split them:
+#     `run 6 gemma3-h2560 glm4moe-h2048 gptoss-h2880` (405 s on 2026-12-03), `run 6 qwen35-h2048` (50 s), then
+#     `run 6 gemma4-h2560`: each call reassembles the library from /tmp/twin33)
 # `run` assembles the kernel library, checks its sha256, and runs the families stage in both modes
 # (about 3-5 minutes: Inductor compiling each family's pieces dominates; the stage's own limit is
 # 500 s). Everything lands in $OUT/results.tgz (the tool returns at most 8 files).

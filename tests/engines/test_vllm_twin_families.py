@@ -1,4 +1,4 @@
-"""The vLLM 0.33 engine twin of Gemma 3, GLM-4 MoE and GPT-OSS on CPU (rla.engines.vllm_twin_families).
+"""The vLLM 0.33 engine twin of Gemma 3, Gemma 4, GLM-4 MoE and GPT-OSS on CPU (rla.engines.vllm_twin_families).
 
 As for Qwen2/Qwen3/Llama (tests/engines/test_vllm_twin.py): the twin runs vLLM's own region code
 (read from its wheel) in the layout of vLLM's model file, the GEMMs and HF's attention the same as
@@ -17,7 +17,9 @@ What the default-mode twin found on the CPU, now in the rows' variants: Gemma 3'
 post-feed-forward norms hand the add after them their unrounded output (``post_norm_out``); GLM-4
 MoE's ``shared + routed`` experts sum is read unrounded by the residual add (``moe_out``, the
 moe_experts variant); GPT-OSS's fp32 YaRN cache, cast to bf16 inside the graph, is read unrounded by
-RoPE (the ``rope_cos_sin='fp32'`` of the gpt_oss variant). The GPU run (lab/bench/engine_twin_h200.py) says whether Triton
+RoPE (the ``rope_cos_sin='fp32'`` of the gpt_oss variant); Gemma 4's three post-norms do what Gemma 3's
+do (the row's gemma4 ``post_norm_out='fp32'``), and four chains no row has: the per-layer inputs, the
+per-layer-input add, the norms after a layer and after the embedding (``gemma4_spec.CHAINS``). The GPU run (lab/bench/engine_twin_h200.py) says whether Triton
 does the same. Without CUDA the routed experts' activation (a CUDA kernel in every mode of the
 engine) runs vLLM's native op eagerly, so the default-mode MoE rows here use ``swiglu='per_op'`` for
 the routed experts: a stand-in, said by the twin's docstring.
@@ -32,6 +34,7 @@ from rla import profiles
 from twin_side import twin_side
 from align_spec import SPEC, Row, at_head_size, single_thread, tokens  # noqa: F401
 from gemma_spec import gemma_points, spec_forward as gemma_forward, tiny_gemma3
+from gemma4_spec import gemma4_points, spec_forward as gemma4_forward, tiny_gemma4
 from glm4_moe_spec import spec_forward as glm_forward, tiny_glm4_moe
 from gpt_oss_spec import tiny_gpt_oss
 
@@ -153,6 +156,121 @@ def test_gemma3_twin_applies_the_final_softcap_and_the_embedding_normalizer(vllm
     assert normalizer.dtype == torch.bfloat16 and torch.equal(normalizer, hf_scale) and float(normalizer) != 96 ** 0.5
 
 
+# -- Gemma 4 ---------------------------------------------------------------------------------------
+
+
+def _gemma4(**overrides):
+    """The tiny Gemma 4 (both layer types and head sizes, per-layer inputs, keys as values, random norm
+    weights and layer scalars, a final softcap) without K/V sharing, at hidden 96, where sqrt(hidden) and
+    hidden**-0.5 are not bf16 numbers, so the scaled embedding and the per-layer projection's scale round;
+    HF's per-layer-input scales set to the engine's bf16 numbers (docs/families.md, "Gemma 4 scale
+    constants": HF's Python floats are no rounding point)."""
+    model = tiny_gemma4(kv_shared=0, hidden_size=96, **overrides)
+    bf16_scales(model)
+    return model
+
+
+def bf16_scales(model):
+    body = model.model
+    body.per_layer_input_scale = float(torch.tensor(2 ** -0.5).to(torch.bfloat16))
+    body.per_layer_model_projection_scale = float(torch.tensor(model.config.hidden_size ** -0.5).to(torch.bfloat16))
+
+
+def _gemma4_native_row():
+    """vLLM's native ops run eagerly on Gemma 4: every op rounds, and its plain ``RMSNorm`` rounds
+    ``x * rstd`` before the weight (``x.to(weight.dtype) * weight``, ``per_op``), where HF's Gemma 4
+    norm rounds once (the hf row's gemma4 variant): the hf row without its variants."""
+    return profiles.get("hf").replace(name="vllm-native-eager-gemma4", variants={}, variant_evidence={})
+
+
+def test_gemma4_native_twin_is_the_native_row(vllm_engine):
+    """Layout, caches (default and proportional RoPE at two head sizes), the per-layer inputs and the bf16
+    scale constants are the engine's: the native twin equals the native row bit for bit, logits and every
+    layer; with HF's Python-float scales it does not."""
+    model = _gemma4()
+    out = _twin(model, vllm_engine, "native")
+    assert _exact(_side(model, _gemma4_native_row(), out))
+    assert _side(model, None, out).logits_equal < 0.5  # not vacuous: HF's norm rounds once
+    body = model.model
+    body.per_layer_input_scale, body.per_layer_model_projection_scale = 2 ** -0.5, model.config.hidden_size ** -0.5
+    assert _side(model, _gemma4_native_row(), out).first_diverging_layer() == 0
+
+
+#: The chains vLLM's compiled Gemma 4 graph adds to the vllm-0.33 row's points on the CPU (gemma4_spec.CHAINS).
+GEMMA4_CHAINS = ("ple_fp32", "ple_add_rounded", "stream_variance_fp32", "embed_variance_fp32")
+
+
+@pytest.fixture(scope="module")
+def gemma4_default(vllm_engine):
+    model = _gemma4()
+    return model, _twin(model, vllm_engine, "default", GEMMA_POSITIONS)
+
+
+def _gemma4_oracle(model, pts, chains=GEMMA4_CHAINS):
+    streams = []
+    with torch.no_grad():
+        logits = gemma4_forward(model, IDS, pts, positions=GEMMA_POSITIONS, streams=streams, chains=chains)
+    return logits, streams
+
+
+def test_gemma4_default_twin_is_the_row_with_four_chains(gemma4_default):
+    """vLLM's compiled Gemma 4 (Inductor on the CPU) is the vllm-0.33 row's points under its gemma4 variant,
+    ``post_norm_out='fp32'`` included (measured here: with ``round`` the first layer differs), plus what
+    no point says, each needed:
+
+    - ``ple_fp32``: the per-layer inputs ``(norm(G * ps) + E * es) * s`` are one fp32 chain rounded once
+      (HF and the aligned model round each op);
+    - ``ple_add_rounded``: the per-layer-input add reads RN(s), the tensor the gate's GEMM reads, not the
+      fp32 sum the aligned layer carries there under ``fp32_carry`` (the MLP's add does carry it);
+    - ``stream_variance_fp32`` / ``embed_variance_fp32``: a norm reading the layer's output (the next input
+      norm, the final norm) or the scaled embedding takes its mean square from the unrounded value and
+      normalises the rounded one (the aligned layer's ``fp32_sum`` normalises the fp32 value).
+
+    The oracle with them equals the twin bit for bit; without them it is what ``rla.align(model,
+    "vllm-0.33")`` computes, which differs from the twin from the first layer on."""
+    model, out = gemma4_default
+    pts = gemma4_points("vllm-0.33")
+    assert pts["post_norm_out"] == "fp32"
+    assert _equal(out, *_gemma4_oracle(model, pts))
+    for chain in GEMMA4_CHAINS:
+        assert not _equal(out, *_gemma4_oracle(model, pts, tuple(c for c in GEMMA4_CHAINS if c != chain))), chain
+    rounded = _gemma4_oracle(model, Row({**pts, "post_norm_out": "round"}, pts.fused_head_sizes))
+    assert not torch.equal(out.layers[0], rounded[1][0].reshape(out.layers[0].shape))
+    from rla.engines.vllm_twin import TwinOutput
+
+    plain = TwinOutput(*_gemma4_oracle(model, pts, chains=()))
+    plain = TwinOutput(plain.logits.reshape(out.logits.shape).to(out.logits.dtype), plain.layers)
+    assert _exact(_side(model, "vllm-0.33", plain, positions=GEMMA_POSITIONS))  # the row without the chains
+    aligned = _side(model, "vllm-0.33", out, positions=GEMMA_POSITIONS)
+    assert aligned.logits_equal < 0.5 and aligned.first_diverging_layer() == 0
+
+
+def test_gemma4_default_twin_needs_every_point_that_matters(gemma4_default):
+    model, out = gemma4_default
+    pts = gemma4_points("vllm-0.33")
+    values = {**profiles.POINTS, "post_norm_out": ("round", "fp32"), "ple_swiglu": profiles.POINTS["swiglu"]}
+    for point in ("rope_apply", "swiglu", "ple_swiglu", "norm_weight", "norm_residual", "residual_stream",
+                  "qk_norm_out", "post_norm_out"):
+        a, b = values[point]
+        flipped = Row({**pts, point: b if pts[point] == a else a}, pts.fused_head_sizes)
+        assert not torch.equal(out.logits, _gemma4_oracle(model, flipped)[0].reshape(out.logits.shape)), point
+
+
+def test_gemma4_twin_refuses_what_it_does_not_lay_out(vllm_engine):
+    from rla.engines.vllm_twin_families import build_twin
+
+    with pytest.raises(NotImplementedError, match="dense layers only: this config has MoE layers"):
+        build_twin(tiny_gemma4(kv_shared=0, moe=True), vllm_engine, "native")
+    with pytest.raises(NotImplementedError, match="does not lay out K/V sharing: num_kv_shared_layers=2"):
+        build_twin(tiny_gemma4(kv_shared=2), vllm_engine, "native")
+    with pytest.raises(NotImplementedError, match="gelu_pytorch_tanh"):
+        build_twin(tiny_gemma4(kv_shared=0, hidden_activation="gelu"), vllm_engine, "native")
+    twin = build_twin(_gemma4(), vllm_engine, "native")  # the engine's bf16 constants, not HF's floats
+    assert float(twin.ple["input_scale"]) == 0.70703125 != 2 ** -0.5
+    assert twin.ple["proj_scale"].dtype == twin.normalizer.dtype == torch.bfloat16
+    assert float(twin.normalizer) == float(torch.tensor(96 ** 0.5).to(torch.bfloat16))
+
+
 # -- GLM-4 MoE -------------------------------------------------------------------------------------
 
 
@@ -240,9 +358,9 @@ def test_family_twins_refuse_what_vllm_computes_otherwise(vllm_engine):
     from rla.engines.vllm_twin import VllmTwin
     from rla.engines.vllm_twin_families import build_twin
 
-    with pytest.raises(NotImplementedError, match="Gemma 3, GLM-4 MoE, GPT-OSS and Qwen3.5: rla.engines.vllm_twin_families"):
+    with pytest.raises(NotImplementedError, match="Gemma 3, Gemma 4, GLM-4 MoE, GPT-OSS and Qwen3.5: rla.engines.vllm_twin_families"):
         VllmTwin(tiny_gemma3(), vllm_engine, "native")
-    with pytest.raises(NotImplementedError, match="the vLLM twin covers qwen2, qwen3, llama, gemma3_text"):
+    with pytest.raises(NotImplementedError, match="the vLLM twin covers qwen2, qwen3, llama, gemma3_text, gemma4_text"):
         build_twin(torch.nn.Linear(2, 2), vllm_engine, "native")
     model = tiny_gpt_oss()
     model.config.layer_types = ["full_attention", "sliding_attention"]
@@ -278,7 +396,7 @@ def test_rla_verify_names_the_family_chain_the_row_lacks(vllm_wheel, tmp_path, c
     """`rla verify` builds the family's twin (rla.engines.vllm_twin_families.build_twin) and, where the
     aligned side differs in default mode, names the chain the row lacks for that family: on Gemma 3
     under a row whose zero_centred_norm variant rounds the post-norms' outputs, not under vllm-0.33
-    (which has the chain)."""
+    (which has the chain); on Gemma 4 under vllm-0.33 (no row has its chains)."""
     from rla.cli import main
 
     folder = tmp_path / "gemma"
@@ -296,3 +414,9 @@ def test_rla_verify_names_the_family_chain_the_row_lacks(vllm_wheel, tmp_path, c
     assert "post-feed-forward norms' outputs unrounded into the adds (post_norm_out='fp32')" in text
     assert main(args + ["--mode", "native"]) == 0
     assert "unrounded into the adds" not in capsys.readouterr().out.replace("\n", " ")
+    folder = tmp_path / "gemma4"  # Gemma 4: per-layer head sizes (rla verify reads each layer's), chains no row says
+    _gemma4().save_pretrained(str(folder))
+    args[2] = str(folder)
+    assert main(args) == 0
+    text = capsys.readouterr().out.replace("\n", " ")
+    assert "On gemma4_text the default-mode twin also computes" in text and "per-layer-input add reading the" in text

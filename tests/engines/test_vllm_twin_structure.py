@@ -9,10 +9,10 @@ decoder. The checks query the calls in vLLM's ``forward`` methods (which ``self.
 called, with how many arguments, in which order); no vLLM code is reproduced here. A vLLM that
 changes them fails, naming the file and method.
 
-The family twins (Gemma 3, GLM-4 MoE, GPT-OSS) are checked the same way against ``models/gemma3.py``,
-``glm4_moe.py``, ``gpt_oss.py``, and the facts they take from the layers: GemmaRMSNorm's CUDA path
-is its native one, the fused MoE calls the CUDA activation kernels whatever the mode and adds the
-shared experts' output outside its opaque op.
+The family twins (Gemma 3, Gemma 4, GLM-4 MoE, GPT-OSS) are checked the same way against
+``models/gemma3.py``, ``gemma4.py``, ``glm4_moe.py``, ``gpt_oss.py``, and the facts they take from the
+layers: GemmaRMSNorm's CUDA path is its native one, the fused MoE calls the CUDA activation kernels
+whatever the mode and adds the shared experts' output outside its opaque op.
 """
 
 import ast
@@ -87,7 +87,7 @@ def test_logits_come_from_lm_head_outside_the_decoder(vllm_engine, file, cls):
     assert "self.lm_head" in args, f"{file} {cls}.compute_logits does not read lm_head"
 
 
-# -- the families of rla.engines.vllm_twin_gemma3 / vllm_twin_moe ---------------------------------
+# -- the families of rla.engines.vllm_twin_gemma3 / vllm_twin_gemma4 / vllm_twin_moe ----------------
 
 
 def test_gemma3_layer_is_the_sandwich_with_two_fused_adds(vllm_engine):
@@ -112,6 +112,53 @@ def test_gemma3_norms_are_zero_centred_native_in_every_mode(vllm_engine):
     cuda = next(m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "forward_cuda")
     assert ast.unparse(cuda.body[-1]) == "return self.forward_native(x, residual)"
     assert 'torch.tensor(normalizer)' in text  # made in the model's dtype (vLLM builds under it)
+
+
+def test_gemma4_layer_has_plain_adds_and_norms_then_the_per_layer_input_and_the_scalar(vllm_engine):
+    """rla.engines.vllm_twin_gemma4: no fused add + norm (every norm called with one argument, every add
+    `hidden_states + residual` in the code), the per-layer-input gate as two PyTorch ops, the layer scalar
+    last; the model ends with the plain final norm and scales the embedding by its `normalizer`."""
+    fn = _method(vllm_engine.package, "gemma4.py", "Gemma4DecoderLayer")
+    calls = _self_calls(fn)
+    norms = [c for c in calls if c[0].endswith(("layernorm", "_norm"))]
+    assert norms and all(n == 1 for _, n in norms), norms
+    names = [c[0] for c in calls]
+    order = ["input_layernorm", "self_attn", "post_attention_layernorm", "pre_feedforward_layernorm", "mlp",
+             "post_feedforward_layernorm", "per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm"]
+    assert [n for n in names if n in order] == order, names
+    code = ast.unparse(fn)
+    for line in ("hidden_states = hidden_states + residual",
+                 'gate = torch.nn.functional.gelu(gate, approximate=\'tanh\')',
+                 "gated_per_layer = gate * per_layer_input", "hidden_states = hidden_states + per_layer_contribution",
+                 "hidden_states = hidden_states * self.layer_scalar", "return (hidden_states, None)"):
+        assert line in code, line
+    assert code.index("per_layer_contribution)") < code.index("* self.layer_scalar")
+    model = ast.unparse(_method(vllm_engine.package, "gemma4.py", "Gemma4Model"))
+    assert "hidden_states = self.norm(hidden_states)" in model
+
+
+def test_gemma4_per_layer_inputs_and_scale_constants_the_twin_follows(vllm_engine):
+    pkg = vllm_engine.package
+    init = ast.unparse(_method(pkg, "gemma4.py", "Gemma4Model", "__init__"))
+    for made in ("torch.tensor(self.hidden_size_per_layer_input ** 0.5)", "torch.rsqrt(torch.tensor(2.0))",
+                 "torch.tensor(config.hidden_size ** (-0.5))", "torch.tensor(config.hidden_size ** 0.5, "
+                 "dtype=vllm_config.model_config.dtype)"):
+        assert made in init, made  # no dtype: the loader's bf16 default (normalizer: the model's dtype)
+    project = ast.unparse(_method(pkg, "gemma4.py", "Gemma4SelfDecoderLayers", "project_per_layer_inputs"))
+    for step in ("per_layer_projection * self.per_layer_projection_scale", "self.per_layer_projection_norm(",
+                 "(per_layer_projection + per_layer_inputs) * self.per_layer_input_scale"):
+        assert step in project, step
+    looked_up = ast.unparse(_method(pkg, "gemma4.py", "Gemma4SelfDecoderLayers", "get_per_layer_inputs"))
+    assert "per_layer_embeds * self.embed_scale_per_layer" in looked_up
+    attn = _method(pkg, "gemma4.py", "Gemma4Attention")
+    names = [c[0] for c in _self_calls(attn)]
+    names = names[names.index("qkv_proj"):]  # the branch of the layers with their own K/V (not KV-shared)
+    assert names.index("qkv_proj") < names.index("q_norm") < names.index("k_norm") < names.index("rotary_emb")
+    assert names.index("rotary_emb") < names.index("v_norm") < names.index("attn") and names[-1] == "o_proj"
+    attn_init = ast.unparse(_method(pkg, "gemma4.py", "Gemma4Attention", "__init__"))
+    assert "has_weight=False" in attn_init and "self.scaling = 1.0" in attn_init
+    rope = pkg.read_text("vllm/model_executor/layers/rotary_embedding/__init__.py")
+    assert 'scaling_type == "proportional"' in rope and "Gemma4RotaryEmbedding(" in rope
 
 
 @pytest.mark.parametrize("file,cls", [("gemma3.py", "Gemma3Attention"), ("glm4_moe.py", "Glm4MoeAttention")])

@@ -77,7 +77,8 @@ def test_every_row_states_post_norm_out_for_the_kinds_that_have_it_with_evidence
         assert row.post_norm_out == "round"  # a row's own value: the point is not one of its points
         assert "post_norm_out" not in row.points()
     assert profiles.get("vllm-0.33").variant_evidence["zero_centred_norm"]["post_norm_out"].evidence == "native_compiled"
-    assert profiles.get("vllm-0.33").variant_evidence["gemma4"]["post_norm_out"].evidence == "source"
+    assert profiles.get("vllm-0.33").variant_evidence["gemma4"]["post_norm_out"].evidence == "native_compiled"
+    assert profiles.get("vllm-0.26").variant_evidence["gemma4"]["post_norm_out"].evidence == "source"  # by analogy
 
 
 def test_every_engine_row_states_moe_out_for_moe_blocks_with_evidence():

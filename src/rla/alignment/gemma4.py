@@ -13,9 +13,10 @@ gives each engine's code):
   reduces in the plain norm's order (``after_add=False``). What a norm after an add reads follows
   ``norm_residual`` (the rounded sum, or the fp32 sum a compiled graph keeps), and the adds inside
   the layer chain follow ``residual_stream`` (``fp32_carry``: each add reads the previous add's fp32
-  sum, through the per-layer-input add and the layer scalar), by analogy with the Llama layout.
+  sum, through the per-layer-input add and the layer scalar), by analogy with the Llama layout
+  (vLLM's CPU twin of Gemma 4 reads the rounded sum at the per-layer-input add: docs/families.md).
   Under the variant point ``post_norm_out='fp32'`` the norms of :data:`POST_NORMS` hand their
-  add their fp32 output (vLLM's compiled graph on Gemma 3, applied to Gemma 4 by analogy).
+  add their fp32 output (vLLM's compiled graph, measured on Gemma 3 and Gemma 4 by the CPU twins).
 - **A value norm** (``v_norm``, no weight) and **q/k norms** before RoPE; layers sharing another
   layer's K/V (``num_kv_shared_layers``) have only ``q_norm``; ``attention_k_eq_v`` layers reuse
   the key projection as values (HF's own attention forward does all of it).
@@ -408,10 +409,11 @@ LEFT_AS_IS = [
     "left as is: the embedding scale sqrt(hidden), rounded to the weights' dtype in HF and vLLM alike",
     "left as is: attention (sliding window, scaling 1.0, K/V shared across layers) and the final logit softcap are "
     "outside the regions",
-    "not measured on Gemma 4: whether vLLM's compiled graph keeps the post-sub-block norms' outputs unrounded into "
-    "the add after them (the vllm rows' post_norm_out='fp32', by analogy with Gemma 3's twin), and whether it carries "
-    "the layer's sums through the per-layer-input add and the layer scalar as the aligned layer does under "
-    "fp32_carry (docs/families.md)",
+    "not expressed in the rows: vLLM 0.33's compiled Gemma 4 graph (its CPU engine twin, Inductor; not yet measured "
+    "with Triton on a GPU) keeps the post-sub-block norms' outputs unrounded into the adds, as the default rows say, "
+    "but also computes the per-layer inputs as one fp32 chain, reads the rounded sum at the per-layer-input add "
+    "(where fp32_carry carries the fp32 one) and takes the mean square of the norms after a layer and after the "
+    "embedding from the unrounded value, normalising the rounded one (docs/families.md, Gemma 4)",
     "not expressed in the rows: SGLang 0.5.23 rounds the post-feed-forward norm, the residual add and the layer "
     "scalar once (gemma_rmsnorm_residual_scalar, models without per-layer inputs) and its next input norm reads that "
     "rounded stream (docs/families.md)",

@@ -220,6 +220,9 @@ def _engine_side(engine, args):
 #: what it is, and the variant kind, point and value that say it (None: no point says it yet).
 _CHAINS = {"gemma3_text": ("the post-attention / post-feed-forward norms' outputs unrounded into the adds "
                            "(post_norm_out='fp32')", ("zero_centred_norm", "post_norm_out", "fp32")),
+           "gemma4_text": ("the per-layer inputs as one fp32 chain, the per-layer-input add reading the rounded sum, "
+                           "and the norms after a layer and after the embedding taking their mean square from the "
+                           "unrounded value", None),
            "glm4_moe": ("the shared + routed experts' sum unrounded into the residual add (moe_out='fp32')",
                         ("moe_experts", "moe_out", "fp32")),
            "gpt_oss": ("the fp32 YaRN cache read unrounded by RoPE (rope_cos_sin='fp32')",

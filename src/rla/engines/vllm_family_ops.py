@@ -1,7 +1,7 @@
 """vLLM's region code for the families beyond the Llama shape, loaded from its package at run time.
 
 :mod:`rla.engines.vllm` extracts the region functions the calibrated rows were measured on (the
-plain RMSNorm IR ops, SiluAndMul, the rotary kernels' interface). The engine twin of Gemma 3,
+plain RMSNorm IR ops, SiluAndMul, the rotary kernels' interface). The engine twin of Gemma 3, Gemma 4,
 GLM-4 MoE and GPT-OSS (``rla.engines.vllm_twin_families``) also needs, from the same files:
 
 - ``GemmaRMSNorm.forward_native`` (``vllm/model_executor/layers/layernorm.py``): the weight
@@ -24,6 +24,11 @@ GLM-4 MoE and GPT-OSS (``rla.engines.vllm_twin_families``) also needs, from the 
   ``ApplyRotaryEmb.forward_native`` / ``forward_static`` of ``common.py``): the partial (m)RoPE that Qwen3.5's
   attention runs where vLLM's fused q/k norm + RoPE kernel is off (``Qwen3NextAttention._project_qkv_gate``'s
   unfused path: not CUDA/XPU), on [T] or [3, T] positions.
+- the cache ``get_rope`` builds for Gemma 4's full-attention layers (``rope_type='proportional'``):
+  ``Gemma4RotaryEmbedding._compute_inv_freq`` (``rotary_embedding/gemma4_rope.py``: the rotated
+  angles' frequencies over the whole head size, zeros for the rest), with the base class's
+  ``_compute_cos_sin_cache``, on an instance holding what its ``__init__`` sets (``rotary_dim`` the
+  head size: the whole head rotated).
 - ``RotaryEmbeddingBase._match_cos_sin_cache_dtype`` (``base.py``) on a cache object: GPT-OSS's
   ``get_rope(..., dtype=torch.float32)`` keeps its cache fp32, and every forward casts it to the
   query's dtype through this method (inside the compiled graph in default mode: then
@@ -52,6 +57,7 @@ _ROPE_COMMON = "vllm/model_executor/layers/rotary_embedding/common.py"
 _ROPE_LINEAR = "vllm/model_executor/layers/rotary_embedding/linear_scaling_rope.py"
 _ROPE_YARN = "vllm/model_executor/layers/rotary_embedding/yarn_scaling_rope.py"
 _ROPE_MROPE = "vllm/model_executor/layers/rotary_embedding/mrope.py"
+_ROPE_GEMMA4 = "vllm/model_executor/layers/rotary_embedding/gemma4_rope.py"
 
 
 class _CudaPlatform:
@@ -88,6 +94,7 @@ class VllmFamilyOps:
         self._rope_base = engine._RopeCache  # _compute_inv_freq, _compute_cos_sin_cache, _match_cos_sin_cache_dtype
         self._Linear = cls(_ROPE_LINEAR, "LinearScalingRotaryEmbedding", ["_compute_cos_sin_cache"], ns,
                            self._rope_base)
+        self._Proportional = cls(_ROPE_GEMMA4, "Gemma4RotaryEmbedding", ["_compute_inv_freq"], ns, self._rope_base)
         yarn_ns = dict(ns)
         for name in ("yarn_find_correction_dim", "yarn_find_correction_range", "yarn_linear_ramp_mask",
                      "yarn_get_mscale"):
@@ -130,6 +137,21 @@ class VllmFamilyOps:
         the frequencies, in ``dtype`` (vLLM's ``RotaryEmbeddingBase.__init__`` casts it)."""
         obj = self._instance(self._Linear, rotary_dim, max_position, base)
         obj.scaling_factors = [float(factor)]
+        with torch.device(device):
+            cache = obj._compute_cos_sin_cache()
+        return cache.to(dtype)
+
+    def proportional_cache(self, head_size: int, partial_rotary_factor: float, max_position: int, base: float,
+                           dtype=torch.bfloat16, device="cpu") -> torch.Tensor:
+        """``get_rope``'s cache for ``rope_type='proportional'`` (Gemma 4's full attention):
+        ``Gemma4RotaryEmbedding`` with ``get_rope``'s ``rotary_dim = int(head_size *
+        partial_rotary_factor)``, i.e. ``rotary_dim // 2`` rotated angles and zero frequencies for
+        the rest of the half; its cache [max_position, head_size] = cat(cos, sin) in ``dtype``. No
+        ``factor`` is read (``get_rope`` passes none to this class)."""
+        rotary_dim = int(head_size * partial_rotary_factor)
+        obj = self._instance(self._Proportional, head_size, max_position, base)
+        obj.rope_angles = rotary_dim // 2
+        obj.nope_angles = head_size // 2 - obj.rope_angles
         with torch.device(device):
             cache = obj._compute_cos_sin_cache()
         return cache.to(dtype)

@@ -32,8 +32,8 @@ not change what Inductor fuses. The last entry is the stream the final norm read
 
 Other families subclass this one, overriding the hooks their model file changes (the cos/sin cache,
 the region functions, the layer's weights and pieces, the masks, the logits):
-:mod:`rla.engines.vllm_twin_gemma3` (Gemma 3), :mod:`rla.engines.vllm_twin_moe` (GLM-4 MoE, GPT-OSS);
-:mod:`rla.engines.vllm_twin_qwen3_5` (Qwen3.5 dense);
+:mod:`rla.engines.vllm_twin_gemma3` (Gemma 3), :mod:`rla.engines.vllm_twin_gemma4` (Gemma 4),
+:mod:`rla.engines.vllm_twin_moe` (GLM-4 MoE, GPT-OSS); :mod:`rla.engines.vllm_twin_qwen3_5` (Qwen3.5 dense);
 :func:`rla.engines.vllm_twin_families.build_twin` picks the class by ``config.model_type``.
 """
 
@@ -155,7 +155,7 @@ class VllmTwin:
             raise NotImplementedError(
                 f"the vLLM twin covers {', '.join(self.FAMILIES)}; this model is {cfg.model_type!r}"
                 + ("" if type(self) is not VllmTwin else
-                   " (Gemma 3, GLM-4 MoE, GPT-OSS and Qwen3.5: rla.engines.vllm_twin_families.build_twin)")
+                   " (Gemma 3, Gemma 4, GLM-4 MoE, GPT-OSS and Qwen3.5: rla.engines.vllm_twin_families.build_twin)")
             )
         body = model.model
         if inductor_options and mode != "default":
@@ -165,8 +165,7 @@ class VllmTwin:
         self.dtype = body.embed_tokens.weight.dtype
         self.device = body.embed_tokens.weight.device
         self.eps = float(cfg.rms_norm_eps)
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim, self.n_heads, self.n_kv = self._attention_shape(cfg)
         self.cos_sin_cache = self._rope_cache(cfg, engine)
         self.layers = [self.layer_weights(layer, merged_gemms) for layer in body.layers]
         self.final_norm = body.norm.weight
@@ -187,6 +186,13 @@ class VllmTwin:
     def first_attention(body):
         """The body's first attention module (whose class names HF's attention function)."""
         return body.layers[0].self_attn
+
+    @staticmethod
+    def _attention_shape(cfg) -> tuple[int, int, int]:
+        """(head size, query heads, key/value heads) of the config's attention (a family whose
+        layers differ overrides this and reads each layer's own)."""
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
 
     def _rope_cache(self, cfg, engine, partial_rotary_default: float = 1.0):
         """The engine's cos/sin cache for the config's rope parameters, in the model's dtype (a

@@ -2,6 +2,7 @@
 
 - Qwen2, Qwen3, Llama: :class:`rla.engines.vllm_twin.VllmTwin` (``models/qwen2.py``, ``qwen3.py``, ``llama.py``);
 - Gemma 3's text model: :class:`rla.engines.vllm_twin_gemma3.Gemma3Twin` (``models/gemma3.py``);
+- Gemma 4's text model, dense layers: :class:`rla.engines.vllm_twin_gemma4.Gemma4Twin` (``models/gemma4.py``);
 - GLM-4 MoE and GPT-OSS: :class:`rla.engines.vllm_twin_moe.Glm4MoeTwin` / ``GptOssTwin``
   (``models/glm4_moe.py``, ``models/gpt_oss.py``), their MoE block an opaque op with HF's router;
 - Qwen3.5 dense's text model: :class:`rla.engines.vllm_twin_qwen3_5.Qwen3_5Twin` (``models/qwen3_5.py``,
@@ -16,14 +17,15 @@ from __future__ import annotations
 
 from rla.engines.vllm_twin import SUPPORTED_FAMILIES, VllmTwin
 from rla.engines.vllm_twin_gemma3 import Gemma3Twin
+from rla.engines.vllm_twin_gemma4 import Gemma4Twin
 from rla.engines.vllm_twin_moe import Glm4MoeTwin, GptOssTwin
 from rla.engines.vllm_twin_qwen3_5 import Qwen3_5Twin
 
 __all__ = ["build_twin", "TWINS", "TWIN_FAMILIES"]
 
 #: ``config.model_type`` -> the twin class that lays it out.
-TWINS = {**dict.fromkeys(SUPPORTED_FAMILIES, VllmTwin), "gemma3_text": Gemma3Twin, "glm4_moe": Glm4MoeTwin,
-         "gpt_oss": GptOssTwin, "qwen3_5_text": Qwen3_5Twin}
+TWINS = {**dict.fromkeys(SUPPORTED_FAMILIES, VllmTwin), "gemma3_text": Gemma3Twin, "gemma4_text": Gemma4Twin,
+         "glm4_moe": Glm4MoeTwin, "gpt_oss": GptOssTwin, "qwen3_5_text": Qwen3_5Twin}
 TWIN_FAMILIES = tuple(TWINS)
 
 

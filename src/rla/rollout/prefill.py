@@ -133,8 +133,8 @@ def _attention(config) -> str:
 def _dims(config):
     hidden = config.hidden_size
     heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv_heads = _largest(config, "num_key_value_heads") or heads
+    head_dim = _largest(config, "head_dim") or hidden // heads
     inter = max(
         getattr(config, "intermediate_size", 0) or 0,
         (getattr(config, "moe_intermediate_size", 0) or 0) * (getattr(config, "num_experts_per_tok", 1) or 1),
@@ -142,6 +142,15 @@ def _dims(config):
         hidden,
     )
     return hidden, heads, kv_heads, head_dim, inter
+
+
+def _largest(config, name: str):
+    """``config.<name>``, or its largest per-layer value where the config has per-layer attributes
+    (transformers' ``per_layer_config``, Gemma 4: reading them from the whole config raises)."""
+    layers = getattr(config, "per_layer_config", None)
+    if layers is not None and getattr(config, "num_hidden_layers", None):
+        return max(getattr(layers[i], name, None) or 0 for i in range(config.num_hidden_layers)) or None
+    return getattr(config, name, None)
 
 
 def layer_bytes_per_token(config, keys: int) -> int:
