@@ -35,9 +35,9 @@ __all__ = ["find_head", "align_head", "unalign_head", "AlignedHead", "ROLE"]
 ROLE = "lm_head"
 
 
-def find_head(model: torch.nn.Module, body: torch.nn.Module) -> torch.nn.Module | None:
-    """The output head (``get_output_embeddings()``) of the causal LM in ``model`` around ``body``;
-    None when ``model`` is the body itself or holds no head."""
+def find_head(model: torch.nn.Module, body: torch.nn.Module | None) -> torch.nn.Module | None:
+    """The output head (``get_output_embeddings()``) of the causal LM in ``model`` around ``body``
+    (None: any); None when ``model`` is the body itself or holds no head."""
     for m in model.modules():
         get = getattr(m, "get_output_embeddings", None)
         if m is body or not callable(get):
