@@ -189,3 +189,30 @@ def test_fp32_head_under_autocast_with_fp32_master_weights():
     assert lp.dtype == BF16 and fp.dtype == torch.float32
     assert torch.equal(fp, _fp32_logits(h.to(BF16), m.lm_head.weight))
     rla.unalign(m)
+
+
+def test_pickled_model_keeps_and_unaligns_the_head(tmp_path):
+    m = _model("qwen3", False)
+    rla.align(m, FP32_ROW)
+    want = m(IDS).logits
+    torch.save(m, tmp_path / "m.pt")
+    c = torch.load(tmp_path / "m.pt", weights_only=False)
+    assert torch.equal(c(IDS).logits, want)
+    rla.unalign(c)
+    assert patch_of(c.lm_head) is None and "forward" not in c.lm_head.__dict__ and c(IDS).logits.dtype == BF16
+
+
+def test_training_logprobs_read_the_aligned_head():
+    """rla's own training-side logprobs (rla.rollout.train_logprobs.token_logprobs) call the head:
+    under the fp32 row they are the fp32 log-softmax of the unrounded logits."""
+    from rla.rollout.train_logprobs import decoder_and_head, token_logprobs
+
+    m = _model("llama", False)
+    rla.align(m, FP32_ROW)
+    _, head = decoder_and_head(m)
+    h = m.model(IDS).last_hidden_state[0]
+    targets = IDS[0]
+    got, _ = token_logprobs(head, h, targets, 1.0, -1, 1.0)
+    want = _fp32_logits(h, m.lm_head.weight).log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+    assert torch.equal(got, want)
+    rla.unalign(m)
