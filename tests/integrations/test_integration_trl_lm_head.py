@@ -83,3 +83,17 @@ def test_doctor_names_trls_fp32_head_against_a_bf16_row(tmp_path):
     plain = _trainer(tmp_path, cast=False)
     assert "LM head dtype" not in {h.name for h in doctor(plain.model, profile="vllm")}
     assert "LM head dtype" in {h.name for h in doctor(plain.model, profile=fp32_row)}
+
+
+def test_attach_says_when_trls_fused_head_is_not_the_rows(tmp_path):
+    """TRL's fused GRPO head reads lm_head.weight itself (rla.align's head patch does not reach it):
+    attach names a cast that disagrees with the row's lm_head."""
+    from rla.integrations import trl as rla_trl
+
+    att = rla_trl.attach(_trainer(tmp_path, cast=True), "vllm", log_metrics=False)
+    assert any("cast_lm_head_to_fp32=True" in n and "lm_head='lp'" in n for n in att.policy.notes)
+    fp32_row = rla.profiles.get("vllm").replace(name="vllm+fp32-head", lm_head="fp32")
+    att = rla_trl.attach(_trainer(tmp_path, cast=False), fp32_row, log_metrics=False)
+    assert any("without cast_lm_head_to_fp32=True" in n for n in att.policy.notes)
+    att = rla_trl.attach(_trainer(tmp_path, cast=False), "vllm", log_metrics=False)
+    assert not any("cast_lm_head_to_fp32" in n for n in att.policy.notes)
