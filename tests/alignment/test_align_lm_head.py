@@ -216,3 +216,18 @@ def test_training_logprobs_read_the_aligned_head():
     want = _fp32_logits(h, m.lm_head.weight).log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
     assert torch.equal(got, want)
     rla.unalign(m)
+
+
+def test_own_layout_family_gemma3_gets_the_head_too():
+    """Gemma 3 is aligned by its own module (rla.alignment.gemma): the head point applies there as well."""
+    from gemma_spec import tiny_gemma3
+
+    m = tiny_gemma3(layers=2)
+    ids = IDS[:, :12] % 128
+    before = m(ids).logits
+    report = rla.align(m, FP32_ROW)
+    assert report.lm_head.startswith("aligned")
+    logits = m(ids).logits
+    assert torch.equal(logits, _fp32_logits(m.model(ids).last_hidden_state, m.lm_head.weight))
+    rla.unalign(m)
+    assert torch.equal(m(ids).logits, before)
