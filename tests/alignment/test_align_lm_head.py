@@ -231,3 +231,16 @@ def test_own_layout_family_gemma3_gets_the_head_too():
     assert torch.equal(logits, _fp32_logits(m.model(ids).last_hidden_state, m.lm_head.weight))
     rla.unalign(m)
     assert torch.equal(m(ids).logits, before)
+
+
+def test_engine_backed_ops_realise_the_regions_not_the_head():
+    """Engine-backed ops (rla.engines.backed) realise a row's regions; the head is rla's either way,
+    so a row that differs from theirs only in lm_head is accepted, one that differs in a region not."""
+    from rla.alignment.core import _check_ops_profile
+
+    class Ops:
+        profile = get("vllm-0.33-eager")
+
+    _check_ops_profile(Ops(), Ops.profile.replace(name="eager+fp32-head", lm_head="fp32"))
+    with pytest.raises(ValueError, match="swiglu"):
+        _check_ops_profile(Ops(), Ops.profile.replace(name="eager-fused", swiglu="fused"))
