@@ -42,15 +42,15 @@ def single_thread():
 # docs/rounding.md, "Built-in profiles", copied as data (checked against rla.profiles by tests/alignment/test_align_spec.py).
 # ---------------------------------------------------------------------------------------------
 POINTS = ("rope_cos_sin", "rope_apply", "rope_inv_freq", "swiglu", "norm_weight", "norm_residual",
-          "residual_stream", "qk_norm_out", "norm_reduction")
+          "residual_stream", "qk_norm_out", "norm_reduction", "lm_head")
 SPEC = {
-    "hf": ("round", "per_op", "host", "per_op", "per_op", "rounded_sum", "rounded", "round", "unpinned"),
-    "sglang-0.5.23": ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round", "unpinned"),
-    "vllm-0.26": ("round", "fused", "device", "fused", "fused", "fp32_sum", "fp32_carry", "fp32", "unpinned"),
-    "vllm-0.26-eager": ("round", "fused", "device", "per_op", "fused", "rounded_sum", "rounded", "round", "vllm_block"),
-    "vllm-0.33": ("round", "fused", "device", "fused", "fused", "fp32_sum", "fp32_carry", "fp32", "unpinned"),
-    "vllm-0.33-eager": ("round", "fused", "device", "per_op", "fused", "rounded_sum", "rounded", "round", "vllm_block"),
-    "rla": ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round", "unpinned"),
+    "hf": ("round", "per_op", "host", "per_op", "per_op", "rounded_sum", "rounded", "round", "unpinned", "lp"),
+    "sglang-0.5.23": ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round", "unpinned", "lp"),
+    "vllm-0.26": ("round", "fused", "device", "fused", "fused", "fp32_sum", "fp32_carry", "fp32", "unpinned", "lp"),
+    "vllm-0.26-eager": ("round", "fused", "device", "per_op", "fused", "rounded_sum", "rounded", "round", "vllm_block", "lp"),
+    "vllm-0.33": ("round", "fused", "device", "fused", "fused", "fp32_sum", "fp32_carry", "fp32", "unpinned", "lp"),
+    "vllm-0.33-eager": ("round", "fused", "device", "per_op", "fused", "rounded_sum", "rounded", "round", "vllm_block", "lp"),
+    "rla": ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round", "unpinned", "lp"),
 }
 
 
@@ -136,6 +136,7 @@ def points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
             out[point] = SPEC[profile][point]
     if not {"rope", "rmsnorm"} <= set(regions):  # the q/k-norm -> RoPE chain needs both regions
         out["qk_norm_out"] = "round"
+    out["lm_head"] = SPEC[profile]["lm_head"]  # no region's: every alignment applies it
     return out
 
 
@@ -441,4 +442,6 @@ def spec_forward(model, input_ids, pts, cache: SpecCache | None = None, last_onl
     h = spec_norm(read, body.norm.weight, eps, pts, lp, after_add=True, arith=arith)
     if last_only:
         h = h[:, -1:]
+    if pts.get("lm_head", "lp") == "fp32":  # docs/rounding.md, "LM head": the fp32 GEMM of h and RN(W)
+        return F.linear(h.float(), model.lm_head.weight.to(lp).float())
     return F.linear(h, model.lm_head.weight)

@@ -19,7 +19,8 @@ from rla.profiles import PointCondition, PointEvidence
 
 #: SGLang 0.5.23's row as written in docs/rounding.md, and its RoPE at a head size its fused
 #: kernel does not take: a bf16 cache, each product rounded.
-SGLANG = dict(zip(POINTS, ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round", "unpinned")))
+SGLANG = dict(zip(POINTS, ("fp32", "fused", "device", "fused", "fused", "fp32_sum", "rounded", "round", "unpinned",
+                            "lp")))
 SGLANG_OTHER_HEADS = {**SGLANG, "rope_cos_sin": "round", "rope_apply": "per_op"}
 
 

@@ -86,7 +86,9 @@ def test_eager_mode_without_cuda_falls_back_and_says_so(vllm_wheel):
     if torch.cuda.is_available():
         pytest.skip("with CUDA, eager mode runs the kernels")
     conf = calibrate("vllm", "eager", wheel=str(vllm_wheel), device="cpu")
-    assert {r.evidence for p, r in conf.points.items() if p != "rope_inv_freq"} == {"native_eager"}
+    # rope_inv_freq: host == device on a CPU; lm_head: a setting of the run, read from vLLM's source
+    assert {r.evidence for p, r in conf.points.items() if p not in ("rope_inv_freq", "lm_head")} == {"native_eager"}
+    assert (conf.points["lm_head"].choice, conf.points["lm_head"].evidence) == ("lp", "source")
     assert any("cannot run here" in n and "NOT the kernels" in n for n in conf.notes)
     # vLLM's native ops run one bf16 op at a time round per op, and nothing fuses across ops
     got = {p: conf.points[p].choice for p in ("rope_apply", "swiglu", "norm_weight", "residual_stream", "qk_norm_out")}

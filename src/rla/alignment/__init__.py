@@ -21,6 +21,9 @@ What changes, per region (everything else in the model runs HF's own code):
   block's routing and weighted sum of experts through ``rla.ops.routing`` with the profile's
   router points (``rla.alignment.router``); ``rla.replay_routes`` routes the training forward to
   recorded experts (``rla.alignment.replay``).
+- the LM head (every alignment, whatever ``regions``): the row's ``lm_head`` point
+  (``rla.alignment.lm_head``): fp32 logits under ``fp32``; under ``lp`` HF's bf16 head is left as
+  it is and a head a trainer cast to fp32 (TRL) computes the engine's bf16 GEMM again.
 - ``qk_norm_out='fp32'`` (rope and rmsnorm regions): Qwen3's q/k norms and RoPE run as one op,
   ``rla.ops.qk_norm_rope``, in an attention forward rebuilt from HF's own source
   (``rla.alignment.qk_chain``; the two-op chain, with a note in the report, where the source

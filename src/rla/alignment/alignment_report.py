@@ -63,6 +63,9 @@ class AlignmentReport:
     head_size: int | None = None
     """The model's attention head size where the row's points depend on it
     (``RoundingProfile.conditions``) and differ there; the table prints the points that ran."""
+    lm_head: str = ""
+    """What the alignment did to the LM head (``rla.alignment.lm_head``): aligned to the row's
+    ``lm_head`` point, or left as it is because it already computes it; every alignment sets it."""
     profile_choice: str = ""
     """How an engine alias (``"vllm"``) became this row: the engine version it was matched to and
     where that version came from (:meth:`rla.profiles.EngineMatch.message`); empty for a row name."""
@@ -111,6 +114,8 @@ class AlignmentReport:
                 rows.append((region, what, rounding))
             else:
                 rows.append((region, "not aligned (model's own code)", ""))
+        if self.lm_head:
+            rows.append(("lm_head", self.lm_head, f"lm_head {self.ran().lm_head}"))
         return rows
 
     def _title(self) -> str:

@@ -27,6 +27,7 @@ from packaging.version import Version
 from rla.alignment import compat, gemma, gemma4, liger, mla, moe_out, qwen3_5
 from rla.alignment.alignment_report import AlignmentReport
 from rla.alignment.families import FAMILIES, Family, class_named, get_family
+from rla.alignment.lm_head import align_head, find_head
 from rla.alignment.patch import foreign_wrapper, install, patch_of, uninstall
 from rla.alignment.rmsnorm import align_layers, align_norms
 from rla.alignment.rope import align_attention, align_rotary
@@ -46,7 +47,7 @@ from rla.alignment.swiglu import (
     check_experts,
     family_notes,
 )
-from rla.profiles import REGIONS, RoundingProfile, aliases, for_engine, resolve
+from rla.profiles import HEAD_POINTS, REGIONS, RoundingProfile, aliases, for_engine, resolve
 
 __all__ = ["align", "unalign", "aligned", "alignment_of", "ALIGN_REGIONS"]
 
@@ -98,9 +99,9 @@ def _check_ops(impl):
 
 
 def _check_ops_profile(impl, profile: RoundingProfile) -> None:
-    realised = getattr(impl, "profile", None)  # engine-backed ops realise one calibrated row
-    if realised is not None and not realised.same_rounding(profile):
-        a, b = realised.points(), profile.points()
+    realised = getattr(impl, "profile", None)  # engine-backed ops realise one calibrated row's regions
+    a, b = ({k: v for k, v in q.points().items() if k not in HEAD_POINTS} for q in (realised or profile, profile))
+    if realised is not None and a != b:  # the head is rla's either way (rla.alignment.lm_head)
         diff = {p: (a[p], b[p]) for p in a if a[p] != b[p]}
         raise ValueError(f"{impl!r} rounds like {realised.name!r}, not {profile.name!r}: {diff}")
     body_forward = callable(getattr(impl, "make_forward", None))  # forms the sum inside its pieces
@@ -389,6 +390,7 @@ def align(
         raise
     report.notes.extend(liger_notes + liger.outside_notes(model, body))
     report.notes.extend(_nothing_to_round(model))
+    _align_head(model, body, p, report)
     _guard(body, report)
     return report
 
@@ -449,8 +451,20 @@ def _align_own_layout(model, body, family, row, p, head, regions, impl, match) -
     _note_head_size(report, row, p, head)
     _OWN_LAYOUTS[family.layout](body, family, p, regions, report)
     report.notes.extend(_nothing_to_round(model))
+    _align_head(model, body, p, report)
     _guard(body, report)
     return report
+
+
+def _align_head(model, body: torch.nn.Module, p: RoundingProfile, report: AlignmentReport) -> None:
+    """The row's ``lm_head`` point on the model's head (``rla.alignment.lm_head``); on a refusal the
+    body's patches are undone, so a failed alignment leaves nothing behind."""
+    try:
+        report.lm_head = align_head(model, body, p)
+    except BaseException:
+        for m in body.modules():
+            uninstall(m)
+        raise
 
 
 def _guard(body: torch.nn.Module, report: AlignmentReport) -> None:
@@ -584,6 +598,7 @@ def _align_body(model, body, found, family, p, regions, impl, report) -> None:
         f"the decoder body's forward is {impl.name}; its backward is rla.ops' gradient of {p.name!r}, "
         "recomputed per piece from the piece's inputs"
     )
+    _align_head(model, body, p, report)
     _guard(body, report)  # its pickling refuses, naming rla.unalign (an engine is not picklable)
 
 
@@ -614,7 +629,8 @@ def _nothing_to_round(model: torch.nn.Module) -> list[str]:
 def unalign(model: torch.nn.Module) -> AlignmentReport | None:
     """Undo ``rla.align`` on ``model``; returns the removed alignment's report (None if none)."""
     _, body = _find(model)
-    patched = [m for m in body.modules() if patch_of(m) is not None]
+    head = find_head(model, body)
+    patched = [m for m in (*body.modules(), *([head] if head is not None else [])) if patch_of(m) is not None]
     rewrapped = [(type(m).__name__, name) for m in patched if (name := foreign_wrapper(m))]
     if rewrapped:
         raise RuntimeError(
@@ -622,7 +638,7 @@ def unalign(model: torch.nn.Module) -> AlignmentReport | None:
             f"the originals would drop that wrapper: {rewrapped[:4]}. Remove the later wrapper "
             "(e.g. an accelerate hook) first, or align after adding it."
         )
-    for m in patched:
+    for m in patched:  # the head too (rla.alignment.lm_head)
         uninstall(m)
     body.__dict__.pop(_REDUCE_ATTR, None)
     body.__dict__.pop(_DEEPCOPY_ATTR, None)

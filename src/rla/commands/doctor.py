@@ -20,6 +20,16 @@ def add_arguments(parser) -> None:
         "--no-engine", action="store_true",
         help="the training model samples its own rollouts (no vLLM/SGLang): skip the engine-only checks",
     )
+    parser.add_argument(
+        "--profile", default=None,
+        help="the engine's row (a name, an alias or a profile JSON file) for the checks that compare the model with "
+        "it (the LM head's logits dtype); default: the built-in rows' defaults",
+    )
+    parser.add_argument(
+        "--lm-head", choices=["lp", "fp32"], default=None,
+        help="the engine's LM head, where the run set it (fp32: vLLM hf_overrides head_dtype=float32, SGLang "
+        "--enable-fp32-lm-head); the row's lm_head point otherwise; alone, applied to the vllm row (docs/rounding.md)",
+    )
 
 
 def run(args) -> int:
@@ -39,7 +49,7 @@ def run(args) -> int:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, args.adapter)
-    hazards = doctor(model, external_engine=not args.no_engine)
+    hazards = doctor(model, external_engine=not args.no_engine, profile=_profile(args))
     console = make_console()
     if not hazards:
         console.print(f"[green]no precision hazards found[/] in {path}")
@@ -51,3 +61,18 @@ def run(args) -> int:
         table.add_row(h.name, h.severity, h.detail, h.fix)
     console.print(table)
     return 1 if any(h.severity == "error" for h in hazards) else 0
+
+
+def _profile(args):
+    """The row ``--profile`` names (a JSON file is read), with ``--lm-head`` applied when given."""
+    from pathlib import Path
+
+    from rla import profiles
+
+    if args.profile is None and args.lm_head is None:
+        return None
+    name = args.profile or "vllm"
+    row = profiles.load(name) if Path(name).suffix == ".json" else profiles.get(name)
+    if args.lm_head is None or args.lm_head == row.lm_head:
+        return row
+    return row.replace(name=f"{row.name}+lm_head={args.lm_head}", lm_head=args.lm_head)

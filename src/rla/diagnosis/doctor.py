@@ -18,7 +18,9 @@ whose keys make an engine drop the softmax scale's ``mscale**2`` that HF applies
 eps is not ``config.rms_norm_eps`` (HF builds them with 1e-6, the engines with the config's). For Gemma 4: the scale constants HF holds as Python floats and the engines in bf16
 (or the other way round), which no rounding point covers (``rla.diagnosis.gemma4_constants``). For
 Qwen3.5 MoE: a config with ``norm_topk_prob=False``, which the engines read and HF does not (its router
-always renormalises).
+always renormalises). For every model with an LM head: a head whose logits dtype is not the engine
+row's ``lm_head`` (TRL's ``cast_lm_head_to_fp32`` against a bf16 engine head, or a bf16 head against
+vLLM's ``head_dtype=float32`` / SGLang's ``--enable-fp32-lm-head``; ``rla.diagnosis.lm_head``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from rla.diagnosis.gemma4_constants import gemma4_constants
+from rla.diagnosis.lm_head import head_hazard
 
 __all__ = ["Hazard", "doctor", "inv_freq_angle_error", "ZERO_CENTRED_FAMILIES"]
 
@@ -194,12 +197,18 @@ def _deepseek_attention(model, cfg) -> list[Hazard]:
 
 
 def doctor(model: torch.nn.Module, *, engine_dtype: torch.dtype = torch.bfloat16,
-           external_engine: bool = True) -> list[Hazard]:
+           external_engine: bool = True, profile=None) -> list[Hazard]:
     """Hazards found in ``model`` as it is now (an empty list is a clean bill of health).
 
     ``external_engine``: rollouts come from an inference engine (vLLM, SGLang) that is given this
-    model's weights, the setup rla is for; False when the training model samples itself."""
+    model's weights, the setup rla is for; False when the training model samples itself.
+    ``profile``: the engine's row (a name, an alias or a ``RoundingProfile``, e.g.
+    ``get("sglang").replace(lm_head="fp32")`` for a run with ``--enable-fp32-lm-head``), for the
+    checks that compare the model with it (the LM head's logits dtype); None: the built-in rows'
+    defaults."""
     hazards: list[Hazard] = []
+    if external_engine:
+        hazards.extend(head_hazard(model, profile, engine_dtype, Hazard))
     lora = _unmerged_lora(model)
     if lora and external_engine:
         ranks = sorted({int(r) for _, m in lora for r in getattr(m, "r", {}).values()})

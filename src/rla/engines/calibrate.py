@@ -27,6 +27,8 @@ q/k norm -> RoPE -- compiled as one graph in ``default`` mode (the kernels, one 
 values. ``rope_inv_freq`` compares the engine's fp32 cos/sin cache, built by its own builder on
 the device, with HF's rotary init evaluated on the host and on the device; on a CPU the two
 places are the same, so the point is decided from the engine's source instead (``source``).
+``lm_head`` is a setting of the run (vLLM's ``head_dtype``, SGLang's ``--enable-fp32-lm-head``),
+not a kernel: the adapter reads its default from the engine's source (``source_fact``).
 
 Engines: an adapter (``rla.engines.adapter.ENGINES``: ``rla.engines.vllm``, ``rla.engines.sglang``;
 the :class:`~rla.engines.adapter.RegionEngine` contract) gives its region functions for a mode and
@@ -49,7 +51,7 @@ import importlib.metadata
 import torch
 
 from rla.engines.adapter import ENGINES, load_engine
-from rla.engines.conformance import Conformance
+from rla.engines.conformance import Conformance, PointResult
 from rla.engines.decisions import decide, kept_from_baseline, point_evidence, settle_reduction
 from rla.engines.region_experiments import (
     attempt,
@@ -146,6 +148,9 @@ def calibrate(
         if say is not None:
             say("rotary cos/sin cache (rope_inv_freq)")
         points["rope_inv_freq"] = inv_freq_point(eng, dev, scale, seed)
+    head = eng.source_fact("lm_head")  # a setting of the run, not a kernel a probe could tell apart
+    points["lm_head"] = PointResult(point="lm_head", choice=head["choice"], evidence="source", fractions={},
+                                    fallback=head["why"])
 
     if "norm_reduction" not in kept:
         settle_reduction(points["norm_reduction"], notes)

@@ -84,6 +84,8 @@ _ROPE_BASE = "sglang/srt/layers/rotary_embedding/base.py"
 _ROPE_VARIANT = "sglang/srt/layers/rotary_embedding/rope_variant.py"
 _MODEL_UTILS = "sglang/srt/models/utils.py"
 _CSRC = "sglang/kernels/jit/csrc/"
+_LOGITS = "sglang/srt/layers/logits_processor.py"
+_EXEC_ARGS = "sglang/srt/arg_groups/fields/exec_.py"
 
 #: Head sizes whose RoPE takes ``FusedRopeKernel`` with the fp32 cache (checked in the source).
 FUSED_ROPE_HEAD_SIZES = (64, 128, 256, 512)
@@ -118,6 +120,10 @@ SOURCE_FACTS = (
     (_ROPE_BASE, "if not (_is_cuda or _is_hip or _is_xpu or envs.SGLANG_ROPE_CACHE_FP32.get()):",
      "on CUDA the cos/sin cache stays fp32"),
     (_ROPE_BASE, "create the cache on GPU", "the cos/sin cache is computed on the GPU"),
+    (_LOGITS, "hidden_states.to(lm_head.weight.dtype), lm_head.weight.T",
+     "without the fp32 switch the LM head is a GEMM in the weight's dtype (bf16 logits)"),
+    (_EXEC_ARGS, "If set, the LM head outputs (logits) are in FP32.\",\n    ] = False",
+     "enable_fp32_lm_head is off unless the run sets it"),
 )
 
 
@@ -245,7 +251,15 @@ class SglangEngine:
 
     def source_fact(self, point: str) -> dict[str, str]:
         """``rope_inv_freq``: SGLang says in ``RotaryEmbedding._compute_inv_freq`` that it creates
-        the cache on the GPU (checked at load, ``SOURCE_FACTS``)."""
+        the cache on the GPU; ``lm_head``: ``LogitsProcessor._compute_lm_head`` is a GEMM in the
+        weight's dtype unless ``--enable-fp32-lm-head`` (off by default) is set (both checked at
+        load, ``SOURCE_FACTS``)."""
+        if point == "lm_head":
+            where = (f"{self.package.label(_LOGITS)}, LogitsProcessor._compute_lm_head: 'torch.matmul(hidden_states.to("
+                     f"lm_head.weight.dtype), lm_head.weight.T)'; {self.package.label(_EXEC_ARGS)}, ExecFeatures."
+                     "enable_fp32_lm_head = False")
+            return {"choice": "lp", "why": f"source (the default; --enable-fp32-lm-head makes it fp32): {where}",
+                    "where": where}
         if point != "rope_inv_freq":
             raise KeyError(f"no source fact for {point!r} in rla's SGLang adapter")
         where = f"{self.package.label(_ROPE_BASE)}, RotaryEmbedding._compute_inv_freq: 'create the cache on GPU'"

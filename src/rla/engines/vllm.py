@@ -59,6 +59,15 @@ _ROPE_COMMON = "vllm/model_executor/layers/rotary_embedding/common.py"
 _ROPE_BASE = "vllm/model_executor/layers/rotary_embedding/base.py"
 _ROPE_LLAMA3 = "vllm/model_executor/layers/rotary_embedding/llama3_rope.py"
 _ROPE_DEEPSEEK = "vllm/model_executor/layers/rotary_embedding/deepseek_scaling_rope.py"
+_LOGITS = "vllm/model_executor/layers/logits_processor.py"
+_MODEL_CONFIG = "vllm/config/model.py"
+
+#: The source text that states the LM head's default (``lm_head='lp'``): the logits processor
+#: takes the model config's ``head_dtype``, which is the model dtype for a generation model.
+_HEAD_FACTS = (
+    (_LOGITS, "self.head_dtype = model_config.head_dtype", "LogitsProcessor.__init__"),
+    (_MODEL_CONFIG, "Generation models default to the model dtype", "ModelConfig.head_dtype"),
+)
 
 #: The stable-ABI kernel library inside the wheel (loads into torches other than vLLM's pin).
 LIBRARY = "vllm/_C_stable_libtorch.abi3.so"
@@ -269,8 +278,17 @@ class VllmEngine:
 
         ``rope_inv_freq``: ``_compute_inv_freq`` says, in vLLM's own comment, that the cache is
         created on the GPU (vLLM builds its layers under the model's device context), not on the
-        CPU as HF does.
+        CPU as HF does. ``lm_head``: the logits processor's ``head_dtype`` is the model dtype for a
+        generation model (bf16 logits) unless the run sets ``hf_overrides={"head_dtype": "float32"}``.
         """
+        if point == "lm_head":
+            for relpath, phrase, function in _HEAD_FACTS:
+                if phrase not in self.package.read_text(relpath):
+                    raise EngineCodeError(f"vllm {self.version}: {self.package.label(relpath)} no longer says "
+                                          f"{phrase!r} ({function}); lm_head cannot be read from the source")
+            where = "; ".join(f"{self.package.label(r)}, {f}: '{ph}'" for r, ph, f in _HEAD_FACTS)
+            return {"choice": "lp", "why": f"source (the default; hf_overrides={{'head_dtype': 'float32'}} makes it "
+                    f"fp32): {where}", "where": where}
         if point != "rope_inv_freq":
             raise KeyError(f"no source fact for {point!r} in rla's vLLM adapter")
         text = self.package.read_text(_ROPE_BASE)

@@ -170,6 +170,28 @@ def _check_still_aligned(trainer) -> None:
         )
 
 
+def _head_note(trainer, report: AlignmentReport) -> None:
+    """A note when TRL's fused GRPO head, which reads ``lm_head.weight`` itself and so is beyond
+    ``rla.align``'s head (``rla.alignment.lm_head``), computes another logits dtype than the row's
+    ``lm_head``: TRL's ``cast_lm_head_to_fp32`` decides it (docs/integrations/trl.md)."""
+    cast = bool(getattr(trainer.args, "cast_lm_head_to_fp32", False))
+    row = report.ran().lm_head
+    if cast and row == "lp":
+        report.notes.append(
+            "TRL's cast_lm_head_to_fp32=True: GRPO's training logprobs come from TRL's fused head on the fp32 weight "
+            f"(fp32 logits), while {report.profile.name!r} has a bf16 head (lm_head='lp', the engine's default); "
+            "model(...).logits follow the row, TRL's loss does not. Drop the cast, or start vLLM with "
+            "hf_overrides={'head_dtype': 'float32'} and align to row.replace(lm_head='fp32')")
+    elif cast:
+        report.notes.append(
+            "TRL's cast_lm_head_to_fp32=True with an fp32-head row: TRL's fused head reads the fp32 master weight, "
+            "the engine RN(w) (what the weight sync loads): equal until the first update")
+    elif row == "fp32":
+        report.notes.append(
+            f"{report.profile.name!r} has an fp32 head (lm_head='fp32') but TRL's fused GRPO head computes bf16 "
+            "logits without cast_lm_head_to_fp32=True: model(...).logits follow the row, TRL's loss does not")
+
+
 def attach(
     trainer,
     profile: str | RoundingProfile = "vllm",
@@ -210,6 +232,7 @@ def attach(
     policy_model = trainer.accelerator.unwrap_model(trainer.model)
     policy = align(policy_model, profile, regions, ops)
     _autocast_note(trainer, policy)
+    _head_note(trainer, policy)
     reference = None
     if trainer.ref_model is not None:
         reference = align(trainer.accelerator.unwrap_model(trainer.ref_model), policy.profile, regions, ops)

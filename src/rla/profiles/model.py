@@ -1,11 +1,11 @@
-"""The rounding model: nine points that say where a stack rounds fp32 intermediates to ``lp``
-(eight rounding locations and one arithmetic order, the norms' reduction).
+"""The rounding model: ten points that say where a stack rounds fp32 intermediates to ``lp``
+(nine rounding locations, the LM head's among them, and one arithmetic order, the norms' reduction).
 
 A :class:`RoundingProfile` answers the questions of ``docs/rounding.md`` about three regions of a
 transformer block (RoPE, SwiGLU, residual-add + RMSNorm) and the two places where an engine's
 compiler fuses across them (the residual carried past the attention add, the q/k-norm output
-read by RoPE), plus the order in which a norm adds its sum of squares. Everything else in ``rla`` -- the ops, the model patch, the sampler, the
-diagnosis -- reads a profile and never asks which engine it came from.
+read by RoPE), the order in which a norm adds its sum of squares, and whether the LM head rounds the logits
+(:mod:`rla.profiles.head`). Everything else in ``rla`` reads a profile, never asking which engine it came from.
 
 Notation: ``lp`` is the stack's low-precision dtype (bf16 or fp16) and ``RN(v)`` rounds an fp32 value to
 ``lp`` (round-to-nearest-even, as ``tensor.to(lp)`` does). Everything written without ``RN`` is one fp32 operation.
@@ -21,12 +21,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rla.profiles.head import HEAD_POINTS
 from rla.profiles.router import RouterPoints
 from rla.profiles.variant_points import VARIANT_POINT_KINDS, VARIANT_POINTS, check_variant_point, has_point
 from rla.profiles.variant_points import replace_variant as _replace_variant
 
 __all__ = ["RoundingProfile", "Calibration", "PointEvidence", "PointCondition", "POINTS", "REGIONS", "REGION_POINTS",
-           "EVIDENCE", "VARIANTS", "VARIANT_EXTENDS", "VARIANT_POINTS", "VARIANT_POINT_KINDS", "CONDITIONS"]
+           "EVIDENCE", "VARIANTS", "VARIANT_EXTENDS", "VARIANT_POINTS", "VARIANT_POINT_KINDS", "CONDITIONS", "HEAD_POINTS"]
 
 #: The three regions a profile describes, in the order reports list them.
 REGIONS: tuple[str, ...] = ("rope", "swiglu", "rmsnorm")
@@ -42,11 +43,11 @@ POINTS: dict[str, tuple[str, str]] = {
     "residual_stream": ("rounded", "fp32_carry"),
     "qk_norm_out": ("round", "fp32"),
     "norm_reduction": ("unpinned", "vllm_block"),
-}
+} | HEAD_POINTS
 
-#: The region whose alignment realises each point. ``qk_norm_out='fp32'`` is a chain from the
-#: q/k norms (rmsnorm region) into RoPE: it takes effect only when both regions are aligned,
-#: and is listed under ``rope`` because it decides what RoPE reads.
+#: The region whose alignment realises each point. ``qk_norm_out='fp32'`` is a chain from the q/k norms (rmsnorm
+#: region) into RoPE: it takes effect only when both regions are aligned, and is listed under ``rope`` because it
+#: decides what RoPE reads. ``lm_head`` is no region's: every alignment applies it (``rla.alignment.lm_head``).
 REGION_POINTS: dict[str, tuple[str, ...]] = {
     "rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq", "qk_norm_out"),
     "swiglu": ("swiglu",),
@@ -133,12 +134,11 @@ class Calibration:
     """point name -> :class:`PointEvidence`."""
 
     live: dict | None = None
-    """For a row calibrated against the live engine (``live`` evidence): what ran and what was
-    measured -- ``settings`` (the engine's, as it was started), ``model`` (family and shape),
-    ``prefill_tokens`` / ``decode_tokens`` (logprobs scored), and ``start`` / ``found`` (the row
-    the search started from and the row it found: ``name``, and ``prefill_equal``,
-    ``prefill_k3``, ``decode_equal``, ``decode_k3`` against the engine). Checked by
-    ``rla.profiles.from_dict`` (``registry.LIVE_KEYS``)."""
+    """For a row calibrated against the live engine (``live`` evidence): what ran and what was measured --
+    ``settings`` (the engine's, as it was started), ``model`` (family and shape), ``prefill_tokens`` /
+    ``decode_tokens`` (logprobs scored), and ``start`` / ``found`` (the row the search started from and the row it
+    found: ``name``, and ``prefill_equal``, ``prefill_k3``, ``decode_equal``, ``decode_k3`` against the engine).
+    Checked by ``rla.profiles.from_dict`` (``registry.LIVE_KEYS``)."""
 
 
 @dataclass(frozen=True)
@@ -196,10 +196,9 @@ class RoundingProfile:
     ``lp`` tensors; ``fused``: out = RN(x*c + rot(x)*s), one rounding at the store."""
 
     rope_inv_freq: Literal["host", "device"]
-    """Where ``inv_freq = 1/(base**(arange(0,d,2)/d))`` (and its scaling) and the angles' cos/sin
-    are evaluated: ``host`` = ``inv_freq`` on the CPU at init, as HF does; ``device`` = on the
-    device the model runs on, as vLLM and SGLang build their cos/sin cache (CPU and GPU ``pow``
-    differ by one ulp in 3-8% of frequencies, which moves angles at long positions)."""
+    """Where ``inv_freq = 1/(base**(arange(0,d,2)/d))`` (and its scaling) and the angles' cos/sin are evaluated:
+    ``host`` = ``inv_freq`` on the CPU at init, as HF does; ``device`` = on the device the model runs on, as vLLM
+    and SGLang build their cos/sin cache (CPU and GPU ``pow`` differ by one ulp in 3-8% of frequencies)."""
 
     swiglu: Literal["per_op", "fused"]
     """``per_op``: out = RN(RN(silu(g)) * u), the activation rounded before the product (HF's
@@ -215,20 +214,21 @@ class RoundingProfile:
     residual handed on is RN(x + r) in both cases (but see ``residual_stream``)."""
 
     residual_stream: Literal["rounded", "fp32_carry"] = "rounded"
-    """``rounded``: the residual after the attention add is RN(a + r) before the MLP's add;
-    ``fp32_carry``: the MLP's add reads the fp32 a + r (Inductor recomputes it inside the consumer
-    kernel and drops the cast), so the next residual is RN(h + (a + r)). The residual entering
-    attention is rounded in both."""
+    """``rounded``: the residual after the attention add is RN(a + r) before the MLP's add; ``fp32_carry``: the
+    MLP's add reads the fp32 a + r (Inductor recomputes it inside the consumer kernel and drops the cast), so the
+    next residual is RN(h + (a + r)). The residual entering attention is rounded in both."""
 
     qk_norm_out: Literal["round", "fp32"] = "round"
     """Qwen3-style per-head q/k norms: ``round`` = RoPE reads RN(norm(q)); ``fp32`` = RoPE reads
     the unrounded norm output (one fused chain, rounded once at RoPE's store)."""
 
     norm_reduction: Literal["unpinned", "vllm_block"] = "unpinned"
-    """The order a norm adds its sum of squares (an arithmetic order, not a rounding location, but
-    it moves rstd by an ulp just the same): ``unpinned`` = whichever kernel runs (PyTorch's for
-    the reference, Triton's tree for the fused kernels); ``vllm_block`` = vLLM's CUDA norm
-    kernels' per-thread partials and block reduction (``rla.ops.reduction``)."""
+    """The order a norm adds its sum of squares (an arithmetic order, not a rounding location, but it moves rstd
+    by an ulp just the same): ``unpinned`` = whichever kernel runs (PyTorch's for the reference, Triton's tree for
+    the fused kernels); ``vllm_block`` = vLLM's CUDA norm kernels' per-thread partials and block reduction."""
+
+    lm_head: Literal["lp", "fp32"] = "lp"
+    """``lp``: logits RN(h @ W^T), as every engine by default; ``fp32``: unrounded (:mod:`rla.profiles.head`)."""
 
     post_norm_out: Literal["round", "fp32"] = "round"
     """A variant point (:data:`VARIANT_POINTS`, defined there; :meth:`variant` sets it): Gemma's post-norms' output."""
