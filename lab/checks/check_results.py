@@ -762,6 +762,25 @@ def dec3_live(root):
             removed("qwen35-default", "qwen35-h2048", "default", "vllm-0.26")]
 
 
+RESCORE_LIVE = "results/benchmarks/vllm026_rescore_h200_2026-12-03"
+TWINS_0312 = "results/benchmarks/twin_families_h200_2026-12-03"
+
+
+def rescore_live(root):
+    """2026-12-03's re-score under the changed rows: % of HF eager's prefill k3 the default row removes on Gemma 4
+    (the committed engine outputs re-scored) and Gemma 3 (a new engine run)."""
+    return [_k3_removed(root, RESCORE_LIVE, "rescore-default", "gemma4-h2560", "default", "vllm-0.26"),
+            _k3_removed(root, RESCORE_LIVE, "gemma3-default", "gemma3-h2560", "default", "vllm-0.26")]
+
+
+def twin_families_eager(root):
+    """The family twins on the H200, eager mode: the lowest logits bit-equal % of the aligned model (``rla``) over
+    Gemma 3's and GLM-4 MoE's shapes."""
+    rows = _json(root, f"{TWINS_0312}/runs/three-families/families/twin_families.json")["rows"]
+    return [100 * min(r["logits_equal"] for r in rows if r["mode"] == "eager" and r["side"] == "rla"
+                      and r["model"] in ("gemma3-h2560", "glm4moe-h2048"))]
+
+
 def gemma3_e2e(root):
     """Gemma 3 4B training step: rla-vllm / hf-bf16 tok_s, its peak / hf-bf16's, liger / hf-bf16 tok_s."""
     (rel,) = [p.relative_to(root).as_posix() for p in (root / FAMILIES / "e2e").glob("*.json")]
@@ -794,6 +813,10 @@ CHECKS: list[Check] = [
           "% prefill k3 removed: GPT-OSS default (gpt_oss variant), DeepSeek-V3 eager (MLA aligned)", evening_live),
     Check("Gemma 4 and Qwen3.5 live", "README", f"{DEC3_LIVE}/runs/*/verify-*/report.json",
           "% prefill k3 removed by the running mode's row: Gemma 4 eager, default; Qwen3.5 eager, default", dec3_live),
+    Check("rescore live", "README", f"{RESCORE_LIVE}/runs/*/verify-*/report.json",
+          "% prefill k3 removed by the default row: Gemma 4 (re-scored), Gemma 3 (new run)", rescore_live),
+    Check("twin families eager", "README", f"{TWINS_0312}/runs/three-families/families/twin_families.json",
+          "min logits bit-equal % of rla in eager mode, Gemma 3 and GLM-4 MoE", twin_families_eager),
     Check("Gemma 3 e2e", "README", f"{FAMILIES}/e2e/e2e_NVIDIA_H200_2026-12-02.json",
           "rla-vllm / hf-bf16 tok_s and peak; liger / hf-bf16 tok_s", gemma3_e2e),
     # ---- README: engine calibration and twin
