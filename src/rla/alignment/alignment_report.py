@@ -114,8 +114,9 @@ class AlignmentReport:
                 rows.append((region, what, rounding))
             else:
                 rows.append((region, "not aligned (model's own code)", ""))
-        if self.lm_head:
-            rows.append(("lm_head", self.lm_head, f"lm_head {self.ran().lm_head}"))
+        if self.lm_head:  # the table says what was done in a word, the note below it in full
+            done = "1 head" if self.lm_head.startswith("aligned") else self.lm_head.split(":")[0].split(" (")[0]
+            rows.append(("lm_head", done, f"lm_head {self.ran().lm_head}"))
         return rows
 
     def _title(self) -> str:
@@ -137,7 +138,7 @@ class AlignmentReport:
             lines.extend(f"    - {h.name}: {h.detail}" for h in self.hazards)
         else:
             lines.append("  hazards fixed: none found")
-        lines.extend(f"  note: {n}" for n in self.notes)
+        lines.extend(f"  note: {n}" for n in (*self.notes, *((f"lm_head: {self.lm_head}",) if self.lm_head else ())))
         return "\n".join(lines)
 
     def __rich__(self):
