@@ -82,7 +82,7 @@ def live_row(engine: dict, start: RoundingProfile, start_score: dict, best: Roun
     missing = [p for p in POINTS if p not in flips]
     if missing:
         raise ValueError(f"the search's flips lack {missing}: every point must have been flipped")
-    kind = family_kind(model.get("family"))
+    kind = family_kind(model.get("family") or "") or next((f["kind"] for f in flips.values() if f.get("kind")), None)
     inside = set_in(start, kind)  # row points the family's variant sets: it computes the variant's value
     evidence = {}
     variants = {k: dict(v) for k, v in best.variants.items()}
