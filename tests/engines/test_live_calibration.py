@@ -104,3 +104,100 @@ def test_the_search_decides_gemmas_post_norm_out_and_the_row_carries_it():
     from rla.commands.calibrate_live import summary
 
     assert "| post_norm_out (zero_centred_norm) | round | fp32 | live |" in summary(row, start)
+
+
+def test_a_row_point_the_family_variant_sets_is_searched_and_written_in_the_variant():
+    """Qwen3.5's q/k norm output is the ``qwen3_5`` variant's (vLLM's fused q/k norm + RoPE kernel
+    rounds it), whatever the row's own ``qk_norm_out``. A tiny Qwen3.5 aligned under vllm-0.33 (the
+    variant's ``round``) is the engine; the start row's variant says ``fp32``. The search must read and
+    flip the variant's value (a flip of the row's own value changes nothing this model computes: its k3
+    would be the row's), and the written row holds ``round`` in the variant, the row's own value kept."""
+    from qwen3_5_spec import tiny_qwen3_5
+    from rla.commands.calibrate_live import summary
+    from rla.engines.live_points import runs, set_in
+    from rla.engines.live_profile import live_row, settle
+
+    model = tiny_qwen3_5()
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (40,), generator=g).tolist()
+    response = torch.randint(0, model.config.vocab_size, (6,), generator=g).tolist()
+    truth = profiles.get("vllm-0.33")
+    assert truth.variants["qwen3_5"]["qk_norm_out"] == "round" and truth.qk_norm_out == "fp32"
+    pre, records = _engine(model, truth, prompt, response)
+    start = truth.replace_variant("qwen3_5", name="start", qk_norm_out="fp32")
+    assert L.points_of(start, "qwen3_5")["qk_norm_out"] == "fp32" and set_in(start, "qwen3_5")["qk_norm_out"] == "qwen3_5"
+    # the bug: the row's own point is no point of this model's (the variant overrides it)
+    assert runs(model, start.replace(qk_norm_out="round")) == runs(model, start)
+    assert L.score(model, start, [prompt], pre, records)["prefill"]["equal"] < 1.0
+    best, s, tried, flips = L.search(model, start, [prompt], pre, records, log=lambda m: None)
+    assert s["prefill"]["equal"] == 1.0 and s["prefill"]["k3"] == 0.0
+    assert best.variant("qwen3_5").qk_norm_out == "round" and best.qk_norm_out == "fp32"
+    f = flips["qk_norm_out"]
+    assert f["kind"] == "qwen3_5" and f["other"] == "fp32" and f["decided"] and f["prefill_k3"] != s["prefill"]["k3"]
+    assert "applies" not in f and all(t["points"]["qk_norm_out"] in ("round", "fp32") for t in tried)
+    assert "kind" not in flips["rope_apply"]  # the variant does not set it: the row's own point
+    best, s = settle(model, start, best, s, flips, [prompt], pre, records)
+    row = live_row({"name": "vllm", "version": "0.33.0", "mode": "default"}, start, tried[0], best, s, flips,
+                   {"family": "qwen3_5_text"}, date="d", gpu="cpu", torch="t", command="c", name="vllm-0.33-test")
+    assert row.variants["qwen3_5"]["qk_norm_out"] == "round" and row.qk_norm_out == start.qk_norm_out == "fp32"
+    assert row.variant_evidence["qwen3_5"]["qk_norm_out"].evidence == "live"
+    assert "in the qwen3_5 variant: flipped to fp32" in row.variant_evidence["qwen3_5"]["qk_norm_out"].note
+    own = row.calibration.points["qk_norm_out"]
+    assert own.evidence != "live" and "this model computes the qwen3_5 variant's value (round)" in own.note
+    back = profiles.from_dict(profiles.to_dict(row))
+    assert back.variant("qwen3_5").qk_norm_out == "round" and back.variant("zero_centred_norm").qk_norm_out == "fp32"
+    table = summary(row, start)
+    assert "| qk_norm_out | fp32 (qwen3_5 variant) | round (qwen3_5 variant) | live |" in table
+    assert "the row's own value (other families): fp32" in table
+
+
+def test_a_flip_that_changes_nothing_the_model_runs_is_said_not_to_apply():
+    """SGLang's row sets its RoPE points by head size (a condition, which ``rla.align`` applies first):
+    at a tiny Qwen2's head size 16 (not one of 64/128/256/512) the condition's values hold, so
+    flipping the row's own ``rope_cos_sin`` changes nothing the model computes. The flip says so
+    (``applies: False``, scores equal, not decided), and the written row says it does not apply
+    rather than that its flip ties; a flip that changes what the model runs (``swiglu``) applies."""
+    from rla.engines.live_points import runs
+    from rla.engines.live_profile import live_row
+
+    row = profiles.get("sglang-0.5.23")
+    assert row.conditions and row.at_head_size(16).rope_cos_sin == "round" and row.rope_cos_sin == "fp32"
+    model = build_model(tiny_config("qwen2", num_hidden_layers=1, num_attention_heads=16, num_key_value_heads=4),
+                        torch.bfloat16, seed=0).eval()
+    assert model.config.hidden_size // model.config.num_attention_heads == 16
+    assert runs(model, row.replace(rope_cos_sin="round")) == runs(model, row)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (32,), generator=g).tolist()
+    pre, records = _engine(model, profiles.get("vllm-0.33-eager"), prompt, prompt[24:28])
+    s = L.score(model, row, [prompt], pre, records)
+    flips = {p: L.flip(model, row, s, p, c, None, [prompt], pre, records) for p, c in profiles.POINTS.items()}
+    f = flips["rope_cos_sin"]
+    assert f["applies"] is False and not f["decided"] and f["prefill_k3"] == s["prefill"]["k3"]
+    assert "applies" not in flips["swiglu"] and flips["swiglu"]["decided"]
+    out = live_row({"name": "sglang", "version": "0.5.23", "mode": "default"}, row, s, row, s, flips,
+                   {"family": "qwen2"}, date="d", gpu="cpu", torch="t", command="c", name="sglang-test")
+    assert "does not apply to this model" in out.calibration.points["rope_cos_sin"].note
+    assert "its flip ties" not in out.calibration.points["rope_cos_sin"].note
+
+
+def test_the_points_a_family_variant_sets_and_the_routed_experts_values_are_named():
+    """Every row's family variants that set a row point (data/*.json) are where the search reads it;
+    on an MoE model a flip names the value the routed experts' ``moe_experts`` variant keeps."""
+    from types import SimpleNamespace
+
+    from rla.engines.live_points import points_of, second_values, set_in, with_points
+
+    row = profiles.get("vllm-0.33")
+    assert set_in(row, "qwen3_5") == {"qk_norm_out": "qwen3_5"} and set_in(row, "gpt_oss") == {"rope_cos_sin": "gpt_oss"}
+    assert set_in(row, None) == {} and points_of(row, None) == row.points()
+    eager = profiles.get("vllm-0.26-eager")  # its zero_centred_norm sets two norm points, which qwen3_5 extends
+    assert set_in(eager, "qwen3_5") == {"norm_residual": "zero_centred_norm", "norm_reduction": "zero_centred_norm"}
+    moved = with_points(eager, {"norm_residual": "rounded_sum", "swiglu": "per_op"}, "qwen3_5")
+    assert moved.norm_residual == eager.norm_residual and moved.variants["qwen3_5"]["norm_residual"] == "rounded_sum"
+    assert moved.swiglu == "per_op" and "swiglu" not in moved.variants["qwen3_5"]
+    assert moved.variant("zero_centred_norm").norm_residual == eager.variant("zero_centred_norm").norm_residual
+    moe = SimpleNamespace(config=SimpleNamespace(model_type="qwen3_5_moe_text"))
+    assert row.swiglu == "fused" and second_values(moe, row, "swiglu") == {"moe_experts": "per_op"}
+    assert second_values(moe, row.replace(swiglu="per_op"), "swiglu") == {}
+    dense = SimpleNamespace(config=SimpleNamespace(model_type="qwen3_5_text"))
+    assert second_values(dense, row, "swiglu") == {}

@@ -75,6 +75,7 @@ def run(args) -> int:
     from rla import profiles
     from rla.commands._live import check_model, engine_data, engine_side, run_length, saved_engine, weigh
     from rla.engines.live_calibration import search
+    from rla.engines.live_points import family_kind, points_of, set_in
     from rla.engines.live_profile import live_name, live_row, settle
     from rla.engines.vllm_live import installed_version
     from rla.hf import load_model
@@ -125,10 +126,12 @@ def run(args) -> int:
     row = live_row(data.engine, start_row, tried[0], best, best_score, flips, info, date=env["date"],
                    gpu=gpu, torch=torch.__version__, command=command,
                    results=report_path(out).name, name=name)
+    kind = family_kind(model)
     paths = write_row(row, {"format": "rla.live_calibration/1", "engine": data.engine, "model": info,
-                            "installed": installed_version(), "start": start_row.name, "best": best.points(),
-                            "score": best_score, "start_score": tried[0], "flips": flips, "tried": tried,
-                            "environment": env}, out, overwrite=args.overwrite)
+                            "installed": installed_version(), "start": start_row.name,
+                            "family_kind": kind, "best": points_of(best, kind), "best_row_points": best.points(),
+                            "set_in_variant": set_in(best, kind), "score": best_score, "start_score": tried[0],
+                            "flips": flips, "tried": tried, "environment": env}, out, overwrite=args.overwrite)
     print(summary(row, start_row))
     for kind, path in paths.items():
         print(f"{kind}: {path}")
@@ -137,19 +140,30 @@ def run(args) -> int:
 
 def summary(row, start) -> str:
     """Per point (and per variant point the live engine decided): the start row's value, the live
-    row's, its evidence and note; then the scores."""
+    row's, its evidence and note, as the model's family computes them: a value its kind's variant sets
+    is the variant's, and says so (``round (qwen3_5 variant)``); then the scores."""
+    from rla.engines.live_points import family_kind, points_of, set_in
     from rla.profiles import VARIANT_POINTS
 
     live = row.calibration.live
+    kind = family_kind((live.get("model") or {}).get("family") or "")
+    was, now, inside = points_of(start, kind), points_of(row, kind), set_in(row, kind)
     lines = [f"# {row.name}: live calibration from {start.name}", "",
              "| point | start | live row | evidence | note |", "|---|---|---|---|---|"]
     for p, e in row.calibration.points.items():
-        lines.append(f"| {p} | {getattr(start, p)} | {getattr(row, p)} | {e.evidence} | {e.note.replace('|', '/')} |")
-    for kind, evidence in row.variant_evidence.items():  # the variant points the search flipped (Gemma's)
+        if p in inside:  # the model computes the variant's value: its evidence, the row's own value beside
+            by = inside[p]
+            e = row.variant_evidence.get(by, {}).get(p) or e
+            note = f"{e.note}; the row's own value (other families): {getattr(row, p)}"
+            lines.append(f"| {p} | {was[p]} ({set_in(start, kind).get(p, by)} variant) | {now[p]} ({by} variant) | "
+                         f"{e.evidence} | {note.replace('|', '/')} |")
+            continue
+        lines.append(f"| {p} | {was[p]} | {now[p]} | {e.evidence} | {e.note.replace('|', '/')} |")
+    for k, evidence in row.variant_evidence.items():  # the variant points the search flipped (Gemma's)
         for p, e in evidence.items():
             if p in VARIANT_POINTS and e.evidence == "live":
-                lines.append(f"| {p} ({kind}) | {start.variant(kind).kind_points(kind)[p]} | "
-                             f"{row.variant(kind).kind_points(kind)[p]} | live | {e.note.replace('|', '/')} |")
+                lines.append(f"| {p} ({k}) | {start.variant(k).kind_points(k)[p]} | "
+                             f"{row.variant(k).kind_points(k)[p]} | live | {e.note.replace('|', '/')} |")
     for side in ("start", "found"):
         s = live[side]
         lines.append(f"\n{side} ({s['name']}): prefill bit-equal {s['prefill_equal']:.4%} k3 {s['prefill_k3']:.3e}; "

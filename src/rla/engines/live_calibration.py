@@ -24,6 +24,12 @@ norms' outputs and the adds they feed, with SwiGLU's, the other gated product), 
 value is set in the row's variant for the family's kind
 (:meth:`rla.profiles.RoundingProfile.replace_variant`), where ``rla.align`` reads it. Other
 families are not offered it (:func:`variant_points`).
+
+Every point is searched and flipped as the family's modules compute it (:mod:`rla.engines.live_points`):
+where the family kind's variant sets a row point (the vLLM rows' ``qwen3_5`` variant's
+``qk_norm_out='round'``), the variant's value is the one read, and changed, in that variant; flipping
+the row's own value there would change nothing the model computes. A flip that leaves every profile
+the model runs under as it was (the routed experts' ``moe_experts`` too) says so (``applies``).
 """
 
 from __future__ import annotations
@@ -34,10 +40,10 @@ import itertools
 import torch
 
 from rla.alignment import aligned
-from rla.alignment.families import FAMILIES
-from rla.profiles import POINTS, REGION_POINTS, VARIANT_POINT_KINDS, VARIANT_POINTS
+from rla.engines.live_points import points_of, runs, second_values, set_in, variant_points, with_points
+from rla.profiles import POINTS, REGION_POINTS
 
-__all__ = ["train_logprobs", "stats", "score", "better", "search", "BUCKETS", "GROUPS", "variant_points",
+__all__ = ["train_logprobs", "stats", "score", "better", "search", "flip", "BUCKETS", "GROUPS", "variant_points",
            "points_of", "with_points"]
 
 GROUPS: tuple[tuple[str, ...], ...] = tuple(
@@ -105,32 +111,11 @@ def better(a: dict, b: dict | None) -> bool:
     return (-a["prefill"]["k3"], a["prefill"]["equal"]) > (-b["prefill"]["k3"], b["prefill"]["equal"])
 
 
-def variant_points(model) -> tuple[str | None, dict[str, tuple[str, ...]]]:
-    """``(the kind of the model's family, {variant point: choices})``: the variant points the
-    family's modules have (:data:`rla.profiles.VARIANT_POINT_KINDS`), none for a family without a
-    kind or whose kind has none (GPT-OSS's ``gpt_oss``)."""
-    family = FAMILIES.get(getattr(getattr(model, "config", None), "model_type", None))
-    kind = family.variant if family is not None else None
-    return kind, {p: VARIANT_POINTS[p] for p, kinds in VARIANT_POINT_KINDS.items() if kind in kinds}
-
-
-def points_of(row, kind: str | None) -> dict[str, str]:
-    """The row's points and, for ``kind``, its variant points as that kind's variant gives them."""
-    return {**row.points(), **(row.variant(kind).kind_points(kind) if kind else {})}
-
-
-def with_points(row, change: dict, kind: str | None):
-    """``row`` with ``change`` applied: points on the row, variant points in ``kind``'s variant."""
-    own = {p: v for p, v in change.items() if p in POINTS}
-    rest = {p: v for p, v in change.items() if p not in POINTS}
-    out = row.replace(**own) if own else row
-    return out.replace_variant(kind, **rest).replace(calibration=None) if rest else out
-
-
 def search(model, start, prompts, pre, records, log) -> tuple:
     """The best row from ``start`` (module docstring): ``(row, its score, every row tried,
-    each point's flip)``; ``log(message)`` is told of each improvement. A variant point's flip
-    names the kind it was set for (``kind``)."""
+    each point's flip)``; ``log(message)`` is told of each improvement. A flip of a value set in the
+    family kind's variant (a variant point, or a row point the variant sets) names that kind (``kind``;
+    :func:`flip`)."""
     kind, extra = variant_points(model)
     choices = {**POINTS, **extra}
     groups = tuple(g + tuple(extra) if "norm_residual" in g else g for g in GROUPS)
@@ -155,17 +140,29 @@ def search(model, start, prompts, pre, records, log) -> tuple:
                     log(f"    {change}: prefill eq {s['prefill']['equal']:.4%} k3 {s['prefill']['k3']:.3e}")
         if not changed:
             break
-    flips = {}
-    for point, allowed in choices.items():
-        other = next(v for v in allowed if v != points_of(best, kind)[point])
-        where = {} if point in POINTS else {"kind": kind}
-        try:
-            s = score(model, with_points(best, {point: other}, kind), prompts, pre, records)
-        except NotImplementedError as e:
-            flips[point] = {"other": other, **where, "error": str(e)}
-            continue
-        flips[point] = {"other": other, **where, "prefill_equal": s["prefill"]["equal"],
-                        "prefill_k3": s["prefill"]["k3"],
-                        "decided": s["prefill"]["equal"] != best_score["prefill"]["equal"]
-                        or s["prefill"]["k3"] != best_score["prefill"]["k3"]}
+    flips = {point: flip(model, best, best_score, point, allowed, kind, prompts, pre, records)
+             for point, allowed in choices.items()}
     return best, best_score, tried, flips
+
+
+def flip(model, best, best_score, point: str, allowed, kind: str | None, prompts, pre, records) -> dict:
+    """``point`` of ``best`` flipped alone to its other value where the model reads it
+    (:func:`rla.engines.live_points.with_points`): that value, the kind whose variant it was set in
+    (``kind``: a variant point, or a row point the family's variant sets), the second kinds' own
+    values of it (``second``: the routed experts' ``moe_experts``), the score and whether it moved
+    (``decided``); ``applies`` False where the flip leaves every profile the model runs under as it
+    was (:func:`rla.engines.live_points.runs`): it changes nothing this model computes, so the tie
+    is no measurement."""
+    other = next(v for v in allowed if v != points_of(best, kind)[point])
+    where = {"kind": kind} if point not in POINTS or point in set_in(best, kind) else {}
+    second = second_values(model, best, point)
+    where.update({"second": second} if second else {})
+    cand = with_points(best, {point: other}, kind)
+    where.update({} if runs(model, cand) != runs(model, best) else {"applies": False})
+    try:
+        s = score(model, cand, prompts, pre, records)
+    except NotImplementedError as e:
+        return {"other": other, **where, "error": str(e)}
+    return {"other": other, **where, "prefill_equal": s["prefill"]["equal"], "prefill_k3": s["prefill"]["k3"],
+            "decided": s["prefill"]["equal"] != best_score["prefill"]["equal"]
+            or s["prefill"]["k3"] != best_score["prefill"]["k3"]}

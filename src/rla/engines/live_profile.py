@@ -17,11 +17,17 @@ row's evidence for it, and the note says so -- a live row claims nothing it did 
 The row carries the start row's variants (what ``rla.align`` ran for the family's modules while
 the search scored it), each with the start row's evidence; a variant point the search flipped
 (Gemma's ``post_norm_out``, set in the family's kind) gets the same rule as a point: ``live`` where
-its flip moved the score, else the start row's value and evidence.
+its flip moved the score, else the start row's value and evidence. So does a row point the
+family kind's variant sets (the vLLM rows' ``qwen3_5`` variant's ``qk_norm_out``): the model computes
+the variant's value, so that is what was searched and flipped and where a decided value is written;
+the row's own value of the point keeps the start row's, and its evidence says the model did not read
+it. A flip that changes no profile the model runs under (:mod:`rla.engines.live_points`) is noted as
+not applying to this model, not as a tie.
 """
 
 from __future__ import annotations
 
+from rla.engines.live_points import family_kind, points_of, set_in
 from rla.profiles import POINTS, VARIANT_EXTENDS, Calibration, PointEvidence, RoundingProfile
 
 __all__ = ["live_name", "live_row", "settle"]
@@ -40,9 +46,9 @@ def settle(model, start: RoundingProfile, best: RoundingProfile, best_score: dic
     group (a tie is no worse), which would leave a value nobody measured (``rope_inv_freq`` on a
     CPU, where host and device are one place). Kept only when the settled row scores exactly as
     ``best`` on prefill (k3 and bit-equal fraction); else ``best`` is returned unchanged."""
-    from rla.engines.live_calibration import points_of, score, with_points
+    from rla.engines.live_calibration import score, with_points
 
-    kind = next((f["kind"] for f in flips.values() if f.get("kind")), None)
+    kind = family_kind(model)
     was, now = points_of(start, kind), points_of(best, kind)
     tied = {p: was[p] for p, f in flips.items() if "error" not in f and not f["decided"] and now[p] != was[p]}
     if not tied:
@@ -51,6 +57,14 @@ def settle(model, start: RoundingProfile, best: RoundingProfile, best_score: dic
     s = score(model, row, prompts, pre, records)
     same = (s["prefill"]["k3"], s["prefill"]["equal"]) == (best_score["prefill"]["k3"], best_score["prefill"]["equal"])
     return (row, s) if same else (best, best_score)
+
+
+_NO_OP = "does not apply to this model: its flip leaves every profile the model runs under as it was"
+
+
+def _second(f: dict) -> str:
+    """What the flip did not change: the values a second kind's modules keep (the routed experts')."""
+    return "".join(f"; modules of the {k} variant keep {v}" for k, v in (f.get("second") or {}).items())
 
 
 def _score(name: str, s: dict) -> dict:
@@ -68,38 +82,46 @@ def live_row(engine: dict, start: RoundingProfile, start_score: dict, best: Roun
     missing = [p for p in POINTS if p not in flips]
     if missing:
         raise ValueError(f"the search's flips lack {missing}: every point must have been flipped")
+    kind = family_kind(model.get("family") or "") or next((f["kind"] for f in flips.values() if f.get("kind")), None)
+    inside = set_in(start, kind)  # row points the family's variant sets: it computes the variant's value
     evidence = {}
     variants = {k: dict(v) for k, v in best.variants.items()}
     variant_evidence = {k: dict(v) for k, v in best.variant_evidence.items()}
     for p, f in flips.items():
-        kind = f.get("kind")
-        if p in POINTS or not kind:
+        if not f.get("kind"):
             continue
-        value = best.variant(kind).kind_points(kind)[p]
-        before = start.variant(kind).kind_points(kind)[p]
+        value, before = points_of(best, kind)[p], points_of(start, kind)[p]
         kept = start.variant_evidence.get(kind, {}).get(p) or start.variant_evidence.get(
             VARIANT_EXTENDS.get(kind, ""), {}).get(p)
+        if p in POINTS and not (value != before or ("error" not in f and f["decided"])):
+            continue  # a row point the variant sets, not decided here: the start's variants keep it as it was
         variants.setdefault(kind, {})[p] = value
         variant_evidence.setdefault(kind, {})[p] = _point_evidence(p, f, value, before, kept, start, best_score)
     for p in POINTS:
         f = flips[p]
         value = getattr(best, p)
-        if "error" in f:  # the other value is a combination rla.align refuses: not measured
+        if p in inside:  # the row's own value is not what this model computes: nothing measured it
+            decided, why = False, f"this model computes the {kind} variant's value ({points_of(best, kind)[p]})"
+        elif "error" in f:  # the other value is a combination rla.align refuses: not measured
             decided = False
             why = f"the other value ({f['other']}) cannot be aligned with this row's other points ({f['error']})"
+        elif f.get("applies") is False:
+            decided, why = False, _NO_OP
         else:
             decided = bool(f["decided"])
             why = (f"flipped to {f['other']}: prefill k3 {f['prefill_k3']:.3e}, bit-equal {f['prefill_equal']:.4%}; "
-                   f"this row: k3 {best_score['prefill']['k3']:.3e}, bit-equal {best_score['prefill']['equal']:.4%}")
+                   f"this row: k3 {best_score['prefill']['k3']:.3e}, bit-equal {best_score['prefill']['equal']:.4%}"
+                   + _second(f))
+            if not decided:
+                why = "its flip ties"
         if decided:
             evidence[p] = PointEvidence("live", None, why)
         elif value == getattr(start, p) and start.calibration is not None and p in start.calibration.points:
             kept = start.calibration.points[p]
             evidence[p] = PointEvidence(kept.evidence, kept.matched, f"not decided by the live engine on this model "
-                                        f"({why if 'error' in f else 'its flip ties'}); kept from {start.name}"
-                                        + (f": {kept.note}" if kept.note else ""))
+                                        f"({why}); kept from {start.name}" + (f": {kept.note}" if kept.note else ""))
         else:
-            raise ValueError(f"point {p}: the live search left it undecided ({why if 'error' in f else 'its flip ties'}) "
+            raise ValueError(f"point {p}: the live search left it undecided ({why}) "
                              f"and {start.name} has no evidence for the value {value!r}: no row is written "
                              "with a value nobody measured")
     version, mode = engine["version"], engine["mode"]
@@ -125,8 +147,10 @@ def _point_evidence(p: str, f: dict, value: str, before: str, kept, start: Round
     if "error" not in f and f["decided"]:
         return PointEvidence("live", None, f"in the {f['kind']} variant: flipped to {f['other']}: prefill k3 "
                              f"{f['prefill_k3']:.3e}, bit-equal {f['prefill_equal']:.4%}; this row: k3 "
-                             f"{best_score['prefill']['k3']:.3e}, bit-equal {best_score['prefill']['equal']:.4%}")
-    why = f"the other value ({f['other']}) cannot be aligned ({f['error']})" if "error" in f else "its flip ties"
+                             f"{best_score['prefill']['k3']:.3e}, bit-equal {best_score['prefill']['equal']:.4%}"
+                             + _second(f))
+    why = (f"the other value ({f['other']}) cannot be aligned ({f['error']})" if "error" in f
+           else _NO_OP if f.get("applies") is False else "its flip ties")
     if value == before and kept is not None:
         return PointEvidence(kept.evidence, kept.matched, f"not decided by the live engine on this model ({why}); "
                              f"kept from {start.name}" + (f": {kept.note}" if kept.note else ""))
