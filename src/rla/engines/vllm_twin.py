@@ -381,8 +381,9 @@ class VllmTwin:
     def attend(self, module, q, k, v, mask, b, s, dropout=0.0, extra=None):
         """The HF model's own attention function on [B, heads, S, head_dim] views, as HF's attention
         module calls it (its sliding window, and ``extra``: the keyword arguments the layer handed
-        the module, e.g. ``position_ids`` that a flash-attention function reads packed sequences from)."""
-        d = self.head_dim
+        the module, e.g. ``position_ids`` that a flash-attention function reads packed sequences from);
+        the head size is the module's own where it has one (Gemma 4's layer types differ)."""
+        d = getattr(module, "head_dim", None) or self.head_dim
         q = q.view(b, s, -1, d).transpose(1, 2)
         k = k.view(b, s, -1, d).transpose(1, 2)
         v = v.view(b, s, -1, d).transpose(1, 2)

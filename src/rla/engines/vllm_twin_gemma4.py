@@ -235,16 +235,6 @@ class Gemma4Twin(VllmTwin):
     def layer_masks(self, input_ids, position_ids) -> list:
         return [mask for mask, _ in layer_attention_inputs(self.model.model, input_ids, None, position_ids)]
 
-    def attend(self, module, q, k, v, mask, b, s, dropout=0.0, extra=None):
-        d = module.head_dim
-        q = q.view(b, s, -1, d).transpose(1, 2)
-        k = k.view(b, s, -1, d).transpose(1, 2)
-        v = v.view(b, s, -1, d).transpose(1, 2)
-        kw = dict(extra or {})
-        kw.update(self.attention_kwargs(module))
-        out, _ = self._attention_fn(module, q, k, v, mask, dropout=dropout, scaling=module.scaling, **kw)
-        return out.reshape(b * s, -1).contiguous()
-
     def logits(self, hidden):
         logits = F.linear(hidden, self.lm_head)
         if self.softcap is not None:
