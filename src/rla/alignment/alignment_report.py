@@ -138,7 +138,8 @@ class AlignmentReport:
             lines.extend(f"    - {h.name}: {h.detail}" for h in self.hazards)
         else:
             lines.append("  hazards fixed: none found")
-        lines.extend(f"  note: {n}" for n in (*self.notes, *((f"lm_head: {self.lm_head}",) if self.lm_head else ())))
+        head = (f"lm_head: {self.lm_head}",) if self.lm_head and not self.lm_head.startswith("left as it is") else ()
+        lines.extend(f"  note: {n}" for n in (*self.notes, *head))  # a head left as it is: the table's row says it
         return "\n".join(lines)
 
     def __rich__(self):
