@@ -57,14 +57,16 @@ def render_search(folder: Path) -> str:
     row differs from it, and each point's flip (the best row with that point alone changed)."""
     from rla.profiles import POINTS
 
+    searches = sorted(entries(folder, "search"), key=lambda s: (s["model"], s["mode"]))
+    points = [p for p in POINTS if all(p in s["flips"] for s in searches)]  # the points there were when they ran
     lines = ["| model | engine mode | start row | best row differs in | best k3 | start k3 | "
-             + " | ".join(f"flip {p}" for p in POINTS) + " |",
-             "|---|---|---|---|---|---|" + "---|" * len(POINTS)]
-    for s in sorted(entries(folder, "search"), key=lambda s: (s["model"], s["mode"])):
+             + " | ".join(f"flip {p}" for p in points) + " |",
+             "|---|---|---|---|---|---|" + "---|" * len(points)]
+    for s in searches:
         start = s["tried"][0]
         diff = [f"{k}={v}" for k, v in s["best"].items() if start["points"][k] != v] or ["nothing"]
         flips = []
-        for p in POINTS:
+        for p in points:
             f = s["flips"][p]
             flips.append("refused" if "error" in f else
                          f"{f['other']}: {f['prefill_k3']:.2e}" if f["decided"] else f"{f['other']}: tie")
