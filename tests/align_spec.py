@@ -82,9 +82,15 @@ EXPERTS_SWIGLU = {"vllm-0.33": "per_op", "vllm-0.26": "per_op"}
 MOE_OUT = {"vllm-0.33": "fp32", "vllm-0.26": "fp32"}
 
 
+#: rla.align applies moe_out from transformers 5.24's block layout on; below it the blocks stay HF's (the report says
+#: so: rla.alignment.moe_out.MIN_TRANSFORMERS), so what the aligned model computes there rounds the sum.
+_MOE_OUT_FROM = tuple(int(x) for x in "5.24".split("."))
+
+
 def moe_sum_fp32(pts: dict) -> bool:
     """Whether the residual add after an MoE block with shared experts reads their unrounded sum."""
-    return getattr(pts, "moe_out", None) == "fp32"
+    release = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+    return getattr(pts, "moe_out", None) == "fp32" and release >= _MOE_OUT_FROM
 
 
 def experts_points(pts: dict) -> dict:
