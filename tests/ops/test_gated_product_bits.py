@@ -1,16 +1,20 @@
-"""The two sigmoid-family gated products, ``swiglu`` (silu(gate) * up) and ``attn_gate`` (attn * sigmoid(gate)),
-bit for bit on CPU, forward and backward, under both values of their point (``swiglu``, ``attn_gate``).
+"""The gated products ``swiglu`` (silu(gate) * up), ``geglu`` (gelu_tanh(gate) * up) and ``attn_gate``
+(attn * sigmoid(gate)), bit for bit on CPU, forward and backward, under both values of their point
+(``swiglu``, ``attn_gate``).
 
 The expected bits are written here from the spec (docs/rounding.md; the backward of
 ``rla/ops/reference.py``'s docstring), independently of ``rla.ops``:
 
-- forward ``per_op``: eager PyTorch on the lp tensors (HF's ``ACT2FN['silu'](gate) * up`` and
-  ``attn * torch.sigmoid(gate)``: the activation computed in fp32 and rounded, then the product rounded);
+- forward ``per_op``: eager PyTorch on the lp tensors (HF's ``ACT2FN['silu'](gate) * up``,
+  ``ACT2FN['gelu_pytorch_tanh'](gate) * up`` and ``attn * torch.sigmoid(gate)``: the activation computed in
+  fp32 and rounded, then the product rounded);
   ``fused``: the activation and the product in fp32 of the lp inputs, one ``.to(lp)``;
 - backward (both values: the per_op rounding is straight-through): with s = sigmoid(g) in fp32 of the lp
   input, each gradient one fp32 expression rounded once to its input's dtype:
   swiglu  d_up = dy * (g * s), d_gate = (dy * up) * (s * (1 + g * (1 - s)));
-  attn    d_attn = dy * s,     d_gate = (dy * attn) * (s * sigmoid(-g)).
+  attn    d_attn = dy * s,     d_gate = (dy * attn) * (s * sigmoid(-g));
+  geglu (no s)  d_up = dy * gelu_tanh(g), d_gate = (dy * up) * gelu_tanh'(g), the derivative of
+  0.5 g (1 + tanh(b (g + k g^3))) written as 0.5 (1 + t) + 0.5 g (1 - t^2) (b (1 + 3 k g^2)).
 
 fp32 inputs (nothing rounded) expose the fp32 expressions' own bits; ``test_the_pin_can_fail`` shows
 that the nearby expressions of the same derivative (F.silu for g * s, s * (1 - s) for s * sigmoid(-g),
@@ -71,6 +75,27 @@ def _attn_gate_spec(attn, gate, dy, value):
     return out, (dattn, dgate)
 
 
+_BETA, _KAPPA = 0.7978845608028654, 0.044715  # sqrt(2 / pi) as PyTorch's kernels write it; HF's 0.044715
+
+
+def _geglu_spec(gate, up, dy, value):
+    lp = gate.dtype
+    gf, uf, dyf = gate.float(), up.float(), dy.float()
+    if value == "per_op":
+        out = F.gelu(gate, approximate="tanh") * up
+    else:
+        out = (F.gelu(gf, approximate="tanh") * uf).to(lp)
+    t = torch.tanh(_BETA * (gf + _KAPPA * gf * gf * gf))
+    slope = 0.5 * (1.0 + t) + 0.5 * gf * (1.0 - t * t) * (_BETA * (1.0 + 3.0 * _KAPPA * gf * gf))
+    dgate = ((dyf * uf) * slope).to(lp)
+    dup = (dyf * F.gelu(gf, approximate="tanh")).to(lp)
+    return out, (dgate, dup)
+
+
+def _geglu_op(gate, up, value):
+    return ops.geglu(gate, up, _row(value))
+
+
 def _swiglu_op(gate, up, value):
     return ops.swiglu(gate, up, _row(value))
 
@@ -82,6 +107,7 @@ def _attn_gate_op(attn, gate, value):
 # (op, spec, order of the op's arguments as (activated, other) -> positional)
 CASES = {
     "swiglu": (_swiglu_op, _swiglu_spec, lambda g, x: (g, x)),
+    "geglu": (_geglu_op, _geglu_spec, lambda g, x: (g, x)),
     "attn_gate": (_attn_gate_op, _attn_gate_spec, lambda g, x: (x, g)),
 }
 
@@ -148,5 +174,9 @@ def test_the_pin_can_fail():
             (dy * x) * (s * (1.0 + g * (1.0 - s))), dy * (x * (s * (1.0 + g * (1.0 - s))))),
         "attn d_gate: s * sigmoid(-g) vs s * (1 - s)": ((dy * x) * (s * torch.sigmoid(-g)), (dy * x) * (s * (1.0 - s))),
     }
+    t = torch.tanh(_BETA * (g + _KAPPA * g * g * g))
+    pairs["geglu d_gate: 0.5 g (1 - t^2) vs 0.5 g (1 - t) (1 + t)"] = (
+        (dy * x) * (0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * (_BETA * (1.0 + 3.0 * _KAPPA * g * g))),
+        (dy * x) * (0.5 * (1.0 + t) + 0.5 * g * (1.0 - t) * (1.0 + t) * (_BETA * (1.0 + 3.0 * _KAPPA * g * g))))
     for what, (a, b) in pairs.items():
         assert not torch.equal(a, b), what
