@@ -180,3 +180,22 @@ def test_the_pin_can_fail():
         (dy * x) * (0.5 * (1.0 + t) + 0.5 * g * (1.0 - t) * (1.0 + t) * (_BETA * (1.0 + 3.0 * _KAPPA * g * g))))
     for what, (a, b) in pairs.items():
         assert not torch.equal(a, b), what
+
+
+@pytest.mark.parametrize("name, names", [("swiglu", ("gate", "up")), ("geglu", ("gate", "up")),
+                                         ("attn_gate", ("attn", "gate"))])
+def test_errors_name_the_callers_arguments(name, names):
+    """One pair check serves the three ops; each error names the op's own arguments, in its order."""
+    op = CASES[name][0]
+    a, b = torch.ones(3, 4, dtype=torch.bfloat16), torch.ones(3, 4, dtype=torch.bfloat16)
+    first, second = names
+    with pytest.raises(TypeError, match=f"^{first} must be a torch.Tensor"):
+        op([1.0], b, "fused")
+    with pytest.raises(TypeError, match=f"^{second} has dtype torch.int64"):
+        op(a, b.long(), "fused")
+    with pytest.raises(TypeError, match=f"^{first} and {second} must share one dtype"):
+        op(a, b.float(), "fused")
+    with pytest.raises(ValueError, match=f"^{first} and {second} must be on one device, got cpu, meta"):
+        op(a, b.to("meta"), "fused")
+    with pytest.raises(ValueError, match=rf"^{first} and {second} must have the same shape, got \(3, 4\) and \(3, 2\)"):
+        op(a, b[:, :2], "fused")
