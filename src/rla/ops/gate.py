@@ -19,20 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from rla.ops._checks import _float, _same_device, _same_dtype
 from rla.ops.reference import _as, _rn
 
-__all__ = ["attn_gate", "check_attn_gate"]
-
-
-def check_attn_gate(attn, gate) -> None:
-    """Refuse, naming the problem, inputs the gate does not take."""
-    _float("attn", attn)
-    _float("gate", gate)
-    _same_dtype("attn and gate", attn, gate)
-    _same_device("attn and gate", attn, gate)
-    if attn.shape != gate.shape:
-        raise ValueError(f"attn and gate must have the same shape, got {tuple(attn.shape)} and {tuple(gate.shape)}")
+__all__ = ["attn_gate"]
 
 
 class _AttnGate(torch.autograd.Function):
