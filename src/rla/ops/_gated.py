@@ -5,8 +5,8 @@ SwiGLU's silu(gate) * up and GeGLU's gelu_tanh(gate) * up (``reference.swiglu`` 
 
 Forward, the activation in fp32 of the lp input g: ``per_op`` = RN(RN(act(g)) * x) (HF's two ops
 on lp tensors), ``fused`` = RN(act(g) * x), one rounding. ``lp`` is the first argument's dtype and
-the product's operands keep the caller's order (a * b), so each op's bits are those it had as a
-Function of its own, NaN payloads included.
+the product's operands keep the caller's order (a * b): each op runs the PyTorch ops it ran as a
+Function of its own, on the same operands in the same order.
 
 Backward, every reference op's: the rounding straight-through, each gradient one fp32 expression
 rounded once to its input's dtype, d_x = RN(dy * value(g)), d_g = RN((dy * x) * slope(g)).
