@@ -18,7 +18,7 @@ import torch
 
 from rla.ops import gate as _gate
 from rla.ops import reference
-from rla.ops._checks import check_carry_add, check_norm, check_residual_source, check_rope, check_swiglu
+from rla.ops._checks import check_carry_add, check_norm, check_pair, check_residual_source, check_rope
 from rla.ops.launch import launch_config, set_launch_config
 from rla.profiles import RoundingProfile, resolve
 
@@ -93,7 +93,7 @@ def qk_norm_rope(
 def swiglu(gate, up, profile: str | RoundingProfile):
     """silu(gate) * up, rounded where ``profile.swiglu`` says."""
     p = resolve(profile)
-    check_swiglu(gate, up)
+    check_pair(gate, up, ("gate", "up"))
     return backend(gate, up).swiglu(gate, up, p)
 
 
@@ -104,7 +104,7 @@ def attn_gate(attn, gate, profile: str | RoundingProfile):
     row's ``qwen3_5`` variant (``profile.variant("qwen3_5")``), which sets it. The same PyTorch ops on
     every device (:mod:`rla.ops.gate`, its backward as the reference ops')."""
     p = resolve(profile)
-    _gate.check_attn_gate(attn, gate)
+    check_pair(attn, gate, ("attn", "gate"))
     return _gate.attn_gate(attn, gate, p.attn_gate == "per_op")
 
 
@@ -117,7 +117,7 @@ def geglu(gate, up, profile: str | RoundingProfile):
     forward and backward), the PyTorch reference elsewhere.
     """
     p = resolve(profile)
-    check_swiglu(gate, up)
+    check_pair(gate, up, ("gate", "up"))
     return backend(gate, up).geglu(gate, up, p)
 
 
@@ -129,7 +129,7 @@ def swiglu_oai(gate, up, alpha: float, limit: float, profile: str | RoundingProf
     ``x[..., 1::2]``; the fused kernel copies them contiguous). On CUDA rla's fused kernel
     (``rla.ops._triton_swiglu_oai``), the PyTorch reference elsewhere."""
     p = resolve(profile)
-    check_swiglu(gate, up)
+    check_pair(gate, up, ("gate", "up"))
     for name, v in (("alpha", alpha), ("limit", limit)):
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or v == float("inf"):
             raise ValueError(f"swiglu_oai: {name} must be a finite positive number, got {v!r}")

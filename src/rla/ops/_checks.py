@@ -89,15 +89,17 @@ def _broadcastable(a, b) -> bool:
     return all(y == 1 or x == y for x, y in zip(reversed(a), reversed(b)))
 
 
-def check_swiglu(gate, up) -> None:
-    _float("gate", gate)
-    _float("up", up)
-    _same_dtype("gate and up", gate, up)
-    _same_device("gate and up", gate, up)
-    if gate.shape != up.shape:
-        raise ValueError(
-            f"gate and up must have the same shape, got {tuple(gate.shape)} and {tuple(up.shape)}"
-        )
+def check_pair(a, b, names: tuple[str, str]) -> None:
+    """The two operands of a gated product (swiglu's gate and up, attn_gate's attn and gate): float
+    tensors of one dtype, device and shape; errors name them as the caller's arguments (``names``)."""
+    na, nb = names
+    _float(na, a)
+    _float(nb, b)
+    both = f"{na} and {nb}"
+    _same_dtype(both, a, b)
+    _same_device(both, a, b)
+    if a.shape != b.shape:
+        raise ValueError(f"{both} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
 
 
 def check_norm(x, residual, weight, eps, dtype=None) -> None:

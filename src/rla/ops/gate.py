@@ -9,55 +9,20 @@ the variant point ``attn_gate`` (``rla.profiles.variant_points``).
 ``sigmoid`` is PyTorch's fp32 ``torch.sigmoid`` on the device the tensors are on. The backward is
 every reference op's (``rla.ops.reference``): the rounding straight-through, with s = sigmoid(g)
 unrounded, d_attn = dy * s and d_gate = dy * attn * s * sigmoid(-g) (= s * (1 - s), without the
-cancellation of 1 - s where s is near 1) in fp32, each rounded once to its input's dtype, as
-``reference.swiglu``'s. Saved for backward: the two inputs (HF's two ops keep attn
-and RN(sigmoid(g)): the same bytes); s is recomputed. The same PyTorch ops on every device: one
-elementwise op with no reduction, which a compiled model fuses into one kernel of its own.
+cancellation of 1 - s where s is near 1) in fp32, each rounded once to its input's dtype: the gated
+product of ``rla.ops._gated``, the Function of ``reference.swiglu``. Saved for backward: the two
+inputs (HF's two ops keep attn and RN(sigmoid(g)): the same bytes); s is recomputed. The same
+PyTorch ops on every device: one elementwise op with no reduction, which a compiled model fuses
+into one kernel of its own.
 """
 
 from __future__ import annotations
 
-import torch
+from rla.ops._gated import gated_product
 
-from rla.ops._checks import _float, _same_device, _same_dtype
-from rla.ops.reference import _as, _rn
-
-__all__ = ["attn_gate", "check_attn_gate"]
-
-
-def check_attn_gate(attn, gate) -> None:
-    """Refuse, naming the problem, inputs the gate does not take."""
-    _float("attn", attn)
-    _float("gate", gate)
-    _same_dtype("attn and gate", attn, gate)
-    _same_device("attn and gate", attn, gate)
-    if attn.shape != gate.shape:
-        raise ValueError(f"attn and gate must have the same shape, got {tuple(attn.shape)} and {tuple(gate.shape)}")
-
-
-class _AttnGate(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, attn, gate, per_op: bool):
-        lp = attn.dtype
-        s = torch.sigmoid(gate.float())
-        if per_op:
-            s = _rn(s, lp)
-        ctx.save_for_backward(attn, gate)
-        return _as(attn.float() * s, lp)
-
-    @staticmethod
-    def backward(ctx, dy):
-        attn, gate = ctx.saved_tensors
-        gf, dyf = gate.float(), dy.float()
-        s = torch.sigmoid(gf)
-        dattn = dgate = None
-        if ctx.needs_input_grad[0]:
-            dattn = (dyf * s).to(attn.dtype)
-        if ctx.needs_input_grad[1]:  # 1 - s as sigmoid(-g): no cancellation where s is near 1
-            dgate = (dyf * attn.float() * (s * torch.sigmoid(-gf))).to(gate.dtype)
-        return dattn, dgate, None
+__all__ = ["attn_gate"]
 
 
 def attn_gate(attn, gate, per_op: bool):
     """``attn * sigmoid(gate)``, the sigmoid rounded first when ``per_op`` (inputs already checked)."""
-    return _AttnGate.apply(attn, gate, bool(per_op))
+    return gated_product(attn, gate, "sigmoid", 1, per_op)

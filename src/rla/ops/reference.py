@@ -1,8 +1,9 @@
 """The PyTorch reference of the three regions: docs/rounding.md written as code, one fp32 op at a time.
 
-This file is the single source of truth for the numerics. Every fast path (``fused.py``) and the
-model patch (``rla.align``) are tested against it, bit for bit where the spec says so; the CPU
-path runs it directly.
+This file is the single source of truth for the numerics; the gated products (SwiGLU, GeGLU) are
+one Function it shares with the attention gate (``_gated.py``), RN and the output cast are
+``_rounding.py``'s. Every fast path (``fused.py``) and the model patch (``rla.align``) are tested
+against it, bit for bit where the spec says so; the CPU path runs it directly.
 
 How a rounding point becomes code: the inputs are upcast to fp32, each fp32 step is one PyTorch
 op on fp32 tensors (no ``addcmul``: a fused multiply-add would skip a rounding the spec writes),
@@ -20,25 +21,14 @@ a bf16 copy of the normalised value; its SwiGLU keeps silu(gate).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from rla.ops._gated import gated_product
+from rla.ops._rounding import _as, _rn
 from rla.ops.reduction import block_sum_squares, call_tree
 from rla.profiles import RoundingProfile
 
 __all__ = ["rope", "swiglu", "geglu", "swiglu_oai", "rms_norm", "rms_norm_and_round", "add_rms_norm", "carry_add",
            "qk_norm_rope"]
-
-
-def _rn(v: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
-    """RN: round an fp32 tensor to ``lp`` and back to fp32 (identity when ``lp`` is fp32)."""
-    return v if lp == torch.float32 else v.to(lp).float()
-
-
-def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``t`` in ``dtype``, ``t`` itself when it already is: a Function's output must not be a no-op
-    ``.to``, which torch 2.11's torch.compile (AOT autograd) treats as an alias of an intermediate
-    and differentiates to zero (2.13 does not); the numbers are the same either way."""
-    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _rot(x: torch.Tensor) -> torch.Tensor:
@@ -129,33 +119,9 @@ def rope(q, k, cos, sin, profile: RoundingProfile, unsqueeze_dim: int = 1, dtype
 # --------------------------------------------------------------------------------------------
 
 
-class _SwiGLU(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, gate, up, per_op: bool):
-        lp = gate.dtype
-        a = F.silu(gate.float())
-        if per_op:
-            a = _rn(a, lp)
-        ctx.save_for_backward(gate, up)
-        return _as(a * up.float(), lp)
-
-    @staticmethod
-    def backward(ctx, dy):
-        gate, up = ctx.saved_tensors
-        gf, uf, dyf = gate.float(), up.float(), dy.float()
-        sig = torch.sigmoid(gf)
-        silu = gf * sig
-        dgate = dup = None
-        if ctx.needs_input_grad[0]:
-            dgate = (dyf * uf * (sig * (1.0 + gf * (1.0 - sig)))).to(gate.dtype)
-        if ctx.needs_input_grad[1]:
-            dup = (dyf * silu).to(up.dtype)
-        return dgate, dup, None
-
-
 def swiglu(gate, up, profile: RoundingProfile):
-    """silu(gate) * up under ``profile`` (inputs already validated)."""
-    return _SwiGLU.apply(gate, up, profile.swiglu == "per_op")
+    """silu(gate) * up under ``profile`` (inputs already validated): ``rla.ops._gated``'s product."""
+    return gated_product(gate, up, "silu", 0, profile.swiglu == "per_op")
 
 
 # --------------------------------------------------------------------------------------------
@@ -163,41 +129,12 @@ def swiglu(gate, up, profile: RoundingProfile):
 # --------------------------------------------------------------------------------------------
 
 
-_GELU_BETA = 0.7978845608028654  # sqrt(2 / pi), as PyTorch's kernels write it (M_SQRT2 * M_2_SQRTPI * 0.5)
-_GELU_KAPPA = 0.044715
-
-
-class _GeGLU(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, gate, up, per_op: bool):
-        lp = gate.dtype
-        a = F.gelu(gate.float(), approximate="tanh")
-        if per_op:
-            a = _rn(a, lp)
-        ctx.save_for_backward(gate, up)
-        return _as(a * up.float(), lp)
-
-    @staticmethod
-    def backward(ctx, dy):
-        gate, up = ctx.saved_tensors
-        gf, uf, dyf = gate.float(), up.float(), dy.float()
-        dgate = dup = None
-        if ctx.needs_input_grad[0]:
-            # d/dg of 0.5 g (1 + tanh(b (g + k g^3))) = 0.5 (1 + t) + 0.5 g (1 - t^2) b (1 + 3 k g^2)
-            t = torch.tanh(_GELU_BETA * (gf + _GELU_KAPPA * gf * gf * gf))
-            dact = 0.5 * (1.0 + t) + 0.5 * gf * (1.0 - t * t) * (_GELU_BETA * (1.0 + 3.0 * _GELU_KAPPA * gf * gf))
-            dgate = (dyf * uf * dact).to(gate.dtype)
-        if ctx.needs_input_grad[1]:
-            dup = (dyf * F.gelu(gf, approximate="tanh")).to(up.dtype)
-        return dgate, dup, None
-
-
 def geglu(gate, up, profile: RoundingProfile):
     """gelu_tanh(gate) * up under ``profile.swiglu`` (the gated product's point; inputs already
     validated): ``per_op`` = RN(RN(gelu(g)) * u), ``fused`` = RN(gelu(g) * u). gelu is PyTorch's
     tanh approximation in fp32 (``F.gelu(g.float(), approximate='tanh')``), which is what HF's
     ``gelu_pytorch_tanh`` computes inside its bf16 op before rounding."""
-    return _GeGLU.apply(gate, up, profile.swiglu == "per_op")
+    return gated_product(gate, up, "gelu_tanh", 0, profile.swiglu == "per_op")
 
 
 # --------------------------------------------------------------------------------------------
