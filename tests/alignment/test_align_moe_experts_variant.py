@@ -9,37 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from packaging.version import Version
 
 import rla
 from rla import profiles
-from rla.alignment import compat
-from align_spec import SPEC, Row, single_thread  # noqa: F401  (fixture)
-import align_spec
-import deepseek_v3_spec
-import glm4_moe_spec
-import qwen3_5_spec
+from align_spec import Row, single_thread  # noqa: F401  (fixture)
+from moe_cases import DEFAULT_ROWS, FAMILIES, LAYOUTS, family as _family, ids as _ids, tiny
 
-pytestmark = pytest.mark.skipif(compat.TRANSFORMERS_VERSION < Version("5.24"),
-                                reason="the families' 5.24 layouts (older releases are refused)")
-
-DEFAULT_ROWS = ("vllm-0.33", "vllm-0.26")
-
-
-def _ids(seq=12):
-    return torch.randint(0, 128, (2, seq), generator=torch.Generator().manual_seed(4))
-
-
-def _family(name):
-    """(model, points of a row, oracle forward) for one MoE family."""
-    if name in ("qwen2_moe", "qwen3_moe", "mixtral"):
-        return align_spec.tiny_model(name), lambda p: SPEC[p], align_spec.spec_forward
-    if name == "glm4_moe":
-        return glm4_moe_spec.tiny_glm4_moe(), lambda p: SPEC[p], glm4_moe_spec.spec_forward
-    if name == "deepseek_v3":
-        return deepseek_v3_spec.tiny_deepseek_v3(next(iter(deepseek_v3_spec.CONFIGS))), lambda p: SPEC[p], \
-            deepseek_v3_spec.spec_forward
-    return qwen3_5_spec.tiny_qwen3_5_moe(), qwen3_5_spec.qwen3_5_points, qwen3_5_spec.spec_forward
+pytestmark = LAYOUTS
 
 
 def _dense_value(pts):
@@ -52,7 +28,7 @@ def _dense_value(pts):
 
 
 @pytest.mark.parametrize("profile", DEFAULT_ROWS)
-@pytest.mark.parametrize("family", ["qwen2_moe", "qwen3_moe", "mixtral", "glm4_moe", "deepseek_v3", "qwen3_5_moe"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_routed_experts_take_the_variant_not_the_dense_value(family, profile):
     model, pts_of, oracle = _family(family)
     pts = pts_of(profile)
@@ -78,7 +54,7 @@ def test_routed_experts_take_the_variant_not_the_dense_value(family, profile):
 def test_shared_experts_and_dense_mlps_keep_the_row():
     """Qwen2-MoE under vllm-0.33: the routed experts' product is RN(RN(silu(g)) * u), the shared
     expert's RN(silu(g) * u), each on the module's own inputs."""
-    model = align_spec.tiny_model("qwen2_moe")
+    model = tiny("qwen2_moe")
     block = model.model.layers[0].mlp
     rla.align(model, "vllm-0.33")
     try:

@@ -9,25 +9,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from packaging.version import Version
 
 import rla
 from rla import profiles
 from rla.alignment import compat
-from align_spec import SPEC, single_thread, tiny_model  # noqa: F401  (fixture)
+from align_spec import SPEC, single_thread  # noqa: F401  (fixture)
 import align_spec
-import deepseek_v3_spec
 import glm4_moe_spec
-import qwen3_5_spec
+from moe_cases import DEFAULT_ROWS, LAYOUTS, first_moe_block, ids as _ids, tiny
 
-pytestmark = pytest.mark.skipif(compat.TRANSFORMERS_VERSION < Version("5.24"),
-                                reason="the families' 5.24 layouts (older releases are refused)")
-
-DEFAULT_ROWS = ("vllm-0.33", "vllm-0.26")
-
-
-def _ids(seq=12):
-    return torch.randint(0, 128, (2, seq), generator=torch.Generator().manual_seed(4))
+pytestmark = LAYOUTS
 
 
 def _rounded(name):
@@ -72,26 +63,14 @@ def test_rows_that_round_the_sum_leave_the_blocks_as_hf_has_them(profile):
         rla.unalign(model)
 
 
-def _moe_family(name):
-    """(model, its first MoE block) of a family whose blocks have shared experts."""
-    if name == "glm4_moe":
-        model = glm4_moe_spec.tiny_glm4_moe()
-    elif name == "deepseek_v3":
-        model = deepseek_v3_spec.tiny_deepseek_v3(next(iter(deepseek_v3_spec.CONFIGS)))
-    elif name == "qwen3_5_moe":
-        model = qwen3_5_spec.tiny_qwen3_5_moe()
-    else:
-        model = tiny_model(name)
-    return model, next(layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "experts"))
-
-
-@pytest.mark.parametrize("family", ["glm4_moe", "qwen2_moe", "deepseek_v3", "qwen3_5_moe"])
+@pytest.mark.parametrize("family", ["glm4_moe", "qwen2_moe", "deepseek_v3", "qwen3_5_moe"])  # shared experts
 def test_the_fp32_block_is_hfs_block_with_its_last_add_unrounded_forward_and_backward(family):
     """The aligned block (rmsnorm region, vllm-0.33) returns fp32 whose rounding is HF's block output
     bit for bit, and which differs from it (the sum is not an lp number everywhere); given an fp32
     upstream gradient g, its input's and parameters' gradients are HF's block's given RN(g), bit for bit
     (each lp output receives the sum's gradient rounded once, as an lp add hands it on)."""
-    model, block = _moe_family(family)
+    model = tiny(family)
+    block = first_moe_block(model)
     hidden = model.config.hidden_size
     x = torch.randn(2, 6, hidden, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
     g = torch.randn(2, 6, hidden, generator=torch.Generator().manual_seed(8))
@@ -173,7 +152,7 @@ def test_route_replay_keeps_the_fp32_sum():
     the same sum, and put it back after: the logits stay the oracle's, inside the contexts and after."""
     from rla.alignment import replay
 
-    model, ids = tiny_model("qwen2_moe"), _ids()
+    model, ids = tiny("qwen2_moe"), _ids()
     rla.align(model, "vllm-0.33")
     try:
         with torch.no_grad():
@@ -184,7 +163,7 @@ def test_route_replay_keeps_the_fp32_sum():
             with replay.replay_routes(model, experts):
                 replayed = model(ids).logits
             again = model(ids).logits
-        block = next(layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "experts"))
+        block = first_moe_block(model)
         assert block.__dict__["_rla_patch"].role == "moe_out"  # put back
     finally:
         rla.unalign(model)
@@ -231,11 +210,11 @@ def test_below_the_layout_it_was_written_from_the_blocks_stay_hfs_and_the_report
     point is not realised (the blocks stay HF's, the sum rounded) and a note says so."""
     from packaging.version import Version
 
-    model, ids = tiny_model("qwen2_moe"), _ids()
+    model, ids = tiny("qwen2_moe"), _ids()
     monkeypatch.setattr(compat, "TRANSFORMERS_VERSION", Version("5.5.3"))
     report = rla.align(model, "vllm-0.33")
     try:
-        block = next(layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "experts"))
+        block = first_moe_block(model)
         assert "_rla_patch" not in block.__dict__ and report.moe_out == ""
         assert any(n.startswith("not realised: the row's moe_out='fp32'") for n in report.notes)
     finally:

@@ -32,7 +32,8 @@ not change what Inductor fuses. The last entry is the stream the final norm read
 
 Other families subclass this one, overriding the hooks their model file changes (the cos/sin cache,
 the region functions, the layer's weights and pieces, the masks, the logits):
-:mod:`rla.engines.vllm_twin_gemma3` (Gemma 3), :mod:`rla.engines.vllm_twin_gemma4` (Gemma 4),
+:mod:`rla.engines.vllm_twin_gemma3` (Gemma 3), :mod:`rla.engines.vllm_twin_gemma4` (Gemma 4; what the two
+share is :mod:`rla.engines.vllm_twin_gemma`),
 :mod:`rla.engines.vllm_twin_moe` (GLM-4 MoE, GPT-OSS); :mod:`rla.engines.vllm_twin_qwen3_5` (Qwen3.5 dense);
 :func:`rla.engines.vllm_twin_families.build_twin` picks the class by ``config.model_type``.
 """
@@ -233,10 +234,15 @@ class VllmTwin:
         }
         if hasattr(a, "q_norm"):
             w["qn"], w["kn"] = a.q_norm.weight, a.k_norm.weight
-        if merged_gemms:
-            w["wqkv"] = torch.cat((w["wq"], w["wk"], w["wv"]))
-            w["bqkv"] = None if w["bq"] is None else torch.cat((w["bq"], w["bk"], w["bv"]))
-            w["wgu"] = torch.cat((w["wg"], w["wu"]))
+        return VllmTwin.merge_gemms(w) if merged_gemms else w
+
+    @staticmethod
+    def merge_gemms(w: dict) -> dict:
+        """``w`` with the concatenated q/k/v and gate/up weights added (copies), which :meth:`_project_qkv`
+        and :meth:`_gate_up` read as one GEMM each."""
+        w["wqkv"] = torch.cat((w["wq"], w["wk"], w["wv"]))
+        w["bqkv"] = None if w["bq"] is None else torch.cat((w["bq"], w["bk"], w["bv"]))
+        w["wgu"] = torch.cat((w["wg"], w["wu"]))
         return w
 
     def release_model(self) -> "VllmTwin":
@@ -257,19 +263,30 @@ class VllmTwin:
             hidden = self.norm(hidden, w["in"], self.eps)
         else:
             hidden, residual = self.add_norm(hidden, residual, w["in"], self.eps)
-        if "wqkv" in w:  # vLLM's QKVParallelLinear: one GEMM, split
-            q, k, v = F.linear(hidden, w["wqkv"], w["bqkv"]).split(
-                [w["wq"].shape[0], w["wk"].shape[0], w["wv"].shape[0]], dim=-1)
-        else:
-            q = F.linear(hidden, w["wq"], w["bq"])
-            k = F.linear(hidden, w["wk"], w["bk"])
-            v = F.linear(hidden, w["wv"], w["bv"])
+        q, k, v = self._project_qkv(hidden, w)
         if "qn" in w:  # Qwen3: per-head norms on [T, heads, head_dim]
             t = q.shape[0]
             q = self.norm(q.view(t, -1, self.head_dim), w["qn"], self.eps).view(q.shape)
             k = self.norm(k.view(t, -1, self.head_dim), w["kn"], self.eps).view(k.shape)
         q, k = self.rope(positions, q, k, self.head_dim, self.cache_for(w, q))
         return q, k, v, residual
+
+    @staticmethod
+    def _project_qkv(hidden, w):
+        """q, k, v of the normed ``hidden``: one GEMM over the concatenated weights, split, as vLLM's
+        ``QKVParallelLinear`` (``merged_gemms``), else one GEMM per projection."""
+        if "wqkv" in w:
+            return F.linear(hidden, w["wqkv"], w["bqkv"]).split(
+                [w["wq"].shape[0], w["wk"].shape[0], w["wv"].shape[0]], dim=-1)
+        return F.linear(hidden, w["wq"], w["bq"]), F.linear(hidden, w["wk"], w["bk"]), F.linear(hidden, w["wv"], w["bv"])
+
+    @staticmethod
+    def _gate_up(hidden, w):
+        """[gate | up] of the normed ``hidden``: one GEMM, as vLLM's ``MergedColumnParallelLinear``
+        (``merged_gemms``), else two GEMMs concatenated."""
+        if "wgu" in w:
+            return F.linear(hidden, w["wgu"])
+        return torch.cat((F.linear(hidden, w["wg"]), F.linear(hidden, w["wu"])), dim=-1)
 
     def cache_for(self, w, query):
         """The cos/sin cache layer ``w``'s rotary embedding reads, as its kernel receives it."""
@@ -279,11 +296,7 @@ class VllmTwin:
         """Layer after attention: o_proj, add + post-attention norm, gate/up, SiluAndMul, down."""
         hidden = F.linear(attn, w["wo"], w.get("bo"))
         hidden, residual = self.add_norm(hidden, residual, w["post"], self.eps)
-        if "wgu" in w:  # vLLM's MergedColumnParallelLinear: one GEMM
-            gate_up = F.linear(hidden, w["wgu"])
-        else:
-            gate_up = torch.cat((F.linear(hidden, w["wg"]), F.linear(hidden, w["wu"])), dim=-1)
-        return F.linear(self.act(gate_up), w["wd"]), residual
+        return F.linear(self.act(self._gate_up(hidden, w)), w["wd"]), residual
 
     # -- the pieces vLLM compiles between attentions ----------------------------------------------
 

@@ -41,7 +41,9 @@ Refused (``NotImplementedError``): MoE layers (``enable_moe_block``: vLLM's rout
 experts are not laid out here) and K/V sharing (``num_kv_shared_layers``: a shared layer attends on
 another layer's cache, which the twin's per-layer attention does not hold), an activation other
 than ``gelu_pytorch_tanh`` and rope types other than ``default`` / ``proportional``. Attention is the
-HF model's own function with its per-layer-type mask, as on the training side.
+HF model's own function with its per-layer-type mask, as on the training side. What the layout shares
+with Gemma 3's (the normalizer, the GeGLU, the weights, the caches by layer type, the masks, the softcap)
+is :mod:`rla.engines.vllm_twin_gemma`.
 """
 
 from __future__ import annotations
@@ -49,28 +51,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rla.engines.vllm_twin import VllmTwin, layer_attention_inputs
+from rla.engines.vllm_twin import VllmTwin
+from rla.engines.vllm_twin_gemma import GemmaTwin
 
 __all__ = ["Gemma4Twin"]
 
-_ROPE_TYPES = ("default", "proportional")
 
-
-class Gemma4Twin(VllmTwin):
+class Gemma4Twin(GemmaTwin):
     """vLLM 0.33's Gemma 4 forward of an HF ``Gemma4ForCausalLM`` (see the module doc); arguments as
     :class:`rla.engines.vllm_twin.VllmTwin`."""
 
     FAMILIES = ("gemma4_text",)
+    NAME = "Gemma 4"
+    ROPE_TYPES = ("default", "proportional")
 
     def __init__(self, model, engine, mode: str = "default", library: str | None = None, **options):
-        cfg = model.config
-        if cfg.model_type in self.FAMILIES:
-            _check_config(cfg)
-        self.family = engine.family_ops()
         super().__init__(model, engine, mode, library, **options)
-        body = model.model
-        self.normalizer = torch.tensor(cfg.hidden_size ** 0.5, dtype=self.dtype, device=self.device)
-        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        cfg, body = model.config, model.model
         self.ple = None
         if getattr(cfg, "hidden_size_per_layer_input", 0):
             bf16 = {"dtype": self.dtype, "device": self.device}  # built under the loader's default dtype
@@ -83,6 +80,17 @@ class Gemma4Twin(VllmTwin):
                 "vocab": int(getattr(cfg, "vocab_size_per_layer_input", cfg.vocab_size)),
                 "layers": cfg.num_hidden_layers, "dim": cfg.hidden_size_per_layer_input,
             }
+
+    def check_config(self, cfg) -> None:
+        super().check_config(cfg)
+        if getattr(cfg, "enable_moe_block", False) or getattr(cfg, "num_experts", None):
+            raise NotImplementedError("the Gemma 4 twin lays out dense layers only: this config has MoE layers "
+                                      "(enable_moe_block), whose router and fused experts vLLM runs as Gemma4Router "
+                                      "and FusedMoEFactory(activation='gelu_tanh'), not laid out here")
+        if getattr(cfg, "num_kv_shared_layers", 0):
+            raise NotImplementedError(f"the Gemma 4 twin does not lay out K/V sharing: num_kv_shared_layers="
+                                      f"{cfg.num_kv_shared_layers} (vLLM's shared layers project q only and attend on "
+                                      "an earlier layer's cache, kv_sharing_target_layer_name); use a config without it")
 
     @staticmethod
     def _attention_shape(cfg):
@@ -109,42 +117,13 @@ class Gemma4Twin(VllmTwin):
             self.caches[layer_type] = cache
         return None
 
-    @property
-    def position_limit(self) -> int:
-        return min(c.shape[0] for c in self.caches.values())
-
-    def _bind_ops(self, engine, mode, library):
-        super()._bind_ops(engine, mode, library)
-        if mode == "eager":
-            self.act = engine.c_ops(library).gelu_tanh_and_mul
-        else:
-            self.act = lambda x: self.family.gelu_and_mul(x, "tanh")
-
-    def layer_weights(self, layer, merged_gemms: bool = False):
-        a, m = layer.self_attn, layer.mlp
-        wv = a.k_proj.weight if a.v_proj is None else a.v_proj.weight  # k_eq_v: K loaded into the V slot too
-        bv = a.k_proj.bias if a.v_proj is None else a.v_proj.bias
-        w = {
-            "in": layer.input_layernorm.weight, "post_attn": layer.post_attention_layernorm.weight,
-            "pre_ff": layer.pre_feedforward_layernorm.weight, "post_ff": layer.post_feedforward_layernorm.weight,
-            "wq": a.q_proj.weight, "bq": a.q_proj.bias, "wk": a.k_proj.weight, "bk": a.k_proj.bias,
-            "wv": wv, "bv": bv, "wo": a.o_proj.weight, "bo": a.o_proj.bias,
-            "qn": a.q_norm.weight, "kn": a.k_norm.weight,
-            "wg": m.gate_proj.weight, "wu": m.up_proj.weight, "wd": m.down_proj.weight,
-            "scalar": layer.layer_scalar, "cos_sin": self.caches[a.layer_type], "d": a.head_dim,
-        }
+    def own_weights(self, layer) -> dict:
+        """The layer scalar, the attention's head size, the per-layer-input block's weights."""
+        w = {"scalar": layer.layer_scalar, "d": layer.self_attn.head_dim}
         if layer.hidden_size_per_layer_input:
             w.update(ple_gate=layer.per_layer_input_gate.weight, ple_proj=layer.per_layer_projection.weight,
                      ple_norm=layer.post_per_layer_input_norm.weight)
-        if merged_gemms:
-            w["wqkv"] = torch.cat((w["wq"], w["wk"], w["wv"]))
-            w["bqkv"] = None if w["bq"] is None else torch.cat((w["bq"], w["bk"], w["bv"]))
-            w["wgu"] = torch.cat((w["wg"], w["wu"]))
         return w
-
-    def release_model(self):
-        raise NotImplementedError("the Gemma 4 twin keeps its model (the engine-backed forward covers the Llama "
-                                  "layout)")
 
     # -- the layer, as models/gemma4.py lays it out ------------------------------------------------
 
@@ -152,17 +131,11 @@ class Gemma4Twin(VllmTwin):
         """Layer start up to attention: ``residual = h``, input norm, QKV, q/k norms, RoPE, v norm."""
         residual = hidden
         hidden = self.norm(hidden, w["in"], self.eps)
-        if "wqkv" in w:
-            q, k, v = F.linear(hidden, w["wqkv"], w["bqkv"]).split(
-                [w["wq"].shape[0], w["wk"].shape[0], w["wv"].shape[0]], dim=-1)
-        else:
-            q = F.linear(hidden, w["wq"], w["bq"])
-            k = F.linear(hidden, w["wk"], w["bk"])
-            v = F.linear(hidden, w["wv"], w["bv"])
+        q, k, v = self._project_qkv(hidden, w)
         d = w["d"]
         q = self.norm(q.unflatten(-1, (-1, d)), w["qn"], self.eps).flatten(-2, -1)
         k = self.norm(k.unflatten(-1, (-1, d)), w["kn"], self.eps).flatten(-2, -1)
-        q, k = self.rope(positions, q, k, d, w["cos_sin"])
+        q, k = self.rope(positions, q, k, d, self.cache_for(w, q))
         v = self.norm(v.unflatten(-1, (-1, d)), None, self.eps).flatten(-2, -1)
         return q, k, v, residual
 
@@ -174,11 +147,7 @@ class Gemma4Twin(VllmTwin):
         hidden = hidden + residual
         residual = hidden
         hidden = self.norm(hidden, w["pre_ff"], self.eps)
-        if "wgu" in w:
-            gate_up = F.linear(hidden, w["wgu"])
-        else:
-            gate_up = torch.cat((F.linear(hidden, w["wg"]), F.linear(hidden, w["wu"])), dim=-1)
-        hidden = F.linear(self.act(gate_up), w["wd"])
+        hidden = F.linear(self.act(self._gate_up(hidden, w)), w["wd"])
         hidden = self.norm(hidden, w["post_ff"], self.eps)
         hidden = hidden + residual
         if per_layer_input is not None and "ple_gate" in w:
@@ -201,7 +170,7 @@ class Gemma4Twin(VllmTwin):
     # -- the pieces vLLM compiles between attentions ----------------------------------------------
 
     def _first_piece(self, ids, positions, embed, w, ple):
-        hidden = F.embedding(ids, embed) * self.normalizer
+        hidden = self.embed_scaled(ids, embed)
         per_layer = None if ple is None else self._per_layer_inputs(ids, hidden, ple)
         return (*self._qkv(hidden, w, positions), per_layer)
 
@@ -229,36 +198,3 @@ class Gemma4Twin(VllmTwin):
     @staticmethod
     def mark_tokens(*tensors):
         VllmTwin.mark_tokens(*(t for t in tensors if t is not None))
-
-    # -- masks, attention, logits ------------------------------------------------------------------
-
-    def layer_masks(self, input_ids, position_ids) -> list:
-        return [mask for mask, _ in layer_attention_inputs(self.model.model, input_ids, None, position_ids)]
-
-    def logits(self, hidden):
-        logits = F.linear(hidden, self.lm_head)
-        if self.softcap is not None:
-            logits = logits / self.softcap
-            logits = torch.tanh(logits)
-            logits = logits * self.softcap
-        return logits
-
-
-def _check_config(cfg) -> None:
-    """What the twin lays out; anything else is refused naming what vLLM computes instead."""
-    act = getattr(cfg, "hidden_activation", None)
-    if act != "gelu_pytorch_tanh":
-        raise NotImplementedError(f"the Gemma 4 twin runs GeluAndMul(approximate='tanh') for "
-                                  f"hidden_activation='gelu_pytorch_tanh'; this config has {act!r}")
-    if getattr(cfg, "enable_moe_block", False) or getattr(cfg, "num_experts", None):
-        raise NotImplementedError("the Gemma 4 twin lays out dense layers only: this config has MoE layers "
-                                  "(enable_moe_block), whose router and fused experts vLLM runs as Gemma4Router and "
-                                  "FusedMoEFactory(activation='gelu_tanh'), not laid out here")
-    if getattr(cfg, "num_kv_shared_layers", 0):
-        raise NotImplementedError(f"the Gemma 4 twin does not lay out K/V sharing: num_kv_shared_layers="
-                                  f"{cfg.num_kv_shared_layers} (vLLM's shared layers project q only and attend on an "
-                                  "earlier layer's cache, kv_sharing_target_layer_name); use a config without it")
-    bad = {t: rp.get("rope_type") for t, rp in cfg.rope_parameters.items() if rp.get("rope_type") not in _ROPE_TYPES}
-    if bad:
-        raise NotImplementedError(f"the Gemma 4 twin builds the rotary caches of {_ROPE_TYPES}; got {bad}")
-
