@@ -19,11 +19,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from cpu_orders import AVX512
 from rla import profiles
 from rla.engines.bit_match import Experiment
 from rla.engines.calibrate import calibrate
 from rla.engines.conformance import markdown, write
 from rla.engines.decisions import decide
+
+#: The points whose probes go through a norm's sum of squares, which Inductor and PyTorch's eager mean
+#: add in the same partials on AVX-512 only (tests/cpu_orders.py).
+REDUCING = ("norm_weight", "norm_residual", "residual_stream", "qk_norm_out")
 
 #: Points Inductor decides on the CPU, and what the vllm-0.33 row says for them.
 COMPILED_POINTS = ("rope_cos_sin", "rope_apply", "swiglu", "norm_weight", "norm_residual",
@@ -41,7 +46,10 @@ def test_default_mode_on_cpu_finds_the_vllm_033_row(default_run):
         r = default_run.points[point]
         assert r.evidence == "native_compiled", point
         assert r.choice == getattr(row, point), (point, r.fractions)
-        assert r.fractions[r.choice] == 1.0 and r.max_ulp == 0 and not r.ambiguous, (point, r.fractions)
+        if AVX512 or point not in REDUCING:
+            assert r.fractions[r.choice] == 1.0 and r.max_ulp == 0 and not r.ambiguous, (point, r.fractions)
+        else:  # another CPU's sum of squares: a few elements an ulp apart (tests/cpu_orders.py)
+            assert r.fractions[r.choice] >= 0.9999 and r.max_ulp <= 1 and not r.ambiguous, (point, r.fractions, r.max_ulp)
         other = next(c for c in r.fractions if c != r.choice)
         assert r.fractions[other] < 0.99, (point, r.fractions)  # the probes tell the choices apart
     inv = default_run.points["rope_inv_freq"]
@@ -57,7 +65,8 @@ def test_profile_and_reports_round_trip(default_run, tmp_path):
     assert loaded.name == "vllm-0.33" and loaded.same_rounding(profiles.get("vllm-0.33"))
     cal = loaded.calibration
     assert (cal.engine, cal.version, cal.mode, cal.torch) == ("vllm", "0.33.0", "default", torch.__version__)
-    assert cal.points["norm_weight"].matched == 1.0 and cal.points["rope_inv_freq"].evidence == "source"
+    assert cal.points["norm_weight"].matched >= (1.0 if AVX512 else 0.9999)  # tests/cpu_orders.py
+    assert cal.points["rope_inv_freq"].evidence == "source"
     report = json.loads(paths["report_json"].read_text())
     assert report["command"] == "pytest" and "rms_norm" in report["provenance"]
     md = paths["report_md"].read_text()

@@ -79,7 +79,9 @@ def test_the_engine_forward_side_is_the_engines_code(saved, vllm_uncalibrated_wh
     assert side["prefill"]["tokens"] == 39 and side["decode"]["tokens"] == 6
     assert side["forward"] == "vLLM 0.26.0 default-mode pieces" and side["points"] is None
     assert side["gradient_row"] == "vllm-0.26"  # the row of its version and mode, for the backward
-    assert by["vllm-0.26"]["forward"] == "rla.ops" and by["vllm-0.26"]["prefill"]["equal"] < 1.0
+    # the row's ops are another forward (on this bundled model they can equal the engine's code on one CPU
+    # and part by an ulp on another: tests/cpu_orders.py); what the side names is checked, not its bits
+    assert by["vllm-0.26"]["forward"] == "rla.ops"
     assert by["hf"]["forward"] == "HF eager" and by["hf"]["prefill"]["k3"] > by["vllm-0.26"]["prefill"]["k3"]
     text = (out / "report.md").read_text()
     assert "Side `engine-forward`: vLLM 0.26.0 default-mode pieces, the engine's own code" in text

@@ -31,6 +31,7 @@ import torch
 import rla
 from rla import profiles
 
+from cpu_orders import avx512_orders
 from twin_side import twin_side
 from align_spec import SPEC, Row, at_head_size, single_thread, tokens  # noqa: F401
 from gemma_spec import gemma_points, spec_forward as gemma_forward, tiny_gemma3
@@ -213,6 +214,7 @@ def _gemma4_oracle(model, pts, chains=GEMMA4_CHAINS):
     return logits, streams
 
 
+@avx512_orders
 def test_gemma4_default_twin_is_the_row_with_four_chains(gemma4_default):
     """vLLM's compiled Gemma 4 (Inductor on the CPU) is the vllm-0.33 row's points under its gemma4 variant,
     ``post_norm_out='fp32'`` included (measured here: with ``round`` the first layer differs), plus what

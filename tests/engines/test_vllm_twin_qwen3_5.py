@@ -31,6 +31,7 @@ import textwrap
 
 import pytest
 
+from cpu_orders import avx512_orders
 from interpreted_env import interpreter_env
 from qwen3_5_twin_case import FLIPPED, run
 
@@ -113,6 +114,7 @@ def test_the_twin_refuses_what_it_does_not_lay_out(vllm_engine, monkeypatch):
         build_twin(model, vllm_engine, "native", qk="modules")
 
 
+@avx512_orders
 def test_default_twin_at_hidden_384_adds_the_norms_squares_in_inductors_order(vllm_engine):
     """At hidden 384 a second difference shows, an arithmetic order and not a rounding location: Inductor's
     norm kernels sum a row's squares in another order than PyTorch's eager mean (the rows' ``norm_reduction``
