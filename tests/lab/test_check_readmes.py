@@ -55,6 +55,8 @@ FILE_INDEXES = {"ops_inductor_sampler_h200_2026-11-29": "session 2's files; the 
 #: claim: their tables were copied from the JSON by hand (each file is beside the README). Rendering
 #: them is owed; a folder may stay here only until its README is next edited.
 NOT_YET_RENDERED = {
+    "twin_gemma4_h200_2026-12-03": "the stage's own limit stopped it before its JSON: the tables are read off families.log",
+    "vllm026_current_rows_h200_2026-12-03": "the verify reports did not come back (the tool's eight files): tables from its output",
 }
 
 #: Results folders whose README tables are rendered by a script of their own and checked by its test.
