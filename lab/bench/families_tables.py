@@ -18,6 +18,11 @@
 - ``results/benchmarks/twin_families_h200_2026-12-03/`` (``lab/bench/twin_families_session.sh``): the family twins'
   ``twin_families.json`` per call, as ``lab/bench/twin_families.py`` summarises them.
 - ``results/benchmarks/families_gpu_tests_h200_2026-12-03/``: the GPU tests' JUnit XML, per test file.
+- ``results/benchmarks/vllm026_current_rows_h200_2026-12-03/`` (``SAVED`` re-scoring under the rows with ``moe_out`` and
+  ``attn_gate``): the verify calls' printed tables (``runs/rescore-default/verify-tables.md``: their reports did not
+  come back) and the calibrations' reports.
+- ``results/benchmarks/twin_gemma4_h200_2026-12-03/``: Gemma 4's twin lines of ``runs/families.log`` (the stage's limit
+  stopped it before its JSON).
 
 ``python lab/bench/families_tables.py [--write]`` prints every block; ``--write`` puts each into its
 README between ``<!-- NAME -->`` and ``<!-- /NAME -->``. ``tests/lab/test_families_tables.py`` checks
@@ -56,6 +61,8 @@ RESCORE_RUNS = (("gemma4-h2560", "default", "rescore-default"), ("qwen35-h2048",
                 ("glm4moe-h2048", "default", "rescore-default"), ("gemma3-h2560", "default", "gemma3-default"))
 TWINS = BENCH / "twin_families_h200_2026-12-03"
 GPU_TESTS = BENCH / "families_gpu_tests_h200_2026-12-03"
+CURRENT = BENCH / "vllm026_current_rows_h200_2026-12-03"
+GEMMA4_TWIN = BENCH / "twin_gemma4_h200_2026-12-03"
 #: The H200 timings of rla bench ops' add_rms_norm case (16384 x 3584, forward + backward) that turn
 #: bytes into milliseconds: PyTorch's eager ops ("hf") and rla's fused kernel ("rla").
 OPS_TIMINGS = (BENCH / "h200_2026-11-29_ops.json", BENCH / "e2e_align_ops_isolated_h200_2026-11-29/call3_ops_isolated.json",
@@ -313,6 +320,42 @@ def junit_table(root: Path, files: tuple[str, ...] = ("gpu_tests.xml",)) -> str:
     return _table(["test file", "passed", "failed", "errors", "skipped"], rows) + "\n\n" + "\n".join(bad)
 
 
+def printed_live_table(root: Path, folder: Path = CURRENT, call: str = "rescore-default") -> str:
+    """Each row's prefill and decode k3 removed, per family, from the tables the verify calls printed
+    (``verify-tables.md``: ``=== verify <mode> <model>``, then the side table), beside the last scoring's
+    ``report.json`` of the same engine outputs (``RESCORE``)."""
+    text = (root / folder / "runs" / call / "verify-tables.md").read_text()
+    rows = []
+    for mode, model, body in re.findall(r"=== verify (\w+) (\S+) .*?\n(.*?)\n\n", text, re.S):
+        c = next(c for m, md, c in RESCORE_RUNS if (m, md) == (model, mode))
+        last = _json(root, RESCORE / "runs" / c / f"verify-{model}-{mode}" / "report.json")
+        before = {r["side"]: r for r in last["rows"]}
+        was = lambda side, part: f"{1 - before[side][part]['k3'] / before['hf'][part]['k3']:.0%}"  # noqa: E731
+        for line in body.splitlines():
+            if not line.startswith("| ") or line.startswith("| side"):
+                continue
+            side, eq, k3, removed, _, _, _, dremoved, _ = (c.strip() for c in line.strip("|").split("|"))
+            rows.append([last["model"]["family"], f"`{side}`", eq, k3,
+                         "-" if side == "hf" else f"{removed} ({was(side, 'prefill')})",
+                         "-" if side == "hf" else f"{dremoved} ({was(side, 'decode')})"])
+    return _table(["family", "row", "prefill bit-equal", "prefill k3", "k3 removed (last scoring)",
+                   "decode k3 removed (last scoring)"], rows)
+
+
+_TWIN_LINE = re.compile(r"^(\S+)\s+(default|eager)\s+(\S+)\s+(\S+)\s+eq=([\d.]+)% k3=(\S+) kl=(\S+) layers=\[([^]]*)\]")
+
+
+def twin_log_table(root: Path, mode: str, shape: str, folder: Path = GEMMA4_TWIN) -> str:
+    """One mode and shape of a twin call's ``families.log`` (``twin_families.py``'s per-side lines)."""
+    rows = []
+    for line in (root / folder / "runs" / "families.log").read_text().splitlines():
+        m = _TWIN_LINE.match(line)
+        if m and m.group(2) == mode and m.group(3) == shape:
+            layers = ", ".join(f"{float(v):.3f}" for v in m.group(8).split(","))
+            rows.append([f"`{m.group(4)}`", f"{float(m.group(5)):.2f}%", m.group(6), m.group(7), layers])
+    return _table(["side", "bit-equal", "k3", "KL", "layer streams bit-equal"], rows)
+
+
 BLOCKS = {
     KERNELS / "README.md": {"tests-table": tests_table, "gelu-table": gelu_table, "e2e-table": e2e_table,
                             "dispatch-table": dispatch_table, "traffic-table": traffic_table,
@@ -330,6 +373,13 @@ BLOCKS = {
     TWINS / "README.md": {"twin-three-families": lambda root: twin_table(root, "three-families"),
                           "twin-qwen35": lambda root: twin_table(root, "qwen35")},
     GPU_TESTS / "README.md": {"gpu-tests-table": junit_table},
+    CURRENT / "README.md": {
+        "current-live-table": printed_live_table,
+        **{f"current-flips-{m}": (lambda root, m=m: flips_table(root, CURRENT, "rescore-default", f"calibrate-{m}-default"))
+           for m in ("glm4moe-h2048", "qwen35-h2048")}},
+    GEMMA4_TWIN / "README.md": {f"gemma4-twin-{mode}-{shape.replace('@', '-at-')}": (
+        lambda root, mode=mode, shape=shape: twin_log_table(root, mode, shape))
+        for mode, shape in (("default", "1x512@0"), ("default", "1x2048@0"), ("default", "2x512@20000"), ("eager", "1x512@0"))},
 }
 
 

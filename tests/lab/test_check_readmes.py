@@ -55,8 +55,6 @@ FILE_INDEXES = {"ops_inductor_sampler_h200_2026-11-29": "session 2's files; the 
 #: claim: their tables were copied from the JSON by hand (each file is beside the README). Rendering
 #: them is owed; a folder may stay here only until its README is next edited.
 NOT_YET_RENDERED = {
-    "twin_gemma4_h200_2026-12-03": "the stage's own limit stopped it before its JSON: the tables are read off families.log",
-    "vllm026_current_rows_h200_2026-12-03": "the verify reports did not come back (the tool's eight files): tables from its output",
 }
 
 #: Results folders whose README tables are rendered by a script of their own and checked by its test.
@@ -69,6 +67,8 @@ OWN_RENDER = {"vllm026_live_h200_2026-12-01": "lab/bench/vllm_live_table.py, tes
               "vllm026_qwen35_gemma4_h200_2026-12-03": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
               "vllm026_rescore_h200_2026-12-03": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
               "twin_families_h200_2026-12-03": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
+              "twin_gemma4_h200_2026-12-03": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
+              "vllm026_current_rows_h200_2026-12-03": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
               "families_gpu_tests_h200_2026-12-03": "lab/bench/families_tables.py, tests/lab/test_families_tables.py"}
 
 
