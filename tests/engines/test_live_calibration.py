@@ -310,7 +310,7 @@ def test_the_second_kinds_points_each_family_computes_are_named():
     second-kind variant sets, and ``moe_out``; a point no such variant sets stays the row's one point."""
     from types import SimpleNamespace
 
-    from rla.engines.live_points import computes, second_points, second_value
+    from rla.engines.live_points import computes, runs, second_points, second_value, with_points
 
     def of(model_type, **config):
         return SimpleNamespace(config=SimpleNamespace(model_type=model_type, **config))
@@ -319,7 +319,8 @@ def test_the_second_kinds_points_each_family_computes_are_named():
     assert computes(of("qwen3_moe")) == {"moe_experts": ("swiglu",)}
     assert computes(of("gpt_oss")) == {"moe_experts": ()}
     assert computes(of("gemma4_text", hidden_size_per_layer_input=256)) == {"gemma4_ple": ("swiglu",)}
-    assert computes(of("gemma4_text", hidden_size_per_layer_input=0)) == {"gemma4_ple": ()}
+    no_ple = of("gemma4_text", hidden_size_per_layer_input=0, head_dim=16)
+    assert computes(no_ple) == {"gemma4_ple": ()}
     assert computes(of("qwen2")) == computes(of("qwen3_5_text")) == {}
     vllm, eager, sglang = profiles.get("vllm-0.26"), profiles.get("vllm-0.26-eager"), profiles.get("sglang-0.5.23")
     assert list(second_points(of("glm4_moe"), vllm)) == ["moe_experts.swiglu", "moe_experts.moe_out"]
@@ -331,3 +332,41 @@ def test_the_second_kinds_points_each_family_computes_are_named():
     assert second_value(vllm, None, "moe_experts.moe_out") == "fp32"
     assert second_value(eager, None, "moe_experts.moe_out") == eager.variant_on("moe_experts", eager).moe_out == "round"
     assert (sglang.swiglu, second_value(sglang, "gemma4", "gemma4_ple.swiglu")) == ("fused", "per_op")
+    assert list(second_points(no_ple, sglang)) == ["gemma4_ple.swiglu"]  # flipped, and said not to apply
+    assert runs(no_ple, with_points(sglang, {"gemma4_ple.swiglu": "fused"}, "gemma4")) == runs(no_ple, sglang)
+
+
+def test_gemma4s_per_layer_input_gate_is_flipped_in_its_own_variant():
+    """SGLang's row sets the swiglu point of Gemma 4's per-layer-input gate in its ``gemma4_ple``
+    variant (two eager ops: per_op) apart from its MLPs' (fused). A tiny Gemma 4 aligned under that
+    row is the engine; the gate's point is flipped as the gate computes it (``gemma4_ple.swiglu``) and
+    decides, the row's own ``swiglu`` flip leaves the gate per_op, and the written row has the gate's
+    value in the variant with live evidence. (Without per-layer inputs the gate's flip does not apply:
+    test_the_second_kinds_points_each_family_computes_are_named; HF's Gemma4TextModel.forward without
+    them fails on its own before any row.)"""
+    from gemma4_spec import tiny_gemma4
+    from rla.engines.live_points import second_points
+    from rla.engines.live_profile import live_row
+
+    model = tiny_gemma4()
+    row = profiles.get("sglang-0.5.23")
+    assert row.swiglu == "fused" and row.variants["gemma4_ple"] == {"swiglu": "per_op"}
+    second = second_points(model, row)
+    assert list(second) == ["gemma4_ple.swiglu"]
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (32,), generator=g).tolist()
+    pre, records = _engine(model, row, prompt, prompt[24:28])
+    s = L.score(model, row, [prompt], pre, records)
+    assert s["prefill"]["equal"] == 1.0
+    kind, extra = L.variant_points(model)
+    flips = {p: L.flip(model, row, s, p, c, kind, [prompt], pre, records)
+             for p, c in {**profiles.POINTS, **extra, **second}.items()}
+    f = flips["gemma4_ple.swiglu"]
+    assert (f["kind"], f["point"], f["other"]) == ("gemma4_ple", "swiglu", "fused")
+    assert "applies" not in f and f["decided"] and f["prefill_k3"] != s["prefill"]["k3"]
+    assert flips["swiglu"]["second"] == {"gemma4_ple": "per_op"}
+    out = live_row({"name": "sglang", "version": "0.5.23", "mode": "default"}, row, s, row, s, flips,
+                   {"family": "gemma4_text"}, date="d", gpu="cpu", torch="t", command="c", name="sglang-test")
+    ev = out.variant_evidence["gemma4_ple"]["swiglu"]
+    assert out.variants["gemma4_ple"]["swiglu"] == "per_op" and out.swiglu == "fused"
+    assert ev.evidence == "live" and ev.note.startswith("in the gemma4_ple variant: flipped to fused")
