@@ -126,7 +126,8 @@ def search(model, start, prompts, pre, records, log) -> tuple:
     """The best row from ``start`` (module docstring): ``(row, its score, every row tried,
     each point's flip)``; ``log(message)`` is told of each improvement. A flip of a value set in the
     family kind's variant (a variant point, or a row point the variant sets) names that kind (``kind``;
-    :func:`flip`)."""
+    :func:`flip`); so does a second kind's (keyed ``moe_experts.moe_out``, with its ``point``). Rows
+    tried and flips are keyed by search point (:func:`rla.engines.live_points.values`)."""
     kind, extra = variant_points(model)
     second = second_points(model, start)
     moving = tuple(k for k in second if runs(model, with_points(start, {k: _other(model, start, k, second[k])}, kind))
