@@ -201,3 +201,172 @@ def test_the_points_a_family_variant_sets_and_the_routed_experts_values_are_name
     assert second_values(moe, row.replace(swiglu="per_op"), "swiglu") == {}
     dense = SimpleNamespace(config=SimpleNamespace(model_type="qwen3_5_text"))
     assert second_values(dense, row, "swiglu") == {}
+
+
+def _oracle_engine(model, pts, prompt, response):
+    """Engine outputs from the GLM-4 MoE oracle (tests/glm4_moe_spec.py: no rla.align, no row) under
+    the points ``pts``: log_softmax(bf16 logits, fp32) of each next token, as vLLM computes them."""
+    from glm4_moe_spec import spec_forward
+
+    def logprobs(ids):
+        x = torch.tensor(ids)[None]
+        with torch.no_grad():
+            logits = spec_forward(model, x, pts)
+        return logits[0, :-1].log_softmax(-1, dtype=torch.float32).gather(-1, x[0, 1:, None])[:, 0].double()
+
+    full = logprobs(prompt[:24] + response)[23:].tolist()
+    rec = RolloutRecord(prompt_ids=prompt[:24], response_ids=response, logprobs=full, temperature=1.0,
+                        top_p=1.0, top_k=-1, engine="vllm")
+    return [logprobs(prompt).tolist()], [rec]
+
+
+@pytest.mark.parametrize("engine_row, experts_swiglu, moe_out", [("vllm-0.26", "per_op", "fp32"),
+                                                                  ("vllm-0.26-eager", None, "round")])
+def test_the_search_finds_the_moe_sum_and_writes_it_in_the_moe_experts_variant(engine_row, experts_swiglu, moe_out):
+    """GLM-4 MoE's residual add after an MoE block reads the shared + routed sum as the engine forms
+    it: fp32 in vLLM's compiled graph, rounded in eager mode (the rows' ``moe_experts`` variant point
+    ``moe_out``, a point only those modules have). The "engine" is the oracle with the row's points
+    copied as data (align_spec.SPEC), the routed experts' own SwiGLU and the sum's value given
+    explicitly; the search starts from the row with the other ``moe_out`` in its ``moe_experts``
+    variant. It must search ``moe_out`` (and the routed experts' ``swiglu`` where the variant sets it)
+    as those modules compute it, find the engine's value, and write it into the ``moe_experts``
+    variant with live evidence, the row's own points left as they were; the report labels it by kind."""
+    from align_spec import SPEC, Row
+    from glm4_moe_spec import tiny_glm4_moe
+    from rla.commands.calibrate_live import summary
+    from rla.engines.live_profile import live_row, settle
+
+    model = tiny_glm4_moe()
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (40,), generator=g).tolist()
+    response = torch.randint(0, model.config.vocab_size, (6,), generator=g).tolist()
+    pre, records = _oracle_engine(model, Row(SPEC[engine_row], None, experts_swiglu, moe_out), prompt, response)
+    other = "round" if moe_out == "fp32" else "fp32"
+    start = profiles.get(engine_row).replace_variant("moe_experts", name="start", moe_out=other)
+    assert L.score(model, start, [prompt], pre, records)["prefill"]["equal"] < 0.5  # the start is wrong
+    best, s, tried, flips = L.search(model, start, [prompt], pre, records, log=lambda m: None)
+    assert s["prefill"]["equal"] == 1.0 and s["prefill"]["k3"] == 0.0
+    assert {t["points"]["moe_experts.moe_out"] for t in tried} == {"round", "fp32"}
+    assert best.variants["moe_experts"]["moe_out"] == moe_out and best.points() == start.points()
+    f = flips["moe_experts.moe_out"]
+    assert (f["kind"], f["point"], f["other"], f["decided"]) == ("moe_experts", "moe_out", other, True)
+    if experts_swiglu:  # the variant sets the routed experts' own swiglu: searched and flipped apart from the row's
+        e = flips["moe_experts.swiglu"]
+        assert best.variants["moe_experts"]["swiglu"] == experts_swiglu != best.swiglu
+        assert (e["kind"], e["other"], e["decided"]) == ("moe_experts", best.swiglu, True)
+    else:  # computed alike in every module: one point, as before
+        assert "moe_experts.swiglu" not in flips and "swiglu" not in best.variants["moe_experts"]
+    best, s = settle(model, start, best, s, flips, [prompt], pre, records)
+    row = live_row({"name": "vllm", "version": "0.26.0", "mode": "default"}, start, tried[0], best, s, flips,
+                   {"family": "glm4_moe"}, date="d", gpu="cpu", torch="t", command="c", name="vllm-0.26-test")
+    assert row.variants["moe_experts"]["moe_out"] == moe_out and row.moe_out == start.moe_out
+    ev = row.variant_evidence["moe_experts"]["moe_out"]
+    assert ev.evidence == "live" and ev.note.startswith(f"in the moe_experts variant: flipped to {other}")
+    back = profiles.from_dict(profiles.to_dict(row))
+    assert back.variant_on("moe_experts", back).moe_out == moe_out
+    table = summary(row, start, flips)
+    assert f"| moe_out (moe_experts) | {other} | {moe_out} | live | in the moe_experts variant" in table
+    assert (f"| swiglu (moe_experts) | {experts_swiglu} | {experts_swiglu} | live |" in table) == bool(experts_swiglu)
+
+
+def test_a_second_kinds_point_this_model_does_not_compute_is_said_not_to_apply():
+    """Qwen3-MoE's blocks have no shared experts (HF's module has none), so ``moe_out`` changes
+    nothing it computes: vllm-0.26's ``moe_experts`` variant sets it, its flip says it does not
+    apply, and the written row keeps the start's value with a note saying so; the routed experts'
+    ``swiglu``, which they do compute, is flipped and decided."""
+    from moe_models import model as moe_model
+    from rla.commands.calibrate_live import summary
+    from rla.engines.live_points import runs, second_points, with_points
+    from rla.engines.live_profile import live_row
+
+    model = moe_model("qwen3_moe")
+    assert not any(hasattr(m, "shared_expert") or hasattr(m, "shared_experts") for m in model.modules())
+    row = profiles.get("vllm-0.26")
+    assert set(second_points(model, row)) == {"moe_experts.swiglu", "moe_experts.moe_out"}
+    assert runs(model, with_points(row, {"moe_experts.moe_out": "round"}, None)) == runs(model, row)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (32,), generator=g).tolist()
+    pre, records = _engine(model, row, prompt, prompt[24:28])
+    s = L.score(model, row, [prompt], pre, records)
+    flips = {p: L.flip(model, row, s, p, c, None, [prompt], pre, records)
+             for p, c in {**profiles.POINTS, **second_points(model, row)}.items()}
+    f = flips["moe_experts.moe_out"]
+    assert f["applies"] is False and not f["decided"] and f["prefill_k3"] == s["prefill"]["k3"]
+    assert "applies" not in flips["moe_experts.swiglu"] and flips["moe_experts.swiglu"]["decided"]
+    out = live_row({"name": "vllm", "version": "0.26.0", "mode": "default"}, row, s, row, s, flips,
+                   {"family": "qwen3_moe"}, date="d", gpu="cpu", torch="t", command="c", name="vllm-0.26-test")
+    ev = out.variant_evidence["moe_experts"]["moe_out"]
+    assert out.variants["moe_experts"]["moe_out"] == "fp32" and ev.evidence == row.variant_evidence[
+        "moe_experts"]["moe_out"].evidence
+    assert "does not apply to this model" in ev.note and "kept from vllm-0.26" in ev.note
+    assert out.variant_evidence["moe_experts"]["swiglu"].evidence == "live"
+    assert "| moe_out (moe_experts) | fp32 | fp32 | native_compiled | not decided" in summary(out, row, flips)
+
+
+def test_the_second_kinds_points_each_family_computes_are_named():
+    """Which second kinds' points a model's modules compute (rla.alignment: the routed experts follow
+    ``moe_experts`` unless clamped like GPT-OSS's, which follow ``gpt_oss``; ``moe_out`` needs shared
+    experts; Gemma 4's gate needs per-layer inputs), and which are searched apart: those the row's
+    second-kind variant sets, and ``moe_out``; a point no such variant sets stays the row's one point."""
+    from types import SimpleNamespace
+
+    from rla.engines.live_points import computes, runs, second_points, second_value, with_points
+
+    def of(model_type, **config):
+        return SimpleNamespace(config=SimpleNamespace(model_type=model_type, **config))
+
+    assert computes(of("glm4_moe")) == computes(of("qwen2_moe")) == {"moe_experts": ("swiglu", "moe_out")}
+    assert computes(of("qwen3_moe")) == {"moe_experts": ("swiglu",)}
+    assert computes(of("gpt_oss")) == {"moe_experts": ()}
+    assert computes(of("gemma4_text", hidden_size_per_layer_input=256)) == {"gemma4_ple": ("swiglu",)}
+    no_ple = of("gemma4_text", hidden_size_per_layer_input=0, head_dim=16)
+    assert computes(no_ple) == {"gemma4_ple": ()}
+    assert computes(of("qwen2")) == computes(of("qwen3_5_text")) == {}
+    vllm, eager, sglang = profiles.get("vllm-0.26"), profiles.get("vllm-0.26-eager"), profiles.get("sglang-0.5.23")
+    assert list(second_points(of("glm4_moe"), vllm)) == ["moe_experts.swiglu", "moe_experts.moe_out"]
+    assert list(second_points(of("glm4_moe"), eager)) == ["moe_experts.moe_out"]
+    assert list(second_points(of("gemma4_text", hidden_size_per_layer_input=256), sglang)) == ["gemma4_ple.swiglu"]
+    assert second_points(of("gemma4_text", hidden_size_per_layer_input=256), vllm) == {}
+    assert second_points(of("qwen2"), vllm) == {}
+    assert (vllm.swiglu, second_value(vllm, None, "moe_experts.swiglu")) == ("fused", "per_op")
+    assert second_value(vllm, None, "moe_experts.moe_out") == "fp32"
+    assert second_value(eager, None, "moe_experts.moe_out") == eager.variant_on("moe_experts", eager).moe_out == "round"
+    assert (sglang.swiglu, second_value(sglang, "gemma4", "gemma4_ple.swiglu")) == ("fused", "per_op")
+    assert list(second_points(no_ple, sglang)) == ["gemma4_ple.swiglu"]  # flipped, and said not to apply
+    assert runs(no_ple, with_points(sglang, {"gemma4_ple.swiglu": "fused"}, "gemma4")) == runs(no_ple, sglang)
+
+
+def test_gemma4s_per_layer_input_gate_is_flipped_in_its_own_variant():
+    """SGLang's row sets the swiglu point of Gemma 4's per-layer-input gate in its ``gemma4_ple``
+    variant (two eager ops: per_op) apart from its MLPs' (fused). A tiny Gemma 4 aligned under that
+    row is the engine; the gate's point is flipped as the gate computes it (``gemma4_ple.swiglu``) and
+    decides, the row's own ``swiglu`` flip leaves the gate per_op, and the written row has the gate's
+    value in the variant with live evidence. (Without per-layer inputs the gate's flip does not apply:
+    test_the_second_kinds_points_each_family_computes_are_named; HF's Gemma4TextModel.forward without
+    them fails on its own before any row.)"""
+    from gemma4_spec import tiny_gemma4
+    from rla.engines.live_points import second_points
+    from rla.engines.live_profile import live_row
+
+    model = tiny_gemma4()
+    row = profiles.get("sglang-0.5.23")
+    assert row.swiglu == "fused" and row.variants["gemma4_ple"] == {"swiglu": "per_op"}
+    second = second_points(model, row)
+    assert list(second) == ["gemma4_ple.swiglu"]
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (32,), generator=g).tolist()
+    pre, records = _engine(model, row, prompt, prompt[24:28])
+    s = L.score(model, row, [prompt], pre, records)
+    assert s["prefill"]["equal"] == 1.0
+    kind, extra = L.variant_points(model)
+    flips = {p: L.flip(model, row, s, p, c, kind, [prompt], pre, records)
+             for p, c in {**profiles.POINTS, **extra, **second}.items()}
+    f = flips["gemma4_ple.swiglu"]
+    assert (f["kind"], f["point"], f["other"]) == ("gemma4_ple", "swiglu", "fused")
+    assert "applies" not in f and f["decided"] and f["prefill_k3"] != s["prefill"]["k3"]
+    assert flips["swiglu"]["second"] == {"gemma4_ple": "per_op"}
+    out = live_row({"name": "sglang", "version": "0.5.23", "mode": "default"}, row, s, row, s, flips,
+                   {"family": "gemma4_text"}, date="d", gpu="cpu", torch="t", command="c", name="sglang-test")
+    ev = out.variant_evidence["gemma4_ple"]["swiglu"]
+    assert out.variants["gemma4_ple"]["swiglu"] == "per_op" and out.swiglu == "fused"
+    assert ev.evidence == "live" and ev.note.startswith("in the gemma4_ple variant: flipped to fused")

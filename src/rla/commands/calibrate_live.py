@@ -75,7 +75,7 @@ def run(args) -> int:
     from rla import profiles
     from rla.commands._live import check_model, engine_data, engine_side, run_length, saved_engine, weigh
     from rla.engines.live_calibration import search
-    from rla.engines.live_points import family_kind, points_of, set_in
+    from rla.engines.live_points import family_kind, set_in, values
     from rla.engines.live_profile import live_name, live_row, settle
     from rla.engines.vllm_live import installed_version
     from rla.hf import load_model
@@ -129,20 +129,23 @@ def run(args) -> int:
     kind = family_kind(model)
     paths = write_row(row, {"format": "rla.live_calibration/1", "engine": data.engine, "model": info,
                             "installed": installed_version(), "start": start_row.name,
-                            "family_kind": kind, "best": points_of(best, kind), "best_row_points": best.points(),
+                            "family_kind": kind, "best": values(model, best), "best_row_points": best.points(),
                             "set_in_variant": set_in(best, kind), "score": best_score, "start_score": tried[0],
                             "flips": flips, "tried": tried, "environment": env}, out, overwrite=args.overwrite)
-    print(summary(row, start_row))
+    print(summary(row, start_row, flips))
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0
 
 
-def summary(row, start) -> str:
+def summary(row, start, flips: dict | None = None) -> str:
     """Per point (and per variant point the live engine decided): the start row's value, the live
     row's, its evidence and note, as the model's family computes them: a value its kind's variant sets
-    is the variant's, and says so (``round (qwen3_5 variant)``); then the scores."""
-    from rla.engines.live_points import family_kind, points_of, set_in
+    is the variant's, and says so (``round (qwen3_5 variant)``); then each second kind's point the
+    search flipped (``flips``' ``moe_experts.moe_out``; without ``flips``, those with live evidence),
+    labelled by its kind (``moe_out (moe_experts)``), with the value those modules compute; then the
+    scores."""
+    from rla.engines.live_points import SECOND_KINDS, family_kind, key, points_of, second_value, set_in, split
     from rla.profiles import VARIANT_POINTS
 
     live = row.calibration.live
@@ -161,9 +164,23 @@ def summary(row, start) -> str:
         lines.append(f"| {p} | {was[p]} | {now[p]} | {e.evidence} | {e.note.replace('|', '/')} |")
     for k, evidence in row.variant_evidence.items():  # the variant points the search flipped (Gemma's)
         for p, e in evidence.items():
-            if p in VARIANT_POINTS and e.evidence == "live":
+            if p in VARIANT_POINTS and e.evidence == "live" and k not in SECOND_KINDS:
                 lines.append(f"| {p} ({k}) | {start.variant(k).kind_points(k)[p]} | "
                              f"{row.variant(k).kind_points(k)[p]} | live | {e.note.replace('|', '/')} |")
+    names = [n for n in flips if split(n)[0]] if flips is not None else [
+        key(k, p) for k in SECOND_KINDS for p, e in row.variant_evidence.get(k, {}).items() if e.evidence == "live"]
+    for n in names:  # a second kind's points: in its variant, as its modules compute them
+        k, p = split(n)
+        e = row.variant_evidence.get(k, {}).get(p)
+        if e is None:  # not set, as the start had it: say why from the flip
+            f = flips[n]
+            why = ("does not apply to this model" if f.get("applies") is False
+                   else f"not measured: {f['error']}" if "error" in f else "its flip ties")
+            evidence, note = "-", f"not set in the {k} variant ({why}), as in {start.name}"
+        else:
+            evidence, note = e.evidence, e.note
+        lines.append(f"| {p} ({k}) | {second_value(start, kind, n)} | {second_value(row, kind, n)} | {evidence} | "
+                     f"{note.replace('|', '/')} |")
     for side in ("start", "found"):
         s = live[side]
         lines.append(f"\n{side} ({s['name']}): prefill bit-equal {s['prefill_equal']:.4%} k3 {s['prefill_k3']:.3e}; "

@@ -25,11 +25,18 @@ value is set in the row's variant for the family's kind
 (:meth:`rla.profiles.RoundingProfile.replace_variant`), where ``rla.align`` reads it. Other
 families are not offered it (:func:`variant_points`).
 
-Every point is searched and flipped as the family's modules compute it (:mod:`rla.engines.live_points`):
+Every point is searched and flipped as the model's modules compute it (:mod:`rla.engines.live_points`):
 where the family kind's variant sets a row point (the vLLM rows' ``qwen3_5`` variant's
 ``qk_norm_out='round'``), the variant's value is the one read, and changed, in that variant; flipping
-the row's own value there would change nothing the model computes. A flip that leaves every profile
-the model runs under as it was (the routed experts' ``moe_experts`` too) says so (``applies``).
+the row's own value there would change nothing the model computes. The points of a second kind's
+modules (an MoE block's ``moe_experts``: the routed experts' ``swiglu`` where the row's variant sets
+it, the shared + routed sum's ``moe_out``; Gemma 4's ``gemma4_ple``) are search points of their own,
+keyed ``moe_experts.swiglu``, ``moe_experts.moe_out`` (:func:`rla.engines.live_points.second_points`),
+searched in a group of their own with :data:`SECOND_WITH` (``moe_out`` is what the layer's residual add
+reads, the experts' product feeds it as SwiGLU's does: a group of 32 combinations on GLM-4 MoE, where
+adding them to the rmsnorm group would make it 128) where a flip of them changes what the model
+computes, flipped always, and changed in that kind's variant. A flip that leaves every profile the
+model runs under as it was says so (``applies``).
 """
 
 from __future__ import annotations
@@ -40,17 +47,21 @@ import itertools
 import torch
 
 from rla.alignment import aligned
-from rla.engines.live_points import points_of, runs, second_values, set_in, variant_points, with_points
+from rla.engines.live_points import (points_of, runs, second_points, second_values, set_in, split, values,
+                                     variant_points, with_points)
 from rla.profiles import POINTS, REGION_POINTS
 
 __all__ = ["train_logprobs", "stats", "score", "better", "search", "flip", "BUCKETS", "GROUPS", "variant_points",
-           "points_of", "with_points"]
+           "points_of", "with_points", "values", "SECOND_WITH"]
 
 GROUPS: tuple[tuple[str, ...], ...] = tuple(
     tuple(dict.fromkeys(points + REGION_POINTS["swiglu"])) for region, points in REGION_POINTS.items()
     if region != "swiglu"
 )
 """The point groups searched jointly: each region's points with SwiGLU's (module docstring)."""
+
+SECOND_WITH: tuple[str, ...] = (*REGION_POINTS["swiglu"], "norm_residual", "residual_stream")
+"""The points searched with a second kind's (module docstring): SwiGLU's and the two of the residual add."""
 
 BUCKETS = ((0, 1024), (1024, 4096), (4096, 16384), (16384, 1 << 30))
 """Position buckets of the per-position statistics (the scored token's position)."""
@@ -115,26 +126,32 @@ def search(model, start, prompts, pre, records, log) -> tuple:
     """The best row from ``start`` (module docstring): ``(row, its score, every row tried,
     each point's flip)``; ``log(message)`` is told of each improvement. A flip of a value set in the
     family kind's variant (a variant point, or a row point the variant sets) names that kind (``kind``;
-    :func:`flip`)."""
+    :func:`flip`); so does a second kind's (keyed ``moe_experts.moe_out``, with its ``point``). Rows
+    tried and flips are keyed by search point (:func:`rla.engines.live_points.values`)."""
     kind, extra = variant_points(model)
-    choices = {**POINTS, **extra}
-    groups = tuple(g + tuple(extra) if "norm_residual" in g else g for g in GROUPS)
+    second = second_points(model, start)
+    moving = tuple(k for k in second if runs(model, with_points(start, {k: _other(model, start, k, second[k])}, kind))
+                   != runs(model, start))  # a second kind's point this model computes
+    choices = {**POINTS, **extra, **second}
+    groups = tuple(g + tuple(extra) if "norm_residual" in g else g for g in GROUPS) + (
+        (SECOND_WITH + moving,) if moving else ())
     best, best_score = start, score(model, start, prompts, pre, records)
-    tried = [{"points": points_of(start, kind), **best_score}]
+    tried = [{"points": values(model, start), **best_score}]
     for _ in range(2):
         changed = False
         for points in groups:
             for combo in itertools.product(*(choices[p] for p in points)):
                 change = dict(zip(points, combo))
-                if all(points_of(best, kind)[p] == v for p, v in change.items()):
+                now = values(model, best)
+                if all(now[p] == v for p, v in change.items()):
                     continue
                 cand = with_points(best, change, kind)
                 try:
                     s = score(model, cand, prompts, pre, records)
                 except NotImplementedError as e:  # a combination rla.align refuses: say so, go on
-                    tried.append({"points": points_of(cand, kind), "error": str(e)})
+                    tried.append({"points": values(model, cand), "error": str(e)})
                     continue
-                tried.append({"points": points_of(cand, kind), **s})
+                tried.append({"points": values(model, cand), **s})
                 if better(s, best_score):
                     best, best_score, changed = cand, s, True
                     log(f"    {change}: prefill eq {s['prefill']['equal']:.4%} k3 {s['prefill']['k3']:.3e}")
@@ -145,18 +162,28 @@ def search(model, start, prompts, pre, records, log) -> tuple:
     return best, best_score, tried, flips
 
 
+def _other(model, row, point: str, allowed) -> str:
+    """The value of ``point`` (a search key) other than the one the model computes under ``row``."""
+    return next(v for v in allowed if v != values(model, row)[point])
+
+
 def flip(model, best, best_score, point: str, allowed, kind: str | None, prompts, pre, records) -> dict:
     """``point`` of ``best`` flipped alone to its other value where the model reads it
     (:func:`rla.engines.live_points.with_points`): that value, the kind whose variant it was set in
-    (``kind``: a variant point, or a row point the family's variant sets), the second kinds' own
-    values of it (``second``: the routed experts' ``moe_experts``), the score and whether it moved
-    (``decided``); ``applies`` False where the flip leaves every profile the model runs under as it
-    was (:func:`rla.engines.live_points.runs`): it changes nothing this model computes, so the tie
-    is no measurement."""
-    other = next(v for v in allowed if v != points_of(best, kind)[point])
-    where = {"kind": kind} if point not in POINTS or point in set_in(best, kind) else {}
-    second = second_values(model, best, point)
-    where.update({"second": second} if second else {})
+    (``kind``: a variant point, a row point the family's variant sets, or a second kind's point, which
+    also names its ``point``: ``moe_experts.moe_out`` -> ``moe_experts``, ``moe_out``), for a row point the
+    second kinds' own values of it (``second``: the routed experts' ``moe_experts``), the score and
+    whether it moved (``decided``); ``applies`` False where the flip leaves every profile the model runs
+    under as it was (:func:`rla.engines.live_points.runs`): it changes nothing this model computes, so
+    the tie is no measurement."""
+    other = _other(model, best, point, allowed)
+    by, name = split(point)
+    if by:
+        where = {"kind": by, "point": name}
+    else:
+        where = {"kind": kind} if point not in POINTS or point in set_in(best, kind) else {}
+        second = second_values(model, best, point)
+        where.update({"second": second} if second else {})
     cand = with_points(best, {point: other}, kind)
     where.update({} if runs(model, cand) != runs(model, best) else {"applies": False})
     try:

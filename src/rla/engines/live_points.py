@@ -1,5 +1,6 @@
 """The points a live calibration searches, as the model computes them: a row's *effective* values for
-the model's family kind, and where a change to each must be written.
+the model's family kind and for the second kinds its modules run, and where a change to each must be
+written.
 
 ``rla.align`` runs a family with a kind (``Family.variant``: Qwen3.5's ``qwen3_5``, Gemma's
 ``zero_centred_norm`` / ``gemma4``, GPT-OSS's ``gpt_oss``) under the row's variant for that kind
@@ -10,13 +11,22 @@ not what the model computes, so the search reads the variant's value (:func:`poi
 change to it goes into that kind's variant (:func:`with_points`, as the variant points
 ``post_norm_out`` / ``attn_gate`` always do); :func:`set_in` names those points.
 
-An MoE family's routed experts run a second kind over the first (``moe_experts``,
-:meth:`~rla.profiles.RoundingProfile.variant_on`), Gemma 4's per-layer-input gate its own
-(``gemma4_ple``). Their values are not searched, nor are a row's head-size conditions
-(``RoundingProfile.conditions``: SGLang's RoPE points at head sizes outside 64/128/256/512): :func:`runs`
-gives every profile the model's modules run under, so a flip that leaves them all as they were is
-known to change nothing this model computes, and :func:`second_values` names the value a second kind
-keeps for a point.
+Some modules run a *second kind* (:data:`SECOND_KINDS`): an MoE block's routed experts and its
+shared + routed sum ``moe_experts``, applied over the family's kind
+(:meth:`~rla.profiles.RoundingProfile.variant_on`), and Gemma 4's per-layer-input gate
+``gemma4_ple``, applied over the row. :func:`computes` says which points those modules compute in a
+model (the routed experts' ``swiglu`` where they follow ``moe_experts``, ``moe_out`` where the blocks
+have shared experts; the gate's ``swiglu`` where the model has per-layer inputs). A point a second
+kind's variant sets, or one only that kind has (``moe_out``), is its own search point, keyed
+``<kind>.<point>`` (:func:`key`, :func:`split`; ``moe_experts.swiglu``, ``moe_experts.moe_out``): its
+value is what those modules compute (:func:`second_value`), and a change to it goes into that kind's
+variant, never the row's own point. A point no second kind's variant sets is computed alike in every
+module kind and stays one point (a flip of the row's ``swiglu`` moves the routed experts too).
+
+A row's head-size conditions (``RoundingProfile.conditions``: SGLang's RoPE points at head sizes
+outside 64/128/256/512) are not searched: :func:`runs` gives every profile the model's modules run
+under, so a flip that leaves them all as they were is known to change nothing this model computes,
+and :func:`second_values` names the value a second kind keeps for a row point.
 """
 
 from __future__ import annotations
@@ -25,12 +35,16 @@ from rla.alignment.core import head_size
 from rla.alignment.families import FAMILIES
 from rla.profiles import POINTS, VARIANT_EXTENDS, VARIANT_POINT_KINDS, VARIANT_POINTS
 
-__all__ = ["family_kind", "variant_points", "set_in", "points_of", "with_points", "runs", "second_values"]
+__all__ = ["family_kind", "variant_points", "set_in", "points_of", "with_points", "runs", "second_values",
+           "SECOND_KINDS", "computes", "key", "split", "second_points", "second_value", "values"]
 
 #: The second kind of an MoE block's routed experts (``rla.alignment.routed_experts.EXPERTS_KIND``).
 EXPERTS_KIND = "moe_experts"
 #: The second kind of Gemma 4's per-layer-input gate (``rla.alignment.gemma4.PLE_VARIANT``).
 PLE_KIND = "gemma4_ple"
+#: The second kinds, each with whether its variant applies over the family's kind (``variant_on``,
+#: as ``rla.alignment.routed_experts`` does) or over the row (``variant``, as ``rla.alignment.gemma4``).
+SECOND_KINDS: dict[str, bool] = {EXPERTS_KIND: True, PLE_KIND: False}
 
 
 def _family(model):
@@ -73,38 +87,105 @@ def points_of(row, kind: str | None) -> dict[str, str]:
     return {**v.points(), **v.kind_points(kind)}
 
 
+def key(kind: str, point: str) -> str:
+    """The search key of ``point`` as the modules of the second kind ``kind`` compute it."""
+    return f"{kind}.{point}"
+
+
+def split(name: str) -> tuple[str | None, str]:
+    """``(second kind, point)`` of a search key (:func:`key`); ``(None, point)`` for a point of the
+    family's modules."""
+    kind, _, point = name.rpartition(".")
+    return (kind, point) if kind in SECOND_KINDS else (None, name)
+
+
+def computes(model) -> dict[str, tuple[str, ...]]:
+    """``{second kind the model has: the points its modules compute}`` (module docstring): an MoE
+    family has ``moe_experts`` (its routed experts' ``swiglu`` where they run ``silu(g) * u`` under it,
+    not GPT-OSS's clamped experts, which follow ``gpt_oss``; ``moe_out`` where its blocks have shared
+    experts), Gemma 4 ``gemma4_ple`` (the gate's ``swiglu`` where the config has per-layer inputs).
+    ``model``: the model, or its ``model_type`` (then Gemma 4's gate is taken to be there)."""
+    family = _family(model)
+    if family is None:
+        return {}
+    out = {}
+    if family.moe:
+        out[EXPERTS_KIND] = (("swiglu",) if family.experts_gate == "swiglu" else ()) + (
+            ("moe_out",) if family.shared_expert else ())
+    if family.variant == "gemma4":
+        config = getattr(model, "config", None)
+        out[PLE_KIND] = ("swiglu",) if config is None or getattr(config, "hidden_size_per_layer_input", 0) else ()
+    return out
+
+
+def second_points(model, row) -> dict[str, tuple[str, ...]]:
+    """``{key: choices}``: for each second kind the model has (:func:`computes`), the points ``row``'s
+    variant for it sets and the variant points only that kind has (``moe_out``), whether or not this
+    model's modules compute them (a flip of one they do not compute is said not to apply)."""
+    out = {}
+    for kind in computes(model):
+        own = [p for p, kinds in VARIANT_POINT_KINDS.items() if kinds == (kind,)]
+        for p in (*[p for p in POINTS if p in row.variants.get(kind, {})], *own):
+            out[key(kind, p)] = POINTS.get(p) or VARIANT_POINTS[p]
+    return out
+
+
+def _second_profile(row, kind: str | None, second: str):
+    first = row.variant(kind) if kind else row
+    return row.variant_on(second, first) if SECOND_KINDS[second] else row.variant(second)
+
+
+def second_value(row, kind: str | None, name: str) -> str:
+    """The value of the search key ``name`` (``moe_experts.moe_out``) that the second kind's modules
+    compute under ``row``, the family's kind being ``kind``."""
+    second, point = split(name)
+    return getattr(_second_profile(row, kind, second), point)
+
+
+def values(model, row) -> dict[str, str]:
+    """Every search point's value as the model computes it under ``row``: :func:`points_of` for the
+    family's modules, then the second kinds' points (:func:`second_points`)."""
+    kind = family_kind(model)
+    return {**points_of(row, kind), **{k: second_value(row, kind, k) for k in second_points(model, row)}}
+
+
 def with_points(row, change: dict, kind: str | None):
-    """``row`` with ``change`` applied where the family's modules read it: a row point on the row,
-    unless ``kind``'s variant sets it (:func:`set_in`); that one, and every variant point, in
-    ``kind``'s variant."""
+    """``row`` with ``change`` applied where the model reads it: a row point on the row, unless
+    ``kind``'s variant sets it (:func:`set_in`); that one, and every variant point, in ``kind``'s
+    variant; a second kind's key (:func:`key`) in that kind's variant."""
     inside = set_in(row, kind)
+    second: dict[str, dict] = {}
+    for name, v in change.items():
+        k, p = split(name)
+        if k:
+            second.setdefault(k, {})[p] = v
+    change = {p: v for p, v in change.items() if split(p)[0] is None}
     own = {p: v for p, v in change.items() if p in POINTS and p not in inside}
     rest = {p: v for p, v in change.items() if p not in own}
     out = row.replace(**own) if own else row
-    return out.replace_variant(kind, **rest).replace(calibration=None) if rest else out
+    out = out.replace_variant(kind, **rest).replace(calibration=None) if rest else out
+    for k, c in second.items():
+        out = out.replace_variant(k, **c).replace(calibration=None)
+    return out
 
 
 def runs(model, row) -> dict[str, dict[str, str]]:
     """Every profile the model's modules run under ``row``, as points: the row at the model's head
     size (its conditions, as ``rla.align`` applies them first), then the family's kind's variant, and
-    where the family has them the routed experts' (``moe_experts`` over the first) and Gemma 4's
-    per-layer-input gate's (``gemma4_ple``)."""
-    family, kind = _family(model), family_kind(model)
+    for each second kind the model has the points its modules compute (:func:`computes`)."""
+    kind = family_kind(model)
     if row.conditions:
         row = row.at_head_size(head_size(model.config))
-    first = row.variant(kind) if kind else row
     out = {kind or "row": points_of(row, kind)}
-    if family is not None and family.moe:
-        e = row.variant_on(EXPERTS_KIND, first)
-        out[EXPERTS_KIND] = {**e.points(), **e.kind_points(EXPERTS_KIND)}
-    if kind == "gemma4":
-        out[PLE_KIND] = row.variant(PLE_KIND).points()
+    for second, points in computes(model).items():
+        prof = _second_profile(row, kind, second)
+        out[second] = {p: getattr(prof, p) for p in points}
     return out
 
 
 def second_values(model, row, point: str) -> dict[str, str]:
     """``{second kind: its value of point}`` where the model's second kinds (:func:`runs`) compute
-    ``point`` otherwise than the family's modules do under ``row``."""
+    the row point ``point`` otherwise than the family's modules do under ``row``."""
     every = runs(model, row)
     first = every.pop(family_kind(model) or "row")
     return {k: pts[point] for k, pts in every.items() if point in pts and pts[point] != first.get(point)}

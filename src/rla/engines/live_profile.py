@@ -23,11 +23,19 @@ the variant's value, so that is what was searched and flipped and where a decide
 the row's own value of the point keeps the start row's, and its evidence says the model did not read
 it. A flip that changes no profile the model runs under (:mod:`rla.engines.live_points`) is noted as
 not applying to this model, not as a tie.
+
+A second kind's point (``moe_experts.swiglu``, ``moe_experts.moe_out``: what an MoE block's routed
+experts and its shared + routed sum compute; ``gemma4_ple``'s) is written into that kind's variant by the
+same rule, never into the row's own point: ``live`` where its flip moved the score, else the start
+row's value with its evidence and a note saying why (its flip ties, or it does not apply to this
+model: GPT-OSS's experts and blocks without shared experts compute neither). One the start row's
+variant does not set and nothing decided (``moe_out`` from a row without a ``moe_experts`` variant)
+stays unset, as it was; the report's flips say why.
 """
 
 from __future__ import annotations
 
-from rla.engines.live_points import family_kind, points_of, set_in
+from rla.engines.live_points import family_kind, points_of, second_value, set_in, split, values
 from rla.profiles import POINTS, VARIANT_EXTENDS, Calibration, PointEvidence, RoundingProfile
 
 __all__ = ["live_name", "live_row", "settle"]
@@ -49,7 +57,7 @@ def settle(model, start: RoundingProfile, best: RoundingProfile, best_score: dic
     from rla.engines.live_calibration import score, with_points
 
     kind = family_kind(model)
-    was, now = points_of(start, kind), points_of(best, kind)
+    was, now = values(model, start), values(model, best)
     tied = {p: was[p] for p, f in flips.items() if "error" not in f and not f["decided"] and now[p] != was[p]}
     if not tied:
         return best, best_score
@@ -82,12 +90,16 @@ def live_row(engine: dict, start: RoundingProfile, start_score: dict, best: Roun
     missing = [p for p in POINTS if p not in flips]
     if missing:
         raise ValueError(f"the search's flips lack {missing}: every point must have been flipped")
-    kind = family_kind(model.get("family") or "") or next((f["kind"] for f in flips.values() if f.get("kind")), None)
+    kind = family_kind(model.get("family") or "") or next(
+        (f["kind"] for p, f in flips.items() if f.get("kind") and split(p)[0] is None), None)
     inside = set_in(start, kind)  # row points the family's variant sets: it computes the variant's value
     evidence = {}
     variants = {k: dict(v) for k, v in best.variants.items()}
     variant_evidence = {k: dict(v) for k, v in best.variant_evidence.items()}
     for p, f in flips.items():
+        if split(p)[0]:
+            _second_point(p, f, kind, start, best, best_score, variants, variant_evidence)
+            continue
         if not f.get("kind"):
             continue
         value, before = points_of(best, kind)[p], points_of(start, kind)[p]
@@ -139,6 +151,23 @@ def live_row(engine: dict, start: RoundingProfile, start_score: dict, best: Roun
                      f"{model.get('num_hidden_layers')} layers; prefill bit-equal {found['prefill_equal']:.3%})"),
         calibration=cal, variants=variants, variant_evidence=variant_evidence, **best.points(),
     )
+
+
+def _second_point(name: str, f: dict, kind: str | None, start: RoundingProfile, best: RoundingProfile,
+                  best_score: dict, variants: dict, variant_evidence: dict) -> None:
+    """A second kind's point (``moe_experts.moe_out``) into that kind's variant, with its evidence
+    (module docstring); left unset where the start's variant does not set it and nothing decided it."""
+    second, p = split(name)
+    value, before = second_value(best, kind, name), second_value(start, kind, name)
+    if not ("error" not in f and f["decided"]) and value == before and p not in start.variants.get(second, {}):
+        variants.get(second, {}).pop(p, None)  # as the start had it: unset (the search may have set it back)
+        variant_evidence.get(second, {}).pop(p, None)
+        if second in variants and not variants[second]:
+            del variants[second]
+        return
+    variants.setdefault(second, {})[p] = value
+    variant_evidence.setdefault(second, {})[p] = _point_evidence(
+        p, f, value, before, start.variant_evidence.get(second, {}).get(p), start, best_score)
 
 
 def _point_evidence(p: str, f: dict, value: str, before: str, kept, start: RoundingProfile,
