@@ -21,6 +21,8 @@
 - ``results/benchmarks/vllm026_current_rows_h200_2026-12-03/`` (``SAVED`` re-scoring under the rows with ``moe_out`` and
   ``attn_gate``): the verify calls' printed tables (``runs/rescore-default/verify-tables.md``: their reports did not
   come back) and the calibrations' reports.
+- ``results/benchmarks/gptoss_gap_h200_2026-12-03/``: ``lab/bench/gptoss_gap_probe.py``'s stages (``runs/probe/``) and the
+  GPU tests' JUnit XML of the same call.
 - ``results/benchmarks/twin_gemma4_h200_2026-12-03/``: Gemma 4's twin lines of ``runs/families.log`` (the stage's limit
   stopped it before its JSON).
 
@@ -63,6 +65,7 @@ TWINS = BENCH / "twin_families_h200_2026-12-03"
 GPU_TESTS = BENCH / "families_gpu_tests_h200_2026-12-03"
 CURRENT = BENCH / "vllm026_current_rows_h200_2026-12-03"
 GEMMA4_TWIN = BENCH / "twin_gemma4_h200_2026-12-03"
+GPTOSS_GAP = BENCH / "gptoss_gap_h200_2026-12-03"
 #: The H200 timings of rla bench ops' add_rms_norm case (16384 x 3584, forward + backward) that turn
 #: bytes into milliseconds: PyTorch's eager ops ("hf") and rla's fused kernel ("rla").
 OPS_TIMINGS = (BENCH / "h200_2026-11-29_ops.json", BENCH / "e2e_align_ops_isolated_h200_2026-11-29/call3_ops_isolated.json",
@@ -303,13 +306,13 @@ def twin_table(root: Path, call: str) -> str:
     return twin_families.summarize(root / TWINS / "runs" / call / "families" / "twin_families.json").strip("\n")
 
 
-def junit_table(root: Path, files: tuple[str, ...] = ("gpu_tests.xml",)) -> str:
+def junit_table(root: Path, files: tuple[str, ...] = ("gpu_tests.xml",), folder: Path = GPU_TESTS) -> str:
     """Per test file of a pytest ``--junitxml`` report: passed, failed, errors, skipped; then the items not passed."""
     import xml.etree.ElementTree as ET
 
     counts, bad = {}, []
     for name in files:
-        for case in ET.parse(root / GPU_TESTS / "runs" / name).iter("testcase"):
+        for case in ET.parse(root / folder / "runs" / name).iter("testcase"):
             where = case.get("classname").replace(".", "/") + ".py"
             status = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
             counts.setdefault(where, dict.fromkeys(("passed", "failure", "error", "skipped"), 0))[status] += 1
@@ -317,7 +320,8 @@ def junit_table(root: Path, files: tuple[str, ...] = ("gpu_tests.xml",)) -> str:
                 bad.append(f"- {status}: `{where}::{case.get('name')}`")
     rows = [[f"`{w}`", *map(str, c.values())] for w, c in counts.items()]
     rows.append(["(all)", *(str(sum(c[k] for c in counts.values())) for k in ("passed", "failure", "error", "skipped"))])
-    return _table(["test file", "passed", "failed", "errors", "skipped"], rows) + "\n\n" + "\n".join(bad)
+    table = _table(["test file", "passed", "failed", "errors", "skipped"], rows)
+    return table + ("\n\n" + "\n".join(bad) if bad else "")
 
 
 def printed_live_table(root: Path, folder: Path = CURRENT, call: str = "rescore-default") -> str:
@@ -356,6 +360,22 @@ def twin_log_table(root: Path, mode: str, shape: str, folder: Path = GEMMA4_TWIN
     return _table(["side", "bit-equal", "k3", "KL", "layer streams bit-equal"], rows)
 
 
+def probe_table(root: Path, folder: Path = GPTOSS_GAP, kinds: tuple[str, ...] = ("stage",)) -> str:
+    """``gptoss_gap_probe.json``'s rows of one kind: the per-layer stages (``stage``), the ``isolated`` ops on
+    the twin's own inputs, the tables, or the ``kernels``; each with its fraction bit-equal and max |d|."""
+    rep = _json(root, folder / "runs" / "probe" / "gptoss_gap_probe.json")
+
+    def kind(stage: str) -> str:
+        head = stage.split(":")[0]
+        return head if head in ("tables", "isolated") else "kernels" if head.startswith("kernels") else "stage"
+
+    rows = [[r["stage"], "-" if r["layer"] is None else r["layer"], f"{r['equal']:.4%}", f"{r['max_abs']:.3g}"]
+            + ([f"{r['rows_with_diff']:.2%}"] if "kernels" in kinds else [])
+            for r in rep["rows"] if kind(r["stage"]) in kinds]
+    return _table(["stage", "layer", "bit-equal", "max abs d"] + (["rows with a difference"] if "kernels" in kinds else []),
+                  rows)
+
+
 BLOCKS = {
     KERNELS / "README.md": {"tests-table": tests_table, "gelu-table": gelu_table, "e2e-table": e2e_table,
                             "dispatch-table": dispatch_table, "traffic-table": traffic_table,
@@ -377,6 +397,11 @@ BLOCKS = {
         "current-live-table": printed_live_table,
         **{f"current-flips-{m}": (lambda root, m=m: flips_table(root, CURRENT, "rescore-default", f"calibrate-{m}-default"))
            for m in ("glm4moe-h2048", "qwen35-h2048")}},
+    GPTOSS_GAP / "README.md": {
+        "gptoss-probe-stages": probe_table,
+        "gptoss-probe-isolated": lambda root: probe_table(root, kinds=("tables", "isolated")),
+        "gptoss-probe-kernels": lambda root: probe_table(root, kinds=("kernels",)),
+        "gptoss-gpu-tests": lambda root: junit_table(root, ("gpu_tests.xml", "gpu_ops.xml"), GPTOSS_GAP)},
     GEMMA4_TWIN / "README.md": {f"gemma4-twin-{mode}-{shape.replace('@', '-at-')}": (
         lambda root, mode=mode, shape=shape: twin_log_table(root, mode, shape))
         for mode, shape in (("default", "1x512@0"), ("default", "1x2048@0"), ("default", "2x512@20000"), ("eager", "1x512@0"))},
