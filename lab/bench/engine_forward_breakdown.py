@@ -64,6 +64,7 @@ Usage (GPU; vLLM importable from PYTHONPATH, or its wheel named by RLA_ENGINE_WH
 CPU smoke (groups leaf aten ops' CPU time; checks the wiring, no numbers to keep):
   RLA_ENGINE_WHEEL=vllm-....whl python lab/bench/engine_forward_breakdown.py --device cpu --shape tiny \\
       --models qwen3-1.7b --layers 2 --out /tmp/efb
+``--tokens B S`` replaces the batch and sequence length (the tests' CPU runs take a short one).
 Writes ``engine_forward_breakdown.json`` and ``.md`` in ``--out`` (after every shape).
 """
 
@@ -243,14 +244,14 @@ def compare(got: dict, want: dict) -> dict:
     return {"equal_params": equal, "params": len(want), "exact": equal / max(len(want), 1), "max_abs_diff": diff}
 
 
-def run_shape(name, variants, engine, device, layers, tiny, reps, warmup) -> list[dict]:
+def run_shape(name, variants, engine, device, layers, tiny, reps, warmup, tokens=None) -> list[dict]:
     from rla.alignment import align, unalign
     from rla.engines.vllm_forward import engine_forward
 
     cuda = device.type == "cuda"
     model = build(name, device, layers, tiny)
     cfg = model.config
-    batch, seq = TINY_BATCH if tiny else BATCH[name]["default"]
+    batch, seq = tokens or (TINY_BATCH if tiny else BATCH[name]["default"])
     torch.manual_seed(1)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq)).to(device)
     ranges, rows, base, shared = Ranges(), [], None, None
@@ -379,6 +380,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--reps", type=int, default=3, help="timed steps per variant")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--tokens", nargs=2, type=int, metavar=("BATCH", "SEQ"), default=None,
+                    help="batch and sequence length (default: the bench's, or 2 x 256 for --shape tiny)")
     ap.add_argument("--sdpa", choices=("default", "math"), default="default",
                     help="math: SDPA's math backend only (deterministic backward, so gradients can be compared by "
                     "equality; slower and heavier, its times are not the default's)")
@@ -408,7 +411,7 @@ def main(argv=None) -> int:
 
 def _run(payload, a, engine, device) -> None:
     run_shapes(payload, a.models, lambda name: run_shape(name, a.variants, engine, device, a.layers, a.shape == "tiny",
-                                                        a.reps, a.warmup),
+                                                        a.reps, a.warmup, a.tokens),
                Path(a.out), "engine_forward_breakdown", markdown)
 
 

@@ -154,8 +154,9 @@ def test_on_the_bundled_model_k3_grows_with_the_dose_and_seven_bits_is_aligned(t
             "b7": {"train_precision": "aligned", "train_dose_bits": 7},
             "b4x0.5": {"train_precision": "aligned", "train_dose_bits": 4, "train_dose_scale": 0.5},
             "b2": {"train_precision": "aligned", "train_dose_bits": 2}}
+    # 32 new tokens, not the task's 128: k3 is a per-token mean, and the dose's order shows in the first 32
     base = {"init": "bundled", "task": "addition", "difficulty": 12, "prompts_per_step": 1, "group_size": 4,
-            "device": "cpu"}
+            "device": "cpu", "max_new_tokens": 32}
     res = probe_step0(DoseGrid(models={"tiny": {}}, arms=arms, seeds=[0], base=base), tmp_path, say=lambda *a: None)
     k3 = {r["arm"]: r["k3"] for r in res["runs"]}
     assert k3["b7"] == k3["aligned"]

@@ -29,7 +29,7 @@ def test_cpu_wiring(tmp_path, monkeypatch):
         pytest.skip("no vLLM wheel (RLA_ENGINE_WHEEL, or the engine cache's)")
     monkeypatch.setenv("RLA_ENGINE_WHEEL", str(wheel))
     B.main(["--device", "cpu", "--shape", "tiny", "--models", "qwen3-1.7b", "--layers", "2", "--warmup", "1",
-            "--variants", "hf-bf16", "pieces", "pieces+aot_eager", "--out", str(tmp_path)])
+            "--tokens", "2", "64", "--variants", "hf-bf16", "pieces", "pieces+aot_eager", "--out", str(tmp_path)])
     rows = {r["variant"]: r for r in json.loads((tmp_path / "engine_forward_breakdown.json").read_text())["results"]}
     assert not any("error" in r for r in rows.values())
     for v in ("pieces", "pieces+aot_eager"):
@@ -138,7 +138,7 @@ def test_sdpa_math_keeps_the_comparison(tmp_path, monkeypatch):
         pytest.skip("no vLLM wheel (RLA_ENGINE_WHEEL, or the engine cache's)")
     monkeypatch.setenv("RLA_ENGINE_WHEEL", str(wheel))
     B.main(["--device", "cpu", "--shape", "tiny", "--models", "qwen2.5-1.5b", "--layers", "2", "--warmup", "1",
-            "--variants", "pieces", "pieces+aot_eager", "--sdpa", "math", "--out", str(tmp_path)])
+            "--tokens", "1", "64", "--variants", "pieces", "pieces+aot_eager", "--sdpa", "math", "--out", str(tmp_path)])
     payload = json.loads((tmp_path / "engine_forward_breakdown.json").read_text())
     rows = {r["variant"]: r for r in payload["results"]}
     assert payload["args"]["sdpa"] == "math" and not any("error" in r for r in rows.values())

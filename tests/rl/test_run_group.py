@@ -95,7 +95,7 @@ def test_experiment_groups_runs_per_process_and_resumes(tmp_path, monkeypatch, c
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]))
     grid = write_grid(tmp_path / "grid.yaml", steps=2)
     one, grouped = tmp_path / "one", tmp_path / "grouped"
-    assert main(["experiment", str(grid), "--out", str(one)]) == 0
+    assert main(["experiment", str(grid), "--out", str(one), "--parallel", "2"]) == 0  # one run per process
     capsys.readouterr()
     assert main(["experiment", str(grid), "--out", str(grouped), "--runs-per-process", "2"]) == 0
     assert "1 process(es) of up to 2 runs at a time" in capsys.readouterr().out
