@@ -45,7 +45,12 @@ def _register():
 @pytest.fixture(scope="module")
 def planted():
     _register()
+    # the bundled model's first two decoder layers: the plant acts in every layer's attention,
+    # and the second layer reads a cache built from the first's chunked output
     model = load_bundled_model()
+    model.model.layers = model.model.layers[:2]
+    model.config.num_hidden_layers = 2
+    model.config.layer_types = model.config.layer_types[:2]
     base = copy.deepcopy(model)
     model.config._attn_implementation = NAME
     return base, model
