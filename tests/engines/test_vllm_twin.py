@@ -15,18 +15,7 @@ from rla import profiles
 
 from twin_side import twin_side
 from align_spec import single_thread, tiny_config, tiny_model, tokens  # noqa: F401
-
-LLAMA3 = dict(
-    max_position_embeddings=256,
-    rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
-                         high_freq_factor=4.0, original_max_position_embeddings=64),
-)
-CASES = {"qwen2": {}, "qwen3": {}, "llama3": LLAMA3}
-
-
-def _model(case):
-    family = "llama" if case == "llama3" else case
-    return tiny_model(family, config=tiny_config(family, **CASES[case]))
+from twin_default_cases import CASES, case_model as _model
 
 
 def _flip(p, point):
@@ -36,13 +25,10 @@ def _flip(p, point):
 
 @pytest.fixture(scope="module", params=list(CASES))
 def twin_run(request, vllm_engine):
-    from rla.engines.vllm_twin import VllmTwin
+    """The case's model and the twin's output on it (built once per session: test_vllm_forward.py reads it too)."""
+    from twin_default_cases import IDS, POSITIONS, default_twin
 
-    model = _model(request.param)
-    ids = tokens(2, 24)
-    positions = torch.arange(40, 64)[None].expand(2, 24)  # not starting at 0: the cache is indexed
-    out = VllmTwin(model, vllm_engine, "default")(ids, positions)
-    return request.param, model, ids, positions, out
+    return request.param, _model(request.param), IDS, POSITIONS, default_twin(request.param, vllm_engine)
 
 
 def _side(model, profile, out, ids, positions):
