@@ -150,16 +150,31 @@ def _whole_or_absent(out: Path):
     return "whole"
 
 
-@pytest.mark.slow
-def test_kill_9_of_the_demo_leaves_old_or_new_never_a_mix(tmp_path):
-    """SIGKILL ``rla demo --overwrite`` at random moments over an existing report: the folder is the
-    old report or the new one (its report.json's rollouts hash matches its rollouts), never a mix."""
-    out = tmp_path / "demo"
-    cmd = [sys.executable, "-m", "rla.cli", "demo", "-n", "2", "--max-new-tokens", "8", "--no-detect", "--out", str(out)]
+DEMO = ["demo", "-n", "2", "--max-new-tokens", "8", "--no-detect"]
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """One ``rla demo`` run in a subprocess, shared by the two kill tests (the demo's old report, the
+    diagnose test's rollouts): its folder and how long it took."""
+    out = tmp_path_factory.mktemp("demo_run") / "demo"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     t0 = time.monotonic()
-    subprocess.run(cmd, check=True, env=env, capture_output=True)
-    full = time.monotonic() - t0
+    subprocess.run([sys.executable, "-m", "rla.cli", *DEMO, "--out", str(out)], check=True, env=env, capture_output=True)
+    return out, time.monotonic() - t0
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_demo_leaves_old_or_new_never_a_mix(tmp_path, demo_run):
+    """SIGKILL ``rla demo --overwrite`` at random moments over an existing report: the folder is the
+    old report or the new one (its report.json's rollouts hash matches its rollouts), never a mix."""
+    import shutil
+
+    out = tmp_path / "demo"
+    cmd = [sys.executable, "-m", "rla.cli", *DEMO, "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    shutil.copytree(demo_run[0], out)  # the old report, as that command wrote it
+    full = demo_run[1]
     rng = random.Random(0)
     for delay in sorted(rng.uniform(0.3, 1.1) * full for _ in range(3)):
         p = subprocess.Popen(cmd + ["--overwrite", "--seed", "1"], env=env, stdout=subprocess.DEVNULL,
@@ -174,14 +189,11 @@ def test_kill_9_of_the_demo_leaves_old_or_new_never_a_mix(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_of_diagnose_leaves_old_or_new_never_a_mix(tmp_path):
+def test_kill_9_of_diagnose_leaves_old_or_new_never_a_mix(tmp_path, demo_run):
     """SIGKILL ``rla diagnose --overwrite`` at random moments over an existing report: the folder
     holds the old report or the new one (whole, naming the rollouts it read), never a mix."""
-    demo = tmp_path / "demo"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    subprocess.run([sys.executable, "-m", "rla.cli", "demo", "-n", "2", "--max-new-tokens", "8", "--no-detect",
-                    "--out", str(demo)], check=True, env=env, capture_output=True)
-    rollouts = demo / "rollouts.jsonl"
+    rollouts = demo_run[0] / "rollouts.jsonl"  # read only: the demo's folder stays as the demo wrote it
     out = tmp_path / "report"
     cmd = [sys.executable, "-m", "rla.cli", "diagnose", "--model", str(bundled_path()), "--rollouts", str(rollouts),
            "--profile", "vllm", "--out", str(out)]

@@ -57,9 +57,10 @@ class RowEngine:
 
 @pytest.fixture(scope="module")
 def model():
-    """A 2-layer Qwen2 (the search runs ~100 scorings: the bundled 6-layer model takes minutes on a
-    CPU); norm weights drawn around 1, where HF's init of 1 would make per_op and fused norms equal."""
-    m = build_model(tiny_config("qwen2", num_hidden_layers=2), torch.bfloat16, seed=0).eval()
+    """A 2-layer Qwen2 at the micro size, hidden 64 (the search runs ~140 scorings: the bundled 6-layer model
+    takes minutes on a CPU, and the tiny size's GEMMs at hidden 256 were most of the rest); norm weights drawn
+    around 1, where HF's init of 1 would make per_op and fused norms equal."""
+    m = build_model(tiny_config("qwen2", "micro"), torch.bfloat16, seed=0).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in m.named_parameters():
@@ -151,7 +152,7 @@ def test_saved_engine_outputs_are_scored_without_the_engine(saved, tmp_path, cap
     assert by["hf"]["prefill"]["equal"] < 1.0 and rep["environment"]["gpu"].startswith("none")
     assert "vllm" not in sys.modules
     other = tmp_path / "other"
-    build_model(tiny_config("qwen2", num_hidden_layers=2), torch.bfloat16, seed=5).save_pretrained(other)
+    build_model(tiny_config("qwen2", "micro"), torch.bfloat16, seed=5).save_pretrained(other)
     capsys.readouterr()
     for argv, message in [
         (["--model", str(other)], "made from other weights (rla-weights/1:"),

@@ -20,13 +20,7 @@ import rla
 from rla import profiles
 
 from align_spec import single_thread, tiny_config, tiny_model, tokens  # noqa: F401
-
-LLAMA3 = dict(
-    max_position_embeddings=256,
-    rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
-                         high_freq_factor=4.0, original_max_position_embeddings=64),
-)
-CASES = {"qwen2": {}, "qwen3": {}, "llama3": LLAMA3}
+from twin_default_cases import CASES, case_model as _model
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +28,6 @@ def pieces(vllm_engine):
     from rla.engines.vllm_forward import engine_forward
 
     return engine_forward(vllm_engine, "default")
-
-
-def _model(case, seed=0):
-    family = "llama" if case == "llama3" else case
-    return tiny_model(family, seed=seed, config=tiny_config(family, **CASES[case]))
 
 
 def _loss_and_grads(model, ids, positions, attention_mask=None):
@@ -50,12 +39,10 @@ def _loss_and_grads(model, ids, positions, attention_mask=None):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_forward_is_the_twins_and_backward_is_rlas(case, vllm_engine, pieces):
-    from rla.engines.vllm_twin import VllmTwin
+    from twin_default_cases import IDS as ids, POSITIONS as positions, default_twin
 
     model = _model(case)
-    ids = tokens(2, 24)
-    positions = torch.arange(40, 64)[None].expand(2, 24)
-    twin = VllmTwin(model, vllm_engine, "default")(ids, positions)
+    twin = default_twin(case, vllm_engine)  # the twin of this model (same case, seed 0), built once per session
 
     oracle, hf = copy.deepcopy(model), copy.deepcopy(model)
     rla.align(oracle, "vllm-0.33")
