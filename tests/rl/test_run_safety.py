@@ -128,15 +128,24 @@ def test_kill_9_of_experiment_stops_its_runs_and_the_resume_finishes_them_unmixe
     from rla.cli import main
     from rla.rl.config import load_config
 
-    grid = _experiment_grid(tmp_path / "grid.yaml", steps=10)
+    steps = 30  # long enough that a fast CPU is still mid-run when the kill lands (10 finished first on one)
+    grid = _experiment_grid(tmp_path / "grid.yaml", steps=steps)
     out = tmp_path / "exp"
     proc = subprocess.Popen([sys.executable, "-m", "rla.cli", "experiment", str(grid), "--out", str(out),
                              "--parallel", "2"], env=ENV, stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT, start_new_session=True)
     runs = [out / "runs" / f"micro__bf16__s{s}" for s in (0, 1)]
+    seen = {}  # each run's pid, read from its lock as soon as the lock names it (a finished run's lock is empty)
+
+    def started():
+        for r in runs:
+            if "pid" in (info := owner(r) or {}):
+                seen.setdefault(r, info["pid"])
+        return len(seen) == len(runs) and all(len(read_log(r / "log.jsonl")) >= 2 for r in runs)
+
     try:
-        assert _wait(lambda: all(len(read_log(r / "log.jsonl")) >= 2 for r in runs), 240), "runs never started"
-        pids = [owner(r)["pid"] for r in runs]
+        assert _wait(started, 240), "runs never started"
+        pids = [seen[r] for r in runs]
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         # the children got SIGTERM from the kernel when their parent died: they stop after their step
@@ -145,7 +154,7 @@ def test_kill_9_of_experiment_stops_its_runs_and_the_resume_finishes_them_unmixe
             assert _wait(lambda: not Path(f"/proc/{pid}").exists() or
                          Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", 10), pid
         stopped = [len(read_log(r / "log.jsonl")) for r in runs]
-        assert all(n < 10 for n in stopped), stopped  # stopped mid-run, not finished
+        assert all(n < steps for n in stopped), stopped  # stopped mid-run, not finished
     finally:
         with_pid = [owner(r) or {} for r in runs]
         for info in with_pid:  # never leave a process behind, whatever failed above
@@ -156,7 +165,7 @@ def test_kill_9_of_experiment_stops_its_runs_and_the_resume_finishes_them_unmixe
     assert main(["experiment", str(grid), "--out", str(out), "--parallel", "2"]) == 0
     for r in runs:
         log = read_log(r / "log.jsonl")
-        assert [x["step"] for x in log] == list(range(10))
+        assert [x["step"] for x in log] == list(range(steps))
     # nothing mixed: the killed-and-resumed run is the run that was never interrupted
     ref = tmp_path / "ref"
     train(load_config(str(runs[1] / "run.yaml"), [f"out_dir={ref}"]), log=None)
