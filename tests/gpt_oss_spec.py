@@ -21,23 +21,26 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from align_spec import BF16, SPEC, Row, at_head_size, head_size_of, rn, spec_norm, spec_rope
 
 # docs/families.md, "the gpt_oss variant", copied as data (checked against rla.profiles).
-VARIANT = {"hf": {"norm_weight": "fused"}, "vllm-0.26-eager": {"swiglu": "fused"}, "vllm-0.33-eager": {"swiglu": "fused"},
+# oai_glu: vLLM's swigluoai_and_mul kernel's order, the product then one division (its SASS; both versions, both modes)
+VARIANT = {"hf": {"norm_weight": "fused"}, "vllm-0.26-eager": {"swiglu": "fused", "oai_glu": "quotient"},
+           "vllm-0.33-eager": {"swiglu": "fused", "oai_glu": "quotient"},
            # the live vLLM 0.26 default mode on GPT-OSS (results/benchmarks/vllm026_qwen35_gptoss_h200_2026-12-02/)
-           "vllm-0.26": {"rope_cos_sin": "fp32", "residual_stream": "rounded", "norm_reduction": "vllm_block"},
+           "vllm-0.26": {"rope_cos_sin": "fp32", "residual_stream": "rounded", "norm_reduction": "vllm_block",
+                         "oai_glu": "quotient"},
            # vLLM 0.33's default-mode twin (tests/engines/test_vllm_twin_families.py): the fp32 YaRN cache
-           "vllm-0.33": {"rope_cos_sin": "fp32"}}
+           "vllm-0.33": {"rope_cos_sin": "fp32", "oai_glu": "quotient"}}
 VARIANT["vllm"], VARIANT["vllm-eager"] = VARIANT["vllm-0.33"], VARIANT["vllm-0.33-eager"]
 
 
 def gpt_oss_points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> dict:
     hf = {**SPEC["hf"], **VARIANT["hf"]}
     row = {**SPEC[profile], **VARIANT.get(profile, {})}
-    groups = {"rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq"), "swiglu": ("swiglu",),
+    groups = {"rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq"), "swiglu": ("swiglu", "oai_glu"),
               "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction")}
-    out = Row(hf, SPEC[profile].fused_head_sizes if "rope" in regions else None)
+    out = Row({**hf, "oai_glu": "sigmoid"}, SPEC[profile].fused_head_sizes if "rope" in regions else None)
     for region in regions:
         for point in groups[region]:
-            out[point] = row[point]
+            out[point] = row.get(point, "sigmoid") if point == "oai_glu" else row[point]
     return out
 
 
@@ -74,6 +77,8 @@ def spec_clamped_swiglu(gate, up, alpha, limit, pts):
     u = up.float().clamp(min=-limit, max=limit)
     if pts["swiglu"] == "per_op":
         return (rn(u + 1.0, lp) * rn(g * rn(torch.sigmoid(rn(g * alpha, lp)), lp), lp)).to(lp)
+    if pts["oai_glu"] == "quotient":  # (u + 1) * g first, then one division by 1 + exp(-(g * alpha))
+        return (torch.mul(u + 1.0, g) / torch.exp(-alpha * g).add(1.0)).to(lp)
     return ((u + 1.0) * (g * torch.sigmoid(g * alpha))).to(lp)
 
 

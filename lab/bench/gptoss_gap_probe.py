@@ -48,6 +48,7 @@ Writes ``<out>/gptoss_gap_probe.json``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import sys
@@ -361,8 +362,13 @@ def kernel_rows(engine, library, device) -> list[dict]:
             row(f"kernels x{scale}: _C.silu_and_mul vs reference.swiglu ({point})", kern, reference.swiglu(g, u, p))
         x = torch.stack((g, u), -1).flatten(-2)  # interleaved gate/up
         fam = eager.variant("gpt_oss")
-        row(f"kernels x{scale}: _C.swigluoai_and_mul vs rla.ops.swiglu_oai ({fam.swiglu})",
-            k.swigluoai_and_mul(x, 1.702, 7.0), ops.swiglu_oai(g, u, 1.702, 7.0, fam))
+        kern = k.swigluoai_and_mul(x, 1.702, 7.0)
+        for order in ("sigmoid", "quotient"):  # the oai_glu point's two fp32 orders (the row's: quotient)
+            p = dataclasses.replace(fam, name=f"{fam.name}+oai_glu={order}", oai_glu=order)
+            row(f"kernels x{scale}: _C.swigluoai_and_mul vs rla.ops.swiglu_oai ({fam.swiglu}, oai_glu={order}, Triton)",
+                kern, ops.swiglu_oai(g, u, 1.702, 7.0, p))
+            row(f"kernels x{scale}: _C.swigluoai_and_mul vs reference.swiglu_oai ({fam.swiglu}, oai_glu={order})",
+                kern, reference.swiglu_oai(g, u, 1.702, 7.0, p))
     return rows
 
 

@@ -74,7 +74,7 @@ SCHEMAS = {
     "swiglu_backward": "(Tensor dy, Tensor gate, Tensor up) -> (Tensor, Tensor)",
     "geglu": "(Tensor gate, Tensor up, bool per_op) -> Tensor",
     "geglu_backward": "(Tensor dy, Tensor gate, Tensor up) -> (Tensor, Tensor)",
-    "swiglu_oai": "(Tensor gate, Tensor up, float alpha, float limit, bool per_op) -> Tensor",
+    "swiglu_oai": "(Tensor gate, Tensor up, float alpha, float limit, bool per_op, bool quotient) -> Tensor",
     "swiglu_oai_backward": "(Tensor dy, Tensor gate, Tensor up, float alpha, float limit) -> (Tensor, Tensor)",
     "rms_norm": "(Tensor x, Tensor weight, float eps, bool per_op, ScalarType lp, ScalarType out_dtype, "
                 "str reduction, bool after_add) -> (Tensor, Tensor)",

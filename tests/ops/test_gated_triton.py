@@ -72,9 +72,11 @@ for dtype, n in ((torch.bfloat16, 600), (torch.float32, 300)):
     gu, dy = gu.to(dtype), torch.randn(n, generator=gen).to(dtype)
     g, u = gu[:, 0], gu[:, 1]  # strided halves, as GPT-OSS's experts hand them over
     outs = {}
-    for name in ("hf", "vllm"):
-        prof = profiles.get(name)
-        run = lambda a, b: fused._SWIGLU_OAI.function.apply(a, b, ALPHA, LIMIT, prof.swiglu == "per_op")
+    for name in ("hf", "vllm", "vllm-0.33-eager"):  # per_op; fused via the sigmoid; fused as one quotient
+        prof = profiles.get(name) if name != "vllm-0.33-eager" else profiles.get(name).variant("gpt_oss")
+        assert name != "vllm-0.33-eager" or prof.oai_glu == "quotient"
+        run = lambda a, b: fused._SWIGLU_OAI.function.apply(a, b, ALPHA, LIMIT, prof.swiglu == "per_op",
+                                                            prof.oai_glu == "quotient")
         got = grads(run, g, u, dy)
         want = grads(lambda a, b: reference.swiglu_oai(a, b, ALPHA, LIMIT, prof), g, u, dy)
         for x, y, what in zip(got, want, ("out", "d_gate", "d_up")):
@@ -88,6 +90,8 @@ for dtype, n in ((torch.bfloat16, 600), (torch.float32, 300)):
         outs[name] = got[0]
     if dtype == torch.bfloat16:
         assert not torch.equal(outs["hf"], outs["vllm"])
+    else:  # fp32 stores: the two fused orders' own roundings show
+        assert not torch.equal(outs["vllm"], outs["vllm-0.33-eager"])
 print("ok", checked)
 '''
 
@@ -96,7 +100,7 @@ print("ok", checked)
 def test_gated_kernels_under_the_interpreter():
     env = interpreter_compat.subprocess_env()
     run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and "ok 30" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]
+    assert run.returncode == 0 and "ok 36" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]
 
 
 @pytest.mark.gpu

@@ -7,6 +7,8 @@ the slack a few fp32 ulps of the magnitudes of the terms (the op's fp32 arithmet
 final rounding), written here again so that this file stands alone.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from transformers.activations import ACT2FN
@@ -181,13 +183,32 @@ def test_swiglu_oai_forward_is_the_point(name):
     experts = GptOssExperts(GptOssConfig(hidden_size=32, intermediate_size=48, num_local_experts=2))
     gate_up, _ = _oai_inputs(20)
     gate, up = gate_up[..., ::2], gate_up[..., 1::2]
-    got = ops.swiglu_oai(gate, up, experts.alpha, experts.limit, name)
-    if profiles.get(name).swiglu == "per_op":  # HF's own _apply_gate, op by op on bf16 tensors
+    row = profiles.get(name).variant("gpt_oss")  # what rla.align hands GPT-OSS's experts
+    got = ops.swiglu_oai(gate, up, experts.alpha, experts.limit, row)
+    g, u = gate.float().clamp(max=7.0), up.float().clamp(-7.0, 7.0)
+    if row.swiglu == "per_op":  # HF's own _apply_gate, op by op on bf16 tensors
         assert torch.equal(got, experts._apply_gate(gate_up))
+    elif row.oai_glu == "quotient":  # the product, then one division (vLLM's kernel's SASS)
+        assert torch.equal(got, ((g * (u + 1.0)) / (1.0 + torch.exp(-(g * 1.702)))).to(BF16))
     else:
-        g, u = gate.float().clamp(max=7.0), up.float().clamp(-7.0, 7.0)
         assert torch.equal(got, ((u + 1.0) * (g * torch.sigmoid(g * 1.702))).to(BF16))
+    if row.swiglu == "fused":
         assert not torch.equal(got, experts._apply_gate(gate_up))
+
+
+def test_swiglu_oai_orders_differ_in_fp32():
+    """The two fp32 orders of ``oai_glu`` are different functions (fp32 tensors: the store rounds
+    nothing, so the chain's own roundings show), and each is its expression."""
+    gate_up, _ = _oai_inputs(22)
+    gate, up = gate_up[..., ::2].float(), gate_up[..., 1::2].float()
+    base = profiles.get("vllm-0.33-eager").variant("gpt_oss")
+    assert base.oai_glu == "quotient" and base.swiglu == "fused"
+    other = dataclasses.replace(base, oai_glu="sigmoid")
+    q, s = (ops.swiglu_oai(gate, up, 1.702, 7.0, r) for r in (base, other))
+    g, u = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
+    assert torch.equal(q, (g * (u + 1.0)) / (1.0 + torch.exp(-(g * 1.702))))
+    assert torch.equal(s, (u + 1.0) * (g * torch.sigmoid(g * 1.702)))
+    assert not torch.equal(q, s)
 
 
 @pytest.mark.parametrize("name", ["hf", "vllm"])

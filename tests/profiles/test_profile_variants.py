@@ -64,9 +64,10 @@ def test_a_kind_that_extends_another_applies_that_kinds_points_first():
 
 def test_every_row_states_post_norm_out_for_the_kinds_that_have_it_with_evidence():
     assert profiles.VARIANT_POINTS == {"post_norm_out": ("round", "fp32"), "moe_out": ("round", "fp32"),
-                                       "attn_gate": ("per_op", "fused")}
+                                       "attn_gate": ("per_op", "fused"), "oai_glu": ("sigmoid", "quotient")}
     assert profiles.VARIANT_POINT_KINDS == {"post_norm_out": ("zero_centred_norm", "gemma4"),
-                                            "moe_out": ("moe_experts",), "attn_gate": ("qwen3_5",)}
+                                            "moe_out": ("moe_experts",), "attn_gate": ("qwen3_5",),
+                                            "oai_glu": ("gpt_oss",)}
     want = {"vllm-0.33": "fp32", "vllm-0.26": "fp32"}  # the compiled graph (docs/families.md); every other rounds
     for name in profiles.names():
         row = profiles.get(name)
@@ -79,6 +80,22 @@ def test_every_row_states_post_norm_out_for_the_kinds_that_have_it_with_evidence
     assert profiles.get("vllm-0.33").variant_evidence["zero_centred_norm"]["post_norm_out"].evidence == "native_compiled"
     assert profiles.get("vllm-0.33").variant_evidence["gemma4"]["post_norm_out"].evidence == "native_compiled"
     assert profiles.get("vllm-0.26").variant_evidence["gemma4"]["post_norm_out"].evidence == "source"  # by analogy
+
+
+def test_every_vllm_row_states_the_clamped_swiglus_quotient_with_evidence():
+    """GPT-OSS's fused clamped SwiGLU: vLLM's swigluoai_and_mul kernel forms the product, then one division
+    (its SASS, 0.26.0 and 0.33.0 alike, both modes: the fused MoE is opaque to Inductor); every other row
+    keeps HF's order (hf and sglang-0.5.23 state nothing; rla is a recipe)."""
+    for name in profiles.names():
+        row = profiles.get(name)
+        want = "quotient" if row.calibration is not None and row.calibration.engine == "vllm" else "sigmoid"
+        assert row.variant("gpt_oss").oai_glu == want, name
+        assert row.oai_glu == "sigmoid" and "oai_glu" not in row.points(), name  # a variant point only
+        if want == "quotient":
+            assert row.variant("gpt_oss").swiglu == "fused", name
+            assert "swigluoai_and_mul_kernel" in row.variant_evidence["gpt_oss"]["oai_glu"].note, name
+    with pytest.raises(ValueError, match="variant 'qwen3_5' sets 'oai_glu', a point only the kinds"):
+        profiles.get("vllm-0.33").replace_variant("qwen3_5", oai_glu="quotient")
 
 
 def test_every_engine_row_states_moe_out_for_moe_blocks_with_evidence():
@@ -141,7 +158,8 @@ def test_a_kind_without_the_point_does_not_take_it():
     assert row.variant("qwen3_5").points() == {**row.variant("zero_centred_norm").points(), "qk_norm_out": "round"}
     assert row.variant("qwen3_5").kind_points("qwen3_5") == {"attn_gate": "fused"}  # its own variant point
     assert row.variant("zero_centred_norm").kind_points("zero_centred_norm") == {"post_norm_out": "fp32"}
-    assert row.kind_points("qwen3_5") == {"attn_gate": "per_op"} and row.kind_points("gpt_oss") == {}
+    assert row.kind_points("qwen3_5") == {"attn_gate": "per_op"} and row.kind_points("gpt_oss") == {"oai_glu": "sigmoid"}
+    assert row.variant("gpt_oss").kind_points("gpt_oss") == {"oai_glu": "quotient"}
     for kind in ("qwen3_5", "gpt_oss", "gemma4_ple"):
         with pytest.raises(ValueError, match=rf"variant '{kind}' sets 'post_norm_out', a point only the kinds"):
             row.replace_variant(kind, post_norm_out="fp32")

@@ -124,7 +124,8 @@ def geglu(gate, up, profile: str | RoundingProfile):
 def swiglu_oai(gate, up, alpha: float, limit: float, profile: str | RoundingProfile):
     """GPT-OSS's clamped SwiGLU, (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with
     g = clamp(gate, max=limit), rounded where ``profile.swiglu`` says: ``per_op`` is HF's op
-    sequence on bf16 tensors (each of its five arithmetic ops rounded), ``fused`` one rounding.
+    sequence on bf16 tensors (each of its five arithmetic ops rounded), ``fused`` one rounding of the
+    fp32 chain ``profile.oai_glu`` orders (a ``gpt_oss`` variant point: via the sigmoid, or one division).
     ``gate``/``up`` may be the strided halves of an interleaved gate_up (``x[..., ::2]``,
     ``x[..., 1::2]``; the fused kernel copies them contiguous). On CUDA rla's fused kernel
     (``rla.ops._triton_swiglu_oai``), the PyTorch reference elsewhere."""

@@ -11,7 +11,9 @@ PyTorch ops, one CUDA kernel each, so every step here is one IEEE operation
 division (PyTorch's CUDA sigmoid); clamps propagate NaN as ``torch.clamp`` does.
 
 - ``per_op`` (HF's op sequence on lp tensors): RN(RN(u) + 1) * RN(g * RN(sigmoid(RN(g * alpha)))),
-  rounded once more at the store; ``fused``: RN((u + 1) * (g * sigmoid(g * alpha))).
+  rounded once more at the store; ``fused`` under ``oai_glu='sigmoid'``: RN((u + 1) * (g * sigmoid(g *
+  alpha))); under ``quotient``: RN((g * (u + 1)) / (1 + exp(-(g * alpha)))), one IEEE division (vLLM's
+  ``swigluoai_and_mul`` kernel: its ``1 + e`` is one FFMA of expf's exact power-of-two scale, the same value).
 - backward: ``sig = sigmoid(g * alpha)``; d_gate = RN(dy * (gate <= l ? (u + 1) * (sig + ((g *
   alpha) * sig) * (1 - sig)) : 0)); d_up = RN(dy * (-l <= up <= l ? g * sig : 0)) -- the
   reference's ``torch.where``, so a zeroed gradient keeps the sign of ``dy * 0``.
@@ -46,7 +48,8 @@ def _clamped(gr, ur, limit):
 
 
 @triton.jit
-def _oai_fwd_kernel(g_ptr, u_ptr, o_ptr, n, alpha, limit, PER_OP: tl.constexpr, BLOCK: tl.constexpr):
+def _oai_fwd_kernel(g_ptr, u_ptr, o_ptr, n, alpha, limit, PER_OP: tl.constexpr, QUOTIENT: tl.constexpr,
+                    BLOCK: tl.constexpr):
     lp: tl.constexpr = o_ptr.dtype.element_ty
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -57,6 +60,8 @@ def _oai_fwd_kernel(g_ptr, u_ptr, o_ptr, n, alpha, limit, PER_OP: tl.constexpr, 
         t = (g * alpha).to(lp).to(tl.float32)
         glu = (g * _sigmoid(t).to(lp).to(tl.float32)).to(lp).to(tl.float32)
         out = (u + 1.0).to(lp).to(tl.float32) * glu
+    elif QUOTIENT:
+        out = div_rn(g * (u + 1.0), 1.0 + exp(-(g * alpha)))
     else:
         out = (u + 1.0) * (g * _sigmoid(g * alpha))
     tl.store(o_ptr + offs, out.to(lp), mask=mask)
@@ -77,13 +82,14 @@ def _oai_bwd_kernel(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n, alpha, limit, BLOCK
     tl.store(du_ptr + offs, (dy * tl.where(inside, g * sig, 0.0)).to(du_ptr.dtype.element_ty), mask=mask)
 
 
-def forward(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float, per_op: bool) -> torch.Tensor:
+def forward(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float, per_op: bool,
+            quotient: bool = False) -> torch.Tensor:
     gate, up = gate.contiguous(), up.contiguous()
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     n = gate.numel()
     if n:
         _oai_fwd_kernel[(cdiv(n, FWD_BLOCK),)](
-            gate, up, out, n, float(alpha), float(limit), PER_OP=per_op, BLOCK=FWD_BLOCK, num_warps=FWD_WARPS,
+            gate, up, out, n, float(alpha), float(limit), PER_OP=per_op, QUOTIENT=quotient, BLOCK=FWD_BLOCK, num_warps=FWD_WARPS,
             **LAUNCH_OPTS,
         )
     return out

@@ -235,13 +235,13 @@ def geglu(gate, up, profile: RoundingProfile):
 # --------------------------------------------------------------------------------------------
 
 
-def _swiglu_oai_fwd(gate, up, alpha, limit, per_op):
+def _swiglu_oai_fwd(gate, up, alpha, limit, per_op, quotient):
     from rla.ops import _triton_swiglu_oai
 
-    return _triton_swiglu_oai.forward(gate, up, alpha, limit, per_op)
+    return _triton_swiglu_oai.forward(gate, up, alpha, limit, per_op, quotient)
 
 
-def _swiglu_oai_fwd_fake(gate, up, alpha, limit, per_op):
+def _swiglu_oai_fwd_fake(gate, up, alpha, limit, per_op, quotient):
     return gate.new_empty(gate.shape)
 
 
@@ -255,7 +255,7 @@ def _swiglu_oai_bwd_fake(dy, gate, up, alpha, limit):
     return gate.new_empty(gate.shape), up.new_empty(up.shape)
 
 
-def _swiglu_oai_save(ctx, outputs, gate, up, alpha, limit, per_op):
+def _swiglu_oai_save(ctx, outputs, gate, up, alpha, limit, per_op, quotient):
     ctx.save_for_backward(gate, up)
     ctx.alpha, ctx.limit = alpha, limit
 
@@ -266,7 +266,8 @@ def _swiglu_oai_grad(ctx, backward, dy):
 
 
 _SWIGLU_OAI = Op(OpSpec(
-    Kernel("swiglu_oai", dict(gate=Tensor, up=Tensor, alpha=float, limit=float, per_op=bool), outputs=1,
+    Kernel("swiglu_oai", dict(gate=Tensor, up=Tensor, alpha=float, limit=float, per_op=bool, quotient=bool),
+           outputs=1,
            launch=_swiglu_oai_fwd, fake=_swiglu_oai_fwd_fake),
     returns=1, save=_swiglu_oai_save, grad=_swiglu_oai_grad, function_name="_SwiGLUOAIFn",
     backward=Kernel("swiglu_oai_backward", dict(dy=Tensor, gate=Tensor, up=Tensor, alpha=float, limit=float),
@@ -276,7 +277,8 @@ _SWIGLU_OAI = Op(OpSpec(
 
 def swiglu_oai(gate, up, alpha: float, limit: float, profile: RoundingProfile):
     """Fused GPT-OSS clamped SwiGLU; see ``rla.ops.swiglu_oai``."""
-    return _SWIGLU_OAI(gate, up, alpha=float(alpha), limit=float(limit), per_op=profile.swiglu == "per_op")
+    return _SWIGLU_OAI(gate, up, alpha=float(alpha), limit=float(limit), per_op=profile.swiglu == "per_op",
+                       quotient=profile.oai_glu == "quotient")
 
 
 # --------------------------------------------------------------------------------------------

@@ -150,14 +150,16 @@ def _oai_parts(gf, uf, alpha, limit):
 
 class _SwiGLUOAI(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, gate, up, alpha: float, limit: float, per_op: bool):
+    def forward(ctx, gate, up, alpha: float, limit: float, order: str):
         lp = gate.dtype
         g, u = _oai_parts(gate.float(), up.float(), alpha, limit)
-        if per_op:  # HF's GptOssExperts._apply_gate on lp tensors: every op rounded
+        if order == "per_op":  # HF's GptOssExperts._apply_gate on lp tensors: every op rounded
             t = _rn(g * alpha, lp)
             glu = _rn(g * _rn(torch.sigmoid(t), lp), lp)
             out = _rn(u + 1.0, lp) * glu
-        else:  # one rounding at the store (vLLM's swigluoai_and_mul kernel computes in fp32)
+        elif order == "quotient":  # fp32, one division (vLLM's swigluoai_and_mul kernel), one rounding at the store
+            out = (g * (u + 1.0)) / (1.0 + torch.exp(-(g * alpha)))
+        else:  # fp32 as HF writes it, the sigmoid first, one rounding at the store
             out = (u + 1.0) * (g * torch.sigmoid(g * alpha))
         ctx.save_for_backward(gate, up)
         ctx.alpha, ctx.limit = alpha, limit
@@ -183,8 +185,10 @@ class _SwiGLUOAI(torch.autograd.Function):
 def swiglu_oai(gate, up, alpha: float, limit: float, profile: RoundingProfile):
     """GPT-OSS's clamped SwiGLU under ``profile.swiglu`` (inputs already validated): ``per_op`` =
     HF's op sequence on lp tensors, RN(RN(RN(u) + 1) * RN(g * RN(sigmoid(RN(g * alpha))))) with the
-    clamps exact; ``fused`` = RN((u + 1) * (g * sigmoid(g * alpha))) in fp32."""
-    return _SwiGLUOAI.apply(gate, up, float(alpha), float(limit), profile.swiglu == "per_op")
+    clamps exact; ``fused``, in fp32 rounded once, as ``profile.oai_glu`` orders it: ``sigmoid`` =
+    RN((u + 1) * (g * sigmoid(g * alpha))), ``quotient`` = RN((g * (u + 1)) / (1 + exp(-(g * alpha))))."""
+    order = "per_op" if profile.swiglu == "per_op" else profile.oai_glu
+    return _SwiGLUOAI.apply(gate, up, float(alpha), float(limit), order)
 
 
 # --------------------------------------------------------------------------------------------

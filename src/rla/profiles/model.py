@@ -239,6 +239,9 @@ class RoundingProfile:
     moe_out: Literal["round", "fp32"] = "round"
     """Variant point (``moe_experts``): the add after an MoE block reads RN(shared + routed) or their fp32 sum."""
 
+    oai_glu: Literal["sigmoid", "quotient"] = "sigmoid"
+    """Variant point (``gpt_oss``): the fused clamped SwiGLU's fp32 chain, via 1 / (1 + e) or one division."""
+
     description: str = field(default="", compare=False)
     """One line on which stack this profile describes and why."""
 

@@ -25,6 +25,15 @@ and the product in fp32 of the bf16 inputs, one rounding at the store (SGLang's 
 Triton kernel; vLLM's compiled graph, where Inductor fuses the two ops). ``rla.ops.attn_gate``
 computes it; the swiglu region (the gated products) aligns it (``rla.alignment.attn_gate``).
 ``RoundingProfile.attn_gate`` holds the value.
+
+``oai_glu`` (kind ``gpt_oss``: GPT-OSS's experts' clamped SwiGLU under ``swiglu='fused'``, with
+``g = clamp(gate, max=l)``, ``u = clamp(up, -l, l)``, ``e = exp(-(g * alpha))``): where the fp32 chain
+before the one lp store rounds. ``sigmoid`` = RN((u + 1) * (g * (1 / (1 + e)))), the expression as HF
+writes it, one fp32 rounding per operation (SGLang's compiled form, not measured); ``quotient`` =
+RN((g * (u + 1)) / (1 + e)), the product first and one IEEE division, as the SASS of vLLM 0.33's
+``swigluoai_and_mul_kernel`` computes it (sm_90: FMUL of the clamped gate and ``u + 1``, then the
+full-precision division by ``1 + e``; results/benchmarks/gptoss_quotient_h200_2026-12-04/).
+``RoundingProfile.oai_glu`` holds the value; ``rla.ops.swiglu_oai`` computes it.
 """
 
 from __future__ import annotations
@@ -35,11 +44,12 @@ __all__ = ["VARIANT_POINTS", "VARIANT_POINT_KINDS", "check_variant_point", "has_
 
 #: point -> its choices, the first HF eager's.
 VARIANT_POINTS: dict[str, tuple[str, str]] = {"post_norm_out": ("round", "fp32"), "moe_out": ("round", "fp32"),
-                                              "attn_gate": ("per_op", "fused")}
+                                              "attn_gate": ("per_op", "fused"), "oai_glu": ("sigmoid", "quotient")}
 
 #: point -> the kinds whose modules have it (and whose variants may set it).
 VARIANT_POINT_KINDS: dict[str, tuple[str, ...]] = {"post_norm_out": ("zero_centred_norm", "gemma4"),
-                                                   "moe_out": ("moe_experts",), "attn_gate": ("qwen3_5",)}
+                                                   "moe_out": ("moe_experts",), "attn_gate": ("qwen3_5",),
+                                                   "oai_glu": ("gpt_oss",)}
 
 
 def has_point(kind: str, point: str) -> bool:
