@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from functools import partial
 
 import torch
@@ -142,6 +143,10 @@ def rope_init(rotary: torch.nn.Module, device=None, seq_len=None) -> tuple[torch
         # ``arange`` on the default device, moved afterwards; 5.24: no device argument), and a
         # default-device context cannot be traced by torch.compile: the same formula, on ``device``.
         inv_freq, scaling = _default_rope_on(rotary.config, device), 1.0
+    elif rope_type == "yarn" and device.type != "cpu" and "rope_theta" in rotary.config.rope_parameters:
+        # YaRN's init evaluates its ramp on the CPU whatever device it is told: the same formula, every op on
+        # ``device`` (its attention factor is plain Python arithmetic: the init's own)
+        inv_freq, scaling = _yarn_rope_on(rotary.config, device), fn(rotary.config, **kwargs)[1]
     elif "device" in inspect.signature(fn).parameters:
         inv_freq, scaling = fn(rotary.config, device=device, **kwargs)
     else:
@@ -165,6 +170,34 @@ def _default_rope_on(config, device) -> torch.Tensor:
     dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))
     exponent = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
     return 1.0 / (rp["rope_theta"] ** exponent)
+
+
+def _yarn_rope_on(config, device) -> torch.Tensor:
+    """YaRN's frequencies as transformers' ``_compute_yarn_parameters`` writes them (the extrapolated and
+    interpolated frequencies blended by a linear ramp over the correction range), every tensor op on
+    ``device``. HF's own function builds the ramp on the CPU whatever device it is told; the engines build
+    theirs on the device, where PyTorch's CUDA division by a Python scalar multiplies by its reciprocal
+    (GPT-OSS: 2 of 32 frequencies one fp32 ulp apart on an H200, results/benchmarks/gptoss_quotient_h200_2026-12-04/).
+    Equal to HF's on the CPU (tests/alignment/test_align_rope_yarn.py)."""
+    rp = config.rope_parameters
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dim = int(head_dim * rp.get("partial_rotary_factor", 1.0))
+    base, original = rp["rope_theta"], rp["original_max_position_embeddings"]
+    factor = rp["factor"] if rp.get("factor") is not None else config.max_position_embeddings / original
+
+    def correction_dim(rotations):
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(rp.get("beta_fast") or 32), correction_dim(rp.get("beta_slow") or 1)
+    if rp.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    high = high + 0.001 if low == high else high
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(device=device, dtype=torch.float) / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device=device) - low) / (high - low), 0, 1)
+    keep = 1 - ramp
+    return interpolation * (1 - keep) + extrapolation * keep
 
 
 def check_apply_rotary_signature(fn) -> None:

@@ -169,8 +169,8 @@ def family_notes(family) -> list[str]:
         return [
             "left as is: attention sinks (HF's eager_attention_forward concatenates them to the logits; "
             "attention is outside the regions), the router (top-k and its softmax belong to the MoE issue)",
-            "not measured: YaRN's inv_freq, computed by HF's _compute_yarn_parameters and by vLLM's "
-            "yarn_scaling_rope.py with other arithmetic (bits may differ; not a rounding location)",
+            "YaRN's inv_freq: HF's formula evaluated where rope_inv_freq says, its ramp included (HF's init builds "
+            "the ramp on the CPU; vLLM on the device, where 2 of GPT-OSS's 32 frequencies come out one ulp apart)",
             "the clamped SwiGLU runs rla's fused kernel on CUDA (rla.ops._triton_swiglu_oai), the PyTorch reference elsewhere",
         ]
     if family.model_type == "glm4_moe":
