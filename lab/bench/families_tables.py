@@ -25,6 +25,8 @@
   GPU tests' JUnit XML of the same call.
 - ``results/benchmarks/twin_gemma4_h200_2026-12-03/``: Gemma 4's twin lines of ``runs/families.log`` (the stage's limit
   stopped it before its JSON).
+- ``results/benchmarks/gptoss_quotient_h200_2026-12-04/``: two calls (``runs/first/``, ``runs/second/``): the probe at
+  512 and 2048 tokens, GPT-OSS's twin lines of ``families.log``, the GPU tests' JUnit XML.
 
 ``python lab/bench/families_tables.py [--write]`` prints every block; ``--write`` puts each into its
 README between ``<!-- NAME -->`` and ``<!-- /NAME -->``. ``tests/lab/test_families_tables.py`` checks
@@ -66,6 +68,7 @@ GPU_TESTS = BENCH / "families_gpu_tests_h200_2026-12-03"
 CURRENT = BENCH / "vllm026_current_rows_h200_2026-12-03"
 GEMMA4_TWIN = BENCH / "twin_gemma4_h200_2026-12-03"
 GPTOSS_GAP = BENCH / "gptoss_gap_h200_2026-12-03"
+QUOTIENT = BENCH / "gptoss_quotient_h200_2026-12-04"
 #: The H200 timings of rla bench ops' add_rms_norm case (16384 x 3584, forward + backward) that turn
 #: bytes into milliseconds: PyTorch's eager ops ("hf") and rla's fused kernel ("rla").
 OPS_TIMINGS = (BENCH / "h200_2026-11-29_ops.json", BENCH / "e2e_align_ops_isolated_h200_2026-11-29/call3_ops_isolated.json",
@@ -360,10 +363,24 @@ def twin_log_table(root: Path, mode: str, shape: str, folder: Path = GEMMA4_TWIN
     return _table(["side", "bit-equal", "k3", "KL", "layer streams bit-equal"], rows)
 
 
-def probe_table(root: Path, folder: Path = GPTOSS_GAP, kinds: tuple[str, ...] = ("stage",)) -> str:
+def twin_calls_table(root: Path, folder: Path, calls: tuple[str, ...], sides: tuple[str, ...] = ("hf", "rla")) -> str:
+    """Each call's twin lines (``runs/<call>/families.log``) of ``sides``, every mode and shape: logits bit-equal, k3,
+    KL and the first layer's output stream."""
+    rows = []
+    for call in calls:
+        for line in (root / folder / "runs" / call / "families.log").read_text().splitlines():
+            m = _TWIN_LINE.match(line)
+            if m and m.group(4) in sides:
+                rows.append([call, m.group(2), m.group(3), f"`{m.group(4)}`", f"{m.group(5)}%", m.group(6),  # as logged
+                             m.group(7), m.group(8).split(",")[0].strip()])
+    return _table(["call", "mode", "batch x tokens @ first position", "side", "logits bit-equal", "k3", "KL",
+                   "layer 0 stream bit-equal"], rows)
+
+
+def probe_table(root: Path, folder: Path = GPTOSS_GAP, kinds: tuple[str, ...] = ("stage",), run: str = "probe") -> str:
     """``gptoss_gap_probe.json``'s rows of one kind: the per-layer stages (``stage``), the ``isolated`` ops on
     the twin's own inputs, the tables, or the ``kernels``; each with its fraction bit-equal and max |d|."""
-    rep = _json(root, folder / "runs" / "probe" / "gptoss_gap_probe.json")
+    rep = _json(root, folder / "runs" / run / "gptoss_gap_probe.json")
 
     def kind(stage: str) -> str:
         head = stage.split(":")[0]
@@ -402,6 +419,15 @@ BLOCKS = {
         "gptoss-probe-isolated": lambda root: probe_table(root, kinds=("tables", "isolated")),
         "gptoss-probe-kernels": lambda root: probe_table(root, kinds=("kernels",)),
         "gptoss-gpu-tests": lambda root: junit_table(root, ("gpu_tests.xml", "gpu_ops.xml"), GPTOSS_GAP)},
+    QUOTIENT / "README.md": {
+        "quotient-kernels": lambda root: probe_table(root, QUOTIENT, ("kernels",), "first/probe"),
+        "quotient-stages-512": lambda root: probe_table(root, QUOTIENT, ("stage",), "first/probe"),
+        "quotient-2048-first": lambda root: probe_table(root, QUOTIENT, ("tables", "isolated"), "first/probe2048"),
+        "quotient-2048-second": lambda root: probe_table(root, QUOTIENT, ("stage", "tables", "isolated"),
+                                                         "second/probe2048"),
+        "quotient-twin": lambda root: twin_calls_table(root, QUOTIENT, ("first", "second")),
+        "quotient-gpu-tests": lambda root: junit_table(
+            root, ("first/gpu_tests.xml", "first/gpu_ops.xml", "second/gpu_rope.xml"), QUOTIENT)},
     GEMMA4_TWIN / "README.md": {f"gemma4-twin-{mode}-{shape.replace('@', '-at-')}": (
         lambda root, mode=mode, shape=shape: twin_log_table(root, mode, shape))
         for mode, shape in (("default", "1x512@0"), ("default", "1x2048@0"), ("default", "2x512@20000"), ("eager", "1x512@0"))},

@@ -10,13 +10,13 @@ from repo_root import ROOT
 
 def test_the_committed_blocks_are_the_render_of_the_data():
     rendered = T.render(ROOT)
-    assert sum(len(b) for b in rendered.values()) == 30
+    assert sum(len(b) for b in rendered.values()) == 36
     for readme, new in rendered.items():
         assert T.blocks((ROOT / readme).read_text()) == new, readme
 
 
 def _copy(tmp_path):
-    for rel in (T.KERNELS, T.LIVE, T.MOE_LIVE, T.EVENING, T.DEC3, T.RESCORE, T.TWINS, T.GPU_TESTS, T.CURRENT, T.GEMMA4_TWIN, T.GPTOSS_GAP, *T.OPS_TIMINGS):
+    for rel in (*sorted({readme.parent for readme in T.BLOCKS}), *T.OPS_TIMINGS):  # every rendered folder
         src, dst = ROOT / rel, tmp_path / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
@@ -80,3 +80,17 @@ def test_a_changed_number_in_the_2026_12_03_folders_is_seen(tmp_path):
     for folder, block in ((T.RESCORE, "rescore-live-table"), (T.TWINS, "twin-qwen35"), (T.GPU_TESTS, "gpu-tests-table")):
         assert new[folder / "README.md"][block] != old[folder / "README.md"][block], block
     assert new[T.RESCORE / "README.md"]["rescore-flips-qwen35-h2048"] == old[T.RESCORE / "README.md"]["rescore-flips-qwen35-h2048"]
+
+
+def test_a_changed_number_in_the_2026_12_04_folder_is_seen(tmp_path):
+    root = _copy(tmp_path)
+    log = root / T.QUOTIENT / "runs" / "second" / "families.log"
+    log.write_text(log.read_text().replace("eq=100.0000%", "eq=99.9990%", 1))
+    probe = root / T.QUOTIENT / "runs" / "first" / "probe" / "gptoss_gap_probe.json"
+    data = json.loads(probe.read_text())
+    data["rows"][-1]["equal"] *= 0.999
+    probe.write_text(json.dumps(data))
+    new, old = T.render(root)[T.QUOTIENT / "README.md"], T.render(ROOT)[T.QUOTIENT / "README.md"]
+    assert new["quotient-twin"] != old["quotient-twin"]
+    assert new["quotient-kernels"] != old["quotient-kernels"]
+    assert new["quotient-stages-512"] == old["quotient-stages-512"]

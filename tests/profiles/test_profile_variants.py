@@ -93,7 +93,10 @@ def test_every_vllm_row_states_the_clamped_swiglus_quotient_with_evidence():
         assert row.oai_glu == "sigmoid" and "oai_glu" not in row.points(), name  # a variant point only
         if want == "quotient":
             assert row.variant("gpt_oss").swiglu == "fused", name
-            assert "swigluoai_and_mul_kernel" in row.variant_evidence["gpt_oss"]["oai_glu"].note, name
+            ev = row.variant_evidence["gpt_oss"]["oai_glu"]
+            assert "swigluoai_and_mul" in ev.note and "gptoss_quotient_h200_2026-12-04" in ev.note, name
+            assert (ev.evidence, ev.matched) == (("kernel", 1.0) if row.calibration.version.startswith("0.33")
+                                                 else ("source", None)), name  # 0.26: its SASS, the same instructions
     with pytest.raises(ValueError, match="variant 'qwen3_5' sets 'oai_glu', a point only the kinds"):
         profiles.get("vllm-0.33").replace_variant("qwen3_5", oai_glu="quotient")
 
