@@ -167,7 +167,8 @@ def _ple_inputs(body, ids, x, pts, lp, fp32: bool = False):
     shape = (*x.shape[:-1], cfg.num_hidden_layers, cfg.hidden_size_per_layer_input)
     if fp32:
         table = body.embed_tokens_per_layer
-        looked_up = F.embedding(ids, table.weight).float() * table.embed_scale.to(table.weight.dtype).float()
+        looked_up = F.embedding(ids, table.weight, table.padding_idx).float() * table.embed_scale.to(
+            table.weight.dtype).float()
         proj = F.linear(x, body.per_layer_model_projection.weight).float() * _as_float(
             body.per_layer_model_projection_scale)
         proj = _norm(body.per_layer_projection_norm, proj.reshape(shape), pts, lp, torch.float32)
@@ -238,7 +239,7 @@ def spec_forward(model, input_ids, pts, positions=None, streams=None, chains=Non
         r = rn(s, lp)
         if i == 0 and {"embed_fp32", "embed_variance_fp32"} & set(chains):  # F.embedding(ids, w) * RN(scale)
             table = body.embed_tokens
-            unrounded = F.embedding(input_ids, table.weight).float() * table.embed_scale.to(lp).float()
+            unrounded = F.embedding(input_ids, table.weight, table.padding_idx).float() * table.embed_scale.to(lp).float()
             if "embed_fp32" in chains:
                 h = _norm(layer.input_layernorm, unrounded, pts, lp)
             else:
