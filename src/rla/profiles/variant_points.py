@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["VARIANTS", "VARIANT_EXTENDS", "VARIANT_POINTS", "VARIANT_POINT_KINDS", "check_variant_point", "has_point", "replace_variant"]
+__all__ = ["BODY_POINTS", "VARIANTS", "VARIANT_EXTENDS", "VARIANT_POINTS", "VARIANT_POINT_KINDS", "check_variant_point", "has_point", "replace_variant"]
 
 #: Module kinds whose rounding an engine may realise with other code than the row's points were
 #: measured on, so a row can say, as data, which points differ for them (``RoundingProfile.variants``;
@@ -86,11 +86,14 @@ VARIANT_POINTS: dict[str, tuple[str, str]] = {"post_norm_out": ("round", "fp32")
                                               "stream_variance": ("normalised", "fp32"),
                                               "embed_variance": ("normalised", "fp32")}
 
+#: Gemma 4's model-body points (the embedding's and per-layer inputs' chains and the norms after them): a live
+#: search takes them in a group of their own (``rla.engines.live_calibration``), not the rmsnorm region's.
+BODY_POINTS: tuple[str, ...] = ("ple_inputs", "ple_add", "stream_variance", "embed_variance")
+
 #: point -> the kinds whose modules have it (and whose variants may set it).
 VARIANT_POINT_KINDS: dict[str, tuple[str, ...]] = {"post_norm_out": ("zero_centred_norm", "gemma4"),
                                                    "moe_out": ("moe_experts",), "attn_gate": ("qwen3_5",),
-                                                   **{p: ("gemma4",) for p in ("ple_inputs", "ple_add",
-                                                                                "stream_variance", "embed_variance")}}
+                                                   **{p: ("gemma4",) for p in BODY_POINTS}}
 
 
 def has_point(kind: str, point: str) -> bool:
