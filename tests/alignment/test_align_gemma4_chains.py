@@ -156,3 +156,19 @@ def test_backward_reaches_every_parameter_and_is_the_oracles_gradient(gemma4):
     low = {n: cos(got[n], want[n]) for n in got if cos(got[n], want[n]) < 0.9995}
     assert not low, low
     assert min(cos(plain[n], want[n]) for n in want) < 0.9995
+
+
+def test_torch_compile_keeps_the_chains(gemma4):
+    """torch.compile (AOT autograd, eager kernels: no C++ compiler needed) of the aligned model gives the
+    eager aligned logits; the embedding's fp32 product reaches the first norm through it (without it the
+    logits would be the oracle's without embed_variance_fp32, which differ: test_each_point_alone_...)."""
+    ids = _ids(seq=12)
+    with torch.no_grad(), rla.aligned(gemma4, "vllm-0.33"):
+        want = gemma4(ids).logits
+        torch._dynamo.reset()
+        try:
+            got = torch.compile(gemma4, backend="aot_eager")(ids).logits
+        finally:
+            torch._dynamo.reset()
+    assert torch.equal(got, want)
+    assert not torch.equal(got, _spec(gemma4, ids, tuple(c for c in FOUR if c != "embed_variance_fp32"))[0])
