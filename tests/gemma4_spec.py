@@ -29,23 +29,33 @@ from spec import vllm_mean_square
 # per-layer-input gate gelu_tanh(g) * p.
 # ``post_norm_out``: what the add after the post-attention, post-feed-forward and post-per-layer-input
 # norms reads, RN(norm) or the norm's fp32 output (the vllm default rows, by analogy with Gemma 3).
+# ``ple_inputs``, ``ple_add``, ``stream_variance``, ``embed_variance``: under their second value the chains
+# ``ple_fp32``, ``ple_add_rounded``, ``stream_variance_fp32``, ``embed_variance_fp32`` (:data:`CHAIN_OF`).
 VARIANT = {"hf": {"norm_weight": "fused", "post_norm_out": "round"},
            **{name: {"post_norm_out": "round"} for name in ("rla", "sglang-0.5.23", "vllm-0.26-eager",
                                                             "vllm-0.33-eager")},
-           **{name: {"post_norm_out": "fp32"} for name in ("vllm-0.26", "vllm-0.33")}}
+           **{name: {"post_norm_out": "fp32", "ple_inputs": "fused", "ple_add": "rounded", "stream_variance": "fp32",
+                     "embed_variance": "fp32"} for name in ("vllm-0.26", "vllm-0.33")}}
 VARIANT["vllm"], VARIANT["vllm-eager"], VARIANT["sglang"] = VARIANT["vllm-0.33"], VARIANT["vllm-0.33-eager"], \
     VARIANT["sglang-0.5.23"]
 PLE_VARIANT = {"sglang-0.5.23": {"swiglu": "per_op"}}
 
 _GROUPS = {"rope": ("rope_cos_sin", "rope_apply", "rope_inv_freq", "qk_norm_out"), "swiglu": ("swiglu",),
-           "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction", "post_norm_out")}
+           "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction", "post_norm_out",
+                       "ple_inputs", "ple_add", "stream_variance", "embed_variance")}
+#: Gemma 4's model-body points -> (the value, HF's, that adds nothing; the chain of :data:`CHAINS` the other
+#: value is).
+CHAIN_OF = {"ple_inputs": ("per_op", "ple_fp32"), "ple_add": ("stream", "ple_add_rounded"),
+            "stream_variance": ("normalised", "stream_variance_fp32"),
+            "embed_variance": ("normalised", "embed_variance_fp32")}
+_HF_BODY = {p: first for p, (first, _) in CHAIN_OF.items()}
 
 
 def gemma4_points(profile: str, regions=("rope", "swiglu", "rmsnorm")) -> Row:
     """The points that hold for a Gemma 4 model aligned to ``profile`` in ``regions`` (HF's own
     elsewhere: its norm rounds once), and under ``ple_swiglu`` the per-layer-input gate's."""
-    hf = {**SPEC["hf"], **VARIANT["hf"]}
-    row = {**SPEC[profile], **VARIANT.get(profile, {})}
+    hf = {**SPEC["hf"], **_HF_BODY, **VARIANT["hf"]}
+    row = {**SPEC[profile], **_HF_BODY, **VARIANT.get(profile, {})}
     out = Row(hf, SPEC[profile].fused_head_sizes if "rope" in regions else None)
     for region in regions:
         for point in _GROUPS[region]:
@@ -157,7 +167,8 @@ def _ple_inputs(body, ids, x, pts, lp, fp32: bool = False):
     shape = (*x.shape[:-1], cfg.num_hidden_layers, cfg.hidden_size_per_layer_input)
     if fp32:
         table = body.embed_tokens_per_layer
-        looked_up = F.embedding(ids, table.weight).float() * table.embed_scale.to(table.weight.dtype).float()
+        looked_up = F.embedding(ids, table.weight, table.padding_idx).float() * table.embed_scale.to(
+            table.weight.dtype).float()
         proj = F.linear(x, body.per_layer_model_projection.weight).float() * _as_float(
             body.per_layer_model_projection_scale)
         proj = _norm(body.per_layer_projection_norm, proj.reshape(shape), pts, lp, torch.float32)
@@ -178,7 +189,12 @@ def _as_float(scale):
 CHAINS = ("ple_fp32", "ple_add_rounded", "stream_variance_fp32", "embed_fp32", "embed_variance_fp32")
 
 
-def spec_forward(model, input_ids, pts, positions=None, streams=None, chains=()) -> torch.Tensor:
+def chains_of(pts) -> tuple[str, ...]:
+    """The chains the model-body points of ``pts`` say (:data:`CHAIN_OF`; none where ``pts`` names none)."""
+    return tuple(chain for p, (first, chain) in CHAIN_OF.items() if pts.get(p, first) != first)
+
+
+def spec_forward(model, input_ids, pts, positions=None, streams=None, chains=None) -> torch.Tensor:
     """Logits of ``model`` (a Gemma4ForCausalLM) computed under the points ``pts`` at ``positions``
     (default 0..S-1); under ``pts['post_norm_out'] == 'fp32'`` (``round`` where ``pts`` does not
     say) the post-attention, post-feed-forward and post-per-layer-input norms hand the add after them
@@ -192,7 +208,10 @@ def spec_forward(model, input_ids, pts, positions=None, streams=None, chains=())
       final norm) takes its mean square from the fp32 ``sum * scalar`` and normalises its rounding;
     - ``embed_fp32``: the first input norm reads the embedding times its bf16 scale unrounded;
       ``embed_variance_fp32``: only its mean square does, it normalises the rounded product (the
-      residual is the rounded product either way)."""
+      residual is the rounded product either way).
+
+    ``chains`` None: those the points say (:func:`chains_of`)."""
+    chains = chains_of(pts) if chains is None else chains
     unknown = set(chains) - set(CHAINS)
     if unknown:
         raise ValueError(f"unknown chains {sorted(unknown)}; known: {CHAINS}")
@@ -220,7 +239,7 @@ def spec_forward(model, input_ids, pts, positions=None, streams=None, chains=())
         r = rn(s, lp)
         if i == 0 and {"embed_fp32", "embed_variance_fp32"} & set(chains):  # F.embedding(ids, w) * RN(scale)
             table = body.embed_tokens
-            unrounded = F.embedding(input_ids, table.weight).float() * table.embed_scale.to(lp).float()
+            unrounded = F.embedding(input_ids, table.weight, table.padding_idx).float() * table.embed_scale.to(lp).float()
             if "embed_fp32" in chains:
                 h = _norm(layer.input_layernorm, unrounded, pts, lp)
             else:

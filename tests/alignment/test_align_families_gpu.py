@@ -110,3 +110,31 @@ def test_gemma4_post_norm_out_fp32_on_cuda_equals_the_oracle_on_cuda():
     with torch.no_grad():
         want = spec_forward(model, ids, pts)
     assert torch.equal(got, want), f"{(got == want).float().mean():.4f} of logits equal"
+
+
+def test_gemma4_model_body_points_on_cuda_equal_the_oracle_on_cuda():
+    """Gemma 4's four model-body points (ple_inputs, ple_add, stream_variance, embed_variance at the default
+    rows' values) on CUDA, over vllm-0.33-eager's points with the default rows' fp32_sum / fp32_carry (the
+    points ple_add and stream_variance act under) and its vLLM block reduction, which the two-input norm (the
+    PyTorch reference on CUDA too) and the oracle share: the oracle with the four chains."""
+    if compat.TRANSFORMERS_VERSION < Version("5.24"):
+        pytest.skip("gemma4: rla.align reads its 5.24 layout")
+    from gemma4_spec import CHAIN_OF, tiny_gemma4
+    from rla import profiles
+
+    _, points, spec_forward = _case("gemma4")
+    model = tiny_gemma4(hidden_size=96).cuda()  # sqrt(96) and 96**-0.5 round: every chain shows
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(5)).cuda()
+    body = {p: profiles.VARIANT_POINTS[p][1] for p in CHAIN_OF}
+    row = profiles.get("vllm-0.33-eager").replace(name="eager-fp32-sum-body", norm_residual="fp32_sum",
+                                                   residual_stream="fp32_carry")
+    row = row.replace_variant("gemma4", **body)
+    pts = points("vllm-0.33-eager")
+    pts.update(norm_residual="fp32_sum", residual_stream="fp32_carry", **body)
+    with torch.no_grad(), rla.aligned(model, row):
+        got = model(ids).logits
+    with torch.no_grad():
+        want = spec_forward(model, ids, pts)
+        plain = spec_forward(model, ids, pts, chains=())
+    assert torch.equal(got, want), f"{(got == want).float().mean():.4f} of logits equal"
+    assert not torch.equal(want, plain)

@@ -71,7 +71,9 @@ def test_variant_points_are_offered_to_the_families_that_have_them():
         return L.variant_points(SimpleNamespace(config=SimpleNamespace(model_type=model_type)))
 
     assert of("gemma3_text") == ("zero_centred_norm", {"post_norm_out": ("round", "fp32")})
-    assert of("gemma4_text") == ("gemma4", {"post_norm_out": ("round", "fp32")})
+    assert of("gemma4_text") == ("gemma4", {"post_norm_out": ("round", "fp32"), "ple_inputs": ("per_op", "fused"),
+                                            "ple_add": ("stream", "rounded"), "stream_variance": ("normalised", "fp32"),
+                                            "embed_variance": ("normalised", "fp32")})
     assert of("qwen3_5_text") == of("qwen3_5_moe_text") == ("qwen3_5", {"attn_gate": ("per_op", "fused")})
     for model_type, kind in (("qwen2", None), ("gpt_oss", "gpt_oss"), ("nope", None)):
         assert of(model_type) == (kind, {}), model_type
@@ -372,3 +374,31 @@ def test_gemma4s_per_layer_input_gate_is_flipped_in_its_own_variant():
     ev = out.variant_evidence["gemma4_ple"]["swiglu"]
     assert out.variants["gemma4_ple"]["swiglu"] == "per_op" and out.swiglu == "fused"
     assert ev.evidence == "live" and ev.note.startswith("in the gemma4_ple variant: flipped to fused")
+    # Gemma 4's model-body points, which sglang's row leaves at HF's: unset where the flip did not decide them
+    # (ple_add changes nothing under residual_stream='rounded'), live where it did
+    body = ("ple_inputs", "ple_add", "stream_variance", "embed_variance")
+    assert not flips["ple_add"]["decided"] and "ple_add" not in out.variants.get("gemma4", {})
+    for p in body:
+        assert (p in out.variants.get("gemma4", {})) == bool(flips[p].get("decided")), p
+
+
+def test_gemma4s_model_body_points_are_searched_in_a_group_of_their_own(monkeypatch):
+    """The four model-body points (rla.profiles.variant_points.BODY_POINTS) go through every combination
+    with norm_residual and residual_stream, never with the rmsnorm group's norm_weight, norm_reduction or
+    post_norm_out (1,024 combinations in one group otherwise). The scores are stubbed (every row ties), so
+    the search makes one sweep and the tried rows are the groups' combinations."""
+    from gemma4_spec import tiny_gemma4
+    from rla.profiles.variant_points import BODY_POINTS
+
+    tie = {"prefill": {"k3": 1.0, "equal": 0.0, "tokens": 1}, "decode": {"k3": 1.0, "equal": 0.0, "tokens": 1}}
+    monkeypatch.setattr(L, "score", lambda *a, **k: tie)
+    model = tiny_gemma4(layers=2, kv_shared=0)
+    start = profiles.get("vllm-0.33")
+    _, _, tried, flips = L.search(model, start, [[1, 2, 3]], [[0.0, 0.0]], [], log=lambda m: None)
+    first = tried[0]["points"]
+    moved = [{p for p, v in t["points"].items() if v != first[p]} for t in tried[1:]]
+    body = [m for m in moved if m & set(BODY_POINTS)]
+    assert len({frozenset(m & set(BODY_POINTS)) for m in body}) == 2 ** len(BODY_POINTS) - 1  # every combination
+    assert all(m <= set(BODY_POINTS) | set(L.BODY_WITH) for m in body)
+    assert any(m & {"norm_residual", "residual_stream"} for m in body)
+    assert set(BODY_POINTS) <= set(flips) and all(flips[p]["kind"] == "gemma4" for p in BODY_POINTS)

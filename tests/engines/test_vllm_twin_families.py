@@ -35,7 +35,7 @@ from cpu_orders import avx512_orders
 from twin_side import twin_side
 from align_spec import SPEC, Row, at_head_size, single_thread, tokens  # noqa: F401
 from gemma_spec import gemma_points, spec_forward as gemma_forward, tiny_gemma3
-from gemma4_spec import gemma4_points, spec_forward as gemma4_forward, tiny_gemma4
+from gemma4_spec import CHAIN_OF, gemma4_points, spec_forward as gemma4_forward, tiny_gemma4
 from glm4_moe_spec import spec_forward as glm_forward, tiny_glm4_moe
 from gpt_oss_spec import tiny_gpt_oss
 
@@ -228,8 +228,10 @@ def test_gemma4_default_twin_is_the_row_with_four_chains(gemma4_default):
       norm, the final norm) or the scaled embedding takes its mean square from the unrounded value and
       normalises the rounded one (the aligned layer's ``fp32_sum`` normalises the fp32 value).
 
-    The oracle with them equals the twin bit for bit; without them it is what ``rla.align(model,
-    "vllm-0.33")`` computes, which differs from the twin from the first layer on."""
+    The oracle with them equals the twin bit for bit; so does ``rla.align(model, "vllm-0.33")``, whose
+    gemma4 variant now says them (``ple_inputs``, ``ple_add``, ``stream_variance``, ``embed_variance``:
+    gemma4_spec.CHAIN_OF); the row with those four at HF's values is the oracle without them, which differs
+    from the twin from the first layer on."""
     model, out = gemma4_default
     pts = gemma4_points("vllm-0.33")
     assert pts["post_norm_out"] == "fp32"
@@ -240,10 +242,13 @@ def test_gemma4_default_twin_is_the_row_with_four_chains(gemma4_default):
     assert not torch.equal(out.layers[0], rounded[1][0].reshape(out.layers[0].shape))
     from rla.engines.vllm_twin import TwinOutput
 
+    assert _exact(_side(model, "vllm-0.33", out, positions=GEMMA_POSITIONS))  # the row: rla.align is the twin
+    hf_body = {p: first for p, (first, _) in CHAIN_OF.items()}
+    without = profiles.get("vllm-0.33").replace_variant("gemma4", name="vllm-0.33-without-the-chains", **hf_body)
     plain = TwinOutput(*_gemma4_oracle(model, pts, chains=()))
     plain = TwinOutput(plain.logits.reshape(out.logits.shape).to(out.logits.dtype), plain.layers)
-    assert _exact(_side(model, "vllm-0.33", plain, positions=GEMMA_POSITIONS))  # the row without the chains
-    aligned = _side(model, "vllm-0.33", out, positions=GEMMA_POSITIONS)
+    assert _exact(_side(model, without, plain, positions=GEMMA_POSITIONS))  # the row without the chains
+    aligned = _side(model, without, out, positions=GEMMA_POSITIONS)
     assert aligned.logits_equal < 0.5 and aligned.first_diverging_layer() == 0
 
 
@@ -398,7 +403,8 @@ def test_rla_verify_names_the_family_chain_the_row_lacks(vllm_wheel, tmp_path, c
     """`rla verify` builds the family's twin (rla.engines.vllm_twin_families.build_twin) and, where the
     aligned side differs in default mode, names the chain the row lacks for that family: on Gemma 3
     under a row whose zero_centred_norm variant rounds the post-norms' outputs, not under vllm-0.33
-    (which has the chain); on Gemma 4 under vllm-0.33 (no row has its chains)."""
+    (which has the chain); on Gemma 4 not under vllm-0.33, which now has its four chains, and under the row
+    with those four points at HF's values."""
     from rla.cli import main
 
     folder = tmp_path / "gemma"
@@ -416,9 +422,17 @@ def test_rla_verify_names_the_family_chain_the_row_lacks(vllm_wheel, tmp_path, c
     assert "post-feed-forward norms' outputs unrounded into the adds (post_norm_out='fp32')" in text
     assert main(args + ["--mode", "native"]) == 0
     assert "unrounded into the adds" not in capsys.readouterr().out.replace("\n", " ")
-    folder = tmp_path / "gemma4"  # Gemma 4: per-layer head sizes (rla verify reads each layer's), chains no row says
+    folder = tmp_path / "gemma4"  # Gemma 4: per-layer head sizes (rla verify reads each layer's)
     _gemma4().save_pretrained(str(folder))
     args[2] = str(folder)
     assert main(args) == 0
     text = capsys.readouterr().out.replace("\n", " ")
-    assert "On gemma4_text the default-mode twin also computes" in text and "per-layer-input add reading the" in text
+    # the row says the chains; what is left at these tokens is the reduction order (norm_reduction='unpinned')
+    assert "aligned vllm-0.33" in text and "default-mode twin also computes" not in text
+    without = profiles.get("vllm-0.33").replace_variant("gemma4", name="vllm-0.33-without-the-chains",
+                                                         **{p: first for p, (first, _) in CHAIN_OF.items()})
+    row = tmp_path / "without.json"
+    row.write_text(__import__("json").dumps(profiles.to_dict(without)))
+    assert main(args + ["--profile", str(row)]) == 0
+    text = capsys.readouterr().out.replace("\n", " ")
+    assert "On gemma4_text the default-mode twin also computes" in text and "ple_inputs='fused'" in text

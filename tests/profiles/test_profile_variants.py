@@ -64,10 +64,11 @@ def test_a_kind_that_extends_another_applies_that_kinds_points_first():
 
 def test_every_row_states_post_norm_out_for_the_kinds_that_have_it_with_evidence():
     assert profiles.VARIANT_POINTS == {"post_norm_out": ("round", "fp32"), "moe_out": ("round", "fp32"),
-                                       "attn_gate": ("per_op", "fused"), "oai_glu": ("sigmoid", "quotient")}
+                                       "attn_gate": ("per_op", "fused"), "oai_glu": ("sigmoid", "quotient"),
+                                       **GEMMA4_POINTS}
     assert profiles.VARIANT_POINT_KINDS == {"post_norm_out": ("zero_centred_norm", "gemma4"),
                                             "moe_out": ("moe_experts",), "attn_gate": ("qwen3_5",),
-                                            "oai_glu": ("gpt_oss",)}
+                                            "oai_glu": ("gpt_oss",), **{p: ("gemma4",) for p in GEMMA4_POINTS}}
     want = {"vllm-0.33": "fp32", "vllm-0.26": "fp32"}  # the compiled graph (docs/families.md); every other rounds
     for name in profiles.names():
         row = profiles.get(name)
@@ -99,6 +100,36 @@ def test_every_vllm_row_states_the_clamped_swiglus_quotient_with_evidence():
                                                  else ("source", None)), name  # 0.26: its SASS, the same instructions
     with pytest.raises(ValueError, match="variant 'qwen3_5' sets 'oai_glu', a point only the kinds"):
         profiles.get("vllm-0.33").replace_variant("qwen3_5", oai_glu="quotient")
+
+
+#: Gemma 4's model-body points (rla.profiles.variant_points), HF eager's value first.
+GEMMA4_POINTS = {"ple_inputs": ("per_op", "fused"), "ple_add": ("stream", "rounded"),
+                 "stream_variance": ("normalised", "fp32"), "embed_variance": ("normalised", "fp32")}
+
+
+def test_the_default_rows_state_gemma4s_four_chains_with_the_twin_as_evidence():
+    """vLLM's compiled Gemma 4 graph (the default rows' gemma4 variant) takes the second value of each
+    of the four points, measured by the CPU engine twin (its test named in the note) with the GPU run's
+    folder; every other row keeps HF's (unstated: the field's default), and no other kind may set them."""
+    for name in profiles.names():
+        row = profiles.get(name)
+        v = row.variant("gemma4")
+        for point, (hf, compiled) in GEMMA4_POINTS.items():
+            assert getattr(row, point) == hf and point not in row.points(), (name, point)
+            if name in ("vllm-0.33", "vllm-0.26"):
+                assert getattr(v, point) == compiled, (name, point)
+                ev = row.variant_evidence["gemma4"][point]
+                assert ev.evidence == "native_compiled", (name, point)
+                assert "test_gemma4_default_twin_is_the_row_with_four_chains" in ev.note, (name, point)
+                assert "results/benchmarks/twin_gemma4_h200_2026-12-03/" in ev.note, (name, point)
+            else:
+                assert getattr(v, point) == hf and point not in row.variants.get("gemma4", {}), (name, point)
+    assert profiles.get("vllm-0.33").variant_evidence["gemma4"]["ple_inputs"].matched == 1.0
+    row = profiles.get("vllm-0.33-eager")
+    with pytest.raises(ValueError, match=r"sets 'stream_variance', a point only the kinds \['gemma4'\] have"):
+        row.replace(variants={"zero_centred_norm": {"stream_variance": "fp32"}}, variant_evidence={})
+    with pytest.raises(ValueError, match="sets ple_add='fp32'"):
+        row.replace(variants={"gemma4": {"ple_add": "fp32"}}, variant_evidence={})
 
 
 def test_every_engine_row_states_moe_out_for_moe_blocks_with_evidence():

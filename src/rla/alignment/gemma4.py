@@ -44,7 +44,7 @@ import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from rla import ops
-from rla.alignment import compat
+from rla.alignment import compat, gemma4_body
 from rla.alignment.alignment_report import FixedHazard
 from rla.alignment.families import Family, class_named
 from rla.alignment.patch import install, uninstall, with_globals
@@ -164,6 +164,7 @@ def _layer_forward(stream: RoundingProfile | None, ple: RoundingProfile | None, 
     product (None: HF's ``act_fn(g) * p``). The norms are the layer's modules (aligned or HF's)."""
     fp32_sum = stream is not None and stream.norm_residual == "fp32_sum"
     carry = stream is not None and stream.residual_stream == "fp32_carry"
+    ple_carry = carry and stream.ple_add == "stream"  # the per-layer-input add reads the carried sum
     reads_sum = fp32_sum and index > 0
 
     def forward(self, hidden_states, *args, **kwargs):
@@ -188,7 +189,7 @@ def _layer_forward(stream: RoundingProfile | None, ple: RoundingProfile | None, 
             gate = self.per_layer_input_gate(rounded)
             gated = self.act_fn(gate) * per_layer_input if ple is None else ops.geglu(gate, per_layer_input, ple)
             ple_out = self.post_per_layer_input_norm(self.per_layer_projection(gated).to(lp))
-            s = (s if carry else rounded.to(torch.float32)) + ple_out
+            s = (s if ple_carry else rounded.to(torch.float32)) + ple_out
         if fp32_sum:  # the next layer's input norm (or the final norm) reads the fp32 value
             return s * self.layer_scalar.to(torch.float32)
         if carry:  # the chain rounded once, at the layer's output
@@ -368,7 +369,7 @@ def align_gemma4(body, family: Family, profile: RoundingProfile, regions: tuple[
         if "rmsnorm" in regions or ("swiglu" in regions and found["ple_layers"]):
             _align_layers(found, family, p if "rmsnorm" in regions else None, ple if "swiglu" in regions else None)
         if "rmsnorm" in regions:
-            _align_norms(found, p, chain, report)
+            _align_norms(body, found, p, chain, report)
     except BaseException:
         for m in body.modules():
             uninstall(m)
@@ -387,12 +388,15 @@ def _align_layers(found: dict, family: Family, stream: RoundingProfile | None, p
         install(layer, "layer", {"forward": types.MethodType(forward, layer)})
 
 
-def _align_norms(found: dict, p: RoundingProfile, chain: bool, report) -> None:
+def _align_norms(body, found: dict, p: RoundingProfile, chain: bool, report) -> None:
     plain, fp32 = _norm_forward(p), _norm_forward(p, fp32_out=True)
     post = {id(getattr(layer, n)) for layer in found["layers"] for n in POST_NORMS
             if getattr(layer, n, None) is not None} if p.post_norm_out == "fp32" else set()
+    done = gemma4_body.align_body_points(body, found, p, plain, fp32)  # the model-body points' norms
     for norm in found["norms"] + found["v_norms"] + [found["final"]]:
-        install(norm, "norm", {"forward": types.MethodType(fp32 if id(norm) in post else plain, norm)})
+        if id(norm) not in done:
+            install(norm, "norm", {"forward": types.MethodType(fp32 if id(norm) in post else plain, norm)})
+    report.notes.extend(gemma4_body.body_notes(body, p))
     if post:
         report.notes.append("post_norm_out='fp32': the post-attention, post-feed-forward and post-per-layer-input "
                             "norms hand the add after them their fp32 output (the MoE block's two inner post-norms "
@@ -409,11 +413,6 @@ LEFT_AS_IS = [
     "left as is: the embedding scale sqrt(hidden), rounded to the weights' dtype in HF and vLLM alike",
     "left as is: attention (sliding window, scaling 1.0, K/V shared across layers) and the final logit softcap are "
     "outside the regions",
-    "not expressed in the rows: vLLM 0.33's compiled Gemma 4 graph (its CPU engine twin, Inductor; not yet measured "
-    "with Triton on a GPU) keeps the post-sub-block norms' outputs unrounded into the adds, as the default rows say, "
-    "but also computes the per-layer inputs as one fp32 chain, reads the rounded sum at the per-layer-input add "
-    "(where fp32_carry carries the fp32 one) and takes the mean square of the norms after a layer and after the "
-    "embedding from the unrounded value, normalising the rounded one (docs/families.md, Gemma 4)",
     "not expressed in the rows: SGLang 0.5.23 rounds the post-feed-forward norm, the residual add and the layer "
     "scalar once (gemma_rmsnorm_residual_scalar, models without per-layer inputs) and its next input norm reads that "
     "rounded stream (docs/families.md)",

@@ -217,23 +217,28 @@ def _engine_side(engine, args):
 
 
 #: Families whose default-mode twin computes a chain a row may lack (docs/families.md, each family's section):
-#: what it is, and the variant kind, point and value that say it (None: no point says it yet).
+#: what it is, and the (variant kind, point, value) triples that say it.
 _CHAINS = {"gemma3_text": ("the post-attention / post-feed-forward norms' outputs unrounded into the adds "
-                           "(post_norm_out='fp32')", ("zero_centred_norm", "post_norm_out", "fp32")),
-           "gemma4_text": ("the per-layer inputs as one fp32 chain, the per-layer-input add reading the rounded sum, "
-                           "and the norms after a layer and after the embedding taking their mean square from the "
-                           "unrounded value", None),
+                           "(post_norm_out='fp32')", (("zero_centred_norm", "post_norm_out", "fp32"),)),
+           "gemma4_text": ("the post-sub-block norms' outputs unrounded into the adds, the per-layer inputs as one "
+                           "fp32 chain, the per-layer-input add reading the rounded sum, and the norms after a layer "
+                           "and after the embedding taking their mean square from the unrounded value "
+                           "(post_norm_out='fp32', ple_inputs='fused', ple_add='rounded', stream_variance='fp32', "
+                           "embed_variance='fp32')",
+                           tuple(("gemma4", p, v) for p, v in (("post_norm_out", "fp32"), ("ple_inputs", "fused"),
+                                                               ("ple_add", "rounded"), ("stream_variance", "fp32"),
+                                                               ("embed_variance", "fp32")))),
            "glm4_moe": ("the shared + routed experts' sum unrounded into the residual add (moe_out='fp32')",
-                        ("moe_experts", "moe_out", "fp32")),
+                        (("moe_experts", "moe_out", "fp32"),)),
            "gpt_oss": ("the fp32 YaRN cache read unrounded by RoPE (rope_cos_sin='fp32')",
-                       ("gpt_oss", "rope_cos_sin", "fp32"))}
+                       (("gpt_oss", "rope_cos_sin", "fp32"),))}
 
 
 def _rest_note(profile, mode: str, model_type: str | None = None) -> str:
     """What the aligned side's difference from the twin can be, said without guessing which."""
     chain = ""
-    said = _CHAINS[model_type][1] if model_type in _CHAINS else None
-    missing = model_type in _CHAINS and (said is None or getattr(profile.variant(said[0]), said[1]) != said[2])
+    said = _CHAINS[model_type][1] if model_type in _CHAINS else ()
+    missing = any(getattr(profile.variant(kind), point) != value for kind, point, value in said)
     if mode == "default" and missing:
         chain = (f" On {model_type} the default-mode twin also computes what this row does not say, so the aligned "
                  f"model does not either: {_CHAINS[model_type][0]} (docs/families.md).")

@@ -23,7 +23,9 @@ Gemma 4's ``post_norm_out``, Qwen3.5's ``attn_gate``) has it searched too, in th
 norms' outputs and the adds they feed, with SwiGLU's, the other gated product), and flipped: its
 value is set in the row's variant for the family's kind
 (:meth:`rla.profiles.RoundingProfile.replace_variant`), where ``rla.align`` reads it. Other
-families are not offered it (:func:`variant_points`).
+families are not offered it (:func:`variant_points`). Gemma 4's four model-body points
+(:data:`rla.profiles.variant_points.BODY_POINTS`) are searched in a group of their own with
+:data:`BODY_WITH` (16 more combinations each in the rmsnorm group would make it 1,024: 64 here).
 
 Every point is searched and flipped as the model's modules compute it (:mod:`rla.engines.live_points`):
 where the family kind's variant sets a row point (the vLLM rows' ``qwen3_5`` variant's
@@ -50,9 +52,10 @@ from rla.alignment import aligned
 from rla.engines.live_points import (points_of, runs, second_points, second_values, set_in, split, values,
                                      variant_points, with_points)
 from rla.profiles import POINTS, REGION_POINTS
+from rla.profiles.variant_points import BODY_POINTS
 
 __all__ = ["train_logprobs", "stats", "score", "better", "search", "flip", "BUCKETS", "GROUPS", "variant_points",
-           "points_of", "with_points", "values", "SECOND_WITH"]
+           "points_of", "with_points", "values", "SECOND_WITH", "BODY_WITH"]
 
 GROUPS: tuple[tuple[str, ...], ...] = tuple(
     tuple(dict.fromkeys(points + REGION_POINTS["swiglu"])) for region, points in REGION_POINTS.items()
@@ -62,6 +65,10 @@ GROUPS: tuple[tuple[str, ...], ...] = tuple(
 
 SECOND_WITH: tuple[str, ...] = (*REGION_POINTS["swiglu"], "norm_residual", "residual_stream")
 """The points searched with a second kind's (module docstring): SwiGLU's and the two of the residual add."""
+
+BODY_WITH: tuple[str, ...] = ("norm_residual", "residual_stream")
+"""The points searched with Gemma 4's model-body points (module docstring): ``stream_variance`` acts under
+``fp32_sum``, ``ple_add`` under ``fp32_carry``."""
 
 BUCKETS = ((0, 1024), (1024, 4096), (4096, 16384), (16384, 1 << 30))
 """Position buckets of the per-position statistics (the scored token's position)."""
@@ -133,8 +140,10 @@ def search(model, start, prompts, pre, records, log) -> tuple:
     moving = tuple(k for k in second if runs(model, with_points(start, {k: _other(model, start, k, second[k])}, kind))
                    != runs(model, start))  # a second kind's point this model computes
     choices = {**POINTS, **extra, **second}
-    groups = tuple(g + tuple(extra) if "norm_residual" in g else g for g in GROUPS) + (
-        (SECOND_WITH + moving,) if moving else ())
+    layer = tuple(p for p in extra if p not in BODY_POINTS)
+    body = tuple(p for p in extra if p in BODY_POINTS)
+    groups = tuple(g + layer if "norm_residual" in g else g for g in GROUPS) + (
+        (SECOND_WITH + moving,) if moving else ()) + ((body + BODY_WITH,) if body else ())
     best, best_score = start, score(model, start, prompts, pre, records)
     tried = [{"points": values(model, start), **best_score}]
     for _ in range(2):

@@ -17,7 +17,9 @@ row's evidence for it, and the note says so -- a live row claims nothing it did 
 The row carries the start row's variants (what ``rla.align`` ran for the family's modules while
 the search scored it), each with the start row's evidence; a variant point the search flipped
 (Gemma's ``post_norm_out``, set in the family's kind) gets the same rule as a point: ``live`` where
-its flip moved the score, else the start row's value and evidence. So does a row point the
+its flip moved the score, else the start row's value and evidence; one the start row does not set
+and nothing decided (Gemma 4's model-body points from a row that leaves them at HF's) stays unset, as
+for a second kind's point below. So does a row point the
 family kind's variant sets (the vLLM rows' ``qwen3_5`` variant's ``qk_norm_out``): the model computes
 the variant's value, so that is what was searched and flipped and where a decided value is written;
 the row's own value of the point keeps the start row's, and its evidence says the model did not read
@@ -105,8 +107,12 @@ def live_row(engine: dict, start: RoundingProfile, start_score: dict, best: Roun
         value, before = points_of(best, kind)[p], points_of(start, kind)[p]
         kept = start.variant_evidence.get(kind, {}).get(p) or start.variant_evidence.get(
             VARIANT_EXTENDS.get(kind, ""), {}).get(p)
-        if p in POINTS and not (value != before or ("error" not in f and f["decided"])):
+        undecided = not (value != before or ("error" not in f and f["decided"]))
+        if p in POINTS and undecided:
             continue  # a row point the variant sets, not decided here: the start's variants keep it as it was
+        stated = p in start.variants.get(kind, {}) or p in start.variants.get(VARIANT_EXTENDS.get(kind, ""), {})
+        if undecided and not stated:
+            continue  # a variant point the start does not set and nothing decided: unset, as it was
         variants.setdefault(kind, {})[p] = value
         variant_evidence.setdefault(kind, {})[p] = _point_evidence(p, f, value, before, kept, start, best_score)
     for p in POINTS:

@@ -18,7 +18,8 @@ import torch
 
 from rla.ops import gate as _gate
 from rla.ops import reference
-from rla.ops._checks import check_carry_add, check_norm, check_pair, check_residual_source, check_rope
+from rla.ops import variance_norm as _variance_norm
+from rla.ops._checks import check_carry_add, check_norm, check_pair, check_residual_source, check_rope, check_variance_of
 from rla.ops.launch import launch_config, set_launch_config
 from rla.profiles import RoundingProfile, resolve
 
@@ -146,7 +147,7 @@ def _check_offset(weight_offset) -> float:
 
 def rms_norm(
     x, weight, eps: float, profile: str | RoundingProfile, dtype: torch.dtype | None = None,
-    out_dtype: torch.dtype | None = None, after_add: bool = False, weight_offset: float = 0.0,
+    out_dtype: torch.dtype | None = None, after_add: bool = False, weight_offset: float = 0.0, variance_of=None,
 ):
     """RMSNorm over the last dim; an fp32 ``weight`` is first rounded to the low-precision dtype.
 
@@ -161,11 +162,22 @@ def rms_norm(
     ``weight_offset=1.0`` is a zero-centred norm (Gemma, Qwen3.5): x * rstd * (1 + w), with
     1 + w formed in fp32 from the engine's copy of w, as every stack forms it; it runs the
     PyTorch reference on every device (no fused kernel takes the offset yet).
+    ``variance_of``: an fp32 tensor of x's shape whose mean square gives rstd while ``x`` is
+    normalised, ``x * rsqrt(mean(s**2) + eps) * w`` (a compiled graph's norm whose reduction reads
+    the fp32 value ``s`` that ``x = RN(s)`` was stored from: the ``stream_variance`` /
+    ``embed_variance`` variant points); the PyTorch reference on every device, CUDA included
+    (:mod:`rla.ops.variance_norm`, which states its backward). Not with ``weight_offset``.
     """
     p = resolve(profile)
     check_norm(x, None, weight, eps, dtype)
     if out_dtype not in (None, torch.float32) and out_dtype != (dtype or x.dtype):
         raise TypeError(f"out_dtype must be None (the stack dtype) or torch.float32, got {out_dtype}")
+    if variance_of is not None:
+        check_variance_of(x, variance_of)
+        if _check_offset(weight_offset):
+            raise NotImplementedError("rms_norm: variance_of with weight_offset=1.0 (a zero-centred norm) is not "
+                                      "implemented")
+        return _variance_norm.rms_norm_variance_of(x, variance_of, weight, eps, p, dtype, out_dtype, bool(after_add))
     if _check_offset(weight_offset):
         return reference.rms_norm(x, weight, eps, p, dtype, out_dtype, bool(after_add), 1.0)
     return backend(x, weight).rms_norm(x, weight, eps, p, dtype, out_dtype, bool(after_add))

@@ -130,6 +130,16 @@ def check_norm(x, residual, weight, eps, dtype=None) -> None:
         raise ValueError(f"eps must be a finite non-negative number, got {eps!r}")
 
 
+def check_variance_of(x, s) -> None:
+    """``rms_norm(variance_of=)``: an fp32 tensor of x's shape and device (the value x was rounded from)."""
+    _float("variance_of", s)
+    if s.dtype != torch.float32:
+        raise TypeError(f"variance_of must be fp32 (the unrounded value whose mean square the norm takes), got {s.dtype}")
+    if s.shape != x.shape:
+        raise ValueError(f"x and variance_of must have the same shape, got {tuple(x.shape)} and {tuple(s.shape)}")
+    _same_device("x and variance_of", x, s)
+
+
 def check_residual_source(residual, source) -> None:
     """``add_rms_norm(residual_source=)``: an fp32 tensor of the residual's shape and device."""
     _float("residual_source", source)

@@ -23,7 +23,8 @@ from typing import Literal
 
 from rla.profiles.head import HEAD_POINTS
 from rla.profiles.router import RouterPoints
-from rla.profiles.variant_points import VARIANT_POINT_KINDS, VARIANT_POINTS, check_variant_point, has_point
+from rla.profiles.variant_points import (VARIANT_EXTENDS, VARIANT_POINT_KINDS, VARIANT_POINTS, VARIANTS,
+                                         check_variant_point, has_point)
 from rla.profiles.variant_points import replace_variant as _replace_variant
 
 __all__ = ["RoundingProfile", "Calibration", "PointEvidence", "PointCondition", "POINTS", "REGIONS", "REGION_POINTS",
@@ -53,24 +54,6 @@ REGION_POINTS: dict[str, tuple[str, ...]] = {
     "swiglu": ("swiglu",),
     "rmsnorm": ("norm_weight", "norm_residual", "residual_stream", "norm_reduction"),
 }
-
-#: Module kinds whose rounding an engine may realise with other code than the row's points were
-#: measured on, so a row can say, as data, which points differ for them (``RoundingProfile.variants``;
-#: each kind described below, its modules in docs/families.md).
-VARIANTS: dict[str, str] = {
-    "zero_centred_norm": "RMSNorm computing x * rstd * (1 + w) (Gemma 3, Qwen3.5/Qwen3-Next) and its layers' adds",
-    "gpt_oss": "GPT-OSS's RMSNorm (HF: (w * x * rstd) rounded once) and its experts' clamped SwiGLU",
-    "gemma4": "Gemma 4's RMSNorm (HF: x * rstd * w rounded once) and its layers' adds",
-    "gemma4_ple": "Gemma 4's per-layer-input gate gelu_tanh(g) * p, written as two PyTorch ops (the swiglu point)",
-    "qwen3_5": "Qwen3.5's zero-centred norms, its gated attention's q/k norms and partial RoPE, its output gate",
-    "moe_experts": "MoE blocks: routed experts' silu(gate) * up inside the fused-MoE op (GPT-OSS's: gpt_oss), the "
-                   "shared + routed sum (moe_out); applied after the family's own kind (RoundingProfile.variant_on)",
-}
-
-#: A kind whose modules are another kind's and more: its variant applies that kind's points first,
-#: then its own (a point both set takes the narrower kind's value): Qwen3.5's norms are Gemma 3's.
-VARIANT_EXTENDS: dict[str, str] = {"qwen3_5": "zero_centred_norm"}
-
 
 #: What a row's :class:`PointCondition` may test: the attention head size (``config.head_dim``, else
 #: hidden / heads) in / not in the listed sizes, for an engine that picks a region's kernel by shape
@@ -238,6 +221,14 @@ class RoundingProfile:
 
     moe_out: Literal["round", "fp32"] = "round"
     """Variant point (``moe_experts``): the add after an MoE block reads RN(shared + routed) or their fp32 sum."""
+    ple_inputs: Literal["per_op", "fused"] = "per_op"
+    """Variant point (``gemma4``): Gemma 4's per-layer inputs rounded op by op, or one fp32 chain rounded once."""
+    ple_add: Literal["stream", "rounded"] = "stream"
+    """Variant point (``gemma4``): the per-layer-input add reads the stream ``residual_stream`` says, or RN of it."""
+    stream_variance: Literal["normalised", "fp32"] = "normalised"
+    """Variant point (``gemma4``): a norm after a layer takes its mean square of what it normalises, or of the fp32."""
+    embed_variance: Literal["normalised", "fp32"] = "normalised"
+    """Variant point (``gemma4``): the first input norm's mean square, of RN(embedding) or of the fp32 product."""
 
     oai_glu: Literal["sigmoid", "quotient"] = "sigmoid"
     """Variant point (``gpt_oss``): the fused clamped SwiGLU's fp32 chain, via 1 / (1 + e) or one division."""

@@ -34,22 +34,76 @@ RN((g * (u + 1)) / (1 + e)), the product first and one IEEE division, as the SAS
 ``swigluoai_and_mul_kernel`` computes it (sm_90: FMUL of the clamped gate and ``u + 1``, then the
 full-precision division by ``1 + e``; results/benchmarks/gptoss_quotient_h200_2026-12-04/).
 ``RoundingProfile.oai_glu`` holds the value; ``rla.ops.swiglu_oai`` computes it.
+
+Four points of Gemma 4's model body (kind ``gemma4``; its modules have them, no other kind's do;
+first choice HF eager's, the second vLLM 0.33's compiled graph, docs/families.md, Gemma 4):
+
+``ple_inputs``: where the per-layer inputs ``(norm(G * ps) + E * es) * s`` round (``G`` the
+projection GEMM's lp output, ``E`` the looked-up lp rows, the scales as the model holds them).
+``per_op`` = every op rounds (HF's ``project_per_layer_inputs``: RN(G * ps), the norm's RN, RN(E *
+es), the add's RN, the scale's RN); ``fused`` = the whole expression in fp32, the norm's output
+unrounded, one RN at the end. In ``gemma4``, not ``gemma4_ple``: the chain is the per-layer
+projection norm and the adds and scales around it in the model body (the rmsnorm region aligns
+it), not the gate ``gelu_tanh(g) * p`` that ``gemma4_ple`` describes under the swiglu point.
+
+``ple_add``: what the per-layer-input add ``s + norm(proj(gate))`` reads of the stream ``s`` (the
+MLP add's sum). ``stream`` = what ``residual_stream`` says (RN(s), or under ``fp32_carry`` the
+carried fp32 sum); ``rounded`` = RN(s), the tensor the gate's GEMM reads, under either.
+
+``stream_variance``: the norm after a layer (the next input norm, the final norm) under
+``norm_residual='fp32_sum'``, which hands it the layer's fp32 output ``s``. ``normalised`` = its
+mean square is of the value it normalises (``s``; RN(s) under ``rounded_sum``); ``fp32`` = the mean
+square of ``s`` and the normalisation of RN(s) (``rla.ops.rms_norm(..., variance_of=)``). Under
+``rounded_sum`` the norm reads an lp stream and the point changes nothing.
+
+``embed_variance``: the first input norm, reading the scaled embedding RN(u), ``u = E * RN(c)``
+(lp rows, the lp scale). ``normalised`` = the mean square of RN(u); ``fp32`` = the mean square of
+the fp32 product ``u``, normalising RN(u) (the residual is RN(u) either way).
+
+``RoundingProfile`` holds each value (a field of the point's name).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["VARIANT_POINTS", "VARIANT_POINT_KINDS", "check_variant_point", "has_point", "replace_variant"]
+__all__ = ["BODY_POINTS", "VARIANTS", "VARIANT_EXTENDS", "VARIANT_POINTS", "VARIANT_POINT_KINDS", "check_variant_point", "has_point", "replace_variant"]
+
+#: Module kinds whose rounding an engine may realise with other code than the row's points were
+#: measured on, so a row can say, as data, which points differ for them (``RoundingProfile.variants``;
+#: each kind described below, its modules in docs/families.md).
+VARIANTS: dict[str, str] = {
+    "zero_centred_norm": "RMSNorm computing x * rstd * (1 + w) (Gemma 3, Qwen3.5/Qwen3-Next) and its layers' adds",
+    "gpt_oss": "GPT-OSS's RMSNorm (HF: (w * x * rstd) rounded once) and its experts' clamped SwiGLU",
+    "gemma4": "Gemma 4's RMSNorm (HF: x * rstd * w rounded once), its layers' adds, the per-layer inputs and the "
+              "norms after a layer and after the embedding",
+    "gemma4_ple": "Gemma 4's per-layer-input gate gelu_tanh(g) * p, written as two PyTorch ops (the swiglu point)",
+    "qwen3_5": "Qwen3.5's zero-centred norms, its gated attention's q/k norms and partial RoPE, its output gate",
+    "moe_experts": "MoE blocks: routed experts' silu(gate) * up inside the fused-MoE op (GPT-OSS's: gpt_oss), the "
+                   "shared + routed sum (moe_out); applied after the family's own kind (RoundingProfile.variant_on)",
+}
+
+#: A kind whose modules are another kind's and more: its variant applies that kind's points first,
+#: then its own (a point both set takes the narrower kind's value): Qwen3.5's norms are Gemma 3's.
+VARIANT_EXTENDS: dict[str, str] = {"qwen3_5": "zero_centred_norm"}
+
 
 #: point -> its choices, the first HF eager's.
 VARIANT_POINTS: dict[str, tuple[str, str]] = {"post_norm_out": ("round", "fp32"), "moe_out": ("round", "fp32"),
-                                              "attn_gate": ("per_op", "fused"), "oai_glu": ("sigmoid", "quotient")}
+                                              "attn_gate": ("per_op", "fused"), "oai_glu": ("sigmoid", "quotient"),
+                                              "ple_inputs": ("per_op", "fused"),
+                                              "ple_add": ("stream", "rounded"),
+                                              "stream_variance": ("normalised", "fp32"),
+                                              "embed_variance": ("normalised", "fp32")}
+
+#: Gemma 4's model-body points (the embedding's and per-layer inputs' chains and the norms after them): a live
+#: search takes them in a group of their own (``rla.engines.live_calibration``), not the rmsnorm region's.
+BODY_POINTS: tuple[str, ...] = ("ple_inputs", "ple_add", "stream_variance", "embed_variance")
 
 #: point -> the kinds whose modules have it (and whose variants may set it).
 VARIANT_POINT_KINDS: dict[str, tuple[str, ...]] = {"post_norm_out": ("zero_centred_norm", "gemma4"),
                                                    "moe_out": ("moe_experts",), "attn_gate": ("qwen3_5",),
-                                                   "oai_glu": ("gpt_oss",)}
+                                                   "oai_glu": ("gpt_oss",), **{p: ("gemma4",) for p in BODY_POINTS}}
 
 
 def has_point(kind: str, point: str) -> bool:
