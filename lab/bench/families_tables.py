@@ -27,6 +27,8 @@
   stopped it before its JSON).
 - ``results/benchmarks/gptoss_quotient_h200_2026-12-04/``: two calls (``runs/first/``, ``runs/second/``): the probe at
   512 and 2048 tokens, GPT-OSS's twin lines of ``families.log``, the GPU tests' JUnit XML.
+- ``results/benchmarks/vllm026_qwen35moe_h200_2026-12-04/``: the verify reports of Qwen3.5 MoE's live run and of its
+  outputs re-scored with the router region.
 
 ``python lab/bench/families_tables.py [--write]`` prints every block; ``--write`` puts each into its
 README between ``<!-- NAME -->`` and ``<!-- /NAME -->``. ``tests/lab/test_families_tables.py`` checks
@@ -69,6 +71,9 @@ CURRENT = BENCH / "vllm026_current_rows_h200_2026-12-03"
 GEMMA4_TWIN = BENCH / "twin_gemma4_h200_2026-12-03"
 GPTOSS_GAP = BENCH / "gptoss_gap_h200_2026-12-03"
 QUOTIENT = BENCH / "gptoss_quotient_h200_2026-12-04"
+QWEN35MOE = BENCH / "vllm026_qwen35moe_h200_2026-12-04"
+#: its verify runs, as MOE_RUNS: the live engine, then its outputs re-scored with the router region
+QWEN35MOE_RUNS = tuple(("qwen35moe-h2048", mode, call) for call in ("live", "router-rescore") for mode in ("eager", "default"))
 #: The H200 timings of rla bench ops' add_rms_norm case (16384 x 3584, forward + backward) that turn
 #: bytes into milliseconds: PyTorch's eager ops ("hf") and rla's fused kernel ("rla").
 OPS_TIMINGS = (BENCH / "h200_2026-11-29_ops.json", BENCH / "e2e_align_ops_isolated_h200_2026-11-29/call3_ops_isolated.json",
@@ -428,6 +433,7 @@ BLOCKS = {
         "quotient-twin": lambda root: twin_calls_table(root, QUOTIENT, ("first", "second")),
         "quotient-gpu-tests": lambda root: junit_table(
             root, ("first/gpu_tests.xml", "first/gpu_ops.xml", "second/gpu_rope.xml"), QUOTIENT)},
+    QWEN35MOE / "README.md": {"qwen35moe-live-table": lambda root: moe_live_table(root, QWEN35MOE, QWEN35MOE_RUNS)},
     GEMMA4_TWIN / "README.md": {f"gemma4-twin-{mode}-{shape.replace('@', '-at-')}": (
         lambda root, mode=mode, shape=shape: twin_log_table(root, mode, shape))
         for mode, shape in (("default", "1x512@0"), ("default", "1x2048@0"), ("default", "2x512@20000"), ("eager", "1x512@0"))},
