@@ -135,5 +135,6 @@ def body_notes(body, p: RoundingProfile) -> list[str]:
                      "rounded layer output with the mean square of its fp32 value")
     if p.embed_variance == "fp32":
         notes.append("embed_variance='fp32': the first input norm normalises the rounded scaled embedding with the "
-                     "mean square of its fp32 product")
+                     "mean square of its fp32 product (a forward from inputs_embeds has no such product: there the "
+                     "norm takes the mean square of what it normalises, as HF's)")
     return notes
