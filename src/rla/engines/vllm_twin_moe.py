@@ -21,7 +21,7 @@ implementation runs, eagerly:
   CUDA; in native mode, and in default mode without CUDA, the native op (``SiluAndMul`` /
   ``SwigluOAIAndMul.forward_native``) runs eagerly, a stand-in that is not what the engine runs
   (``_C.silu_and_mul`` rounds silu(gate) first, as the eager op does; ``swigluoai_and_mul`` rounds
-  once, the eager op after every step);
+  once, as one quotient ``(g * (u + 1)) / (1 + e)``: the rows' ``oai_glu``; the eager op after every step);
 - **GLM-4's shared experts inside the op** (``SharedExperts`` runs in ``_forward_impl``): its
   ``Glm4MoeMLP``'s ``SiluAndMul`` is ``forward_native`` compiled on its own in default mode
   (``CustomOp.maybe_compile``, ``dynamic=True``: the op's code is hidden from the model's compile),
