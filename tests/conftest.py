@@ -11,19 +11,30 @@ from engine_versions import SGLANG_VERSION, VLLM_UNCALIBRATED_VERSION, VLLM_VERS
 
 def _cached_wheel(name: str, version: str, size: str) -> str:
     """``name==version``'s wheel from the engine cache (``$RLA_ENGINE_CACHE``, else
-    ``~/.cache/rla/engines``), downloaded there once with ``pip download --no-deps`` when absent."""
-    from rla.engines.source import cache_dir
+    ``~/.cache/rla/engines``), downloaded there once with ``pip download --no-deps`` when absent.
 
-    folder = cache_dir()
-    found = sorted(folder.glob(f"{name}-{version}-*.whl"))
-    if not found:
-        folder.mkdir(parents=True, exist_ok=True)
-        print(f"\n[rla tests] downloading {name}=={version} ({size}, once) into {folder}", file=sys.stderr)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"{name}=={version}", "-d", str(folder)],
-            check=True,
-        )
+    Parallel-safe (pytest-xdist's workers each ask): the cache's lock for that wheel is held while
+    looking and downloading, and pip downloads into a private folder whose wheel is then renamed
+    into the cache, so no process ever sees a half-written wheel there."""
+    import os
+    import shutil
+
+    from rla.engines.source import cache_lock
+
+    with cache_lock(f"{name}-{version}.whl") as folder:
         found = sorted(folder.glob(f"{name}-{version}-*.whl"))
+        if not found:
+            staging = folder / f".{name}-{version}.part{os.getpid()}"
+            shutil.rmtree(staging, ignore_errors=True)
+            print(f"\n[rla tests] downloading {name}=={version} ({size}, once) into {folder}", file=sys.stderr)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"{name}=={version}", "-d", str(staging)],
+                check=True,
+            )
+            for wheel in staging.glob(f"{name}-{version}-*.whl"):
+                os.replace(wheel, folder / wheel.name)
+            shutil.rmtree(staging, ignore_errors=True)
+            found = sorted(folder.glob(f"{name}-{version}-*.whl"))
     assert found, f"no {name}-{version} wheel in {folder}"
     return str(found[-1])
 
@@ -49,6 +60,24 @@ def vllm_wheel():
     is never installed; its Python files are read from the wheel (nothing of it is vendored).
     """
     return _cached_wheel("vllm", VLLM_VERSION, "336 MB")
+
+
+@pytest.fixture(scope="session")
+def vllm_wheel_if_cached(request):
+    """For the tests that never download vLLM 0.33's wheel themselves (they skip without it):
+    ``$RLA_ENGINE_WHEEL``, else the engine cache's wheel, else None. When this session also runs a
+    test that downloads it (one using ``vllm_wheel``), it is that download's wheel: under
+    pytest-xdist another worker may be downloading it right now, and waiting for it keeps what a
+    serial run of the same tests runs."""
+    import os
+
+    from rla.engines.source import cache_dir
+
+    if os.environ.get("RLA_ENGINE_WHEEL"):
+        return os.environ["RLA_ENGINE_WHEEL"]
+    if any("vllm_wheel" in item.fixturenames for item in request.session.items):
+        return request.getfixturevalue("vllm_wheel")
+    return next(iter(sorted(cache_dir().glob(f"vllm-{VLLM_VERSION}-*.whl"))), None)
 
 
 @pytest.fixture(scope="session")

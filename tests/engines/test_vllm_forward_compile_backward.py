@@ -11,7 +11,6 @@ engine cache (``tests/conftest.py``'s). Without either the tests skip (no downlo
 """
 
 import copy
-import os
 
 import pytest
 import torch
@@ -23,11 +22,10 @@ from engine_versions import VLLM_VERSION
 
 
 @pytest.fixture(scope="module")
-def engine():
+def engine(vllm_wheel_if_cached):
     from rla.engines import vllm
-    from rla.engines.source import cache_dir
 
-    wheel = os.environ.get("RLA_ENGINE_WHEEL") or next(iter(sorted(cache_dir().glob(f"vllm-{VLLM_VERSION}-*.whl"))), None)
+    wheel = vllm_wheel_if_cached
     if wheel is None:
         pytest.skip(f"no vLLM wheel: set RLA_ENGINE_WHEEL or cache vllm-{VLLM_VERSION} (tests/conftest.py)")
     return vllm.load(str(wheel))

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-from engine_versions import VLLM_VERSION
 from lab.bench import engine_forward_breakdown as B
 from repo_root import ROOT
 
@@ -21,10 +20,8 @@ def test_help_runs_without_vllm_or_cuda():
     assert "--variants" in out.stdout and "pieces+inductor" in out.stdout
 
 
-def test_cpu_wiring(tmp_path, monkeypatch):
-    from rla.engines.source import cache_dir
-
-    wheel = os.environ.get("RLA_ENGINE_WHEEL") or next(iter(sorted(cache_dir().glob(f"vllm-{VLLM_VERSION}-*.whl"))), None)
+def test_cpu_wiring(tmp_path, monkeypatch, vllm_wheel_if_cached):
+    wheel = vllm_wheel_if_cached
     if wheel is None:
         pytest.skip("no vLLM wheel (RLA_ENGINE_WHEEL, or the engine cache's)")
     monkeypatch.setenv("RLA_ENGINE_WHEEL", str(wheel))
@@ -128,12 +125,10 @@ def test_saved_bytes_leave_no_graph_alive():
         assert [r for r in refs if r() is not None] == []
 
 
-def test_sdpa_math_keeps_the_comparison(tmp_path, monkeypatch):
+def test_sdpa_math_keeps_the_comparison(tmp_path, monkeypatch, vllm_wheel_if_cached):
     """``--sdpa math`` (the deterministic backward the GPU's exactness comparison runs under): the control
     and aot_eager's gradients are still equal to pieces' bit for bit."""
-    from rla.engines.source import cache_dir
-
-    wheel = os.environ.get("RLA_ENGINE_WHEEL") or next(iter(sorted(cache_dir().glob(f"vllm-{VLLM_VERSION}-*.whl"))), None)
+    wheel = vllm_wheel_if_cached
     if wheel is None:
         pytest.skip("no vLLM wheel (RLA_ENGINE_WHEEL, or the engine cache's)")
     monkeypatch.setenv("RLA_ENGINE_WHEEL", str(wheel))

@@ -63,6 +63,7 @@ from rla.engines.source import (
     EnginePackage,
     EngineUnavailable,
     cache_dir,
+    cache_lock,
     extract_class,
     file_provenance,
     function_source,
@@ -335,14 +336,17 @@ class SglangEngine:
         marker = dest / ".rla-unpacked"
         if marker.is_file() and marker.read_text() == stamp:
             return dest
-        staging = dest.with_name(dest.name + f".part{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        with zipfile.ZipFile(wheel) as zf:
-            members = [n for n in zf.namelist() if n.startswith("sglang/") and not n.endswith(".so")]
-            zf.extractall(staging, members)
-        (staging / ".rla-unpacked").write_text(stamp)
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(staging, dest)
+        with cache_lock(dest.name):  # another process may be unpacking (or reading) the same folder
+            if marker.is_file() and marker.read_text() == stamp:
+                return dest
+            staging = dest.with_name(dest.name + f".part{os.getpid()}")
+            shutil.rmtree(staging, ignore_errors=True)
+            with zipfile.ZipFile(wheel) as zf:
+                members = [n for n in zf.namelist() if n.startswith("sglang/") and not n.endswith(".so")]
+                zf.extractall(staging, members)
+            (staging / ".rla-unpacked").write_text(stamp)
+            shutil.rmtree(dest, ignore_errors=True)
+            os.replace(staging, dest)
         return dest
 
     def kernels(self, need_device: bool = True) -> "SglangKernels":

@@ -30,6 +30,7 @@ import importlib.metadata
 import importlib.util
 import os
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ __all__ = [
     "function_source",
     "file_provenance",
     "cache_dir",
+    "cache_lock",
     "cached_wheel",
     "download_wheel",
 ]
@@ -71,6 +73,24 @@ def cache_dir() -> Path:
     ``~/.cache/rla/engines``."""
     env = os.environ.get("RLA_ENGINE_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "rla" / "engines"
+
+
+@contextmanager
+def cache_lock(entry: str):
+    """Hold ``cache_dir()/.<entry>.lock`` exclusively (``fcntl.flock``: the kernel drops it when its
+    process dies, so a killed download never leaves the cache locked) while ``entry`` is downloaded
+    or unpacked into the engine cache: two processes filling it at once (two pytest-xdist workers,
+    two ``rla calibrate``) take turns, and the second finds the first's finished entry."""
+    import fcntl
+
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f".{entry}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield folder
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _wheel_name_version(path: Path, name: str):
