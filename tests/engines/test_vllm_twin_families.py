@@ -202,9 +202,9 @@ GEMMA4_CHAINS = ("ple_fp32", "ple_add_rounded", "stream_variance_fp32", "embed_v
 
 #: The default-mode Gemma 4's weights. A norm's sum of squares is in Inductor's lane order on the twin's side and
 #: in PyTorch's eager one on the oracle's and rla's (``norm_reduction='unpinned'``), both as wide as the CPU's
-#: vector unit: seed 1 is one where the two orders give the same rstd in every row with AVX-512's 16 lanes and with
-#: AVX2's 8 (checked under ``ATEN_CPU_CAPABILITY=avx2``, which Inductor follows: tests/cpu_orders.py); at seed 0
-#: the twin and the oracle part from the third layer's output on in one token with AVX2's (so at 5, 6, 7 of 0..8).
+#: vector unit: seed 1 is one where the two orders give the same bits with AVX-512's lanes and with AVX2's (checked
+#: under ``ATEN_CPU_CAPABILITY=avx2``, which Inductor follows: tests/cpu_orders.py); at seed 0 the twin and the
+#: oracle part from the third layer's output on in one token with AVX2's (so do seeds 5, 6, 7 of 0..8).
 GEMMA4_SEED = 1
 
 
