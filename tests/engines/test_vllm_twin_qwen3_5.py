@@ -31,7 +31,6 @@ import textwrap
 
 import pytest
 
-from cpu_orders import avx512_orders
 from interpreted_env import interpreter_env
 from qwen3_5_twin_case import FLIPPED, run
 
@@ -114,7 +113,6 @@ def test_the_twin_refuses_what_it_does_not_lay_out(vllm_engine, monkeypatch):
         build_twin(model, vllm_engine, "native", qk="modules")
 
 
-@avx512_orders
 def test_default_twin_at_hidden_384_adds_the_norms_squares_in_inductors_order(vllm_engine):
     """At hidden 384 a second difference shows, an arithmetic order and not a rounding location: Inductor's
     norm kernels sum a row's squares in another order than PyTorch's eager mean (the rows' ``norm_reduction``
@@ -122,7 +120,13 @@ def test_default_twin_at_hidden_384_adds_the_norms_squares_in_inductors_order(vl
     DeltaNet's recurrence then carries one such flip to later tokens. The oracle under the row's points (its gate
     rounded once) with every norm's mean of squares from a compiled ``(v * v).mean(-1)`` equals the twin bit for
     bit (without the kernel: the oracle's q/k norms cannot take the interpreted ``tl.sum``'s order); with
-    PyTorch's mean it differs from the first layer on, with HF's gate from the first full-attention layer on."""
+    PyTorch's mean it differs from the first layer on, with HF's gate from the first full-attention layer on.
+
+    The compiled mean reads a bf16 tensor (a zero added to ``v``) as the twin's norm kernels read their bf16
+    inputs, so Inductor gives it their lanes on any CPU: a kernel that loads bf16 sums a row in two vectors'
+    lanes (32 fp32 partials with AVX-512, 16 with AVX2), one that loads fp32 only in one vector's (16, 8). The
+    fp32-only ``(v * v).mean`` equalled the twin with AVX-512's lanes by luck, and with AVX2's it differed in
+    the logits and two layers (checked under ``ATEN_CPU_CAPABILITY=avx2``: tests/cpu_orders.py)."""
     import torch
 
     from qwen3_5_spec import qwen3_5_points, spec_forward, tiny_qwen3_5
@@ -135,7 +139,14 @@ def test_default_twin_at_hidden_384_adds_the_norms_squares_in_inductors_order(vl
     pts = qwen3_5_points("vllm-0.33")
     assert pts.attention["attn_gate"] == "fused"
     pts.attention = {"attn_gate": "fused"}  # without the kernel: the base row's q/k chain; the row's gate
-    inductor = torch.compile(lambda v: (v * v).mean(-1, keepdim=True), dynamic=False)
+    def squares(v, zero):  # v + 0 is v: the bf16 zero makes the kernel load bf16, as the twin's norms do
+        u = v + zero.float()
+        return (u * u).mean(-1, keepdim=True)
+
+    compiled = torch.compile(squares, dynamic=False)
+
+    def inductor(v):
+        return compiled(v, torch.zeros(v.shape, dtype=torch.bfloat16))
 
     def layers_equal(gate="fused", **kw):
         pts.attention["attn_gate"] = gate
