@@ -18,16 +18,16 @@ python3 -c "import liger_kernel, importlib.metadata as m; print('liger', m.versi
 for stage in "$@"; do
   echo "=== $stage $(date -u +%FT%TZ)"
   case $stage in
-    tests) timeout 240 python3 -m pytest -q -p no:cacheprovider -s tests/ops/test_fused_gpu.py > "$OUT/tests.txt" 2>&1
+    tests) timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra -s tests/ops/test_fused_gpu.py > "$OUT/tests.txt" 2>&1
            echo "pytest rc=$?"; grep -E "passed|failed|Error|assert|FAILED" "$OUT/tests.txt" | tail -40 ;;
-    tests-norm) timeout 120 python3 -m pytest -q -p no:cacheprovider -s tests/ops/test_fused_gpu.py \
+    tests-norm) timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra -s tests/ops/test_fused_gpu.py \
              -k "norms or fp32_sum or gradients or saves or opcheck or cuda_graph" > "$OUT/tests.txt" 2>&1
            echo "pytest rc=$?"; grep -E "passed|failed|FAILED" "$OUT/tests.txt" | tail -20 ;;
     tests-gated)  # the fused GeGLU / clamped SwiGLU bitwise tests, the family ops and the aligned families on CUDA, the ops' opcheck: < 200 s
-           timeout 120 python3 -m pytest -q -p no:cacheprovider -s --durations=5 tests/ops/test_gated_triton.py \
+           timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra -s --durations=5 tests/ops/test_gated_triton.py \
              tests/ops/test_ops_families.py tests/alignment/test_align_families_gpu.py > "$OUT/tests-gated.txt" 2>&1
            echo "pytest rc=$?"; grep -E "passed|failed|FAILED|differ|skipped" "$OUT/tests-gated.txt" | tail -30
-           timeout 75 python3 -m pytest -q -p no:cacheprovider -s tests/ops/test_fused_gpu.py -k opcheck \
+           timeout 75 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra -s tests/ops/test_fused_gpu.py -k opcheck \
              > "$OUT/tests-opcheck.txt" 2>&1
            echo "pytest rc=$?"; grep -E "passed|failed|FAILED|skipped" "$OUT/tests-opcheck.txt" | tail -10 ;;
     tune)  timeout 150 python3 lab/bench/tune_fused.py --out "$OUT/tuned.json" --only ${TUNE_ONLY:-swiglu rope norm} > "$OUT/tune.txt" 2>&1

@@ -27,7 +27,7 @@ elif [ "$CALL" = call3 ]; then  # after the engine-backed fused-add fix and the 
   stamp "lab/bench/engine_twin_h200.py --stages twin --modes eager"
   timeout 200 python3 lab/bench/engine_twin_h200.py --stages twin --modes eager --wheel $W --library $L --out $R/eager > $R/call3_twin.log 2>&1
   stamp "pytest tests/ops/test_fused_gpu.py"
-  timeout 130 python3 -m pytest -q -p no:cacheprovider tests/ops/test_fused_gpu.py > $R/call3_fused_tests.log 2>&1
+  timeout 130 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra tests/ops/test_fused_gpu.py > $R/call3_fused_tests.log 2>&1
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > /dev/null 2>&1
   mkdir -p /tmp/old && tar xzf .engine/old_src.tar.gz -C /tmp/old
   for side in new old new old; do
@@ -40,7 +40,7 @@ elif [ "$CALL" = call1 ]; then
   nvidia-smi > $R/nvidia-smi.txt 2>&1
   python3 -c "import torch, triton, transformers; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" > $R/env.txt 2>&1
   stamp "pytest tests/ops/test_fused_gpu.py"
-  timeout 130 python3 -m pytest -q -p no:cacheprovider tests/ops/test_fused_gpu.py > $R/call1_fused_tests.log 2>&1
+  timeout 130 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra tests/ops/test_fused_gpu.py > $R/call1_fused_tests.log 2>&1
   stamp "rla calibrate --engine vllm --mode default --device cuda --scale full"
   timeout 110 python3 -m rla.cli calibrate --engine vllm --mode default --device cuda --scale full --wheel $W --out $R/vllm-0.33-default.json > $R/call1_calibrate.log 2>&1
   stamp "lab/bench/inductor_norm_code.py"

@@ -18,7 +18,7 @@ nvidia-smi > $R/nvidia-smi.txt 2>&1
 python3 -c "import torch, triton, transformers; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" > $R/env.txt 2>&1
 if [ "$CALL" = call2 ]; then
   stamp "pytest -k aligned_model_fused_chain tests/ops/test_fused_gpu.py; tests/ops/test_qk_norm_rope_triton.py tests/alignment"
-  timeout -s INT 170 python3 -m pytest -q -p no:cacheprovider -ra --junitxml=$R/junit2.xml tests/ops/test_qk_norm_rope_triton.py \
+  timeout -s INT 170 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra -ra --junitxml=$R/junit2.xml tests/ops/test_qk_norm_rope_triton.py \
       "tests/ops/test_fused_gpu.py::test_aligned_model_fused_chain_equals_two_op_chain_on_gpu" tests/alignment > $R/pytest2.log 2>&1
   echo "pytest rc=$?" | tee -a $R/commands.log
   grep -E "passed|failed|FAILED|ERROR" $R/pytest2.log | tail -20
@@ -37,7 +37,7 @@ sys.exit(main(['bench', 'e2e', '--models', 'qwen3-1.7b', '--variants', 'rla-vllm
   exit 0
 fi
 stamp "pytest tests/alignment/test_align_qk_chain.py tests/ops/test_qk_norm_rope_triton.py tests/ops/test_fused_gpu.py tests/alignment"
-timeout -s INT 240 python3 -m pytest -q -p no:cacheprovider -ra --junitxml=$R/junit.xml tests/alignment/test_align_qk_chain.py \
+timeout -s INT 240 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra -ra --junitxml=$R/junit.xml tests/alignment/test_align_qk_chain.py \
     tests/ops/test_qk_norm_rope_triton.py tests/ops/test_fused_gpu.py tests/alignment > $R/pytest.log 2>&1
 echo "pytest rc=$?" | tee -a $R/commands.log
 grep -E "passed|failed|FAILED|ERROR" $R/pytest.log | tail -30

@@ -19,7 +19,7 @@ if [ "$CALL" = callA ]; then
   nvidia-smi > $R/nvidia-smi.txt 2>&1
   python3 -c "import torch, triton, transformers; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" > $R/env.txt 2>&1
   stamp "pytest tests/test_fused_gpu.py tests/test_reduction.py tests/test_ops.py"
-  timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_fused_gpu.py tests/test_reduction.py tests/test_ops.py > $R/callA_gpu_tests.log 2>&1
+  timeout 400 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra tests/test_fused_gpu.py tests/test_reduction.py tests/test_ops.py > $R/callA_gpu_tests.log 2>&1
 elif [ "$CALL" = callB ]; then
   cat /tmp/vllm_a .engine/b > $L && (cd /tmp && sha256sum vllm_C.so.xz) > $R/library_sha256.txt
   stamp "rla calibrate --engine vllm --mode eager --device cuda --scale full"
@@ -40,7 +40,7 @@ elif [ "$CALL" = callC ]; then
 elif [ "$CALL" = callD ]; then  # the fp32 q/k chain through the kernels; default-mode twin rows with it
   nvidia-smi > $R/nvidia-smi.txt 2>&1
   stamp "pytest tests/test_fused_gpu.py"
-  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_fused_gpu.py > $R/callD_gpu_tests.log 2>&1
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra tests/test_fused_gpu.py > $R/callD_gpu_tests.log 2>&1
   stamp "lab/bench/engine_twin_h200.py --stages twin --modes default --only qwen3-h2048 qwen2-h1536"
   timeout 300 python3 lab/bench/engine_twin_h200.py --stages twin --modes default --only qwen3-h2048 qwen2-h1536 --wheel $W --out $R/default > $R/callD_twin.log 2>&1
 elif [ "$CALL" = callE ]; then  # the dose-response small grid (issue #19), 21 runs at once

@@ -39,7 +39,7 @@ cap() { local left=$(( DEADLINE - ($(date +%s) - t0) - 5 )); (( left < $1 )) && 
 
 if has gputests; then
   stamp gputests
-  timeout $(cap 60) python3 -m pytest -q -p no:cacheprovider tests/rollout/test_sampler.py > "$OUT/r/gputests.log" 2>&1; echo rc=$?; tail -3 "$OUT/r/gputests.log"
+  timeout $(cap 60) python3 -m pytest -q -p no:cacheprovider -o addopts=-ra tests/rollout/test_sampler.py > "$OUT/r/gputests.log" 2>&1; echo rc=$?; tail -3 "$OUT/r/gputests.log"
   timeout $(cap 45) python3 lab/bench/gpu_align_check.py --out "$OUT/r" > "$OUT/r/align_cuda.log" 2>&1; echo rc=$?; tail -2 "$OUT/r/align_cuda.log"
 fi
 if has sampler; then
@@ -64,7 +64,7 @@ if has tune; then
 fi
 if has fused; then
   stamp fused
-  timeout $(cap 150) python3 -m pytest -q -p no:cacheprovider -s tests/ops/test_fused_gpu.py > "$OUT/r/fused.log" 2>&1; echo rc=$?
+  timeout $(cap 150) python3 -m pytest -q -p no:cacheprovider -o addopts=-ra -s tests/ops/test_fused_gpu.py > "$OUT/r/fused.log" 2>&1; echo rc=$?
   grep -E "passed|failed|FAILED|Error" "$OUT/r/fused.log" | tail -15 | cut -c1-300
 fi
 if has variants; then
@@ -115,7 +115,7 @@ if has e2eold; then
 fi
 if has gpupick; then
   stamp gpupick
-  timeout $(cap 120) python3 -m pytest -q -p no:cacheprovider $GPU_TESTS > "$OUT/r/gpupick.log" 2>&1; echo rc=$?
+  timeout $(cap 120) python3 -m pytest -q -p no:cacheprovider -o addopts=-ra $GPU_TESTS > "$OUT/r/gpupick.log" 2>&1; echo rc=$?
   grep -E "passed|failed|FAILED|Error" "$OUT/r/gpupick.log" | tail -15 | cut -c1-300
 fi
 if has grpo; then

@@ -48,7 +48,7 @@ timeout 240 python3 -m rla.cli calibrate --engine sglang --device cuda --scale f
 echo "calibrate exit $?" >> $R/commands.log
 
 stamp "pytest tests/engines/test_engines_sglang.py (the compile-for-Hopper and the GPU calibration tests run here)"
-(cd $SRC && timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engines/test_engines_sglang.py) > $R/gpu_tests.log 2>&1
+(cd $SRC && timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra tests/engines/test_engines_sglang.py) > $R/gpu_tests.log 2>&1
 echo "pytest exit $?" >> $R/commands.log
 mkdir -p $R/ninja  # the exact nvcc command of every module built (flags, arch, includes)
 for f in $(find /tmp/sgljit -name build.ninja); do cp $f $R/ninja/$(basename $(dirname $(dirname $(dirname $f)))).ninja; done

@@ -21,7 +21,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 
 export PYTHONPATH=$PWD/src:$PWD/tests:$PWD
 if has tests; then
   stamp tests
-  run timeout ${TESTS_TIMEOUT:-330} python3 -m pytest -v -p no:cacheprovider -rs tests/ops/test_rms_norm_and_round.py \
+  run timeout ${TESTS_TIMEOUT:-330} python3 -m pytest -v -p no:cacheprovider -o addopts=-ra -rs tests/ops/test_rms_norm_and_round.py \
     tests/ops/test_add_rms_norm_normed.py tests/alignment/test_align_residual_traffic.py tests/ops/test_norm_bwd_tiles.py \
     tests/ops/test_residual_source.py tests/ops/test_carry_add_grad.py tests/ops/test_qk_norm_rope_triton.py \
     tests/ops/test_fused_gpu.py tests/ops/test_reference_compile.py tests/alignment/test_align_compile_regions.py > "$P/gpu_tests.log" 2>&1

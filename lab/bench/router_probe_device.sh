@@ -23,7 +23,7 @@ case "${1:-}" in
     (cd /tmp/moe && sha256sum -c "$OLDPWD/.carry/moe/b/sha256.txt")
     set +e
     mkdir -p "$OUT/router_probe"
-    RLA_VLLM_MOE_LIB=$LIB timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    RLA_VLLM_MOE_LIB=$LIB timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra -m gpu \
       tests/engines/test_router_probe_gpu.py tests/alignment/test_align_router.py \
       > "$OUT/router_probe/gpu_tests.log" 2>&1
     echo "pytest rc=$?"; grep -E "passed|failed|FAILED|Error" "$OUT/router_probe/gpu_tests.log" | tail -20

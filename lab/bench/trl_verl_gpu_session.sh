@@ -68,8 +68,8 @@ if has verl; then
   ( export PYTHONPATH=$VERL_DEPS:$PWD/lab/bench/verl_without_ray:$PWD/src:$PWD/tests:$PWD \
            RLA_VERL_FSDP_OUT=$R/verl/cases RLA_ENGINE_VERSION=0.26.0
     T=$(( $(left) - 15 ))
-    echo "PYTHONPATH=$PYTHONPATH RLA_VERL_FSDP_OUT=$RLA_VERL_FSDP_OUT RLA_ENGINE_VERSION=0.26.0 timeout $T $PY -m pytest -q -p no:cacheprovider -rA tests/integrations/test_integration_verl_fsdp_gpu.py --junitxml $R/verl/junit.xml" >> "$R/commands.txt"
-    timeout $T $PY -m pytest -q -p no:cacheprovider -rA tests/integrations/test_integration_verl_fsdp_gpu.py \
+    echo "PYTHONPATH=$PYTHONPATH RLA_VERL_FSDP_OUT=$RLA_VERL_FSDP_OUT RLA_ENGINE_VERSION=0.26.0 timeout $T $PY -m pytest -q -p no:cacheprovider -o addopts=-ra -rA tests/integrations/test_integration_verl_fsdp_gpu.py --junitxml $R/verl/junit.xml" >> "$R/commands.txt"
+    timeout $T $PY -m pytest -q -p no:cacheprovider -o addopts=-ra -rA tests/integrations/test_integration_verl_fsdp_gpu.py \
       --junitxml "$R/verl/junit.xml" > "$R/verl/pytest.txt" 2>&1
     echo "verl rc=$?" | tee -a "$R/verl/pytest.txt" )
   grep -E "^(PASSED|FAILED|SKIPPED|ERROR)|passed|failed" "$R/verl/pytest.txt" | cut -c1-300 | tail -n 20
