@@ -59,12 +59,20 @@ def family_kind(model) -> str | None:
     return family.variant if family is not None else None
 
 
+#: Variant points a live search does not take: decided at the kernel, where they are bit-exact, and below what a
+#: model-level score can tell apart (``oai_glu``: the clamped SwiGLU's two fp32 orders part in about 4 of a million
+#: bf16 outputs; searching it would double GPT-OSS's group for that). The row's value stays as the start row has it.
+NOT_SEARCHED: tuple[str, ...] = ("oai_glu",)
+
+
 def variant_points(model) -> tuple[str | None, dict[str, tuple[str, ...]]]:
     """``(the kind of the model's family, {variant point: choices})``: the variant points the
-    family's modules have (:data:`rla.profiles.VARIANT_POINT_KINDS`), none for a family without a
-    kind or whose kind has none (GPT-OSS's ``gpt_oss``)."""
+    family's modules have (:data:`rla.profiles.VARIANT_POINT_KINDS`) that a live search takes (not
+    :data:`NOT_SEARCHED`), none for a family without a kind or whose kind has none searched (GPT-OSS's
+    ``gpt_oss``: its ``oai_glu`` is a kernel fact)."""
     kind = family_kind(model)
-    return kind, {p: VARIANT_POINTS[p] for p, kinds in VARIANT_POINT_KINDS.items() if kind in kinds}
+    return kind, {p: VARIANT_POINTS[p] for p, kinds in VARIANT_POINT_KINDS.items()
+                  if kind in kinds and p not in NOT_SEARCHED}
 
 
 def set_in(row, kind: str | None) -> dict[str, str]:
