@@ -44,7 +44,7 @@ POSITIONS = torch.arange(40, 64)[None].expand(2, 24)  # not starting at 0: the c
 #: separate Inductor's CPU code from the oracle's PyTorch ops, and at other positions of these inputs
 #: each shows in a few elements: the GeGLU's fp32 gelu (Inductor's C++ tanh differs from ATen's in the
 #: last bit of ~0.3% of values) and a norm's sum of squares (Inductor adds a row in 16- or 32-lane
-#: partials, chosen per kernel: the rows' ``norm_reduction='unpinned'``; located at positions 40.., where
+#: partials with AVX-512, 8 or 16 with AVX2, chosen per kernel: the rows' ``norm_reduction='unpinned'``; located at positions 40.., where
 #: one token's pre-feed-forward rstd moves by an ulp under either lane order). The caches' indexing at
 #: other positions is checked bit for bit by the native-mode test (the same caches, at 40..).
 GEMMA_POSITIONS = torch.arange(24)[None].expand(2, 24)
