@@ -1,7 +1,6 @@
 """Fixtures shared by several test files (this file stays at the top of ``tests/``, so they are
 visible in every folder). The layout of ``tests/`` is described in ``docs/README.md``, "Tests"."""
 
-import subprocess
 import sys
 
 import pytest
@@ -11,32 +10,15 @@ from engine_versions import SGLANG_VERSION, VLLM_UNCALIBRATED_VERSION, VLLM_VERS
 
 def _cached_wheel(name: str, version: str, size: str) -> str:
     """``name==version``'s wheel from the engine cache (``$RLA_ENGINE_CACHE``, else
-    ``~/.cache/rla/engines``), downloaded there once with ``pip download --no-deps`` when absent.
+    ``~/.cache/rla/engines``), downloaded there once when absent (``rla.engines.source.download_wheel``:
+    parallel-safe, as pytest-xdist's workers each ask)."""
+    from rla.engines.source import cache_dir, cached_wheel, download_wheel
 
-    Parallel-safe (pytest-xdist's workers each ask): the cache's lock for that wheel is held while
-    looking and downloading, and pip downloads into a private folder whose wheel is then renamed
-    into the cache, so no process ever sees a half-written wheel there."""
-    import os
-    import shutil
-
-    from rla.engines.source import cache_lock
-
-    with cache_lock(f"{name}-{version}.whl") as folder:
-        found = sorted(folder.glob(f"{name}-{version}-*.whl"))
-        if not found:
-            staging = folder / f".{name}-{version}.part{os.getpid()}"
-            shutil.rmtree(staging, ignore_errors=True)
-            print(f"\n[rla tests] downloading {name}=={version} ({size}, once) into {folder}", file=sys.stderr)
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"{name}=={version}", "-d", str(staging)],
-                check=True,
-            )
-            for wheel in staging.glob(f"{name}-{version}-*.whl"):
-                os.replace(wheel, folder / wheel.name)
-            shutil.rmtree(staging, ignore_errors=True)
-            found = sorted(folder.glob(f"{name}-{version}-*.whl"))
-    assert found, f"no {name}-{version} wheel in {folder}"
-    return str(found[-1])
+    found = cached_wheel(name, version)
+    if found is None:
+        print(f"\n[rla tests] downloading {name}=={version} ({size}, once) into {cache_dir()}", file=sys.stderr)
+        found = download_wheel(name, version)
+    return str(found)
 
 
 @pytest.fixture(scope="session")

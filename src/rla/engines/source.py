@@ -123,20 +123,32 @@ def cached_wheel(name: str, version: str | None = None) -> Path | None:
 
 def download_wheel(name: str, version: str | None = None) -> Path:
     """Download ``name`` (``==version`` when given, else the newest release) into the engine cache
-    with ``pip download --no-deps`` (pip prints its progress) and return the wheel's path."""
+    with ``pip download --no-deps`` (pip prints its progress) and return the wheel's path.
+
+    Parallel-safe: under :func:`cache_lock` for the spec, a wheel of ``version`` another process
+    finished meanwhile is returned as it is, and pip downloads into a private folder whose wheels are
+    then renamed into the cache, so no process sees a half-written wheel there."""
+    import shutil
     import subprocess
     import sys
 
-    folder = cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
     spec = name if version is None else f"{name}=={version}"
-    before = set(folder.glob("*.whl"))
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", spec,
-                           "-d", str(folder)])
-    if done.returncode != 0:
-        raise EngineNotFound(f"pip download --no-deps {spec} -d {folder} failed (exit {done.returncode}); "
-                             "download the wheel yourself and pass it with --wheel")
-    new = [w for w in set(folder.glob("*.whl")) - before if _wheel_name_version(w, name) is not None]
+    with cache_lock(f"{name}-{version or 'newest'}.whl") as folder:
+        if version is not None and (done := cached_wheel(name, version)) is not None:
+            return done
+        staging = folder / f".{name}-{version or 'newest'}.part{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", spec,
+                                   "-d", str(staging)])
+            if done.returncode != 0:
+                raise EngineNotFound(f"pip download --no-deps {spec} -d {folder} failed (exit {done.returncode}); "
+                                     "download the wheel yourself and pass it with --wheel")
+            new = [folder / w.name for w in staging.glob("*.whl") if _wheel_name_version(w, name) is not None]
+            for w in staging.glob("*.whl"):
+                os.replace(w, folder / w.name)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     wheel = max(new, key=lambda w: _wheel_name_version(w, name)) if new else cached_wheel(name, version)
     if wheel is None:
         raise EngineNotFound(f"pip download {spec} left no {name} wheel in {folder}")
