@@ -13,6 +13,8 @@
 # `run` assembles the kernel library, checks its sha256, and runs the families stage in both modes
 # (about 3-5 minutes: Inductor compiling each family's pieces dominates; the stage's own limit is
 # 500 s). Everything lands in $OUT/results.tgz (the tool returns at most 8 files).
+# MODES="default" (environment) runs one mode only (default: both); TESTS="tests/x.py ..." then runs those
+# test files on the GPU (-o addopts=-ra: the device has no pytest-xdist), their log in r/tests.log.
 set -u
 CALL=$1; K=${2:-}; MODELS="${*:3}"
 export PYTHONPATH=$PWD/src:$PWD/tests:$PWD PYTHONUNBUFFERED=1 RLA_ENGINE_CACHE=/tmp/twin33/cache
@@ -39,7 +41,13 @@ fi
 nvidia-smi > $R/nvidia-smi.txt 2>&1
 python3 -c "import torch, triton, transformers; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__, torch.cuda.get_device_name())" > $R/env.txt 2>&1
 ONLY=${MODELS:+--only $MODELS}
-stamp "lab/bench/engine_twin_h200.py --stages families --modes default eager $ONLY"
-timeout 500 python3 lab/bench/engine_twin_h200.py --stages families --modes default eager $ONLY --wheel $W --library $L --out $R/families > $R/families.log 2>&1
+MODES=${MODES:-default eager}
+stamp "lab/bench/engine_twin_h200.py --stages families --modes $MODES $ONLY"
+timeout 500 python3 lab/bench/engine_twin_h200.py --stages families --modes $MODES $ONLY --wheel $W --library $L --out $R/families > $R/families.log 2>&1
 stamp "done rc=$?"
 python3 lab/bench/engine_twin_h200.py --summarize $R/families > $R/families_summary.md 2>&1
+if [ -n "${TESTS:-}" ]; then
+  stamp "python3 -m pytest -q -p no:cacheprovider -o addopts=-ra $TESTS"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra $TESTS > $R/tests.log 2>&1
+  stamp "tests rc=$?"
+fi
