@@ -357,27 +357,29 @@ def printed_live_table(root: Path, folder: Path = CURRENT, call: str = "rescore-
 _TWIN_LINE = re.compile(r"^(\S+)\s+(default|eager)\s+(\S+)\s+(\S+)\s+eq=([\d.]+)% k3=(\S+) kl=(\S+) layers=\[([^]]*)\]")
 
 
+def _twin_lines(path: Path):
+    """``twin_families.py``'s per-side lines of a ``families.log``, each as (mode, shape, side, eq, k3, kl, layers):
+    the logged strings (``eq`` without its ``%``, ``layers`` the list of each layer stream's fraction bit-equal)."""
+    for line in path.read_text().splitlines():
+        if m := _TWIN_LINE.match(line):
+            yield (*m.group(2, 3, 4, 5, 6, 7), m.group(8).split(","))
+
+
 def twin_log_table(root: Path, mode: str, shape: str, folder: Path = GEMMA4_TWIN) -> str:
     """One mode and shape of a twin call's ``families.log`` (``twin_families.py``'s per-side lines)."""
-    rows = []
-    for line in (root / folder / "runs" / "families.log").read_text().splitlines():
-        m = _TWIN_LINE.match(line)
-        if m and m.group(2) == mode and m.group(3) == shape:
-            layers = ", ".join(f"{float(v):.3f}" for v in m.group(8).split(","))
-            rows.append([f"`{m.group(4)}`", f"{float(m.group(5)):.2f}%", m.group(6), m.group(7), layers])
+    rows = [[f"`{side}`", f"{float(eq):.2f}%", k3, kl, ", ".join(f"{float(v):.3f}" for v in layers)]
+            for md, sh, side, eq, k3, kl, layers in _twin_lines(root / folder / "runs" / "families.log")
+            if (md, sh) == (mode, shape)]
     return _table(["side", "bit-equal", "k3", "KL", "layer streams bit-equal"], rows)
 
 
 def twin_calls_table(root: Path, folder: Path, calls: tuple[str, ...], sides: tuple[str, ...] = ("hf", "rla")) -> str:
     """Each call's twin lines (``runs/<call>/families.log``) of ``sides``, every mode and shape: logits bit-equal, k3,
     KL and the first layer's output stream."""
-    rows = []
-    for call in calls:
-        for line in (root / folder / "runs" / call / "families.log").read_text().splitlines():
-            m = _TWIN_LINE.match(line)
-            if m and m.group(4) in sides:
-                rows.append([call, m.group(2), m.group(3), f"`{m.group(4)}`", f"{m.group(5)}%", m.group(6),  # as logged
-                             m.group(7), m.group(8).split(",")[0].strip()])
+    rows = [[call, md, sh, f"`{side}`", f"{eq}%", k3, kl, layers[0].strip()]  # as logged
+            for call in calls
+            for md, sh, side, eq, k3, kl, layers in _twin_lines(root / folder / "runs" / call / "families.log")
+            if side in sides]
     return _table(["call", "mode", "batch x tokens @ first position", "side", "logits bit-equal", "k3", "KL",
                    "layer 0 stream bit-equal"], rows)
 

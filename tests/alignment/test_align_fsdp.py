@@ -10,7 +10,6 @@ sum that ``fp32_sum`` profiles hand between layers is rounded by FSDP; that must
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ import torch.multiprocessing as mp
 import rla
 
 from align_spec import single_thread, tiny_model, tokens  # noqa: F401
+from free_port import free_port
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo"
@@ -92,14 +92,8 @@ def _worker(rank, world, port, out_dir):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_fsdp2_two_cpu_processes(tmp_path):
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     result = torch.load(tmp_path / "result.pt", weights_only=False)
     ids = tokens()
     engine = tiny_model("qwen3", dtype=torch.float32).to(torch.bfloat16)  # RN(master)

@@ -17,6 +17,7 @@ import pytest
 import torch
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from rla.alignment import compat
 
@@ -68,3 +69,21 @@ def test_the_ramp_divided_by_a_reciprocal_moves_two_of_gpt_osss_frequencies_one_
     hf, _ = ROPE_INIT_FUNCTIONS["yarn"](cfg, device=torch.device("cpu"))
     assert int((moved != hf).sum()) == 2
     assert float((moved - hf).abs().max()) == 2.0 ** -31  # one ulp of the frequencies near 2**-8
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_off_the_cpu_the_attention_factor_is_the_modules_own_and_hfs_init_is_not_run_again(name, monkeypatch):
+    """``compat.rope_init`` on a device other than the CPU (the meta device here: the formula's ops run there,
+    shapes only) takes YaRN's attention factor from the module's ``__init__``, which HF's init gave it from the
+    same config; on the CPU it is HF's init, factor and all."""
+    cfg = CASES[name]
+    rotary = LlamaRotaryEmbedding(cfg)
+    hf = ROPE_INIT_FUNCTIONS["yarn"]
+    want = hf(cfg)[1]
+    calls = []
+    monkeypatch.setitem(ROPE_INIT_FUNCTIONS, "yarn", lambda *a, **k: calls.append(1) or hf(*a, **k))
+    inv_freq, scaling = compat.rope_init(rotary, torch.device("meta"))
+    assert scaling == want and calls == []
+    assert inv_freq.is_meta and inv_freq.dtype == torch.float32 and inv_freq.shape == rotary.inv_freq.shape
+    cpu_freq, cpu_scaling = compat.rope_init(rotary)
+    assert cpu_scaling == want and torch.equal(cpu_freq, hf(cfg)[0]) and calls == [1]

@@ -26,6 +26,7 @@ pytest.importorskip("verl", reason="the verl integration is tested where verl is
 
 from verl_cpu import fsdp1_on_cpu  # noqa: E402  (registers verl's CPU platform before verl's engine modules load)
 from fsdp_compare import compare_with_unsharded  # noqa: E402
+from free_port import free_port  # noqa: E402
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 from verl.trainer.config import CheckpointConfig  # noqa: E402
@@ -42,7 +43,7 @@ EXTERNAL_LIB = "rla.integrations.verl"  # the README's config line: actor_rollou
 def process_group():
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29531", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     dist.init_process_group("gloo", rank=0, world_size=1)
     yield
     dist.destroy_process_group()

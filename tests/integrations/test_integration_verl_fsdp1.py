@@ -24,7 +24,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
-import socket
 import traceback
 from importlib.resources import files
 
@@ -35,6 +34,7 @@ pytest.importorskip("verl", reason="the verl integration is tested where verl is
 
 from verl_cpu import fsdp1_on_cpu  # noqa: E402  (registers verl's CPU platform first)
 from fsdp_compare import compare_with_unsharded, untied_checkpoint  # noqa: E402
+from free_port import free_port  # noqa: E402
 
 # imported here, in the test process, so the forked ranks inherit them (torch._dynamo: FSDPEngine
 # wraps its entropy function in torch.compile, verl's default)
@@ -85,19 +85,13 @@ def _rank(rank: int, world: int, port: int, model_path: str, strategy: str, role
     results.put(result)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("strategy,role", [("fsdp", "actor"), ("fsdp2", "actor"), ("fsdp", "ref")])
 def test_two_ranks_with_a_meta_built_rank_are_aligned_and_exact(strategy, role, tmp_path):
     model_path = untied_checkpoint(tmp_path / "untied", MODEL)
     _model_config(model_path)  # transformers' lazy imports (tokenizer, model class) happen here, once, not per rank
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     ranks = [ctx.Process(target=_rank, args=(r, 2, port, model_path, strategy, role, results)) for r in range(2)]
     for p in ranks:
         p.start()

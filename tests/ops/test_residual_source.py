@@ -90,6 +90,8 @@ def test_bad_residual_source_is_refused_by_name():
         ops.add_rms_norm(x, r, w, 1e-6, "vllm", residual_source=torch.zeros(2, 9))
     with pytest.raises(TypeError, match="residual_source must be a torch.Tensor"):
         ops.add_rms_norm(x, r, w, 1e-6, "vllm", residual_source=[0.0])
+    with pytest.raises(ValueError, match="^residual and residual_source must be on one device, got cpu, meta$"):
+        ops.add_rms_norm(x, r, w, 1e-6, "vllm", residual_source=torch.zeros(2, 8, device="meta"))
 
 
 # ------------------------------------------------------------------ the aligned model

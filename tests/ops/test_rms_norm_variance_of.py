@@ -104,5 +104,7 @@ def test_bad_input_is_named():
         ops.rms_norm(x, w, 1e-6, p, variance_of=s.to(BF16))
     with pytest.raises(ValueError, match="x and variance_of must have the same shape"):
         ops.rms_norm(x, w, 1e-6, p, variance_of=s[:, :2])
+    with pytest.raises(ValueError, match="^x and variance_of must be on one device, got cpu, meta$"):
+        ops.rms_norm(x, w, 1e-6, p, variance_of=torch.zeros_like(s, device="meta"))
     with pytest.raises(NotImplementedError, match="variance_of with weight_offset"):
         ops.rms_norm(x, w, 1e-6, p, weight_offset=1.0, variance_of=s)

@@ -4,7 +4,6 @@ resumes to the bitwise state of an uninterrupted one (its checkpoint is in the s
 format, by parameter name)."""
 
 import os
-import socket
 
 import pytest
 import torch
@@ -12,16 +11,12 @@ import torch.multiprocessing as mp
 
 from rla.rl.runlog import deterministic_part, read_log
 
+from free_port import free_port
+
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
     reason="needs torch.distributed with gloo",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _grads_match_single_process(rank: int, world: int) -> None:
@@ -89,7 +84,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_fsdp2_two_cpu_ranks(tmp_path):
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     full, resumed = read_log(tmp_path / "full" / "log.jsonl"), read_log(tmp_path / "resumed" / "log.jsonl")
     assert len(full) == 3
     assert [deterministic_part(r) for r in full] == [deterministic_part(r) for r in resumed]

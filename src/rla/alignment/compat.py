@@ -132,7 +132,8 @@ def rope_init(rotary: torch.nn.Module, device=None, seq_len=None) -> tuple[torch
     default type, ``ROPE_INIT_FUNCTIONS[rope_type]`` (llama3, linear, dynamic, ...) otherwise.
     Every init function takes ``(config, device, seq_len)``: ``device`` is where the frequencies
     are evaluated (None: the CPU, as HF's ``__init__`` does); ``seq_len`` only matters to dynamic
-    types that have grown past their original length.
+    types that have grown past their original length. YaRN off the CPU: the attention factor is the
+    module's ``attention_scaling``, which HF's init gave its ``__init__`` from the same config.
     """
     rope_type = rotary.rope_type
     fn = rotary.compute_default_rope_parameters if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
@@ -145,8 +146,9 @@ def rope_init(rotary: torch.nn.Module, device=None, seq_len=None) -> tuple[torch
         inv_freq, scaling = _default_rope_on(rotary.config, device), 1.0
     elif rope_type == "yarn" and device.type != "cpu" and "rope_theta" in rotary.config.rope_parameters:
         # YaRN's init evaluates its ramp on the CPU whatever device it is told: the same formula, every op on
-        # ``device`` (its attention factor is plain Python arithmetic: the init's own)
-        inv_freq, scaling = _yarn_rope_on(rotary.config, device), fn(rotary.config, **kwargs)[1]
+        # ``device``; its attention factor (plain Python arithmetic) is the one that init gave the module's
+        # __init__ from this config, so HF's init is not run again for it
+        inv_freq, scaling = _yarn_rope_on(rotary.config, device), rotary.attention_scaling
     elif "device" in inspect.signature(fn).parameters:
         inv_freq, scaling = fn(rotary.config, device=device, **kwargs)
     else:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import lzma
 import math
+import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,7 @@ from rla.engines.source import (
     EnginePackage,
     EngineUnavailable,
     cache_dir,
+    cache_lock,
     extract_class,
     extract_function,
     locate,
@@ -321,18 +324,34 @@ class VllmEngine:
 
 
 def _decompressed(path: Path) -> Path:
+    """``path`` itself, or for an ``.xz`` its content in ``cache_dir()/libraries/`` (decompressed again when the
+    ``.xz`` is newer). Parallel-safe: under :func:`cache_lock`, into a temporary file of a name no other
+    process uses, in the same folder, then renamed into place, so no process loads a half-written library."""
     if not path.is_file():
         raise EngineUnavailable(f"kernel library {path} does not exist")
     if path.suffix != ".xz":
         return path
     dest = cache_dir() / "libraries" / path.stem
-    if not dest.is_file() or dest.stat().st_mtime < path.stat().st_mtime:
+
+    def fresh() -> bool:
+        return dest.is_file() and dest.stat().st_mtime >= path.stat().st_mtime
+
+    if fresh():
+        return dest
+    with cache_lock(f"library-{path.stem}"):
+        if fresh():  # another process decompressed it while this one waited
+            return dest
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + ".part")
-        with lzma.open(path) as src, open(tmp, "wb") as out:
-            while chunk := src.read(1 << 20):
-                out.write(chunk)
-        tmp.replace(dest)
+        for stale in dest.parent.glob(f".{dest.name}.*.part"):  # a killed writer's: every writer holds the lock
+            stale.unlink(missing_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.part")
+        try:
+            with lzma.open(path) as src, open(tmp, "xb") as out:  # "x": created here, the umask's mode as before
+                while chunk := src.read(1 << 20):
+                    out.write(chunk)
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
     return dest
 
 

@@ -130,25 +130,30 @@ def check_norm(x, residual, weight, eps, dtype=None) -> None:
         raise ValueError(f"eps must be a finite non-negative number, got {eps!r}")
 
 
+def _unrounded(name: str, s, of, of_name: str, dtype_error: str, shape_error: str) -> None:
+    """``s`` (the argument ``name``): the fp32 tensor that ``of`` (``of_name``) was rounded from, so of its
+    shape and device. ``dtype_error`` is formatted with ``got`` (s's dtype), ``shape_error`` with ``shape``
+    (of's) and ``got`` (s's)."""
+    _float(name, s)
+    if s.dtype != torch.float32:
+        raise TypeError(dtype_error.format(got=s.dtype))
+    if s.shape != of.shape:
+        raise ValueError(shape_error.format(shape=tuple(of.shape), got=tuple(s.shape)))
+    _same_device(f"{of_name} and {name}", of, s)
+
+
 def check_variance_of(x, s) -> None:
     """``rms_norm(variance_of=)``: an fp32 tensor of x's shape and device (the value x was rounded from)."""
-    _float("variance_of", s)
-    if s.dtype != torch.float32:
-        raise TypeError(f"variance_of must be fp32 (the unrounded value whose mean square the norm takes), got {s.dtype}")
-    if s.shape != x.shape:
-        raise ValueError(f"x and variance_of must have the same shape, got {tuple(x.shape)} and {tuple(s.shape)}")
-    _same_device("x and variance_of", x, s)
+    _unrounded("variance_of", s, x, "x",
+               "variance_of must be fp32 (the unrounded value whose mean square the norm takes), got {got}",
+               "x and variance_of must have the same shape, got {shape} and {got}")
 
 
 def check_residual_source(residual, source) -> None:
     """``add_rms_norm(residual_source=)``: an fp32 tensor of the residual's shape and device."""
-    _float("residual_source", source)
-    if source.dtype != torch.float32:
-        raise TypeError(f"residual_source must be the fp32 tensor the residual was rounded from, got {source.dtype}")
-    if source.shape != residual.shape:
-        raise ValueError(f"residual_source must have the residual's shape {tuple(residual.shape)}, "
-                         f"got {tuple(source.shape)}")
-    _same_device("residual and residual_source", residual, source)
+    _unrounded("residual_source", source, residual, "residual",
+               "residual_source must be the fp32 tensor the residual was rounded from, got {got}",
+               "residual_source must have the residual's shape {shape}, got {got}")
 
 
 def check_carry_add(x, residual, m) -> None:
