@@ -17,7 +17,7 @@ _COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_at
                num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
 
 
-def config(family: str):
+def config(family: str, **overrides):
     kw = dict(_COMMON)
     if family in ("qwen2_moe", "qwen3_moe"):
         kw.update(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32)
@@ -31,6 +31,7 @@ def config(family: str):
         kw.update(n_routed_experts=8, num_experts_per_tok=3, n_group=2, topk_group=1, moe_intermediate_size=32,
                   n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=32,
                   qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, num_key_value_heads=4)
+    kw.update(overrides)
     return {
         "qwen2_moe": transformers.Qwen2MoeConfig,
         "qwen3_moe": transformers.Qwen3MoeConfig,
@@ -39,12 +40,13 @@ def config(family: str):
     }[family](**kw)
 
 
-def model(family: str, seed: int = 0, experts: str = "eager", dtype=torch.bfloat16, gate_scale: float = 0.5):
+def model(family: str, seed: int = 0, experts: str = "eager", dtype=torch.bfloat16, gate_scale: float = 0.5,
+          **overrides):
     """A random tiny ``family`` model in ``dtype``; ``gate_scale`` sets how sharp its routers are
     (0.5: sharp, the module docstring; small: near-uniform probabilities, where two stacks
-    disagree on the experts often)."""
+    disagree on the experts often); ``overrides``: config fields (e.g. ``mlp_only_layers``)."""
     torch.manual_seed(seed)
-    m = transformers.AutoModelForCausalLM.from_config(config(family), dtype=dtype, attn_implementation="eager",
+    m = transformers.AutoModelForCausalLM.from_config(config(family, **overrides), dtype=dtype, attn_implementation="eager",
                                                       experts_implementation=experts)
     g = torch.Generator().manual_seed(seed + 7)
     with torch.no_grad():

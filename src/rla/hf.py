@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["load_model", "read_config", "check_safetensors", "causal_lm_config", "ModelFilesError"]
+__all__ = ["load_model", "meta_model", "read_config", "check_safetensors", "causal_lm_config", "ModelFilesError"]
 
 
 class ModelFilesError(ValueError):
@@ -88,6 +88,15 @@ def check_safetensors(folder, config=None) -> None:
                 f"{Path(folder) / fname}: tensor {k} has shape {list(shape)}, but config.json builds {list(want[k])}; "
                 "the weights and config.json are from different models"
             )
+
+
+def meta_model(path: str):
+    """The causal LM ``load_model(path)`` would build, on the meta device (no weights read, no memory):
+    for what a model's structure says (which decoder layers are MoE blocks) before anything is loaded."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(causal_lm_config(read_config(Path(path))))
 
 
 def load_model(path: str, dtype: torch.dtype = torch.bfloat16, device: str = "cpu"):

@@ -26,13 +26,23 @@ from rla.alignment import core, moe_out
 from rla.alignment.router import moe_blocks, patch_block, state_of, unpatch_block
 
 __all__ = ["replay_routes", "capture_routes", "routes_from_records", "RouteCapture", "RoutesMissingError",
-           "moe_layers"]
+           "moe_layers", "moe_decoder_layers"]
 
 
 def moe_layers(model) -> int:
     """How many MoE blocks ``model`` has (0: a dense model, or a family without one)."""
+    return len(moe_decoder_layers(model))
+
+
+def moe_decoder_layers(model) -> list[int]:
+    """The decoder-layer indices of ``model``'s MoE blocks, in order (a dense first layer, as
+    DeepSeek-V3's ``first_k_dense_replace``, is not one): the layers an engine's per-layer routes
+    are read at (``rla.engines.vllm_live.routes_of``)."""
     family, body = core._find(model)
-    return len(moe_blocks(body, family)) if family.moe else 0
+    if not family.moe:
+        return []
+    blocks = {id(b) for b in moe_blocks(body, family)}
+    return [i for i, layer in enumerate(body.layers) if id(getattr(layer, "mlp", None)) in blocks]
 
 
 class RoutesMissingError(ValueError):

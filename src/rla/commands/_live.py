@@ -136,7 +136,8 @@ def settings_of(args, longest: int, info: dict | None = None):
                         max_model_len=max(longest + 64, 1024), seed=args.seed,
                         gpu_memory_utilization=args.gpu_memory_utilization or 0.5,
                         language_model_only=bool((info or {}).get("language_model_only")),
-                        gdn_prefill_backend=gdn_backend(args, info))
+                        gdn_prefill_backend=gdn_backend(args, info),
+                        return_routed_experts=bool(getattr(args, "replay_routes", False)))
 
 
 #: families with Gated DeltaNet layers (the only layers --gdn-prefill-backend reaches)
@@ -153,8 +154,9 @@ def gdn_backend(args, info: dict | None) -> str | None:
     return backend
 
 
-def run_engine(args, settings, vocab: int, say):
-    """Start the engine, collect prefill and decode (:func:`rla.engines.live_verify.collect`), close it."""
+def run_engine(args, settings, vocab: int, say, route_layers=None):
+    """Start the engine, collect prefill and decode (:func:`rla.engines.live_verify.collect`; with
+    ``route_layers``, the engine's routes at those MoE decoder layers too), close it."""
     from rla.engines.live_verify import collect, random_prompts
     from rla.engines.vllm_live import LiveVllm
 
@@ -164,7 +166,8 @@ def run_engine(args, settings, vocab: int, say):
     engine = LiveVllm(args.model, settings)
     try:
         say(f"vLLM {engine.version}: prompt logprobs of {len(prompts)} prompts, {len(decode)} sampled responses")
-        data = collect(engine, prompts, decode, max_new_tokens=args.max_new_tokens, seed=args.seed + 1)
+        data = collect(engine, prompts, decode, max_new_tokens=args.max_new_tokens, seed=args.seed + 1,
+                       route_layers=route_layers)
     finally:
         engine.close()
     return data
@@ -217,13 +220,13 @@ def engine_side(args, saved, longest: int, default_attention: str, info: dict | 
     return settings, attention, attending, version, train_device(saved, attention)
 
 
-def engine_data(args, saved, settings, vocab: int, say):
+def engine_data(args, saved, settings, vocab: int, say, route_layers=None):
     """The saved data, or a fresh engine run (:func:`run_engine`)."""
     if saved is not None:
         say(f"the engine outputs of {args.engine_outputs}: {saved.engine['name']} {saved.engine['version']}, "
             f"{saved.engine['mode']} mode, {len(saved.prompts)} prompts, {len(saved.records)} responses (no engine started)")
         return saved
-    return run_engine(args, settings, vocab, say)
+    return run_engine(args, settings, vocab, say, route_layers)
 
 
 def train_device(saved, attention: str) -> str:

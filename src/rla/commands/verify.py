@@ -47,6 +47,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--regions", default=None,
                         help="--live: the regions each row's side aligns, comma-separated (default rope,swiglu,rmsnorm; "
                         "'router' too for MoE models but GPT-OSS and GLM-4 MoE: docs/families.md)")
+    parser.add_argument("--replay-routes", action="store_true",
+                        help="--live, MoE models: the engine returns the experts it routed each token to (vLLM's "
+                        "enable_return_routed_experts) and every side is scored a second time routed to them "
+                        "(side <side>+routes): what is left is not expert-choice flips; with --engine-outputs, "
+                        "data recorded so (docs/engines.md)")
     parser.add_argument("--out", default=None,
                         help="--live: report folder (report.json, report.md, the engine's logprobs and records); "
                         "default rla-verify-live/vllm-<mode>")
@@ -112,7 +117,8 @@ def run(args) -> int:
         from rla.commands.verify_live import run as run_live
 
         return run_live(args)
-    for dest, flag in (("out", "--out"), ("overwrite", "--overwrite"), ("regions", "--regions")):
+    for dest, flag in (("out", "--out"), ("overwrite", "--overwrite"), ("regions", "--regions"),
+                       ("replay_routes", "--replay-routes")):
         if getattr(args, dest):
             raise ValueError(f"{flag}: only used with --live (the twin's report goes to --json); add --live or drop it")
     return _run_twin(args)

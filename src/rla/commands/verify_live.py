@@ -70,6 +70,28 @@ def _extra(args) -> dict:
     return rows
 
 
+def _route_layers(args, saved) -> list[int] | None:
+    """``--replay-routes``: the model's MoE decoder layers (where the engine's routes are read), checked
+    before the engine starts: a model without an MoE block, saved data without routes, and
+    ``--engine-forward`` (not scored with replay) are refused. None without the flag."""
+    if not args.replay_routes:
+        return None
+    if args.engine_forward:
+        raise ValueError("--replay-routes with --engine-forward: the engine-backed side is not scored with the "
+                         "engine's routes; run them apart")
+    if saved is not None and not saved.routed:
+        raise ValueError(f"--replay-routes: the engine outputs in {args.engine_outputs} hold no routes (a run "
+                         "without --replay-routes); run the engine again with it")
+    from rla.hf import meta_model
+
+    from rla.alignment.replay import moe_decoder_layers
+
+    layers = moe_decoder_layers(meta_model(args.model))
+    if not layers:
+        raise ValueError(f"--replay-routes: --model {args.model} has no MoE block: there are no routes to replay")
+    return layers
+
+
 def run(args) -> int:
     import torch
 
@@ -91,6 +113,7 @@ def run(args) -> int:
     longest = run_length(args, saved)
     info = check_model(args.model, longest)
     regions = _regions(args.regions, info["family"], args.model)
+    route_layers = _route_layers(args, saved)
     extra = _extra(args)
     settings, attention, attending, version, device = engine_side(args, saved, longest, "model", info)
     # the sides are named before the engine starts: a --profile clashing with a row of the report is
@@ -104,7 +127,7 @@ def run(args) -> int:
     def say(message: str) -> None:
         print(f"[rla verify --live {time.monotonic() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
 
-    data = engine_data(args, saved, settings, info["vocab_size"], say)
+    data = engine_data(args, saved, settings, info["vocab_size"], say, route_layers)
     say(f"scoring the engine's tokens with HF eager and rla's rows ({attention} attention, {device})")
     model = load_model(args.model, dtype=torch.bfloat16, device=device)
     data = weigh(data, saved, model, f"--engine-outputs {args.engine_outputs}")
@@ -113,7 +136,7 @@ def run(args) -> int:
         ops = engine_backed_forward(code, args.mode, args.library)
         sides[ENGINE_SIDE], backed[ENGINE_SIDE] = ops.profile, ops
     with attending(model):  # aligned inside: the engine-backed forward attends with this attention too
-        rows = compare(model, sides, data, log=say, backed=backed, regions=regions)
+        rows = compare(model, sides, data, log=say, backed=backed, regions=regions, replay=args.replay_routes)
     data = dataclasses.replace(data, engine={**data.engine, "settings": {**data.engine.get("settings", {}),
                                                                          "train_attention": attention}})
     rep = report(data, rows, info, environment(torch.device(device)))

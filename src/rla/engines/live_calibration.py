@@ -48,7 +48,7 @@ import itertools
 
 import torch
 
-from rla.alignment import aligned
+from rla.alignment import aligned, replay_routes, routes_from_records
 from rla.engines.live_points import (points_of, runs, second_points, second_values, set_in, split, values,
                                      variant_points, with_points)
 from rla.profiles import POINTS, REGION_POINTS
@@ -107,16 +107,30 @@ def stats(train: list[torch.Tensor], engine: list[torch.Tensor], offsets: list[i
     return row
 
 
-def score(model, profile, prompts, pre, records, ops=None, regions=None) -> dict:
+def _replaying(model, experts):
+    return contextlib.nullcontext() if experts is None else replay_routes(model, experts)
+
+
+def score(model, profile, prompts, pre, records, ops=None, regions=None, routes=None) -> dict:
     """Prefill and decode statistics of ``model`` under ``profile`` (None: as it is) against the
     engine's prompt logprobs ``pre`` (one list per prompt, tokens 1..n-1) and ``records``;
     ``ops``: aligned with those ops (``rla.align``'s ``ops``, e.g. an engine-backed forward);
-    ``regions``: the regions aligned (None: ``rla.align``'s default)."""
+    ``regions``: the regions aligned (None: ``rla.align``'s default); ``routes``: per prompt the
+    engine's experts of its tokens (``rla.engines.live_verify.EngineData.prompt_routes``), every
+    forward then routed as the engine routed it (``rla.replay_routes``: a prompt by ``routes``, a
+    record by its own ``routes``)."""
     kw = {} if regions is None else {"regions": tuple(regions)}
     ctx = aligned(model, profile, ops=ops, **kw) if profile is not None else contextlib.nullcontext()
+    if routes is not None and len(routes) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(routes)} prompt route lists")
     with ctx:
-        tp = [train_logprobs(model, p) for p in prompts]
-        td = [train_logprobs(model, r.prompt_ids + r.response_ids)[len(r.prompt_ids) - 1:] for r in records]
+        tp, td = [], []
+        for i, p in enumerate(prompts):
+            with _replaying(model, None if routes is None else torch.as_tensor(routes[i], dtype=torch.long)[None]):
+                tp.append(train_logprobs(model, p))
+        for r in records:
+            with _replaying(model, None if routes is None else routes_from_records([r])):
+                td.append(train_logprobs(model, r.prompt_ids + r.response_ids)[len(r.prompt_ids) - 1:])
     ep = [torch.tensor(x, dtype=torch.float64) for x in pre]
     ed = [torch.tensor(r.logprobs, dtype=torch.float64) for r in records]
     return {"prefill": stats(tp, ep, [0] * len(tp)), "decode": stats(td, ed)}

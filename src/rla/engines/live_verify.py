@@ -34,7 +34,7 @@ from rla.profiles import REGIONS, RoundingProfile, for_engine
 
 __all__ = ["EngineData", "FORMAT", "candidates", "random_prompts", "collect", "compare", "model_info",
            "report", "render", "save", "load", "with_weights", "check_weights", "longest", "engine_backed_forward",
-           "ENGINE_SIDE"]
+           "ENGINE_SIDE", "REPLAYED"]
 
 ENGINE_SIDE = "engine-forward"
 """The name of the engine-backed side in a report (:func:`engine_backed_forward`)."""
@@ -57,6 +57,10 @@ class EngineData:
     prompt_logprobs: list[list[float]]
     records: list
     engine: dict
+    prompt_routes: list | None = None
+    """Per prompt, the experts the engine routed each of its tokens to (``[n][moe_layers][k]``, the
+    layout of a record's ``routes["experts"]``), when the engine returned them; the records then carry
+    ``routes`` too. What :func:`compare`'s replayed sides route by."""
 
     def __post_init__(self) -> None:
         if not self.prompts or not self.records:
@@ -69,6 +73,31 @@ class EngineData:
         for key in ("name", "version", "mode"):
             if not isinstance(self.engine.get(key), str):
                 raise ValueError(f"engine metadata lacks {key!r} (it has {sorted(self.engine)})")
+        if self.prompt_routes is not None:
+            _check_prompt_routes(self.prompts, self.prompt_routes)
+            missing = [i for i, r in enumerate(self.records) if r.routes is None]
+            if missing:
+                raise ValueError(f"the prompts have routes but records {missing[:5]} have none: routed engine data "
+                                 "carries them for every sequence")
+
+    @property
+    def routed(self) -> bool:
+        """Whether the engine's routes came with the data (routing replay can be scored)."""
+        return self.prompt_routes is not None
+
+
+def _check_prompt_routes(prompts, routes) -> None:
+    if len(routes) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(routes)} prompt route lists")
+    shapes = set()
+    for i, (p, r) in enumerate(zip(prompts, routes)):
+        t = torch.as_tensor(r)
+        if t.ndim != 3 or t.shape[0] != len(p) or t.dtype not in (torch.int64, torch.int32) or (t < 0).any():
+            raise ValueError(f"prompt {i}: {len(p)} tokens need routes [{len(p)}][moe_layers][k] of expert ids >= 0, "
+                             f"got shape {tuple(t.shape)}")
+        shapes.add(tuple(t.shape[1:]))
+    if len(shapes) != 1:
+        raise ValueError(f"the prompts' routes have different (moe_layers, k): {sorted(shapes)}")
 
 
 def save(folder, data: EngineData) -> None:
@@ -80,8 +109,10 @@ def save(folder, data: EngineData) -> None:
     from rla.rollout import rollouts
 
     p = Path(folder)
-    (p / "engine.json").write_text(json.dumps({"engine": data.engine, "prompts": data.prompts,
-                                               "prompt_logprobs": data.prompt_logprobs}) + "\n")
+    d = {"engine": data.engine, "prompts": data.prompts, "prompt_logprobs": data.prompt_logprobs}
+    if data.prompt_routes is not None:
+        d["prompt_routes"] = data.prompt_routes
+    (p / "engine.json").write_text(json.dumps(d) + "\n")
     rollouts.save(p / "rollouts.jsonl", data.records)
 
 
@@ -108,9 +139,11 @@ def load(folder) -> EngineData:
         raise ValueError(f"{p / 'engine.json'}: expected an object with 'engine', 'prompts' and 'prompt_logprobs'")
     if not isinstance(d["engine"], dict):
         raise ValueError(f"{p / 'engine.json'}: 'engine' must be an object (the engine's metadata)")
+    if set(d) - {"engine", "prompts", "prompt_logprobs", "prompt_routes"}:
+        raise ValueError(f"{p / 'engine.json'}: unknown keys {sorted(set(d) - {'engine', 'prompts', 'prompt_logprobs', 'prompt_routes'})}")
     try:
         return EngineData([list(map(int, x)) for x in d["prompts"]], [list(map(float, x)) for x in d["prompt_logprobs"]],
-                          rollouts.load(p / "rollouts.jsonl"), d["engine"])
+                          rollouts.load(p / "rollouts.jsonl"), d["engine"], d.get("prompt_routes"))
     except (TypeError, ValueError) as e:
         raise ValueError(f"--engine-outputs {folder}: {e}") from None
 
@@ -206,48 +239,71 @@ def random_prompts(vocab: int, lengths, seed: int = 0) -> list[list[int]]:
     return [torch.randint(0, vocab, (int(n),), generator=g).tolist() for n in lengths]
 
 
-def collect(engine, prompts, decode_prompts, *, max_new_tokens: int, seed: int = 1) -> EngineData:
+def collect(engine, prompts, decode_prompts, *, max_new_tokens: int, seed: int = 1,
+            route_layers=None) -> EngineData:
     """Prompt logprobs of ``prompts`` and one sampled response of ``max_new_tokens`` per decode
     prompt, from a running engine (``prompt_logprobs``, ``sample`` and ``metadata`` as
-    :class:`rla.engines.vllm_live.LiveVllm` has them), at temperature 1 without truncation."""
-    pre = engine.prompt_logprobs(prompts)
-    records = engine.sample(decode_prompts, max_tokens=max_new_tokens, seed=seed)
-    return EngineData([list(p) for p in prompts], pre, records, dict(engine.metadata))
+    :class:`rla.engines.vllm_live.LiveVllm` has them), at temperature 1 without truncation.
+    ``route_layers`` (the model's MoE decoder layers): the engine's routes of every prompt and record
+    too (its ``prefill`` and ``sample(route_layers=)``), for :func:`compare`'s replayed sides."""
+    if route_layers is None:
+        pre, routes = engine.prompt_logprobs(prompts), None
+        records = engine.sample(decode_prompts, max_tokens=max_new_tokens, seed=seed)
+    else:
+        pre, routes = engine.prefill(prompts, route_layers)
+        records = engine.sample(decode_prompts, max_tokens=max_new_tokens, seed=seed, route_layers=route_layers)
+    return EngineData([list(p) for p in prompts], pre, records, dict(engine.metadata), routes)
+
+
+REPLAYED = "+routes"
+"""The suffix of a replayed side's name (:func:`compare` with ``replay``)."""
 
 
 def compare(model, sides: dict[str, RoundingProfile | None], data: EngineData,
             log: Callable[[str], None] | None = None, backed: dict | None = None,
-            regions: tuple[str, ...] | None = None) -> list[dict]:
+            regions: tuple[str, ...] | None = None, replay: bool = False) -> list[dict]:
     """One row per side: ``side``, ``forward`` (what computes it), ``points`` (the row's; None for
     ``hf`` and for an engine-backed side, whose values are the engine's code), ``regions`` (what a
     row's side aligned), ``prefill`` and ``decode`` statistics against the engine (see the module
     docstring), ``seconds``. ``backed`` maps a side's name to the engine-backed ops
     (:func:`engine_backed_forward`) it is aligned with; its row is then only the backward's
     (``gradient_row``). ``regions``: the regions each row's side aligns (None: ``rla.align``'s
-    default; GPT-OSS and GLM-4 MoE leave out the router, docs/families.md)."""
+    default; GPT-OSS and GLM-4 MoE leave out the router, docs/families.md). ``replay``: after each
+    side, the same side with every MoE block routed to the engine's experts (``rla.replay_routes``
+    with the data's routes; the side ``<side>+routes``, ``"routes": "engine"``): its distance to the
+    engine is what is left once no token picks other experts than the engine did."""
+    if replay and not data.routed:
+        raise ValueError("replayed sides need the engine's routes: the engine data has none "
+                         "(rla verify --live --replay-routes records them)")
+    if replay and backed:
+        raise ValueError("replayed sides and an engine-backed side are not scored together: run them apart")
     rows = []
     backed = backed or {}
     unknown = set(backed) - set(sides)
     if unknown:
         raise ValueError(f"engine-backed ops for sides {sorted(unknown)} that are not in the report ({', '.join(sides)})")
+    routes = data.prompt_routes if replay else None
     for side, row in sides.items():
-        t0 = time.monotonic()
-        ops = backed.get(side)
-        if ops is not None and row is None:
-            raise ValueError(f"side {side!r}: engine-backed ops need the row of their backward, got None")
-        s = score(model, row, data.prompts, data.prompt_logprobs, data.records, ops=ops,
-                  regions=None if ops is not None else regions)
-        if ops is None:
-            about = {"forward": "HF eager" if row is None else "rla.ops",
-                     "points": row.points() if row is not None else None,
-                     "regions": None if row is None else list(regions or REGIONS)}
-        else:
-            about = {"forward": ops.name, "points": None, "gradient_row": row.name}
-        rows.append({"side": side, **about, **s, "seconds": round(time.monotonic() - t0, 3)})
-        if log is not None:
-            log(f"{side:22s} prefill eq {s['prefill']['equal']:.4%} k3 {s['prefill']['k3']:.3e} "
-                f"max {s['prefill']['max_abs']:.2e} | decode eq {s['decode']['equal']:.4%} k3 {s['decode']['k3']:.3e} "
-                f"({rows[-1]['seconds']:.1f}s)")
+        for routed in (False, True) if replay else (False,):
+            t0 = time.monotonic()
+            ops = backed.get(side)
+            if ops is not None and row is None:
+                raise ValueError(f"side {side!r}: engine-backed ops need the row of their backward, got None")
+            s = score(model, row, data.prompts, data.prompt_logprobs, data.records, ops=ops,
+                      regions=None if ops is not None else regions, routes=routes if routed else None)
+            if ops is None:
+                about = {"forward": "HF eager" if row is None else "rla.ops",
+                         "points": row.points() if row is not None else None,
+                         "regions": None if row is None else list(regions or REGIONS)}
+            else:
+                about = {"forward": ops.name, "points": None, "gradient_row": row.name}
+            name = side + REPLAYED if routed else side
+            rows.append({"side": name, **about, **({"routes": "engine"} if routed else {}), **s,
+                         "seconds": round(time.monotonic() - t0, 3)})
+            if log is not None:
+                log(f"{name:22s} prefill eq {s['prefill']['equal']:.4%} k3 {s['prefill']['k3']:.3e} "
+                    f"max {s['prefill']['max_abs']:.2e} | decode eq {s['decode']['equal']:.4%} "
+                    f"k3 {s['decode']['k3']:.3e} ({rows[-1]['seconds']:.1f}s)")
     return rows
 
 
@@ -299,6 +355,10 @@ def render(rep: dict) -> str:
         "| decode k3 | decode k3 removed | decode max abs dlogp |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    if any(r.get("routes") == "engine" for r in rows):
+        lines[4:4] = [f"Sides `<side>{REPLAYED}`: that side with every MoE block routed to the experts the engine chose "
+                      "for each token (routing replay, rla.replay_routes): what is left there is not tokens sent "
+                      "to other experts.", ""]
     for r in rows:
         if r.get("gradient_row") is not None:
             lines[4:4] = [f"Side `{r['side']}`: {r['forward']}, the engine's own code as the training forward "

@@ -39,7 +39,7 @@ from rla.engines.source import EngineNotFound, EngineUnavailable
 from rla.rollout.rollouts import RolloutRecord
 
 __all__ = ["LiveSettings", "LiveVllm", "MODES", "SUPPORTED", "installed_version", "preflight", "engine_metadata",
-           "engine_environment", "prompt_logprobs_of", "records_of", "check_sampling"]
+           "engine_environment", "prompt_logprobs_of", "records_of", "check_sampling", "routes_of"]
 
 MODES = ("default", "eager")
 """``default``: vLLM V1's own default (``-O2``: ``VllmBackend`` compile, piecewise CUDA graphs);
@@ -84,6 +84,10 @@ class LiveSettings:
     prefill (Qwen3.5, Qwen3-Next), one of :data:`GDN_PREFILL_BACKENDS`; ``None``: vLLM's own choice
     (``layers/mamba/gdn/qwen_gdn_linear_attn.py`` ``_resolve_gdn_prefill_backend``: FlashInfer's on Hopper, which
     JIT-compiles; ``triton`` runs the FLA Triton kernels vLLM ships)."""
+    return_routed_experts: bool = False
+    """vLLM's ``enable_return_routed_experts``: each completion carries the experts every MoE layer
+    routed each token to (``CompletionOutput.routed_experts``, [tokens, num_hidden_layers, k]), for
+    routing replay on the training side (:func:`routes_of`)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -191,14 +195,42 @@ def check_sampling(temperature: float, top_p: float, top_k: int, processed: bool
         )
 
 
+def routes_of(completion, n_tokens: int, layers: Sequence[int], where: str) -> dict[str, Any]:
+    """The ``routes`` of a rollout record (``rla.rollout.rollouts``: experts per token and MoE layer)
+    from a ``vllm.CompletionOutput`` made with ``enable_return_routed_experts``: its ``routed_experts``
+    ([tokens, num_hidden_layers, k], indexed by decoder layer) read at ``layers`` (the model's MoE
+    decoder layers, ``rla.alignment.replay.moe_decoder_layers``). vLLM records the tokens its forward
+    saw: ``n_tokens`` or one fewer (the last sampled token never went through a forward). Every
+    other layer must be all zeros (vLLM's buffer where no MoE block wrote): an MoE layer of the
+    engine's that the model does not have is an error, not dropped."""
+    import numpy as np
+
+    routed = getattr(completion, "routed_experts", None)
+    if routed is None:
+        raise ValueError(f"{where}: the engine returned no routed experts (start it with return_routed_experts=True)")
+    routed = np.asarray(routed)
+    if routed.ndim != 3 or routed.shape[0] not in (n_tokens, n_tokens - 1):
+        raise ValueError(f"{where}: routed experts of shape {routed.shape}, expected [{n_tokens} or {n_tokens - 1} "
+                         "tokens, layers, k]")
+    layers = [int(i) for i in layers]
+    if not layers or max(layers) >= routed.shape[1]:
+        raise ValueError(f"{where}: MoE layers {layers} for routed experts of {routed.shape[1]} layers")
+    extra = [i for i in range(routed.shape[1]) if i not in layers and routed[:, i].any()]
+    if extra:
+        raise ValueError(f"{where}: the engine routed tokens at layers the model has no MoE block in ({extra}): "
+                         "the checkpoint the engine ran is not the one scored")
+    return {"version": 1, "experts": routed[:, layers, :].astype(np.int64).tolist()}
+
+
 def records_of(output, *, temperature: float, top_p: float, top_k: int, metadata: dict[str, Any],
-               processed: bool) -> list[RolloutRecord]:
+               processed: bool, route_layers: Sequence[int] | None = None) -> list[RolloutRecord]:
     """``rla.rollout/1`` records, one per completion of a ``vllm.RequestOutput`` made with
     ``logprobs=k``. ``processed``: the engine's logprobs are of the processed distribution
     (``logprobs_mode="processed_logprobs"``), else they are raw and only valid as rollout
     logprobs at temperature 1 without truncation. ``metadata["engine"]["version"]`` (as
     :func:`engine_metadata` writes it), when present, is also the records' ``engine_version``:
-    the field ``profile="vllm"`` resolves its row by."""
+    the field ``profile="vllm"`` resolves its row by. ``route_layers``: each record's ``routes``
+    from the completion's routed experts at those decoder layers (:func:`routes_of`)."""
     check_sampling(temperature, top_p, top_k, processed)
     completions = list(output.outputs)
     if not completions:
@@ -222,10 +254,12 @@ def records_of(output, *, temperature: float, top_p: float, top_k: int, metadata
                 raise ValueError(f"completion {i}, token {t}: no logprob for the sampled token {tok}")
             lps.append(float(entry[tok].logprob))
         meta = dict(metadata, finish_reason=getattr(completion, "finish_reason", None), completion=i)
+        n = len(output.prompt_token_ids) + len(ids)
+        routes = None if route_layers is None else routes_of(completion, n, route_layers, f"completion {i}")
         records.append(RolloutRecord(
             prompt_ids=list(output.prompt_token_ids), response_ids=ids, logprobs=lps,
             temperature=float(temperature), top_p=float(top_p), top_k=int(top_k), engine="vllm",
-            engine_version=version, metadata=meta,
+            engine_version=version, metadata=meta, routes=routes,
         ))
     return records
 
@@ -266,6 +300,8 @@ class LiveVllm:
             kwargs["language_model_only"] = True
         if s.gdn_prefill_backend:
             kwargs["gdn_prefill_backend"] = s.gdn_prefill_backend
+        if s.return_routed_experts:
+            kwargs["enable_return_routed_experts"] = True
         self._llm = LLM(**kwargs)
 
     @property
@@ -280,27 +316,51 @@ class LiveVllm:
 
     def prompt_logprobs(self, prompts: Sequence[Sequence[int]]) -> list[list[float]]:
         """Per prompt, the engine's logprobs of tokens ``1 .. n-1`` (see :func:`prompt_logprobs_of`)."""
+        return self.prefill(prompts)[0]
+
+    def prefill(self, prompts: Sequence[Sequence[int]], route_layers: Sequence[int] | None = None):
+        """``(logprobs, routes)``: per prompt the engine's logprobs of tokens ``1 .. n-1`` and, with
+        ``route_layers``, the experts it routed each of the ``n`` prompt tokens to at those decoder layers
+        (``[n][layers][k]``, :func:`routes_of`; the settings' ``return_routed_experts`` must be on), else None."""
         from vllm import SamplingParams
 
         if any(len(p) < 2 for p in prompts):
             raise ValueError("prompt logprobs need prompts of at least two tokens")
+        self._check_routes(route_layers)
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        return [prompt_logprobs_of(o) for o in self._generate(prompts, params)]
+        outputs = self._generate(prompts, params)
+        lps = [prompt_logprobs_of(o) for o in outputs]
+        if route_layers is None:
+            return lps, None
+        routes = []
+        for i, o in enumerate(outputs):
+            n = len(o.prompt_token_ids)
+            experts = routes_of(o.outputs[0], n + 1, route_layers, f"prompt {i}")["experts"]
+            if len(experts) != n:
+                raise ValueError(f"prompt {i}: routed experts for {len(experts)} tokens, the prompt has {n}")
+            routes.append(experts)
+        return lps, routes
+
+    def _check_routes(self, route_layers) -> None:
+        if route_layers is not None and not self.settings.return_routed_experts:
+            raise ValueError("routes asked of an engine started without return_routed_experts=True")
 
     def sample(self, prompts: Sequence[Sequence[int]], *, max_tokens: int, temperature: float = 1.0,
                top_p: float = 1.0, top_k: int = -1, seed: int = 0, n: int = 1,
-               ignore_eos: bool = True) -> list[RolloutRecord]:
-        """Sampled responses with their logprobs as rollout records (``n`` per prompt)."""
+               ignore_eos: bool = True, route_layers: Sequence[int] | None = None) -> list[RolloutRecord]:
+        """Sampled responses with their logprobs as rollout records (``n`` per prompt); with
+        ``route_layers``, each with its ``routes`` (:func:`routes_of`)."""
         from vllm import SamplingParams
 
         processed = self.settings.logprobs_mode == "processed_logprobs"
         check_sampling(temperature, top_p, top_k, processed)  # before the engine runs
+        self._check_routes(route_layers)
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                 seed=seed, n=n, logprobs=0, detokenize=False, ignore_eos=ignore_eos)
         out: list[RolloutRecord] = []
         for o in self._generate(prompts, params):
             out += records_of(o, temperature=temperature, top_p=top_p, top_k=top_k,
-                              metadata={"engine": self.metadata}, processed=processed)
+                              metadata={"engine": self.metadata}, processed=processed, route_layers=route_layers)
         return out
 
     def close(self) -> None:
