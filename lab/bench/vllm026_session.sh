@@ -10,7 +10,8 @@
 #                            qwen35-h2048:engine:::--gdn-prefill-backend+triton: flags with + for spaces), that mode;
 #                            needs `vllm026_device.sh moe a|b` and `tf` first; with SAVED=<a folder holding
 #                            verify-<name>-<mode>/engine.json> (an earlier call's OUT, or links to committed runs), re-scores
-#                            those engine outputs with --engine-outputs (no engine started, no MoE library needed)
+#                            those engine outputs with --engine-outputs (no engine started, no MoE library needed);
+#                            REPLAY=1: --replay-routes (the engine's routes recorded, every side scored again routed to them)
 #   famcal-eager / famcal-default  `rla calibrate --live` on the same FAMS (attention and env as fam-*; calibrate
 #                            searches the default regions, so a family's regions field must be empty),
 #                            that mode: the search from the mode's row, for a family whose row leaves much unremoved;
@@ -61,7 +62,7 @@ fam() {
   else run="$flags --prompt-tokens 512,2048,4096 --responses 8 --max-new-tokens 128 --mode $mode"; fi
   if [ $cmd = verify ]; then
     env $envs timeout $(cap ${FAM_CAP:-240}) python3 -m rla.cli verify --engine vllm --live --model $M/$name-L4 \
-      --train-attention $att ${regions:+--regions $regions} $run --out "$OUT/verify-$name-$mode" > "$OUT/verify-$name-$mode.log" 2>&1
+      --train-attention $att ${regions:+--regions $regions} ${REPLAY:+--replay-routes} $run --out "$OUT/verify-$name-$mode" > "$OUT/verify-$name-$mode.log" 2>&1
     echo "verify $name $mode rc=$?"; grep -vE "^(INFO|WARNING|DEBUG)|it/s\]" "$OUT/verify-$name-$mode.log" | tail -14 | cut -c1-220
   else  # calibrate searches the default regions, so the spec's regions field must be empty
     env $envs timeout $(cap ${FAM_CAP:-400}) python3 -m rla.cli calibrate --engine vllm --live --model $M/$name-L4 \
