@@ -28,6 +28,7 @@ import reduce_layouts
 from interpreted_scripts import leaf, needs_cuda, needs_triton, run_script, tail
 from reduce_layouts import reduces
 from rla import ops, profiles
+from saved_memory import saved_bytes
 from spec import vllm_mean_square
 
 BF16 = torch.bfloat16
@@ -384,7 +385,7 @@ def test_kernel_gradients_gpu(weight, reduction, wdtype):
 def test_a_training_step_through_x_rounded_from_s_gpu():
     """x = RN(s) in the graph (the aligned Gemma 4's stream norm): s's gradient d_x + d_s, and the
     weight's, against the reference's, under ``vllm_block`` (d_x bit for bit, so the difference is
-    d_s's order: fp32 ulps of its scale)."""
+    d_s's order: fp32 ulps of its scale); kept for backward: what the reference keeps."""
     from rla.ops import variance_norm
 
     p = profiles.get("vllm-0.33-eager")
@@ -397,6 +398,9 @@ def test_a_training_step_through_x_rounded_from_s_gpu():
         y.backward(dy.to(BF16))
         outs.append((y.detach(), a.grad, c.grad))
     (y, gs, gw), (ry, rgs, rgw) = outs
+    x, s_leaf, w_leaf = s.to(BF16).requires_grad_(True), s.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    kept = saved_bytes(lambda a, b, c: ops.rms_norm(a, c, 1e-6, p, variance_of=b), (x, s_leaf, w_leaf))
+    assert kept == 4 * s.shape[0]  # beyond x, s and the weight: one fp32 rstd per row
     assert torch.equal(y, ry)
     torch.testing.assert_close(gs, rgs, rtol=2 ** -16, atol=2 ** -20 * rgs.abs().max().item())
     # bf16 d_w: each one rounding of fp32 sums over 2048 rows in two orders (apart by ~1e-4 at most; more

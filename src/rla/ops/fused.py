@@ -23,8 +23,9 @@ same launchers and the same save / grad rules run through a generated ``torch.au
 because the custom-op dispatcher costs tens of microseconds of host time per call, longer than the
 RoPE kernel itself. CUDA graphs capture either. Saved for backward: the inputs (the rounded sum
 instead of x and r for the ``rounded_sum`` add+norm; the fp32 tensor r was rounded from instead of
-r for ``add_rms_norm(residual_source=)``, read back as RN of it) and one fp32 rstd per norm row;
-everything else is recomputed. The q/k norm -> RoPE chain (``qk_norm_rope``) is one kernel each way whose row
+r for ``add_rms_norm(residual_source=)``, read back as RN of it; x and s for the norm whose mean
+square is s's, ``rms_norm(variance_of=s)``) and one fp32 rstd per norm row; everything else is
+recomputed. The q/k norm -> RoPE chain (``qk_norm_rope``) is one kernel each way whose row
 math is the norm kernels' own helpers, so it equals the chain of ``rms_norm(out_dtype=fp32)`` and
 ``rope`` bit for bit; it keeps q, k and one rstd per (token, head) row, and no fp32 q/k at all.
 
