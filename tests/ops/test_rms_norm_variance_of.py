@@ -360,7 +360,8 @@ def test_kernel_gradients_gpu(weight, reduction, wdtype):
     p = _points(weight, reduction)
     for seed, (rows, hidden) in enumerate(GPU_SHAPES[:2] + [(4096, 128)]):  # the narrow backward tile too
         s, x, w, dy = _gpu_inputs(rows, hidden, BF16, wdtype, seed + 10)
-        x = (s + 0.1 * torch.randn_like(s)).to(BF16)  # independent of s: d_x and d_s are told apart
+        noise = torch.randn(s.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
+        x = (s + 0.1 * noise).to(BF16)  # independent of s: d_x and d_s are told apart
         mine = _grads(lambda a, b, c: ops.rms_norm(a, c, 1e-6, p, variance_of=b), x, s, w, dy)
         ref = _grads(lambda a, b, c: variance_norm.rms_norm_variance_of(a, b, c, 1e-6, p), x, s, w, dy)
         assert mine[4] == "_RMSNormVarianceOfFnBackward" and ref[4] == "_RMSNormVarianceOfBackward"
