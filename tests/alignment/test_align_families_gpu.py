@@ -115,8 +115,8 @@ def test_gemma4_post_norm_out_fp32_on_cuda_equals_the_oracle_on_cuda():
 def test_gemma4_model_body_points_on_cuda_equal_the_oracle_on_cuda():
     """Gemma 4's four model-body points (ple_inputs, ple_add, stream_variance, embed_variance at the default
     rows' values) on CUDA, over vllm-0.33-eager's points with the default rows' fp32_sum / fp32_carry (the
-    points ple_add and stream_variance act under) and its vLLM block reduction, which the two-input norm (the
-    PyTorch reference on CUDA too) and the oracle share: the oracle with the four chains."""
+    points ple_add and stream_variance act under) and its vLLM block reduction, which the two-input norm (rla's
+    Triton kernel on CUDA, ``rla.ops._triton_norm_var``) and the oracle share: the oracle with the four chains."""
     if compat.TRANSFORMERS_VERSION < Version("5.24"):
         pytest.skip("gemma4: rla.align reads its 5.24 layout")
     from gemma4_spec import CHAIN_OF, tiny_gemma4

@@ -92,6 +92,10 @@ SCHEMAS = {
                                    "Tensor rstd, bool need_dw, ScalarType lp) -> (Tensor, Tensor)",
     "rms_norm_backward": "(Tensor dy, Tensor? dresidual, Tensor a, Tensor? b, Tensor weight, Tensor rstd, "
                          "bool need_dw, ScalarType lp) -> (Tensor, Tensor)",
+    "rms_norm_variance_of": "(Tensor x, Tensor s, Tensor weight, float eps, bool per_op, ScalarType lp, "
+                            "ScalarType out_dtype, str reduction, bool after_add) -> (Tensor, Tensor)",
+    "rms_norm_variance_of_backward": "(Tensor dy, Tensor x, Tensor s, Tensor weight, Tensor rstd, bool need_dx, "
+                                     "bool need_ds, bool need_dw, ScalarType lp) -> (Tensor, Tensor, Tensor)",
     "carry_add": "(Tensor x, Tensor residual, Tensor m, ScalarType out_dtype) -> Tensor",
     "qk_norm_rope": "(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, float q_eps, float k_eps, Tensor cos, "
                     "Tensor sin, bool round_cos_sin, bool per_op_rope, bool per_op_norm, str reduction, "

@@ -165,8 +165,9 @@ def rms_norm(
     ``variance_of``: an fp32 tensor of x's shape whose mean square gives rstd while ``x`` is
     normalised, ``x * rsqrt(mean(s**2) + eps) * w`` (a compiled graph's norm whose reduction reads
     the fp32 value ``s`` that ``x = RN(s)`` was stored from: the ``stream_variance`` /
-    ``embed_variance`` variant points); the PyTorch reference on every device, CUDA included
-    (:mod:`rla.ops.variance_norm`, which states its backward). Not with ``weight_offset``.
+    ``embed_variance`` variant points; :mod:`rla.ops.variance_norm` states it and its backward):
+    on CUDA rla's Triton kernel (``rla.ops._triton_norm_var``, the norm kernels' reductions over
+    ``s``), the PyTorch reference elsewhere. Not with ``weight_offset``.
     """
     p = resolve(profile)
     check_norm(x, None, weight, eps, dtype)
@@ -177,7 +178,9 @@ def rms_norm(
         if _check_offset(weight_offset):
             raise NotImplementedError("rms_norm: variance_of with weight_offset=1.0 (a zero-centred norm) is not "
                                       "implemented")
-        return _variance_norm.rms_norm_variance_of(x, variance_of, weight, eps, p, dtype, out_dtype, bool(after_add))
+        impl = backend(x, variance_of, weight)
+        fn = _variance_norm.rms_norm_variance_of if impl is reference else impl.rms_norm_variance_of
+        return fn(x, variance_of, weight, eps, p, dtype, out_dtype, bool(after_add))
     if _check_offset(weight_offset):
         return reference.rms_norm(x, weight, eps, p, dtype, out_dtype, bool(after_add), 1.0)
     return backend(x, weight).rms_norm(x, weight, eps, p, dtype, out_dtype, bool(after_add))

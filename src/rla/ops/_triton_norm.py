@@ -82,12 +82,20 @@ def scale_rows(v, rstd, w, PER_OP: tl.constexpr, LP: tl.constexpr):
 
 
 @triton.jit
+def row_centre(dyw, n, inv_n):
+    """mean(dy*w*n) of rows ``dyw``, ``n`` [ROWS, BLOCK] fp32 -> [ROWS]: the backward's one row sum
+    (Triton's tree, then the fp32 factor 1/N as PyTorch's ``mean``), shared with the norm whose mean
+    square is another tensor's (``_triton_norm_var``)."""
+    return tl.sum(dyw * n, axis=1) * inv_n
+
+
+@triton.jit
 def row_grad(dy, v, rstd, w, inv_n):
     """(d_v, n) of rows: ``dy``, ``v`` [ROWS, BLOCK] fp32, ``rstd`` [ROWS, 1], ``w`` [1, BLOCK];
     d_v = rstd * (dy*w - n * mean(dy*w*n)) with n = v*rstd (every rounding straight-through)."""
     n = v * rstd
     dyw = dy * w
-    c = tl.sum(dyw * n, axis=1) * inv_n
+    c = row_centre(dyw, n, inv_n)
     dv = rstd * (dyw - n * c[:, None])
     return dv, n
 

@@ -23,8 +23,9 @@ same launchers and the same save / grad rules run through a generated ``torch.au
 because the custom-op dispatcher costs tens of microseconds of host time per call, longer than the
 RoPE kernel itself. CUDA graphs capture either. Saved for backward: the inputs (the rounded sum
 instead of x and r for the ``rounded_sum`` add+norm; the fp32 tensor r was rounded from instead of
-r for ``add_rms_norm(residual_source=)``, read back as RN of it) and one fp32 rstd per norm row;
-everything else is recomputed. The q/k norm -> RoPE chain (``qk_norm_rope``) is one kernel each way whose row
+r for ``add_rms_norm(residual_source=)``, read back as RN of it; x and s for the norm whose mean
+square is s's, ``rms_norm(variance_of=s)``) and one fp32 rstd per norm row; everything else is
+recomputed. The q/k norm -> RoPE chain (``qk_norm_rope``) is one kernel each way whose row
 math is the norm kernels' own helpers, so it equals the chain of ``rms_norm(out_dtype=fp32)`` and
 ``rope`` bit for bit; it keeps q, k and one rstd per (token, head) row, and no fp32 q/k at all.
 
@@ -51,7 +52,7 @@ from rla.ops._op_spec import Kernel, Op, OpSpec
 from rla.profiles import RoundingProfile
 
 __all__ = ["available", "rope", "swiglu", "geglu", "swiglu_oai", "rms_norm", "rms_norm_and_round", "add_rms_norm",
-           "carry_add", "qk_norm_rope"]
+           "rms_norm_variance_of", "carry_add", "qk_norm_rope"]
 
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
 _ENABLED = os.environ.get("RLA_FUSED", "1") != "0"
@@ -591,6 +592,76 @@ def add_rms_norm(x, residual, weight, eps: float, profile: RoundingProfile, resi
                                        per_op=profile.norm_weight == "per_op", reduction=profile.norm_reduction)
     return _ADD_RMS_NORM(x, residual, weight, eps=float(eps), per_op=profile.norm_weight == "per_op",
                          fp32_sum=profile.norm_residual == "fp32_sum", reduction=profile.norm_reduction)
+
+
+# RMSNorm whose mean square is another tensor's (``rms_norm(..., variance_of=s)``; the norm of a
+# compiled graph that stores x = RN(s) and reads s for the sum of squares): rla.ops._triton_norm_var,
+# the norm kernels' reduction helpers over s, their normalisation of x. Saved: x, s, the weight and
+# one fp32 rstd per row, as the reference (rla.ops.variance_norm) keeps. d_x and d_s are separate
+# outputs (autograd adds them where x = RN(s) is in the graph).
+
+
+def _rms_norm_variance_of_fwd(x, s, weight, eps, per_op, lp, out_dtype, reduction, after_add):
+    from rla.ops import _triton_norm_var
+
+    return _triton_norm_var.forward(x, s, weight.contiguous(), eps, per_op, reduction == "vllm_block", after_add, lp,
+                                    out_dtype)
+
+
+def _rms_norm_variance_of_fwd_fake(x, s, weight, eps, per_op, lp, out_dtype, reduction, after_add):
+    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+def _rms_norm_variance_of_bwd(dy, x, s, weight, rstd, need_dx, need_ds, need_dw, lp):
+    """(d_x, d_s, d_weight); each empty when not needed."""
+    from rla.ops import _triton_norm_var
+
+    dx, ds, dw = _triton_norm_var.backward(dy, x, s, weight.contiguous(), rstd, need_dx, need_ds, need_dw, lp)
+    return _or_empty(dx, x), _or_empty(ds, s), _or_empty(dw, weight)
+
+
+def _rms_norm_variance_of_bwd_fake(dy, x, s, weight, rstd, need_dx, need_ds, need_dw, lp):
+    return (x.new_empty(x.shape if need_dx else (0,)), s.new_empty(s.shape if need_ds else (0,)),
+            weight.new_empty(weight.shape if need_dw else (0,)))
+
+
+def _rms_norm_variance_of_save(ctx, outputs, x, s, weight, eps, per_op, lp, out_dtype, reduction, after_add):
+    ctx.save_for_backward(x, s, weight, outputs[1])
+    ctx.lp = lp
+
+
+def _rms_norm_variance_of_grad(ctx, backward, dy):
+    x, s, weight, rstd = ctx.saved_tensors
+    need = ctx.needs_input_grad[:3]
+    dx, ds, dw = backward(dy, x, s, weight, rstd, *need, ctx.lp)
+    return tuple(g if n else None for g, n in zip((dx, ds, dw), need))
+
+
+_RMS_NORM_VARIANCE_OF = Op(OpSpec(
+    Kernel(
+        "rms_norm_variance_of",
+        dict(x=Tensor, s=Tensor, weight=Tensor, eps=float, per_op=bool, lp=torch.dtype, out_dtype=torch.dtype,
+             reduction=str, after_add=bool),
+        outputs=2, launch=_rms_norm_variance_of_fwd, fake=_rms_norm_variance_of_fwd_fake,
+    ),
+    returns=1, save=_rms_norm_variance_of_save, grad=_rms_norm_variance_of_grad, function_name="_RMSNormVarianceOfFn",
+    backward=Kernel(
+        "rms_norm_variance_of_backward",
+        dict(dy=Tensor, x=Tensor, s=Tensor, weight=Tensor, rstd=Tensor, need_dx=bool, need_ds=bool, need_dw=bool,
+             lp=torch.dtype),
+        outputs=3, launch=_rms_norm_variance_of_bwd, fake=_rms_norm_variance_of_bwd_fake,
+    ),
+))
+
+
+def rms_norm_variance_of(x, s, weight, eps: float, profile: RoundingProfile, dtype: torch.dtype | None = None,
+                         out_dtype=None, after_add: bool = False):
+    """Fused ``x * rsqrt(mean(s**2) + eps) * w``; see ``rla.ops.rms_norm(..., variance_of=s)`` and
+    ``rla.ops.variance_norm``, whose reference it equals (bit for bit under ``vllm_block``)."""
+    lp = x.dtype if dtype is None else dtype
+    return _RMS_NORM_VARIANCE_OF(x, s, weight, eps=float(eps), per_op=profile.norm_weight == "per_op", lp=lp,
+                                 out_dtype=out_dtype or lp, reduction=profile.norm_reduction,
+                                 after_add=bool(after_add))
 
 
 # --------------------------------------------------------------------------------------------

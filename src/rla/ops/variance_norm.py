@@ -8,8 +8,15 @@ after the embedding, the ``stream_variance`` / ``embed_variance`` variant points
 reduction (``norm_reduction``, the plain norm's or the add + norm kernel's order, ``after_add``),
 the same weight product (``norm_weight``), the same rounding at the store.
 
-The PyTorch reference on every device: no fused kernel takes the second input yet, so on CUDA too
-this is PyTorch ops (one reduction, one product), not the Triton norm kernels.
+This module is the PyTorch reference (the CPU path, and the oracle of the kernel). On CUDA
+``rla.ops.rms_norm(..., variance_of=s)`` runs rla's Triton kernels (``rla.ops._triton_norm_var``
+behind ``rla.ops.fused.rms_norm_variance_of``), built from the norm kernels' own reduction helpers
+and launch shapes: under ``vllm_block`` the forward is this reference bit for bit (the tree's adds
+are explicit, in this order); under ``unpinned`` the sum is Triton's tree, as the plain Triton
+norm's is, so rstd may differ from this one's by an fp32 ulp in a few rows (the output by one lp
+ulp, two under ``per_op``: the plain kernel's tolerance). With ``s = x`` the kernel is the plain
+Triton norm bit for bit under either order. Its backward is the rule below: d_x elementwise (these
+bits wherever rstd is), the mean and d_w summed in Triton's order.
 
 Backward, for ``y = (v * r) * w`` with ``v = x.float()``, ``r = rsqrt(mean(s^2) + eps)``, ``n = v * r``
 and ``g`` the output's gradient (roundings straight-through, as every rla op):
