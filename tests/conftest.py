@@ -1,6 +1,7 @@
 """Fixtures shared by several test files (this file stays at the top of ``tests/``, so they are
 visible in every folder). The layout of ``tests/`` is described in ``docs/README.md``, "Tests"."""
 
+import os
 import sys
 
 import pytest
@@ -75,6 +76,22 @@ def vllm_engine(vllm_wheel):
     from rla.engines import vllm
 
     return vllm.load(vllm_wheel)
+
+
+def pytest_configure(config):
+    """A pytest-xdist worker takes its share of the cores as torch intra-op threads (one each for the two
+    workers on the 2-core CI machine), it and the processes its tests start (``OMP_NUM_THREADS``, read by
+    torch at import): two workers of one file each running as many OpenMP threads as the machine has cores
+    make four busy threads on two cores, and OpenMP's waiting threads spin (tiny ops ~10x slower). Runs in
+    one process (``-n 0``) and a ``OMP_NUM_THREADS`` set before pytest keep theirs."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is None or "OMP_NUM_THREADS" in os.environ:
+        return
+    import torch
+
+    share = max(1, len(os.sched_getaffinity(0)) // int(workers))
+    os.environ["OMP_NUM_THREADS"] = str(share)
+    torch.set_num_threads(share)
 
 
 def pytest_terminal_summary(terminalreporter):
