@@ -34,7 +34,7 @@ def _report(root: Path, folder: str = DOSE) -> dict:
             copy = Path(tmp) / "dose"
             shutil.copytree(root / folder, copy,
                             ignore=shutil.ignore_patterns("dose_report.*", "summary.*", "plots", "long_cell_seed0"))
-            _CACHE[key] = summarize(copy, load_dose_grid(copy / "grid.yaml"))["dose_report"]
+            _CACHE[key] = summarize(copy, load_dose_grid(copy / "grid.yaml"), plots=False)["dose_report"]
     return _CACHE[key]
 
 

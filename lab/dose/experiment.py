@@ -31,14 +31,14 @@ __all__ = ["summarize", "run", "main"]
 _LAB_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def summarize(out: str | Path, grid: DoseGrid, criterion: str = "reward") -> dict:
+def summarize(out: str | Path, grid: DoseGrid, criterion: str = "reward", plots: bool = True) -> dict:
     """``rla``'s grid summary of ``out`` and, for a grid with dose arms, the dose-response report
-    (in the summary under ``dose_report``)."""
+    (in the summary under ``dose_report``); ``plots=False``: no figures drawn (the numbers are the same)."""
     from rla.rl.experiment import summarize as summarize_grid
 
-    summary = summarize_grid(out, grid.rla_grid())
+    summary = summarize_grid(out, grid.rla_grid(), plots=plots)
     if is_dose_grid(grid):
-        summary["dose_report"] = dose_report(out, grid, summary, criterion=criterion)
+        summary["dose_report"] = dose_report(out, grid, summary, criterion=criterion, plots=plots)
     return summary
 
 

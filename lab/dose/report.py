@@ -272,9 +272,11 @@ def _role(over: dict) -> str:
     return "other"
 
 
-def dose_report(out: str | Path, grid, summary: dict, *, criterion: str = "reward", fraction: float = 0.5) -> dict:
+def dose_report(out: str | Path, grid, summary: dict, *, criterion: str = "reward", fraction: float = 0.5,
+                plots: bool = True) -> dict:
     """``dose_report.json`` / ``.md`` and ``plots/dose_response.png`` from a grid summary
-    (``rla.rl.experiment_summary.summarize_grid``'s, which holds every run's log summary)."""
+    (``rla.rl.experiment_summary.summarize_grid``'s, which holds every run's log summary); ``plots=False``:
+    no figure (``report["plot"]`` None)."""
     from rla.rl.experiment_summary import stats
 
     from rla.rl.runlog import read_log
@@ -329,7 +331,7 @@ def dose_report(out: str | Path, grid, summary: dict, *, criterion: str = "rewar
                       "public_1e-3_vs_interval": _where(PUBLIC_BF16_K3, fit)})
     report = {"criterion": criterion, "fraction": fraction, "cells": cells, "runs": runs,
               "bf16_k3_by_cell": _bf16_trend(cells), "environment": summary.get("environment")}
-    plot = _plot(report, out / "plots" / "dose_response.png")
+    plot = _plot(report, out / "plots" / "dose_response.png") if plots else None
     report["plot"] = str(plot) if plot else None
     (out / "dose_report.json").write_text(json.dumps(report, indent=1, default=str, allow_nan=True))
     (out / "dose_report.md").write_text(_markdown(report, out))

@@ -54,3 +54,19 @@ def test_routing_columns_and_the_reward_collapse_count(tmp_path):
     assert "### moe: routing" in md and "| bf16 | 3.00 | 0.50 | 2.00 |" in md
     assert (tmp_path / "plots" / "moe_routing.png").is_file()
 
+
+
+def test_without_plots_the_numbers_are_the_same_and_no_figure_is_drawn(tmp_path):
+    """``plots=False`` (what lab/checks/dose_numbers.py asks: it reads numbers only) draws nothing and changes no
+    number of the summary."""
+    spec = {"base": {"arch": "qwen3_moe", "size": "micro", "init": "random", "steps": 10}, "models": {"moe": {}},
+            "arms": {"bf16": {}, "replay": {"routing_replay": "experts"}}, "seeds": [0, 1]}
+    with_plots, without = tmp_path / "a", tmp_path / "b"
+    summaries = []
+    for out, plots in ((with_plots, True), (without, False)):
+        out.mkdir()
+        _write(out)
+        summaries.append(summarize_grid(out, grid_from_mapping(spec, out / "grid.yaml"), plots=plots))
+    assert summaries[1]["plots"] == {} and not (without / "plots").exists()
+    assert summaries[0]["plots"] and summaries[0]["arms"] == summaries[1]["arms"]
+    assert summaries[0]["relative"] == summaries[1]["relative"]

@@ -189,11 +189,11 @@ def make_warm_starts(specs: list[RunSpec], out: Path, *, parallel: int = 1, dead
             pass
 
 
-def summarize(out: str | Path, grid: Grid | None = None) -> dict:
+def summarize(out: str | Path, grid: Grid | None = None, plots: bool = True) -> dict:
     """``summarize_grid`` (summary.json / summary.md / plots) of ``out``, with ``grid`` or the one
-    ``run_grid`` recorded in ``out/grid.yaml``. Returns the grid summary."""
+    ``run_grid`` recorded in ``out/grid.yaml``. Returns the grid summary; ``plots=False``: no figures."""
     grid = grid if grid is not None else load_grid(Path(out) / "grid.yaml")
-    return summarize_grid(out, grid)
+    return summarize_grid(out, grid, plots=plots)
 
 
 class _ProgressBar:

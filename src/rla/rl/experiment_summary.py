@@ -32,8 +32,9 @@ def stats(values: list) -> dict[str, float | None]:
             "max": float(vals.max()), "n": int(vals.size)}
 
 
-def summarize_grid(out: str | Path, grid: Grid | None = None) -> dict:
-    """``summary.json``, ``summary.md`` and ``plots/`` of an experiment folder, from its logs."""
+def summarize_grid(out: str | Path, grid: Grid | None = None, plots: bool = True) -> dict:
+    """``summary.json``, ``summary.md`` and ``plots/`` of an experiment folder, from its logs; ``plots=False``:
+    no figures drawn (a check that reads the numbers only), ``summary["plots"]`` empty."""
     from rla.rl.plots import ROUTING_PANELS, plot_arms
 
     out = Path(out)
@@ -73,8 +74,8 @@ def summarize_grid(out: str | Path, grid: Grid | None = None) -> dict:
                 "seeds_with_reward_collapse": sum(_reward_collapsed(r) for r in got),
                 **_routing_columns(got),
             })
-    plots = {}
-    for model, arm_logs in by_model.items():
+    figures, plots = plots, {}
+    for model, arm_logs in (by_model.items() if figures else ()):
         if any(rec for logs in arm_logs.values() for rec in logs):
             plots[model] = str(plot_arms(arm_logs, out / "plots" / f"{model}.png",
                                          title=f"{model}: GRPO, rollouts {grid.base.get('rollout_profile', 'vllm')} bf16"))
