@@ -19,6 +19,8 @@ DeltaNet modules and HF's attention function (the same on both sides). Two q/k p
 - ``modules``, vLLM's path without the kernel (off CUDA): native mode is the native row bit for bit; default
   mode is the oracle under the base row's q/k chain (``qk_norm_out='fp32'``, Qwen3's compiled norm -> RoPE)
   with the row's gate, rounded once.
+
+The MoE twin (``rla.engines.vllm_twin_qwen3_5_moe``) on the tiny MoE model runs in the kernel case's subprocess too.
 """
 
 from __future__ import annotations
