@@ -3,7 +3,10 @@ the oracle (``tests/qwen3_5_spec.py``): what tests/engines/test_vllm_twin_qwen3_
 
 :func:`run` takes the q/k path (``kernel``: vLLM's Triton kernel, run by Triton's interpreter on a CPU, so this runs
 in a subprocess started with ``TRITON_INTERPRET=1`` whose script installs interpreter_compat's repairs first;
-``modules``: the path without the kernel, in any process) and returns, per mode, plain numbers:
+``modules``: the path without the kernel, in any process) and returns, per mode, plain numbers (``moe``: for the
+tiny Qwen3.5 MoE model, ``rla.engines.vllm_twin_qwen3_5_moe``'s twin: HF, the eager row and, in default mode, the
+default row and that row with ``shared + routed`` rounded, ``moe-out-round``; ``oracle``: the oracle under the row's
+points, ``row``, and with that sum rounded, ``sum-round``):
 
 - ``sides``: per profile (``None``: HF unaligned; ``native-row``: HF's points with the native add + norm's fp32
   sum; the vLLM rows), the fraction of bit-equal logits and of each layer's stream (``rla.align`` to the row);
@@ -21,7 +24,7 @@ import torch
 from rla import profiles
 
 from align_spec import Row, tokens
-from qwen3_5_spec import qwen3_5_points, spec_forward, tiny_qwen3_5
+from qwen3_5_spec import qwen3_5_points, spec_forward, tiny_qwen3_5, tiny_qwen3_5_moe
 from twin_side import twin_side
 
 IDS = tokens(2, 24)
@@ -62,22 +65,38 @@ def _flip(pts, point):
     return flipped
 
 
-def run(wheel: str, qk: str, modes=("native", "default")) -> dict:
+def moe_out_round():
+    """``vllm-0.33`` with ``shared + routed`` rounded before the residual add reads it (its moe_experts variant's
+    ``moe_out='round'``, the row before it had the point)."""
+    return profiles.get("vllm-0.33").replace_variant("moe_experts", name="vllm-0.33-moe-out-round", moe_out="round")
+
+
+def run(wheel: str, qk: str, modes=("native", "default"), moe: bool = False) -> dict:
     from rla.engines import vllm
     from rla.engines.vllm_twin_families import build_twin
 
     engine = vllm.load(wheel)
-    model = tiny_qwen3_5()
+    model = tiny_qwen3_5_moe() if moe else tiny_qwen3_5()
     result = {}
     for mode in modes:
         out = build_twin(model, engine, mode, qk=qk)(IDS, POSITIONS)
         sides = {}
-        for name, prof in (("hf", None), ("native-row", native_row()), ("vllm-0.33-eager", "vllm-0.33-eager"),
-                           ("vllm-0.33", "vllm-0.33")):
+        profs = [("hf", None), ("native-row", native_row()), ("vllm-0.33-eager", "vllm-0.33-eager"),
+                 ("vllm-0.33", "vllm-0.33")]
+        if moe:  # the rows the MoE test reads
+            profs = [("hf", None), ("vllm-0.33-eager", "vllm-0.33-eager")]
+            if mode == "default":
+                profs += [("vllm-0.33", "vllm-0.33"), ("moe-out-round", moe_out_round())]
+        for name, prof in profs:
             side = twin_side(model, prof, out, IDS, POSITIONS)
             sides[name] = {"logits": side.logits_equal, "layers": [r["equal"] for r in side.layers]}
         case = {"sides": sides}
-        if mode == "default":
+        if mode == "default" and moe:  # the oracle's MoE block: shared + routed unrounded into the add, or rounded
+            pts, rounded = qwen3_5_points("vllm-0.33"), qwen3_5_points("vllm-0.33")
+            assert pts.moe_out == "fp32" and qk == "kernel"  # the row's (its q/k chain: the kernel's)
+            rounded.moe_out = None
+            case["oracle"] = {"row": _oracle(model, out, pts), "sum-round": _oracle(model, out, rounded)}
+        if mode == "default" and not moe:
             pts = qwen3_5_points("vllm-0.33")
             if qk == "modules":  # no kernel: the base row's q/k chain (Qwen3's compiled q/k norm -> RoPE)
                 pts.attention = {"attn_gate": pts.attention["attn_gate"]}

@@ -12,9 +12,9 @@ Stages (``--stages``):
   eager, aligned with rla's fused kernels, aligned with rla's reference ops, and (eager mode)
   aligned with vLLM's own kernels forward (``rla.engines.backed``); (default mode) the
   engine-backed forward of the twin's compiled pieces (``rla.engines.vllm_forward``).
-- ``families``: the twin of Gemma 3 and Gemma 4 (hidden 2560), GLM-4 MoE (2048), GPT-OSS (2880) and Qwen3.5 dense
-  (2048), 4 layers, in ``--modes``, against HF eager, the aligned model and the oracles of the chains the CPU twin
-  found (``lab/bench/twin_families.py``; ``--only`` picks among its models). Needs the tests' oracles
+- ``families``: the twin of Gemma 3 and Gemma 4 (hidden 2560), GLM-4 MoE (2048), GPT-OSS (2880), Qwen3.5 dense
+  and Qwen3.5 MoE (2048), 4 layers, in ``--modes``, against HF eager, the aligned model and the oracles of the chains
+  the CPU twin found (``lab/bench/twin_families.py``; ``--only`` picks among its models). Needs the tests' oracles
   on the path (``PYTHONPATH=src:tests``) and, in both modes, the kernel library (the MoE twins run
   vLLM's CUDA activation for the routed experts, as its fused MoE does).
 

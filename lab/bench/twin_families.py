@@ -1,6 +1,7 @@
-"""The ``families`` stage of engine_twin_h200.py: vLLM 0.33's twin of Gemma 3, Gemma 4, GLM-4 MoE, GPT-OSS and
-Qwen3.5 dense at a realistic width, in default and eager mode, against HF eager, the aligned model and the
-oracles of the chains the CPU twin found (tests/engines/test_vllm_twin_families.py).
+"""The ``families`` stage of engine_twin_h200.py: vLLM 0.33's twin of Gemma 3, Gemma 4, GLM-4 MoE, GPT-OSS,
+Qwen3.5 dense and Qwen3.5 MoE at a realistic width, in default and eager mode, against HF eager, the aligned model
+and the oracles of the chains the CPU twin found (tests/engines/test_vllm_twin_families.py,
+tests/engines/test_vllm_twin_qwen3_5.py).
 
 Models (random init, 4 layers, vocab 32000, eager attention on every side, so the oracles attend
 as the twin does): ``gemma3-h2560`` (Gemma 3 4B's layer: ``vllm_live_h200.gemma3_config``, three
@@ -9,7 +10,9 @@ sliding layers and a full one; its positions capped at 32768 to keep the linear 
 per-layer inputs of 256, three sliding layers then a full one with proportional RoPE, no K/V sharing,
 no MoE; positions capped at 32768), ``glm4moe-h2048``, ``gptoss-h2880`` and ``qwen35-h2048`` (``live_family_configs``;
 Qwen3.5's text model: three Gated DeltaNet layers then a full-attention one, 16 gated query heads of 256, partial
-mRoPE; its twin runs vLLM's q/k norm + RoPE Triton kernel compiled, as the engine does on CUDA in both modes).
+mRoPE; its twin runs vLLM's q/k norm + RoPE Triton kernel compiled, as the engine does on CUDA in both modes),
+``qwen35moe-h2048`` (``live_family_configs.qwen3_5_moe``'s text model: those layers with every MLP a block of 16
+experts of 512, top 4, and a shared expert of 512 with its sigmoid gate; ``rla.engines.vllm_twin_qwen3_5_moe``).
 Norm weights 1 + 0.2 N(0, 1), Gemma's and Qwen3.5's zero-centred ones 0.2 N(0, 1) (as the live checkpoints;
 Qwen3.5's gated DeltaNet norm ``w * x`` is not zero-centred: 1 + 0.2 N(0, 1)); Gemma 4's layer scalars 0.5 + U(0, 1)
 (HF initialises them to 1, where the multiply is exact) and its HF per-layer-input scales set to the engine's bf16
@@ -43,6 +46,10 @@ Sides, per family and mode (profile ``vllm-0.33`` / ``vllm-0.33-eager``):
   output gate as the row's ``attn_gate`` says: ``fused`` in default mode, the CPU twin's finding, Inductor's fused
   sigmoid * mul; ``per_op`` in eager mode, two PyTorch ops), ``oracle+gate-once`` (``attn * sigmoid(gate)``
   rounded once whatever the row says) and ``oracle+gate-per-op`` (HF's two roundings whatever the row says);
+- Qwen3.5 MoE: ``oracle`` (the same oracle with its MoE block, HF's router, the routed experts' activation as the
+  row's moe_experts variant says: vLLM's CUDA ``silu_and_mul`` in both modes, ``per_op``; ``shared + routed`` as
+  its ``moe_out`` says: unrounded into the residual add in default mode, the CPU twin's finding, as on GLM-4 MoE)
+  and ``oracle+experts-sum-round`` (that sum rounded whatever the row says);
 - GPT-OSS: ``rla-rope-fp32`` / ``rla-rope-round``: aligned with ``rope_cos_sin='fp32'`` / ``'round'``
   for GPT-OSS (the fp32 YaRN cache cast inside the compiled graph: the CPU twin's default-mode
   finding, which ``vllm-0.33``'s gpt_oss variant now says; in eager mode the cast happens before the
@@ -59,7 +66,7 @@ import time
 
 import torch
 
-FAMILIES = ("gemma3-h2560", "gemma4-h2560", "glm4moe-h2048", "gptoss-h2880", "qwen35-h2048")
+FAMILIES = ("gemma3-h2560", "gemma4-h2560", "glm4moe-h2048", "gptoss-h2880", "qwen35-h2048", "qwen35moe-h2048")
 #: The default-mode chains the CPU twin of Gemma 4 found (tests/engines/test_vllm_twin_families.py); the first norm
 #: normalises the rounded scaled embedding (``embed_variance_fp32``) in the twin's forward, and the fp32 one
 #: (``embed_fp32``) where the same first piece, compiled again on a plain [T] input, was called directly at hidden
@@ -70,12 +77,13 @@ SHAPES = [(1, 512, 0), (1, 2048, 0), (2, 512, 20000)]
 
 
 def configs(layers: int, scale: float = 1.0) -> dict:
-    """The four configs; ``scale`` < 1 shrinks widths and heads for a CPU smoke run."""
+    """The configs of :data:`FAMILIES`; ``scale`` < 1 shrinks widths and heads for a CPU smoke run."""
     import live_family_configs as fam
     from vllm_live_h200 import gemma3_config
 
     cfgs = {"gemma3-h2560": gemma3_config(layers), "glm4moe-h2048": fam.glm4_moe(layers),
-            "gptoss-h2880": fam.gpt_oss(layers), "qwen35-h2048": fam.qwen3_5(layers).text_config}
+            "gptoss-h2880": fam.gpt_oss(layers), "qwen35-h2048": fam.qwen3_5(layers).text_config,
+            "qwen35moe-h2048": fam.qwen3_5_moe(layers).text_config}
     cfgs["gemma3-h2560"].max_position_embeddings = 32768
     small = {} if scale == 1.0 else {  # Gemma 4's config derives its per-layer attributes when built
         "hidden_size": max(64, int(2560 * scale) // 64 * 64),
@@ -91,9 +99,10 @@ def configs(layers: int, scale: float = 1.0) -> dict:
             cfg.num_attention_heads, cfg.num_key_value_heads = heads, max(1, heads // 2)
             cfg.head_dim = max(16, int(cfg.head_dim * scale) // 16 * 16)
             cfg.hidden_size = max(64, int(cfg.hidden_size * scale) // 64 * 64)
-            cfg.intermediate_size = max(64, int(cfg.intermediate_size * scale) // 64 * 64)
-            if hasattr(cfg, "moe_intermediate_size"):
-                cfg.moe_intermediate_size = max(32, int(cfg.moe_intermediate_size * scale) // 32 * 32)
+            for width, step in (("intermediate_size", 64), ("moe_intermediate_size", 32),
+                                ("shared_expert_intermediate_size", 32)):
+                if getattr(cfg, width, None):  # Qwen3.5 MoE has no dense intermediate_size
+                    setattr(cfg, width, max(step, int(getattr(cfg, width) * scale) // step * step))
             if hasattr(cfg, "query_pre_attn_scalar"):
                 cfg.query_pre_attn_scalar = cfg.head_dim
             if hasattr(cfg, "linear_num_key_heads"):  # Qwen3.5: its linear heads, mRoPE's sections of the rotary half
@@ -113,7 +122,7 @@ def build(name: str, cfg, device: str, seed: int = 0):
     model = transformers.AutoModelForCausalLM.from_config(
         cfg, dtype=torch.bfloat16, attn_implementation="eager", experts_implementation="eager").to(device).eval()
     g = torch.Generator(device=device).manual_seed(seed + 1)
-    zero_centred = name.startswith(("gemma3-", "qwen35-"))
+    zero_centred = name.startswith(("gemma3-", "qwen35-", "qwen35moe-"))
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight"):
@@ -184,6 +193,14 @@ def sides(name: str, model, prof) -> dict:
         out["oracle+gate-once"] = _oracle_side(spec_forward, model, pts=pts, gate_once=True)
         pts.attention = {**pts.attention, "attn_gate": "per_op"}
         out["oracle+gate-per-op"] = _oracle_side(spec_forward, model, pts=pts)
+    elif name.startswith("qwen35moe-"):
+        from qwen3_5_spec import qwen3_5_points, spec_forward
+
+        pts = qwen3_5_points(prof.name)
+        out["oracle"] = _oracle_side(spec_forward, model, pts=pts)
+        rounded = qwen3_5_points(prof.name)
+        rounded.moe_out = None  # align_spec.Row: RN(shared + routed) before the residual add
+        out["oracle+experts-sum-round"] = _oracle_side(spec_forward, model, pts=rounded)
     elif name.startswith("gptoss-"):
         out["rla-rope-fp32"] = aligned_side(model, prof.replace(name=f"{prof.name}+rope_cos_sin=fp32",
                                                                 rope_cos_sin="fp32"))

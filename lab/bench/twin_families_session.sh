@@ -9,7 +9,7 @@
 #   bash lab/bench/twin_families_session.sh run 6 [MODEL...]  (carry .carry/twin33/p6 and .carry/twin33/mini;
 #     MODELs: twin_families.FAMILIES to run, default all; five in both modes pass the stage's 500 s, so split them:
 #     `run 6 gemma3-h2560 glm4moe-h2048 gptoss-h2880` (405 s on 2026-12-03), `run 6 qwen35-h2048` (50 s), then
-#     `run 6 gemma4-h2560`: each call reassembles the library from /tmp/twin33)
+#     `run 6 gemma4-h2560`, `run 6 qwen35moe-h2048` (not run yet): each call reassembles the library from /tmp/twin33)
 # `run` assembles the kernel library, checks its sha256, and runs the families stage in both modes
 # (about 3-5 minutes: Inductor compiling each family's pieces dominates; the stage's own limit is
 # 500 s). Everything lands in $OUT/results.tgz (the tool returns at most 8 files).

@@ -19,6 +19,8 @@ DeltaNet modules and HF's attention function (the same on both sides). Two q/k p
 - ``modules``, vLLM's path without the kernel (off CUDA): native mode is the native row bit for bit; default
   mode is the oracle under the base row's q/k chain (``qk_norm_out='fp32'``, Qwen3's compiled norm -> RoPE)
   with the row's gate, rounded once.
+
+The MoE twin (``rla.engines.vllm_twin_qwen3_5_moe``) on the tiny MoE model runs in the kernel case's subprocess too.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ SCRIPT = textwrap.dedent('''
     interpreter_compat.fix_scalar_index()
     interpreter_compat.round_bf16_casts()
     from qwen3_5_twin_case import run
-    print(json.dumps(run(sys.argv[1], "kernel")))
+    print(json.dumps({"dense": run(sys.argv[1], "kernel"), "moe": run(sys.argv[1], "kernel", moe=True)}))
 ''')
 
 
@@ -49,13 +51,19 @@ def _exact(side):
 
 
 @pytest.fixture(scope="module")
-def kernel_case(vllm_wheel):
+def kernel_cases(vllm_wheel):
+    """The dense model's case and the MoE model's (Qwen3_5MoeTwin), one interpreter subprocess for both."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("needs Triton (its interpreter runs vLLM's q/k kernel on a CPU)")
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(vllm_wheel)], env=interpreter_env(), capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def kernel_case(kernel_cases):
+    return kernel_cases["dense"]
 
 
 def test_native_twin_with_the_kernel_is_the_eager_row(kernel_case):
@@ -89,6 +97,23 @@ def test_twin_without_the_kernel(vllm_wheel):
         assert default["oracle"]["flipped"][point] < 1.0, point
 
 
+def test_moe_twin_with_the_kernel_is_the_rows(kernel_cases):
+    """Qwen3.5 MoE (rla.engines.vllm_twin_qwen3_5_moe): the dense layers' pieces with the MoE block an opaque op
+    (HF's router and expert GEMMs, vLLM's activations, the shared expert and its sigmoid gate inside the op,
+    ``shared + routed`` in the piece). Native mode is the eager row bit for bit; default mode is the default row,
+    whose moe_experts variant reads ``shared + routed`` unrounded (``moe_out='fp32'``), bit for bit, logits and
+    every layer, and with that sum rounded the row differs from the first layer on; so does the oracle
+    (tests/qwen3_5_spec.py's MoE block), equal to the twin with the row's points and not with the sum rounded."""
+    native, default = kernel_cases["moe"]["native"]["sides"], kernel_cases["moe"]["default"]["sides"]
+    oracle = kernel_cases["moe"]["default"]["oracle"]
+    assert _exact(oracle["row"]) and oracle["sum-round"]["layers"][0] < 1.0 and oracle["sum-round"]["logits"] < 0.6
+    assert _exact(native["vllm-0.33-eager"])
+    assert native["hf"]["logits"] < 0.5 and default["hf"]["logits"] < 0.5  # not vacuous
+    assert _exact(default["vllm-0.33"])
+    assert default["moe-out-round"]["logits"] < 0.6 and default["moe-out-round"]["layers"][0] < 1.0
+    assert default["vllm-0.33-eager"]["logits"] < 0.6
+
+
 def test_the_twin_refuses_what_it_does_not_lay_out(vllm_engine, monkeypatch):
     from qwen3_5_spec import tiny_qwen3_5
     from rla.engines.vllm_twin import VllmTwin
@@ -110,6 +135,14 @@ def test_the_twin_refuses_what_it_does_not_lay_out(vllm_engine, monkeypatch):
     model = tiny_qwen3_5()
     model.config.layer_scale = True
     with pytest.raises(NotImplementedError, match="layer_scale"):
+        build_twin(model, vllm_engine, "native", qk="modules")
+    from qwen3_5_spec import tiny_qwen3_5_moe
+    from rla.engines.vllm_twin_qwen3_5_moe import Qwen3_5MoeTwin
+
+    assert TWINS["qwen3_5_moe_text"] is Qwen3_5MoeTwin
+    model = tiny_qwen3_5_moe()
+    model.config.norm_topk_prob = False
+    with pytest.raises(NotImplementedError, match="norm_topk_prob=False"):
         build_twin(model, vllm_engine, "native", qk="modules")
 
 

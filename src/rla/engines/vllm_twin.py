@@ -34,7 +34,8 @@ Other families subclass this one, overriding the hooks their model file changes 
 the region functions, the layer's weights and pieces, the masks, the logits):
 :mod:`rla.engines.vllm_twin_gemma3` (Gemma 3), :mod:`rla.engines.vllm_twin_gemma4` (Gemma 4; what the two
 share is :mod:`rla.engines.vllm_twin_gemma`),
-:mod:`rla.engines.vllm_twin_moe` (GLM-4 MoE, GPT-OSS); :mod:`rla.engines.vllm_twin_qwen3_5` (Qwen3.5 dense);
+:mod:`rla.engines.vllm_twin_moe` (GLM-4 MoE, GPT-OSS); :mod:`rla.engines.vllm_twin_qwen3_5` (Qwen3.5 dense) and
+:mod:`rla.engines.vllm_twin_qwen3_5_moe` (Qwen3.5 MoE);
 :func:`rla.engines.vllm_twin_families.build_twin` picks the class by ``config.model_type``.
 """
 

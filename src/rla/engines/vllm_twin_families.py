@@ -7,7 +7,9 @@
   (``models/glm4_moe.py``, ``models/gpt_oss.py``), their MoE block an opaque op with HF's router;
 - Qwen3.5 dense's text model: :class:`rla.engines.vllm_twin_qwen3_5.Qwen3_5Twin` (``models/qwen3_5.py``,
   ``models/qwen3_next.py``), its Gated DeltaNet mixers HF's own modules, its q/k norm + RoPE vLLM's Triton
-  kernel (``qk='kernel'``) or the unfused modules (``qk='modules'``).
+  kernel (``qk='kernel'``) or the unfused modules (``qk='modules'``);
+- Qwen3.5 MoE's text model: :class:`rla.engines.vllm_twin_qwen3_5_moe.Qwen3_5MoeTwin` (the same files), the
+  Qwen3.5 layers with the MoE block of the GLM-4 MoE twin, its shared expert's sigmoid gate inside the op.
 
 Each module's docstring says what follows the engine's model file and what is the same on both
 sides by construction (GEMMs, attention, the MoE routers).
@@ -20,12 +22,14 @@ from rla.engines.vllm_twin_gemma3 import Gemma3Twin
 from rla.engines.vllm_twin_gemma4 import Gemma4Twin
 from rla.engines.vllm_twin_moe import Glm4MoeTwin, GptOssTwin
 from rla.engines.vllm_twin_qwen3_5 import Qwen3_5Twin
+from rla.engines.vllm_twin_qwen3_5_moe import Qwen3_5MoeTwin
 
 __all__ = ["build_twin", "TWINS", "TWIN_FAMILIES"]
 
 #: ``config.model_type`` -> the twin class that lays it out.
 TWINS = {**dict.fromkeys(SUPPORTED_FAMILIES, VllmTwin), "gemma3_text": Gemma3Twin, "gemma4_text": Gemma4Twin,
-         "glm4_moe": Glm4MoeTwin, "gpt_oss": GptOssTwin, "qwen3_5_text": Qwen3_5Twin}
+         "glm4_moe": Glm4MoeTwin, "gpt_oss": GptOssTwin, "qwen3_5_text": Qwen3_5Twin,
+         "qwen3_5_moe_text": Qwen3_5MoeTwin}
 TWIN_FAMILIES = tuple(TWINS)
 
 

@@ -57,9 +57,10 @@ import torch.nn.functional as F
 
 from rla.engines.vllm_twin import VllmTwin, layer_attention_inputs
 
-__all__ = ["Glm4MoeTwin", "GptOssTwin", "expert_loop"]
+__all__ = ["Glm4MoeTwin", "GptOssTwin", "MoeBlock", "expert_loop", "expert_kernels", "hf_routed", "moe_ops",
+           "moe_output", "shared_activation"]
 
-_BLOCKS: "weakref.WeakValueDictionary[int, _MoeBlock]" = weakref.WeakValueDictionary()
+_BLOCKS: "weakref.WeakValueDictionary[int, MoeBlock]" = weakref.WeakValueDictionary()
 _KEYS = itertools.count()
 _OPS: dict = {}
 
@@ -67,7 +68,7 @@ _OPS: dict = {}
 _OAI_ALPHA, _OAI_LIMIT = 1.702, 7.0
 
 
-def _moe_ops():
+def moe_ops():
     """The twin's opaque MoE ops, registered once per process (at the first MoE twin, not at import)."""
     if not _OPS:
         @torch.library.custom_op("rla_twin::moe_forward", mutates_args=())
@@ -91,8 +92,9 @@ def _moe_ops():
     return _OPS
 
 
-class _MoeBlock:
-    """One MoE layer as the opaque op runs it: ``routed(x)`` and, with a shared expert, ``shared(x)``."""
+class MoeBlock:
+    """One MoE layer as the opaque op runs it: ``routed(x)`` and, with a shared expert, ``shared(x)``;
+    ``key`` names it to the op (``w["moe"]`` of the layer's weights)."""
 
     def __init__(self, routed, shared=None):
         self.routed, self.shared = routed, shared
@@ -119,25 +121,62 @@ def expert_loop(x, index, weights, num_experts, up, act, down):
     return final
 
 
+def hf_routed(gate, experts, act):
+    """``x -> routed experts' sum`` with HF's router ``gate`` (``_, weights, index = gate(x)``) and HF's
+    per-expert GEMMs over 3-D ``gate_up_proj`` / ``down_proj`` (``Glm4MoeExperts``, ``Qwen3_5MoeExperts``),
+    ``act`` (read at each call) between them: :func:`expert_loop`."""
+    def routed(x):
+        _, weights, index = gate(x)
+        return expert_loop(x, index, weights, experts.num_experts, lambda e, t: F.linear(t, experts.gate_up_proj[e]),
+                           act, lambda e, t: F.linear(t, experts.down_proj[e]))
+
+    return routed
+
+
+def expert_kernels(device, engine, mode, library):
+    """vLLM's CUDA ops for the routed experts' activation, which its fused MoE calls in every mode
+    (eager; default mode on CUDA), else None (the native op runs eagerly: the CPU's stand-in)."""
+    return engine.c_ops(library) if mode == "eager" or (mode == "default" and device.type == "cuda") else None
+
+
+def shared_activation(engine, mode, kernels):
+    """The shared experts' ``SiluAndMul`` as it runs inside the opaque op: the CUDA kernel in eager
+    mode (``kernels``: :func:`expert_kernels`'s); in default mode ``forward_native`` compiled on its
+    own (``CustomOp.maybe_compile``, ``dynamic=True``: the op's code is hidden from the model's
+    compile); natively, the native op."""
+    native = engine.silu_and_mul_native
+    if mode == "eager":
+        return kernels.silu_and_mul
+    if mode == "default":
+        return torch.compile(native, dynamic=True, backend="inductor")
+    return native
+
+
+def moe_output(hidden, w):
+    """The MoE block in the piece: the opaque op, then ``shared + routed`` outside it
+    (``MoERunner.forward``: ``shared_output + fused_output``, where Inductor may fuse the add into the
+    next residual add), or the op's routed output alone."""
+    if w["shared"]:
+        shared, routed = torch.ops.rla_twin.moe_forward_shared(hidden, w["moe"])
+        return shared + routed
+    return torch.ops.rla_twin.moe_forward(hidden, w["moe"])
+
+
 class _MoeTwin(VllmTwin):
     """What both MoE twins share: the activation functions by mode, the MoE piece of the MLP."""
 
     def _bind_ops(self, engine, mode, library):
         super()._bind_ops(engine, mode, library)
-        _moe_ops()
-        kernels = engine.c_ops(library) if mode == "eager" or (mode == "default" and self.device.type == "cuda") else None
-        self.kernels = kernels
-        self.expert_act_is_kernel = kernels is not None
+        moe_ops()
+        self.kernels = expert_kernels(self.device, engine, mode, library)
+        self.expert_act_is_kernel = self.kernels is not None
 
     def _mlp(self, attn, residual, w):
         if "moe" not in w:
             return super()._mlp(attn, residual, w)
         hidden = F.linear(attn, w["wo"], w.get("bo"))
         hidden, residual = self.add_norm(hidden, residual, w["post"], self.eps)
-        if w["shared"]:
-            shared, routed = torch.ops.rla_twin.moe_forward_shared(hidden, w["moe"])
-            return shared + routed, residual
-        return torch.ops.rla_twin.moe_forward(hidden, w["moe"]), residual
+        return moe_output(hidden, w), residual
 
     def _attention_weights(self, layer, merged_gemms):
         a = layer.self_attn
@@ -171,14 +210,9 @@ class Glm4MoeTwin(_MoeTwin):
 
     def _bind_ops(self, engine, mode, library):
         super()._bind_ops(engine, mode, library)
-        k, native = self.kernels, engine.silu_and_mul_native
-        self.expert_act = k.silu_and_mul if k is not None else native
-        if mode == "eager":
-            self.shared_act = k.silu_and_mul
-        elif mode == "default":  # CustomOp.maybe_compile: forward_native compiled alone, dynamic
-            self.shared_act = torch.compile(native, dynamic=True, backend="inductor")
-        else:
-            self.shared_act = native
+        k = self.kernels
+        self.expert_act = k.silu_and_mul if k is not None else engine.silu_and_mul_native
+        self.shared_act = shared_activation(engine, mode, k)
 
     def layer_weights(self, layer, merged_gemms: bool = False):
         mlp = layer.mlp
@@ -186,20 +220,11 @@ class Glm4MoeTwin(_MoeTwin):
             return VllmTwin.layer_weights(layer, merged_gemms)
         w = self._attention_weights(layer, merged_gemms)
         shared = getattr(mlp, "shared_experts", None)
-        block = _MoeBlock(self._routed(mlp), None if shared is None else self._shared(shared, merged_gemms))
+        block = MoeBlock(hf_routed(mlp.gate, mlp.experts, lambda t: self.expert_act(t)),  # HF's router
+                         None if shared is None else self._shared(shared, merged_gemms))
         self.blocks.append(block)
         w["moe"], w["shared"] = block.key, shared is not None
         return w
-
-    def _routed(self, mlp):
-        gate, ex = mlp.gate, mlp.experts
-
-        def routed(x):
-            _, weights, index = gate(x)  # HF's router (Glm4MoeTopkRouter.forward)
-            return expert_loop(x, index, weights, ex.num_experts, lambda e, t: F.linear(t, ex.gate_up_proj[e]),
-                               self.expert_act, lambda e, t: F.linear(t, ex.down_proj[e]))
-
-        return routed
 
     def _shared(self, mlp, merged_gemms):
         def shared(x):
@@ -259,7 +284,7 @@ class GptOssTwin(_MoeTwin):
     def layer_weights(self, layer, merged_gemms: bool = False):
         w = self._attention_weights(layer, merged_gemms)
         mlp = layer.mlp
-        block = _MoeBlock(self._routed(mlp))
+        block = MoeBlock(self._routed(mlp))
         self.blocks.append(block)
         w["moe"], w["shared"] = block.key, False
         return w

@@ -141,11 +141,17 @@ class Qwen3_5Twin(VllmTwin):
 
     def layer_weights(self, layer, merged_gemms: bool = False):
         m = layer.mlp
-        w = {"kind": layer.block_type, "in": layer.input_layernorm.weight,
-             "post": layer.post_attention_layernorm.weight,
-             "wg": m.gate_proj.weight, "wu": m.up_proj.weight, "wd": m.down_proj.weight}
+        w = self.mixer_weights(layer, merged_gemms)
+        w.update(wg=m.gate_proj.weight, wu=m.up_proj.weight, wd=m.down_proj.weight)
         if merged_gemms:
             w["wgu"] = torch.cat((w["wg"], w["wu"]))
+        return w
+
+    @staticmethod
+    def mixer_weights(layer, merged_gemms: bool = False) -> dict:
+        """A layer's kind, its two norms' weights and, for full attention, the attention's tensors."""
+        w = {"kind": layer.block_type, "in": layer.input_layernorm.weight,
+             "post": layer.post_attention_layernorm.weight}
         if layer.block_type == "full_attention":
             a = layer.self_attn
             w.update(wq=a.q_proj.weight, bq=a.q_proj.bias, wk=a.k_proj.weight, bk=a.k_proj.bias, wv=a.v_proj.weight,
