@@ -17,6 +17,7 @@
   committed default-mode engine outputs re-scored under the changed rows, their calibrations, Gemma 3 again.
 - ``results/benchmarks/twin_families_h200_2026-12-03/`` (``lab/bench/twin_families_session.sh``): the family twins'
   ``twin_families.json`` per call, as ``lab/bench/twin_families.py`` summarises them.
+- ``results/benchmarks/twin_families_h100_2026-12-05/``: the same summary of the Gemma 4 and Qwen3.5 MoE twin call.
 - ``results/benchmarks/families_gpu_tests_h200_2026-12-03/``: the GPU tests' JUnit XML, per test file.
 - ``results/benchmarks/vllm026_current_rows_h200_2026-12-03/`` (``SAVED`` re-scoring under the rows with ``moe_out`` and
   ``attn_gate``): the verify calls' printed tables (``runs/rescore-default/verify-tables.md``: their reports did not
@@ -69,6 +70,7 @@ TWINS = BENCH / "twin_families_h200_2026-12-03"
 GPU_TESTS = BENCH / "families_gpu_tests_h200_2026-12-03"
 CURRENT = BENCH / "vllm026_current_rows_h200_2026-12-03"
 GEMMA4_TWIN = BENCH / "twin_gemma4_h200_2026-12-03"
+TWINS_1205 = BENCH / "twin_families_h100_2026-12-05"  # Gemma 4 and Qwen3.5 MoE, default mode (H100)
 GPTOSS_GAP = BENCH / "gptoss_gap_h200_2026-12-03"
 QUOTIENT = BENCH / "gptoss_quotient_h200_2026-12-04"
 QWEN35MOE = BENCH / "vllm026_qwen35moe_h200_2026-12-04"
@@ -306,12 +308,12 @@ def flips_table(root: Path, folder: Path = DEC3, call: str = "gemma4-calibrate-d
     return _table(["point", f"`{rep['start']}`", "found", "found row with the point flipped (prefill k3)"], rows)
 
 
-def twin_table(root: Path, call: str) -> str:
+def twin_table(root: Path, call: str, folder: Path = TWINS) -> str:
     """``lab/bench/twin_families.py``'s summary of one twin call's ``twin_families.json``."""
     sys.path.insert(0, str(ROOT / "lab" / "bench"))
     import twin_families
 
-    return twin_families.summarize(root / TWINS / "runs" / call / "families" / "twin_families.json").strip("\n")
+    return twin_families.summarize(root / folder / "runs" / call / "families" / "twin_families.json").strip("\n")
 
 
 def junit_table(root: Path, files: tuple[str, ...] = ("gpu_tests.xml",), folder: Path = GPU_TESTS) -> str:
@@ -416,6 +418,7 @@ BLOCKS = {
            for m in ("gemma4-h2560", "qwen35-h2048", "glm4moe-h2048")}},
     TWINS / "README.md": {"twin-three-families": lambda root: twin_table(root, "three-families"),
                           "twin-qwen35": lambda root: twin_table(root, "qwen35")},
+    TWINS_1205 / "README.md": {"twin-gemma4-qwen35moe": lambda root: twin_table(root, "gemma4-qwen35moe", TWINS_1205)},
     GPU_TESTS / "README.md": {"gpu-tests-table": junit_table},
     CURRENT / "README.md": {
         "current-live-table": printed_live_table,

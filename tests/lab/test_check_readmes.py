@@ -68,6 +68,7 @@ OWN_RENDER = {"vllm026_live_h200_2026-12-01": "lab/bench/vllm_live_table.py, tes
               "vllm026_rescore_h200_2026-12-03": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
               "twin_families_h200_2026-12-03": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
               "twin_gemma4_h200_2026-12-03": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
+              "twin_families_h100_2026-12-05": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
               "gptoss_gap_h200_2026-12-03": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
               "gptoss_quotient_h200_2026-12-04": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",
               "vllm026_qwen35moe_h200_2026-12-04": "lab/bench/families_tables.py, tests/lab/test_families_tables.py",

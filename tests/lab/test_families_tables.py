@@ -10,7 +10,7 @@ from repo_root import ROOT
 
 def test_the_committed_blocks_are_the_render_of_the_data():
     rendered = T.render(ROOT)
-    assert sum(len(b) for b in rendered.values()) == 37
+    assert sum(len(b) for b in rendered.values()) == 38
     for readme, new in rendered.items():
         assert T.blocks((ROOT / readme).read_text()) == new, readme
 
@@ -94,3 +94,15 @@ def test_a_changed_number_in_the_2026_12_04_folder_is_seen(tmp_path):
     assert new["quotient-twin"] != old["quotient-twin"]
     assert new["quotient-kernels"] != old["quotient-kernels"]
     assert new["quotient-stages-512"] == old["quotient-stages-512"]
+
+
+def test_a_changed_number_in_the_2026_12_05_folder_is_seen(tmp_path):
+    root = _copy(tmp_path)
+    t = root / T.TWINS_1205 / "runs" / "gemma4-qwen35moe" / "families" / "twin_families.json"
+    data = json.loads(t.read_text())
+    data["rows"][-1]["logits_equal"] *= 0.5
+    t.write_text(json.dumps(data))
+    new, old = T.render(root), T.render(ROOT)
+    block = "twin-gemma4-qwen35moe"
+    assert new[T.TWINS_1205 / "README.md"][block] != old[T.TWINS_1205 / "README.md"][block]
+    assert new[T.TWINS / "README.md"]["twin-qwen35"] == old[T.TWINS / "README.md"]["twin-qwen35"]

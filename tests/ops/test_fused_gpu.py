@@ -424,7 +424,8 @@ def _opcheck_cases():
         ("swiglu_backward", (up, gate, up)),
         ("geglu", (rq(gate), rq(up), True)),
         ("geglu_backward", (up, gate, up)),
-        ("swiglu_oai", (rq(gate), rq(up), 1.702, 7.0, False)),
+        ("swiglu_oai", (rq(gate), rq(up), 1.702, 7.0, False, False)),
+        ("swiglu_oai", (rq(gate), rq(up), 1.702, 7.0, False, True)),
         ("swiglu_oai_backward", (up, gate, up, 1.702, 7.0)),
         ("rms_norm", (rq(x), rq(w), 1e-6, False, lp, lp, "unpinned", False)),
         ("rms_norm", (rq(x.float()), rq(w32), 1e-6, True, lp, lp, "unpinned", False)),
@@ -439,7 +440,7 @@ def _opcheck_cases():
     ]
 
 
-@pytest.mark.parametrize("i", range(25))
+@pytest.mark.parametrize("i", range(26))
 def test_opcheck(i):
     from rla.ops import fused  # noqa: F401  (registers the ops)
 
